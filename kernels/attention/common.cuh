@@ -1,0 +1,85 @@
+// Shared by every attention kernel: element-type selection from the DTYPE define,
+// float <-> elem_t conversions, warp reductions and the numeric constants of the softmax.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+// These must exist before the command line's -DDTYPE=DTYPE_BF16 is expanded.
+#define DTYPE_F16 0
+#define DTYPE_BF16 1
+
+#ifndef DTYPE
+#error "DTYPE must be defined (-DDTYPE=DTYPE_F16 or -DDTYPE=DTYPE_BF16)"
+#endif
+
+// A constexpr rather than a bare #if: an unknown token such as -DDTYPE=DTYPE_FP8 would read
+// as 0 (= f16) in the preprocessor, but is a hard error as a C++ identifier.
+constexpr int kDtype = DTYPE;
+static_assert(kDtype == DTYPE_F16 || kDtype == DTYPE_BF16, "DTYPE must be DTYPE_F16 or DTYPE_BF16");
+
+#if DTYPE == DTYPE_BF16
+typedef __nv_bfloat16 elem_t;
+typedef __nv_bfloat162 elem2_t;
+#else
+typedef __half elem_t;
+typedef __half2 elem2_t;
+#endif
+
+static_assert(sizeof(elem_t) == 2, "the smem formula reported to the planner assumes ELEM_BYTES == 2");
+
+// log2(e): the softmax runs in base 2 so that exp2f (one MUFU op) replaces expf.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float to_float(elem_t x) {
+#if DTYPE == DTYPE_BF16
+    return __bfloat162float(x);
+#else
+    return __half2float(x);
+#endif
+}
+
+__device__ __forceinline__ float2 to_float2(elem2_t x) {
+#if DTYPE == DTYPE_BF16
+    return __bfloat1622float2(x);
+#else
+    return __half22float2(x);
+#endif
+}
+
+__device__ __forceinline__ elem_t from_float(float x) {
+#if DTYPE == DTYPE_BF16
+    return __float2bfloat16_rn(x);
+#else
+    return __float2half_rn(x);
+#endif
+}
+
+// Butterfly reductions over aligned groups of `width` lanes (a power of two <= 32); every lane
+// of the group ends with the result, so no broadcast is needed afterwards.
+template <int width = 32>
+__device__ __forceinline__ float group_max(float v) {
+    static_assert(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "width: power of two <= 32");
+#pragma unroll
+    for (int off = width / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+template <int width = 32>
+__device__ __forceinline__ float group_sum(float v) {
+    static_assert(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "width: power of two <= 32");
+#pragma unroll
+    for (int off = width / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) { return group_max<32>(v); }
+__device__ __forceinline__ float warp_sum(float v) { return group_sum<32>(v); }
+
+// The running max is -inf while a row has seen no key; subtracting it would give
+// (-inf) - (-inf) = NaN. Using 0 instead makes every exponent of a masked score -inf -> 0.
+__device__ __forceinline__ float safe_max(float m) { return m == neg_inf() ? 0.0f : m; }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test flashtune has on a machine without a GPU. Installs CUDA's compiler from PyPI
+# (into .tools/cuda, ignored by git) when no nvcc is found, because the build tests are real builds.
+# GPU tests run too when FLASHTUNE_GPU_TESTS=1 (on a machine with an NVIDIA GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NVCC_VERSION=13.0.88
+find_nvcc() {
+  for c in "${FLASHTUNE_NVCC:-}" "$(command -v nvcc 2>/dev/null || true)" /usr/local/cuda/bin/nvcc \
+           "$PWD/.tools/cuda/nvidia/cu13/bin/nvcc"; do
+    if [ -n "$c" ] && [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
+if ! nvcc_path=$(find_nvcc); then
+  echo "== no nvcc found: installing nvidia-cuda-nvcc==$NVCC_VERSION from PyPI into .tools/cuda"
+  python3 -m pip install --quiet --disable-pip-version-check --target .tools/cuda \
+    "nvidia-cuda-nvcc==$NVCC_VERSION" "nvidia-cuda-crt==13.0.*" "nvidia-cuda-runtime==13.0.*" \
+    "nvidia-cuda-cccl==13.0.*" "nvidia-nvvm==13.0.*"
+  nvcc_path=$(find_nvcc) || { echo "nvcc still not found after the install" >&2; exit 1; }
+fi
+export FLASHTUNE_NVCC="$nvcc_path"
+echo "== nvcc: $FLASHTUNE_NVCC ($("$FLASHTUNE_NVCC" --version | tail -1))"
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --no-fail-fast "$@"
+else
+  cargo test --no-fail-fast "$@"
+fi

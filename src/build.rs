@@ -1,0 +1,203 @@
+//! Compiles kernels with nvcc into content-addressed cubins and reads back what ptxas reports.
+use crate::error::{Error, Result};
+use crate::ptxas::{self, EntryResources};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// The CUDA compiler in use, identified by its full version banner (part of every build key).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Toolchain {
+    pub nvcc: PathBuf,
+    pub version: String,
+}
+
+/// Look for nvcc where a user would put it; `FLASHTUNE_NVCC` wins.
+pub fn find_nvcc() -> Result<Toolchain> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("FLASHTUNE_NVCC") {
+        candidates.push(p.into());
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var) {
+            candidates.push(Path::new(&home).join("bin/nvcc"));
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("nvcc")));
+    }
+    candidates.push("/usr/local/cuda/bin/nvcc".into());
+    for nvcc in candidates {
+        if !nvcc.is_file() {
+            continue;
+        }
+        let out = std::process::Command::new(&nvcc).arg("--version").output();
+        if let Ok(out) = out {
+            if out.status.success() {
+                let text = String::from_utf8_lossy(&out.stdout);
+                let version = text
+                    .lines()
+                    .filter(|l| l.contains("release") || l.starts_with("Build"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                return Ok(Toolchain { nvcc, version });
+            }
+        }
+    }
+    Err(Error::ToolMissing {
+        tool: "nvcc",
+        hint: "install the CUDA toolkit, put nvcc on PATH, or set FLASHTUNE_NVCC; without a toolkit: \
+               `pip install nvidia-cuda-nvcc==13.0.88` (see README)"
+            .into(),
+    })
+}
+
+/// One compilation: a source file, its defines and the target.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildSpec {
+    pub source: PathBuf,
+    pub defines: Vec<(String, String)>,
+    /// e.g. `sm_90a`.
+    pub arch: String,
+    pub flags: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildOutput {
+    pub key: String,
+    pub cubin: PathBuf,
+    pub cached: bool,
+    pub seconds: f64,
+    pub entries: Vec<EntryResources>,
+}
+
+#[derive(Debug, Clone)]
+pub enum BuildFailure {
+    Compiler { status: String, log: String },
+    TimedOut { seconds: u64 },
+    Io(String),
+}
+
+impl std::fmt::Display for BuildFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildFailure::Compiler { status, .. } => write!(f, "nvcc failed ({status})"),
+            BuildFailure::TimedOut { seconds } => write!(f, "nvcc timed out after {seconds} s"),
+            BuildFailure::Io(e) => write!(f, "build I/O error: {e}"),
+        }
+    }
+}
+
+impl BuildFailure {
+    pub fn log(&self) -> &str {
+        match self {
+            BuildFailure::Compiler { log, .. } => log,
+            _ => "",
+        }
+    }
+}
+
+/// `sm_90a` → `arch=compute_90a,code=sm_90a`.
+pub fn gencode(arch: &str) -> String {
+    let number = arch.trim_start_matches("sm_");
+    format!("arch=compute_{number},code=sm_{number}")
+}
+
+pub struct Builder {
+    pub toolchain: Toolchain,
+    pub cache_dir: PathBuf,
+    pub timeout: Duration,
+}
+
+impl Builder {
+    /// The content address: sources next to the kernel (its includes), defines, flags, compiler and target.
+    pub fn key(&self, spec: &BuildSpec) -> Result<String> {
+        let mut h = blake3::Hasher::new();
+        h.update(b"flashtune-build-v1\0");
+        let dir = spec.source.parent().unwrap_or(Path::new("."));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::BadInput(format!("cannot list kernel sources in {}: {e}", dir.display())))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && matches!(p.extension().and_then(|x| x.to_str()), Some("cu" | "cuh" | "h")))
+            .collect();
+        files.sort();
+        if !files.contains(&spec.source) {
+            files.push(spec.source.clone());
+        }
+        for f in &files {
+            let bytes = std::fs::read(f).map_err(|e| Error::BadInput(format!("cannot read {}: {e}", f.display())))?;
+            h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
+            h.update(&(bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+        }
+        h.update(spec.source.file_name().unwrap_or_default().as_encoded_bytes());
+        for (k, v) in &spec.defines {
+            h.update(format!("-D{k}={v}\0").as_bytes());
+        }
+        for f in &spec.flags {
+            h.update(format!("{f}\0").as_bytes());
+        }
+        h.update(self.toolchain.version.as_bytes());
+        h.update(spec.arch.as_bytes());
+        Ok(h.finalize().to_hex()[..24].to_owned())
+    }
+
+    /// Compile, or reuse the cached cubin with the same key.
+    pub async fn build(&self, spec: &BuildSpec) -> std::result::Result<BuildOutput, BuildFailure> {
+        let key = self.key(spec).map_err(|e| BuildFailure::Io(e.to_string()))?;
+        let dir = self.cache_dir.join(&key);
+        let cubin = dir.join("kernel.cubin");
+        let report = dir.join("ptxas.txt");
+        if cubin.is_file() && report.is_file() {
+            let text = std::fs::read_to_string(&report).map_err(|e| BuildFailure::Io(e.to_string()))?;
+            return Ok(BuildOutput { key, cubin, cached: true, seconds: 0.0, entries: ptxas::parse(&text) });
+        }
+        let started = Instant::now();
+        // Build in a private folder and rename: a crash never leaves a half-written cache entry.
+        let staging = self.cache_dir.join(format!(".tmp-{key}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
+        let mut cmd = tokio::process::Command::new(&self.toolchain.nvcc);
+        cmd.arg("-cubin").arg("-gencode").arg(gencode(&spec.arch)).args(&spec.flags).arg("-Xptxas").arg("-v");
+        if let Some(dir) = spec.source.parent() {
+            cmd.arg(format!("-I{}", dir.display()));
+        }
+        for (k, v) in &spec.defines {
+            cmd.arg(format!("-D{k}={v}"));
+        }
+        cmd.arg(&spec.source).arg("-o").arg(staging.join("kernel.cubin"));
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        let child = cmd.spawn().map_err(|e| BuildFailure::Io(format!("cannot start {}: {e}", self.toolchain.nvcc.display())))?;
+        let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
+            Ok(out) => out.map_err(|e| BuildFailure::Io(e.to_string()))?,
+            Err(_) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                return Err(BuildFailure::TimedOut { seconds: self.timeout.as_secs() });
+            }
+        };
+        let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        if !output.status.success() {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(BuildFailure::Compiler { status: output.status.to_string(), log });
+        }
+        std::fs::write(staging.join("ptxas.txt"), &log).map_err(|e| BuildFailure::Io(e.to_string()))?;
+        if std::fs::rename(&staging, &dir).is_err() {
+            // Another run finished the same build first; its entry is equivalent.
+            let _ = std::fs::remove_dir_all(&staging);
+        }
+        Ok(BuildOutput {
+            key,
+            cubin,
+            cached: false,
+            seconds: started.elapsed().as_secs_f64(),
+            entries: ptxas::parse(&log),
+        })
+    }
+}
+
+/// Tail of a compiler log worth keeping in a run record.
+pub fn log_tail(log: &str, lines: usize) -> String {
+    let all: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}

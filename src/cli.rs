@@ -1,0 +1,164 @@
+//! Command-line interface: parses arguments, runs a command, maps errors to exit codes.
+use crate::config::ProjectPaths;
+use crate::engine::{self, Project, TuneOptions};
+use crate::error::{exit_code, Error, Result};
+use crate::executor::Executor;
+use crate::progress::ProgressReporter;
+use clap::{Parser, Subcommand};
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "flashtune", version, about = "Tune CUDA attention kernels unattended: build, check, time, report.")]
+struct Cli {
+    /// Project root (holds policies.toml, kernels/, variants/, runs/).
+    #[arg(long, global = true, default_value = ".")]
+    root: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan, build, check and time a variant space on the GPU; writes runs/<id>/log.jsonl and report.md.
+    Tune {
+        /// Variant space (default: `default_space` in policies.toml).
+        #[arg(long)]
+        space: Option<PathBuf>,
+        /// GPU ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
+        /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
+        #[arg(long)]
+        fake_gpu: bool,
+    },
+    /// Compile and gate every variant of a space without a GPU, and print the resource table.
+    Build {
+        #[arg(long)]
+        space: Option<PathBuf>,
+        /// nvcc target, e.g. sm_90a (default: policies.toml's default device).
+        #[arg(long)]
+        arch: Option<String>,
+    },
+    /// Print the Markdown report of a run from its log.
+    Report {
+        /// The run folder, e.g. runs/20261122-031500-ab12.
+        run: PathBuf,
+    },
+    /// Check the toolchain, GPU, profiler, repository and disk.
+    Doctor,
+    /// The GPU worker process (used by tune; reads one JSON request on stdin).
+    #[command(hide = true)]
+    Worker,
+}
+
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Worker = cli.command {
+        return crate::worker::serve();
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLASHTUNE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit_code::FAILURE);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let paths = ProjectPaths::new(cli.root.clone());
+    match cli.command {
+        Command::Tune { space, device, fake_gpu } => {
+            let executor = if fake_gpu {
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                Executor::Fake { arch: policies.build.default_device.arch }
+            } else {
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                Executor::subprocess(Duration::from_secs(policies.timeouts.worker_s)).map_err(|e| Error::Other(e.into()))?
+            };
+            let outcome = engine::tune(TuneOptions { paths, space, executor, device }, vec![Box::new(ProgressReporter::new())]).await?;
+            println!("{}", outcome.report_markdown);
+            println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Build { space, arch } => {
+            let project = Project::load(paths, space.as_deref())?;
+            let (planned, rows) = engine::build_space(&project, arch.as_deref()).await?;
+            let (table, failures) = build_table(&planned, &rows);
+            println!("{table}");
+            if failures > 0 {
+                eprintln!("{failures} build(s) failed or were rejected by the gates");
+                return Ok(ExitCode::from(exit_code::FAILURE));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Report { run } => {
+            let log = crate::runlog::read(&run.join("log.jsonl"))?;
+            let md = crate::report::markdown(&log);
+            println!("{md}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Doctor => {
+            let checks = crate::doctor::run(&paths).await;
+            for c in &checks {
+                println!("{c}");
+            }
+            let failed = checks.iter().any(|c| c.status == crate::doctor::Status::Fail);
+            Ok(if failed { ExitCode::from(exit_code::FAILURE) } else { ExitCode::SUCCESS })
+        }
+        Command::Worker => unreachable!("handled before the runtime starts"),
+    }
+}
+
+fn build_table(planned: &[crate::space::PlannedPoint], rows: &[engine::BuiltRow]) -> (String, usize) {
+    let mut t = String::new();
+    let mut failures = 0;
+    let _ = writeln!(t, "| unit | dtype | d | entry | regs | spill st/ld B | stack B | static smem B | build | verdict |");
+    let _ = writeln!(t, "|---|---|---:|---|---:|---:|---:|---:|---:|---|");
+    for r in rows {
+        match &r.outcome {
+            Ok(out) => {
+                if r.gate.is_some() {
+                    failures += 1;
+                }
+                let verdict = r.gate.clone().unwrap_or_else(|| "ok".into());
+                let build = if out.cached { "cached".to_owned() } else { format!("{:.1} s", out.seconds) };
+                for e in &out.entries {
+                    let _ = writeln!(
+                        t,
+                        "| `{}` | {} | {} | {} | {} | {}/{} | {} | {} | {build} | {verdict} |",
+                        r.variant, r.dtype, if r.head_dim == 0 { "any".into() } else { r.head_dim.to_string() }, e.name, e.registers, e.spill_store_bytes, e.spill_load_bytes, e.stack_frame_bytes, e.static_smem_bytes
+                    );
+                }
+            }
+            Err(why) => {
+                failures += 1;
+                let first = why.lines().next().unwrap_or("");
+                let _ = writeln!(t, "| `{}` | {} | {} | — | — | — | — | — | — | **{first}** |", r.variant, r.dtype, r.head_dim);
+                eprintln!("build of {} {} d{} failed:\n{why}\n", r.variant, r.dtype, r.head_dim);
+            }
+        }
+    }
+    let invalid: Vec<_> = planned.iter().filter(|p| p.invalid.is_some()).collect();
+    if !invalid.is_empty() {
+        let _ = writeln!(t, "\n{} points ruled out before compiling:", invalid.len());
+        for p in invalid {
+            let _ = writeln!(t, "- `{}` d={}: {}", p.variant.id, p.head_dim, p.invalid.as_deref().unwrap_or(""));
+        }
+    }
+    (t, failures)
+}

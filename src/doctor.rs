@@ -1,0 +1,166 @@
+//! `flashtune doctor`: one line per prerequisite, each pass or fail with what to do about it. Never panics.
+use crate::config::ProjectPaths;
+use crate::executor::Executor;
+use crate::protocol::{DeviceInfo, WorkerRequest};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Pass,
+    Warn,
+    Fail,
+}
+
+pub struct Check {
+    pub name: &'static str,
+    pub status: Status,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl std::fmt::Display for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tag = match self.status {
+            Status::Pass => "pass",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        };
+        write!(f, "[{tag}] {:<6} {}", self.name, self.detail)?;
+        if let Some(fix) = &self.fix {
+            write!(f, " — fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+fn check(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
+    Check { name, status, detail: detail.into(), fix: fix.map(str::to_owned) }
+}
+
+pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
+    let mut checks = vec![nvcc()];
+    let gpu = gpu().await;
+    let device = gpu.as_ref().ok().cloned();
+    checks.push(match gpu {
+        Ok(d) => check(
+            "gpu",
+            Status::Pass,
+            format!(
+                "{} (GPU {}, {} SMs, {}, {} KiB shared memory opt-in, driver {}.{})",
+                d.name,
+                d.ordinal,
+                d.sm_count,
+                d.arch,
+                d.max_smem_optin_bytes / 1024,
+                d.driver_version / 1000,
+                (d.driver_version % 1000) / 10
+            ),
+            None,
+        ),
+        Err(e) => check("gpu", Status::Fail, format!("no GPU usable: {e}"), Some("run on a machine with an NVIDIA GPU and driver; `flashtune build` works without one")),
+    });
+    checks.push(ncu(device.as_ref()).await);
+    checks.push(git(paths));
+    checks.push(disk(paths));
+    checks
+}
+
+fn nvcc() -> Check {
+    match crate::build::find_nvcc() {
+        Ok(tc) => check("nvcc", Status::Pass, format!("{} ({})", tc.version, tc.nvcc.display()), None),
+        Err(e) => check("nvcc", Status::Fail, e.to_string(), Some("put nvcc on PATH or set FLASHTUNE_NVCC")),
+    }
+}
+
+async fn gpu() -> Result<DeviceInfo, String> {
+    let exe = Executor::subprocess(Duration::from_secs(60)).map_err(|e| e.to_string())?;
+    exe.probe(0).await
+}
+
+fn find_ncu() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    dirs.push("/usr/local/cuda/bin".into());
+    dirs.into_iter().map(|d| d.join("ncu")).find(|p| p.is_file())
+}
+
+async fn ncu(device: Option<&DeviceInfo>) -> Check {
+    let Some(ncu) = find_ncu() else {
+        return check("ncu", Status::Fail, "Nsight Compute (ncu) not found", Some("install Nsight Compute and put ncu on PATH; profiling needs it"));
+    };
+    let version = std::process::Command::new(&ncu)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_owned())
+        .unwrap_or_default();
+    if device.is_none() {
+        return check("ncu", Status::Warn, format!("{version} ({}); counters not tried: no GPU", ncu.display()), None);
+    }
+    // Profile the worker's health kernel: the smallest real launch we have.
+    let Ok(exe) = std::env::current_exe() else {
+        return check("ncu", Status::Warn, "cannot locate the flashtune binary to profile", None);
+    };
+    let mut cmd = tokio::process::Command::new(&ncu);
+    cmd.args(["--clock-control", "none", "--target-processes", "all", "--metrics", "gpu__time_duration.sum", "--csv"])
+        .arg(&exe)
+        .arg("worker")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let Ok(mut child) = cmd.spawn() else {
+        return check("ncu", Status::Fail, format!("cannot start {}", ncu.display()), None);
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        use tokio::io::AsyncWriteExt;
+        let req = serde_json::to_vec(&WorkerRequest::Probe { device: 0 }).expect("serializes");
+        let _ = stdin.write_all(&req).await;
+    }
+    let out = match tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return check("ncu", Status::Fail, format!("ncu failed: {e}"), None),
+        Err(_) => return check("ncu", Status::Fail, "ncu did not finish within 120 s", None),
+    };
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if text.contains("ERR_NVGPUCTRPERM") {
+        check("ncu", Status::Fail, format!("{version}: no permission to read GPU performance counters"), Some("run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0"))
+    } else if text.contains("No kernels were profiled") {
+        check("ncu", Status::Fail, format!("{version}: ncu saw no kernel launch"), Some("check that ncu and the driver versions match"))
+    } else if text.contains("gpu__time_duration.sum") {
+        check("ncu", Status::Pass, format!("{version}: read counters on a tiny kernel ({})", ncu.display()), None)
+    } else {
+        check("ncu", Status::Fail, format!("{version}: unexpected output: {}", crate::build::log_tail(&text, 3)), None)
+    }
+}
+
+fn git(paths: &ProjectPaths) -> Check {
+    match git2::Repository::discover(&paths.root) {
+        Err(_) => check("git", Status::Warn, format!("{} is not in a git repository", paths.root.display()), Some("`git init` so champions can be committed")),
+        Ok(repo) => {
+            let head = repo.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
+            let commit = repo.head().ok().and_then(|h| h.peel_to_commit().ok()).map(|c| c.id().to_string()[..10].to_owned());
+            let changed = crate::vcs::changed_files(&repo);
+            let state = if changed.is_empty() { "clean".to_owned() } else { format!("{} tracked files changed", changed.len()) };
+            match commit {
+                Some(c) => check("git", Status::Pass, format!("on {} at {c}, {state}", head.unwrap_or_else(|| "(detached)".into())), None),
+                None => check("git", Status::Warn, "repository has no commits yet", Some("commit the project once")),
+            }
+        }
+    }
+}
+
+fn disk(paths: &ProjectPaths) -> Check {
+    let c = std::ffi::CString::new(paths.root.as_os_str().as_encoded_bytes()).unwrap_or_default();
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return check("disk", Status::Warn, "cannot read free space", None);
+    }
+    let free_gib = st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64;
+    if free_gib < 2.0 {
+        check("disk", Status::Fail, format!("{free_gib:.1} GiB free under {}", paths.root.display()), Some("free space: builds and ncu reports need a few GiB"))
+    } else {
+        check("disk", Status::Pass, format!("{free_gib:.1} GiB free"), None)
+    }
+}

@@ -1,0 +1,384 @@
+//! The tuning pipeline: plan, build, check, time. Every step becomes a run-log record first, then reaches the reporters.
+use crate::build::{self, BuildFailure, BuildOutput, BuildSpec, Builder, Toolchain};
+use crate::config::{Dtype, Policies, ProjectPaths, Shape};
+use crate::error::{Error, Result};
+use crate::executor::{Executor, WorkerEnd};
+use crate::protocol::*;
+use crate::runlog::{self, Entry, Header, Record, RunLog};
+use crate::space::{DeviceLimits, PlannedPoint, Space};
+use anyhow::Context;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Something that follows the run as it happens (progress bars, summaries, event streams).
+pub trait Reporter: Send {
+    fn on_entry(&mut self, entry: &Entry);
+}
+
+/// Where records go: the log first (so nothing is reported that is not on disk), then every reporter.
+pub struct Events {
+    log: RunLog,
+    reporters: Vec<Box<dyn Reporter>>,
+}
+
+impl Events {
+    pub fn emit(&mut self, record: Record) -> Result<()> {
+        let entry = self.log.append(record)?;
+        for r in &mut self.reporters {
+            r.on_entry(&entry);
+        }
+        Ok(())
+    }
+}
+
+pub struct TuneOptions {
+    pub paths: ProjectPaths,
+    pub space: Option<PathBuf>,
+    pub executor: Executor,
+    pub device: u32,
+}
+
+pub struct TuneOutcome {
+    pub run_dir: PathBuf,
+    pub report_markdown: String,
+}
+
+/// Which forward build serves a (variant, dtype, head dim).
+type UnitKey = (String, Dtype, u32);
+
+/// A project loaded for building: policies, space and compiler.
+pub struct Project {
+    pub paths: ProjectPaths,
+    pub policies: Policies,
+    pub policies_text: String,
+    pub space: Space,
+    pub toolchain: Toolchain,
+}
+
+impl Project {
+    pub fn load(paths: ProjectPaths, space: Option<&Path>) -> Result<Self> {
+        let (policies, policies_text) = Policies::load(&paths.policies())?;
+        let space_path = paths.resolve(space.unwrap_or(&policies.default_space));
+        let space = Space::load(&space_path)?;
+        let toolchain = build::find_nvcc()?;
+        Ok(Project { paths, policies, policies_text, space, toolchain })
+    }
+
+    pub fn head_dims(&self) -> BTreeSet<u32> {
+        self.policies.shapes.iter().map(|s| s.d).collect()
+    }
+
+    pub fn builder(&self) -> Builder {
+        Builder {
+            toolchain: self.toolchain.clone(),
+            cache_dir: self.paths.build_cache(),
+            timeout: Duration::from_secs(self.policies.timeouts.build_s),
+        }
+    }
+
+    pub fn forward_spec(&self, point: &PlannedPoint, dtype: Dtype, arch: &str) -> BuildSpec {
+        BuildSpec {
+            source: self.paths.resolve(&self.space.family.forward),
+            defines: self.space.forward_defines(&point.variant, dtype, point.head_dim),
+            arch: arch.to_owned(),
+            flags: self.policies.build.nvcc_flags.clone(),
+        }
+    }
+
+    pub fn reference_spec(&self, dtype: Dtype, arch: &str) -> BuildSpec {
+        BuildSpec {
+            source: self.paths.resolve(&self.space.family.reference),
+            defines: vec![("DTYPE".into(), dtype.define().into())],
+            arch: arch.to_owned(),
+            flags: self.policies.build.nvcc_flags.clone(),
+        }
+    }
+
+    /// The reason a build fails the policy gates, if it does.
+    pub fn gate(&self, out: &BuildOutput) -> Option<String> {
+        let limit = self.policies.gates.max_spill_bytes;
+        out.entries
+            .iter()
+            .find(|e| e.spill_bytes() > limit)
+            .map(|e| format!("gates: `{}` spills {} bytes (stores {} + loads {}), policy allows {limit}", e.name, e.spill_bytes(), e.spill_store_bytes, e.spill_load_bytes))
+    }
+
+    pub fn jobs(&self) -> usize {
+        match self.policies.build.jobs {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        }
+    }
+}
+
+/// Builds everything in parallel (one nvcc per job slot); results arrive in completion order.
+pub async fn build_all(builder: Arc<Builder>, specs: Vec<(UnitKey, BuildSpec)>, jobs: usize, mut on_done: impl FnMut(UnitKey, std::result::Result<BuildOutput, BuildFailure>) -> Result<()>) -> Result<()> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(jobs.max(1)));
+    let mut set = tokio::task::JoinSet::new();
+    for (key, spec) in specs {
+        let (builder, slots) = (builder.clone(), slots.clone());
+        set.spawn(async move {
+            let _slot = slots.acquire_owned().await.expect("semaphore stays open");
+            let result = builder.build(&spec).await;
+            (key, result)
+        });
+    }
+    while let Some(joined) = set.join_next().await {
+        let (key, result) = joined.context("a build task panicked")?;
+        on_done(key, result)?;
+    }
+    Ok(())
+}
+
+pub fn new_run_id() -> String {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let stamp: String = now.chars().filter(|c| c.is_ascii_digit()).collect();
+    let salt = blake3::hash(format!("{now}{}", std::process::id()).as_bytes()).to_hex()[..4].to_owned();
+    format!("{}-{}-{salt}", &stamp[..8], &stamp[8..14])
+}
+
+/// Hash of every file a kernel build can see.
+pub fn sources_hash(dir: &Path) -> String {
+    let mut files: Vec<PathBuf> = walk(dir);
+    files.sort();
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        h.update(f.strip_prefix(dir).unwrap_or(&f).as_os_str().as_encoded_bytes());
+        h.update(&std::fs::read(&f).unwrap_or_default());
+    }
+    h.finalize().to_hex()[..16].to_owned()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .flat_map(|p| if p.is_dir() { walk(&p) } else { vec![p] })
+        .collect()
+}
+
+fn short_hash(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex()[..16].to_owned()
+}
+
+fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
+    let h = blake3::hash(format!("{base}|{variant}|{}|{dtype}", shape.name).as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
+    let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
+    let device = opts.executor.probe(opts.device).await.map_err(|reason| {
+        Error::NoGpu(format!(
+            "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
+             every variant, and `flashtune doctor` lists what is missing."
+        ))
+    })?;
+    let started = Instant::now();
+    let run_id = new_run_id();
+    let run_dir = project.paths.runs().join(&run_id);
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let log = RunLog::create(&run_dir.join("log.jsonl"))?;
+    let mut events = Events { log, reporters };
+    let kernel_dir = project.paths.resolve(project.space.family.forward.parent().unwrap_or(Path::new("kernels")));
+    events.emit(Record::Header(Box::new(Header {
+        schema_version: runlog::SCHEMA_VERSION,
+        flashtune_version: env!("CARGO_PKG_VERSION").into(),
+        run_id: run_id.clone(),
+        started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        git_head: crate::vcs::head(&project.paths.root),
+        device: device.clone(),
+        toolchain: project.toolchain.clone(),
+        policies_hash: short_hash(&project.policies_text),
+        kernel_sources_hash: sources_hash(&kernel_dir),
+        space: project.space.name.clone(),
+        space_path: project.space.path.clone(),
+        space_hash: short_hash(&project.space.text),
+        baseline: project.space.baseline_id(),
+        dtypes: project.policies.dtypes.clone(),
+        shapes: project.policies.shapes.clone(),
+    })))?;
+
+    let limits = DeviceLimits { max_threads_per_block: device.max_threads_per_block, max_smem_optin_bytes: device.max_smem_optin_bytes };
+    let planned = project.space.plan(&project.head_dims(), &limits)?;
+    for p in &planned {
+        events.emit(Record::Planned {
+            variant: p.variant.id.clone(),
+            params: p.variant.params.clone(),
+            head_dim: p.head_dim,
+            launch: p.launch.clone(),
+            invalid: p.invalid.clone(),
+        })?;
+    }
+
+    // Build: the reference per dtype, and each valid (variant, dtype, head dim).
+    let dtypes = project.policies.dtypes.clone();
+    let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, &device.arch))).collect();
+    for p in planned.iter().filter(|p| p.invalid.is_none()) {
+        for &d in &dtypes {
+            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, &device.arch)));
+        }
+    }
+    let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
+    build_all(Arc::new(project.builder()), specs, project.jobs(), |(variant, dtype, head_dim), result| {
+        match result {
+            Ok(out) => {
+                let gate = project.gate(&out);
+                events.emit(Record::Built {
+                    variant: variant.clone(),
+                    dtype,
+                    head_dim,
+                    key: out.key.clone(),
+                    cached: out.cached,
+                    seconds: out.seconds,
+                    entries: out.entries.clone(),
+                })?;
+                match gate {
+                    Some(reason) => events.emit(Record::Rejected { variant, dtype, head_dim, reason })?,
+                    None => {
+                        cubins.insert((variant, dtype, head_dim), out.cubin);
+                    }
+                }
+            }
+            Err(failure) => events.emit(Record::BuildFailed {
+                variant,
+                dtype,
+                head_dim,
+                reason: failure.to_string(),
+                log_tail: build::log_tail(failure.log(), 30),
+            })?,
+        }
+        Ok(())
+    })
+    .await?;
+
+    // Check and time, one worker per variant, cases in policy order.
+    let mut variant_ids: Vec<String> = Vec::new();
+    for p in planned.iter().filter(|p| p.invalid.is_none()) {
+        if !variant_ids.contains(&p.variant.id) {
+            variant_ids.push(p.variant.id.clone());
+        }
+    }
+    let (mut measured, mut failed) = (0usize, 0usize);
+    for variant_id in &variant_ids {
+        let mut cases = Vec::new();
+        for shape in &project.policies.shapes {
+            let Some(point) = planned.iter().find(|p| &p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
+            for &dtype in &dtypes {
+                let (Some(fwd), Some(reference)) = (cubins.get(&(variant_id.clone(), dtype, shape.d)), cubins.get(&(REFERENCE.to_owned(), dtype, 0))) else { continue };
+                cases.push(CaseSpec {
+                    shape: shape.clone(),
+                    dtype,
+                    seed: case_seed(project.policies.measure.seed, variant_id, shape, dtype),
+                    tolerance: project.policies.tolerance_for(dtype),
+                    cpu_oracle: shape.macs() <= project.policies.measure.cpu_reference_max_macs,
+                    forward: ForwardKernel {
+                        cubin: fwd.clone(),
+                        entry: project.space.family.forward_entry.clone(),
+                        combine_entry: project.space.family.combine_entry.clone(),
+                        launch: point.launch.clone().expect("valid points have a launch"),
+                    },
+                    reference: ReferenceKernel { cubin: reference.clone(), entry: project.space.family.reference_entry.clone() },
+                });
+            }
+        }
+        if cases.is_empty() {
+            continue;
+        }
+        let case_names: Vec<String> = cases.iter().map(|c| format!("{}/{}", c.shape.name, c.dtype)).collect();
+        let request = RunRequest {
+            device: opts.device,
+            measure: MeasureSpec {
+                warmup_ms: project.policies.measure.warmup_ms,
+                samples: project.policies.measure.samples,
+                min_sample_us: project.policies.measure.min_sample_us,
+            },
+            cases,
+        };
+        let outcome = opts.executor.run(request).await;
+        for case in &outcome.cases {
+            let (variant, shape, dtype) = (variant_id.clone(), case.shape.clone(), case.dtype);
+            match (&case.error, &case.check) {
+                (Some(err), check) => {
+                    failed += 1;
+                    events.emit(Record::CheckFailed { variant, shape, dtype, check: check.clone(), reason: format!("CUDA error: {err}") })?;
+                }
+                (None, Some(check)) if !check.passed() => {
+                    failed += 1;
+                    events.emit(Record::CheckFailed { variant, shape, dtype, check: Some(check.clone()), reason: check.failures.join("; ") })?;
+                }
+                (None, Some(check)) => {
+                    events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check: check.clone(), function: case.function.clone() })?;
+                    if let Some(timing) = &case.timing {
+                        measured += 1;
+                        events.emit(Record::Timed { variant, shape, dtype, timing: timing.clone() })?;
+                    }
+                }
+                (None, None) => {
+                    failed += 1;
+                    events.emit(Record::CheckFailed { variant, shape, dtype, check: None, reason: "worker returned no check".into() })?;
+                }
+            }
+        }
+        let not_run: Vec<String> = case_names.into_iter().skip(outcome.cases.len()).collect();
+        match outcome.end {
+            WorkerEnd::Clean => {}
+            WorkerEnd::TimedOut { seconds } => {
+                failed += not_run.len();
+                events.emit(Record::TimedOut { variant: variant_id.clone(), stage: "worker".into(), seconds, cases_not_run: not_run })?;
+            }
+            WorkerEnd::Fatal(detail) => {
+                failed += not_run.len();
+                events.emit(Record::WorkerCrashed { variant: variant_id.clone(), detail, cases_not_run: not_run })?;
+            }
+            WorkerEnd::Crashed { status, stderr_tail } => {
+                failed += not_run.len();
+                events.emit(Record::WorkerCrashed { variant: variant_id.clone(), detail: format!("{status}: {stderr_tail}"), cases_not_run: not_run })?;
+            }
+        }
+    }
+    events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: variant_ids.len(), measured_cases: measured, failed_cases: failed })?;
+
+    let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
+    let report_markdown = crate::report::markdown(&loaded);
+    std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;
+    Ok(TuneOutcome { run_dir, report_markdown })
+}
+
+/// The unit name under which the fp32 reference kernel is built and logged.
+pub const REFERENCE: &str = "reference";
+
+/// One row of `flashtune build`'s table.
+pub struct BuiltRow {
+    pub variant: String,
+    pub dtype: Dtype,
+    pub head_dim: u32,
+    pub outcome: std::result::Result<BuildOutput, String>,
+    pub gate: Option<String>,
+}
+
+/// Compile and gate every valid point without a GPU, for the policy's default device.
+pub async fn build_space(project: &Project, arch: Option<&str>) -> Result<(Vec<PlannedPoint>, Vec<BuiltRow>)> {
+    let dev = &project.policies.build.default_device;
+    let arch = arch.unwrap_or(&dev.arch).to_owned();
+    let limits = DeviceLimits { max_threads_per_block: dev.max_threads_per_block, max_smem_optin_bytes: dev.max_smem_optin_bytes };
+    let planned = project.space.plan(&project.head_dims(), &limits)?;
+    let mut specs: Vec<(UnitKey, BuildSpec)> = project.policies.dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, &arch))).collect();
+    for p in planned.iter().filter(|p| p.invalid.is_none()) {
+        for &d in &project.policies.dtypes {
+            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, &arch)));
+        }
+    }
+    let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
+    let mut done: BTreeMap<UnitKey, BuiltRow> = BTreeMap::new();
+    build_all(Arc::new(project.builder()), specs, project.jobs(), |(variant, dtype, head_dim), result| {
+        let gate = result.as_ref().ok().and_then(|o| project.gate(o));
+        let outcome = result.map_err(|f| format!("{f}\n{}", build::log_tail(f.log(), 30)));
+        done.insert((variant.clone(), dtype, head_dim), BuiltRow { variant, dtype, head_dim, outcome, gate });
+        Ok(())
+    })
+    .await?;
+    let rows = order.into_iter().filter_map(|k| done.remove(&k)).collect();
+    Ok((planned, rows))
+}

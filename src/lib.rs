@@ -1,0 +1,19 @@
+//! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
+pub mod build;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod doctor;
+pub mod engine;
+pub mod error;
+pub mod executor;
+pub mod progress;
+pub mod protocol;
+pub mod ptxas;
+pub mod report;
+pub mod runlog;
+pub mod space;
+pub mod vcs;
+pub mod worker;
+
+pub use cli::run;

@@ -1,0 +1,204 @@
+//! Turns a run log into the Markdown table people read: one row per (variant, dtype), every figure from a log record.
+use crate::config::Dtype;
+use crate::engine::REFERENCE;
+use crate::runlog::{LoadedLog, Record};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+#[derive(Debug, Clone)]
+enum Cell {
+    Timed { median_us: f64, tflops: f64 },
+    Failed(String),
+}
+
+#[derive(Default)]
+struct Row {
+    params: String,
+    cells: BTreeMap<String, Cell>,
+    max_abs: f64,
+    max_rel_l2: f64,
+    registers: u32,
+    spills: u64,
+    problems: Vec<String>,
+}
+
+pub fn markdown(log: &LoadedLog) -> String {
+    let mut md = String::new();
+    let Some(header) = log.header() else {
+        return "No header record: this is not a flashtune run log.\n".into();
+    };
+    let _ = writeln!(md, "# flashtune run {}\n", header.run_id);
+    let d = &header.device;
+    let _ = writeln!(
+        md,
+        "GPU: {} ({} SMs, {}, driver {}) · {} · space `{}` · baseline `{}` · git {}\n",
+        d.name,
+        d.sm_count,
+        d.arch,
+        d.driver_version,
+        header.toolchain.version,
+        header.space,
+        header.baseline,
+        header.git_head.as_deref().unwrap_or("(no repository)")
+    );
+    if d.fake {
+        md.push_str("> **Fake GPU.** These figures come from the test double, not from a GPU. Nothing here was measured.\n\n");
+    }
+
+    let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
+    let mut order: Vec<(String, Dtype)> = Vec::new();
+    let mut invalid: Vec<String> = Vec::new();
+    let mut worker_problems: Vec<String> = Vec::new();
+    let mut finished = None;
+    let mut interrupted = None;
+    let mut row = |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
+        let key = (v.to_owned(), dt);
+        if !rows.contains_key(&key) {
+            order.push(key.clone());
+            rows.insert(key.clone(), Row::default());
+        }
+        key
+    };
+    let mut params_of: BTreeMap<String, String> = BTreeMap::new();
+    for (line, entry) in &log.entries {
+        match &entry.record {
+            Record::Planned { variant, params, head_dim, invalid: why, .. } => {
+                params_of.insert(variant.clone(), params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+                if let Some(why) = why {
+                    invalid.push(format!("`{variant}` d={head_dim}: {why} (log line {line})"));
+                }
+            }
+            Record::Built { variant, dtype, entries, .. } if variant != REFERENCE => {
+                let k = row(&mut rows, variant, *dtype);
+                let r = rows.get_mut(&k).expect("row exists");
+                for e in entries {
+                    r.registers = r.registers.max(e.registers);
+                    r.spills = r.spills.max(e.spill_bytes());
+                }
+            }
+            Record::BuildFailed { variant, dtype, head_dim, reason, .. } | Record::Rejected { variant, dtype, head_dim, reason } => {
+                if variant == REFERENCE {
+                    worker_problems.push(format!("reference kernel ({dtype}): {reason} (log line {line})"));
+                    continue;
+                }
+                let k = row(&mut rows, variant, *dtype);
+                let r = rows.get_mut(&k).expect("row exists");
+                r.problems.push(format!("d={head_dim}: {reason} (log line {line})"));
+                for s in header.shapes.iter().filter(|s| s.d == *head_dim) {
+                    r.cells.insert(s.name.clone(), Cell::Failed("build".into()));
+                }
+            }
+            Record::Checked { variant, dtype, check, .. } => {
+                let k = row(&mut rows, variant, *dtype);
+                let r = rows.get_mut(&k).expect("row exists");
+                r.max_abs = r.max_abs.max(check.max_abs);
+                r.max_rel_l2 = r.max_rel_l2.max(check.rel_l2);
+            }
+            Record::CheckFailed { variant, shape, dtype, reason, .. } => {
+                let k = row(&mut rows, variant, *dtype);
+                let r = rows.get_mut(&k).expect("row exists");
+                r.cells.insert(shape.clone(), Cell::Failed("wrong".into()));
+                r.problems.push(format!("{shape}: {reason} (log line {line})"));
+            }
+            Record::Timed { variant, shape, dtype, timing } => {
+                let k = row(&mut rows, variant, *dtype);
+                rows.get_mut(&k).expect("row exists").cells.insert(shape.clone(), Cell::Timed { median_us: timing.median_us, tflops: timing.tflops });
+            }
+            Record::WorkerCrashed { variant, detail, cases_not_run } => {
+                worker_problems.push(format!("`{variant}`: worker crashed: {detail}; not run: {} (log line {line})", cases_not_run.join(", ")));
+            }
+            Record::TimedOut { variant, stage, seconds, cases_not_run } => {
+                worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
+            }
+            Record::Interrupted { reason } => interrupted = Some(reason.clone()),
+            Record::Finished { seconds, variants, measured_cases, failed_cases } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
+            _ => {}
+        }
+    }
+    for ((variant, _), r) in rows.iter_mut() {
+        r.params = params_of.get(variant).cloned().unwrap_or_default();
+    }
+    // Rows follow the space's order (baseline family first as written), then the policy's dtype order.
+    let planned_order: Vec<String> = log
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Planned { variant, .. } => Some(variant.clone()),
+            _ => None,
+        })
+        .collect();
+    order.sort_by_key(|(v, d)| {
+        (
+            planned_order.iter().position(|p| p == v).unwrap_or(usize::MAX),
+            header.dtypes.iter().position(|x| x == d).unwrap_or(usize::MAX),
+        )
+    });
+
+    let _ = write!(md, "| variant | parameters | dtype |");
+    for s in &header.shapes {
+        let _ = write!(md, " {} µs (TF/s) |", s.label());
+    }
+    let _ = writeln!(md, " speedup vs baseline | max abs err | max rel L2 | regs | spill B |");
+    let _ = write!(md, "|---|---|---|");
+    for _ in &header.shapes {
+        md.push_str("---:|");
+    }
+    md.push_str("---:|---:|---:|---:|---:|\n");
+    for key in &order {
+        let r = &rows[key];
+        let baseline = rows.get(&(header.baseline.clone(), key.1));
+        let _ = write!(md, "| `{}` | {} | {} |", key.0, r.params, key.1);
+        for s in &header.shapes {
+            let text = match r.cells.get(&s.name) {
+                Some(Cell::Timed { median_us, tflops }) => format!("{median_us:.1} ({tflops:.1})"),
+                Some(Cell::Failed(what)) => format!("**{what}**"),
+                None => "—".into(),
+            };
+            let _ = write!(md, " {text} |");
+        }
+        let speedup = baseline.and_then(|b| geomean_speedup(b, r, header.shapes.iter().map(|s| s.name.as_str())));
+        let speedup = speedup.map_or("—".into(), |x| format!("{x:.2}×"));
+        let _ = writeln!(md, " {speedup} | {:.2e} | {:.2e} | {} | {} |", r.max_abs, r.max_rel_l2, r.registers, r.spills);
+    }
+    md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
+    let problems: Vec<String> = order
+        .iter()
+        .flat_map(|k| rows[k].problems.iter().map(move |p| format!("- `{}` {}: {p}", k.0, k.1)))
+        .chain(worker_problems.iter().map(|p| format!("- {p}")))
+        .collect();
+    if !problems.is_empty() {
+        md.push_str("\n## Failures\n\n");
+        md.push_str(&problems.join("\n"));
+        md.push('\n');
+    }
+    if !invalid.is_empty() {
+        let _ = writeln!(md, "\n## Not built ({} points ruled out before compiling)\n", invalid.len());
+        for i in &invalid {
+            let _ = writeln!(md, "- {i}");
+        }
+    }
+    md.push('\n');
+    if let Some(reason) = interrupted {
+        let _ = writeln!(md, "Run interrupted: {reason}.");
+    }
+    match finished {
+        Some((seconds, variants, measured, failed)) => {
+            let _ = writeln!(md, "Finished in {seconds:.1} s: {variants} variants, {measured} cases measured, {failed} failed.");
+        }
+        None => md.push_str("The run has no `finished` record: it was interrupted or is still going.\n"),
+    }
+    if log.torn_tail {
+        md.push_str("The log's last line was cut short (a crash while writing) and was ignored.\n");
+    }
+    md
+}
+
+fn geomean_speedup<'a>(baseline: &Row, row: &Row, shapes: impl Iterator<Item = &'a str>) -> Option<f64> {
+    let ratios: Vec<f64> = shapes
+        .filter_map(|s| match (baseline.cells.get(s), row.cells.get(s)) {
+            (Some(Cell::Timed { median_us: b, .. }), Some(Cell::Timed { median_us: r, .. })) => Some(b / r),
+            _ => None,
+        })
+        .collect();
+    (!ratios.is_empty()).then(|| (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp())
+}

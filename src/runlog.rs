@@ -1,0 +1,177 @@
+//! The run log `runs/<id>/log.jsonl`: a header, then one record per event, each appended and flushed before anything depends on it.
+use crate::build::Toolchain;
+use crate::config::{Dtype, Shape};
+use crate::protocol::{CheckStats, DeviceInfo, FunctionAttributes, TimingStats};
+use crate::ptxas::EntryResources;
+use crate::space::{LaunchShape, Params};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Header {
+    pub schema_version: u32,
+    pub flashtune_version: String,
+    pub run_id: String,
+    pub started_at: String,
+    pub git_head: Option<String>,
+    pub device: DeviceInfo,
+    pub toolchain: Toolchain,
+    pub policies_hash: String,
+    pub kernel_sources_hash: String,
+    pub space: String,
+    pub space_path: PathBuf,
+    pub space_hash: String,
+    pub baseline: String,
+    pub dtypes: Vec<Dtype>,
+    pub shapes: Vec<Shape>,
+}
+
+/// One line of the log. `t` is seconds since the run started.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Entry {
+    pub t: f64,
+    #[serde(flatten)]
+    pub record: Record,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Record {
+    Header(Box<Header>),
+    /// A (variant, head dim) judged before compiling; `invalid` holds the reason it will not run.
+    Planned {
+        variant: String,
+        params: Params,
+        head_dim: u32,
+        launch: Option<LaunchShape>,
+        invalid: Option<String>,
+    },
+    Built {
+        variant: String,
+        dtype: Dtype,
+        head_dim: u32,
+        key: String,
+        cached: bool,
+        seconds: f64,
+        entries: Vec<EntryResources>,
+    },
+    BuildFailed {
+        variant: String,
+        dtype: Dtype,
+        head_dim: u32,
+        reason: String,
+        log_tail: String,
+    },
+    /// A built kernel that a policy gate turned away (spills, ...).
+    Rejected {
+        variant: String,
+        dtype: Dtype,
+        head_dim: u32,
+        reason: String,
+    },
+    Checked {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        check: CheckStats,
+        function: Option<FunctionAttributes>,
+    },
+    CheckFailed {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        check: Option<CheckStats>,
+        reason: String,
+    },
+    Timed {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        timing: TimingStats,
+    },
+    WorkerCrashed {
+        variant: String,
+        detail: String,
+        cases_not_run: Vec<String>,
+    },
+    TimedOut {
+        variant: String,
+        stage: String,
+        seconds: u64,
+        cases_not_run: Vec<String>,
+    },
+    Interrupted {
+        reason: String,
+    },
+    Finished {
+        seconds: f64,
+        variants: usize,
+        measured_cases: usize,
+        failed_cases: usize,
+    },
+}
+
+pub struct RunLog {
+    file: File,
+    pub path: PathBuf,
+    started: std::time::Instant,
+}
+
+impl RunLog {
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new().create_new(true).append(true).open(path).with_context(|| format!("cannot create run log {}", path.display()))?;
+        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now() })
+    }
+
+    /// Append one record and push it to the disk before returning.
+    pub fn append(&mut self, record: Record) -> Result<Entry> {
+        let entry = Entry { t: self.started.elapsed().as_secs_f64(), record };
+        let mut line = serde_json::to_vec(&entry)?;
+        line.push(b'\n');
+        self.file.write_all(&line).with_context(|| format!("cannot append to {}", self.path.display()))?;
+        self.file.sync_data().with_context(|| format!("cannot flush {}", self.path.display()))?;
+        Ok(entry)
+    }
+}
+
+/// A log read back: the entries in order with their 1-based line numbers.
+#[derive(Debug, Clone)]
+pub struct LoadedLog {
+    pub entries: Vec<(usize, Entry)>,
+    /// A last line cut short by a crash, ignored.
+    pub torn_tail: bool,
+}
+
+impl LoadedLog {
+    pub fn header(&self) -> Option<&Header> {
+        self.entries.iter().find_map(|(_, e)| match &e.record {
+            Record::Header(h) => Some(h.as_ref()),
+            _ => None,
+        })
+    }
+}
+
+/// Read a log, tolerating a torn last line; a bad line elsewhere is corruption and an error.
+pub fn read(path: &Path) -> Result<LoadedLog> {
+    let file = File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
+    let lines: Vec<String> = BufReader::new(file).lines().collect::<std::io::Result<_>>()?;
+    let mut entries = Vec::new();
+    let mut torn_tail = false;
+    let last_nonempty = lines.iter().rposition(|l| !l.trim().is_empty());
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Entry>(line) {
+            Ok(e) => entries.push((i + 1, e)),
+            Err(_) if Some(i) == last_nonempty => torn_tail = true,
+            Err(e) => anyhow::bail!("{}:{}: corrupt run log record: {e}", path.display(), i + 1),
+        }
+    }
+    Ok(LoadedLog { entries, torn_tail })
+}

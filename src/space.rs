@@ -1,0 +1,340 @@
+//! Variant spaces: parse `variants/*.toml`, expand the parameter grid, and judge each point before anything compiles.
+use crate::config::{self, Dtype};
+use crate::error::{Error, Result};
+use evalexpr::{ContextWithMutableVariables, HashMapContext, Node, Value};
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// A parameter value as written in a variants file: an integer or a symbolic name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum ParamValue {
+    Int(i64),
+    Name(String),
+}
+
+impl std::fmt::Display for ParamValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamValue::Int(v) => write!(f, "{v}"),
+            ParamValue::Name(s) => f.write_str(s),
+        }
+    }
+}
+
+impl ParamValue {
+    fn to_expr_value(&self) -> Value {
+        match self {
+            ParamValue::Int(v) => Value::Int(*v),
+            ParamValue::Name(s) => Value::String(s.clone()),
+        }
+    }
+    /// The preprocessor token: integers as they are, names as `PARAM_NAME` (e.g. `MMA_WMMA`).
+    fn define(&self, param: &str) -> String {
+        match self {
+            ParamValue::Int(v) => v.to_string(),
+            ParamValue::Name(s) => format!("{param}_{}", s.to_uppercase()),
+        }
+    }
+}
+
+pub type Params = IndexMap<String, ParamValue>;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpaceFile {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    constraints: Vec<String>,
+    baseline: Params,
+    family: FamilyFile,
+    params: IndexMap<String, Vec<ParamValue>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FamilyFile {
+    forward: PathBuf,
+    forward_entry: String,
+    combine_entry: String,
+    reference: PathBuf,
+    reference_entry: String,
+    threads: String,
+    smem_bytes: String,
+    rows_per_cta: String,
+    kv_splits: String,
+}
+
+/// How a kernel family is built and launched; expressions are over the parameters plus HEAD_DIM and ELEM_BYTES.
+#[derive(Debug, Clone)]
+pub struct Family {
+    pub forward: PathBuf,
+    pub forward_entry: String,
+    pub combine_entry: String,
+    pub reference: PathBuf,
+    pub reference_entry: String,
+    threads: Expr,
+    smem_bytes: Expr,
+    rows_per_cta: Expr,
+    kv_splits: Expr,
+}
+
+#[derive(Debug, Clone)]
+struct Expr {
+    text: String,
+    tree: Node,
+}
+
+#[derive(Debug, Clone)]
+pub struct Space {
+    pub name: String,
+    pub description: String,
+    pub path: PathBuf,
+    pub text: String,
+    pub family: Family,
+    pub params: IndexMap<String, Vec<ParamValue>>,
+    constraints: Vec<Expr>,
+    pub baseline: Params,
+}
+
+/// The limits a launch must respect, read from the GPU (or the policy's default device).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeviceLimits {
+    pub max_threads_per_block: u32,
+    pub max_smem_optin_bytes: u32,
+}
+
+/// A point of the space.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Variant {
+    pub id: String,
+    pub params: Params,
+}
+
+/// What one compiled kernel needs at launch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LaunchShape {
+    pub threads: u32,
+    pub smem_bytes: u32,
+    pub rows_per_cta: u32,
+    pub kv_splits: u32,
+}
+
+/// A (variant, head dim) with its verdict; dtype does not change validity.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PlannedPoint {
+    pub variant: Variant,
+    pub head_dim: u32,
+    pub launch: Option<LaunchShape>,
+    /// Why the point cannot run; `None` when valid.
+    pub invalid: Option<String>,
+}
+
+impl Space {
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = config::read_text(path)?;
+        let file: SpaceFile = config::parse_toml(path, &text)?;
+        // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
+        let probe = expr_context(&file.baseline, 64);
+        let compile = |key: &str, src: &str| -> Result<Expr> {
+            let at = |message: String| config::config_error_at_text(path, &text, src, key, message);
+            let tree = evalexpr::build_operator_tree(src).map_err(|e| at(format!("cannot parse expression `{src}`: {e}")))?;
+            tree.eval_with_context(&probe).map_err(|e| at(format!("expression `{src}` fails on the baseline: {e}")))?;
+            Ok(Expr { text: src.to_owned(), tree })
+        };
+        let family = Family {
+            threads: compile("family.threads", &file.family.threads)?,
+            smem_bytes: compile("family.smem_bytes", &file.family.smem_bytes)?,
+            rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
+            kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
+            forward: file.family.forward,
+            forward_entry: file.family.forward_entry,
+            combine_entry: file.family.combine_entry,
+            reference: file.family.reference,
+            reference_entry: file.family.reference_entry,
+        };
+        let constraints = file
+            .constraints
+            .iter()
+            .map(|c| compile("constraints", c))
+            .collect::<Result<Vec<_>>>()?;
+        for (name, values) in &file.params {
+            if values.is_empty() {
+                return Err(config::config_error_at_key(path, &text, &format!("params.{name}"), "a parameter needs at least one value".into()));
+            }
+            if !file.baseline.contains_key(name) {
+                return Err(config::config_error_at_key(path, &text, "baseline", format!("baseline does not set parameter `{name}`")));
+            }
+        }
+        for (name, value) in &file.baseline {
+            let known = file.params.get(name).ok_or_else(|| {
+                config::config_error_at_key(path, &text, "baseline", format!("baseline sets `{name}`, which is not a parameter of this space"))
+            })?;
+            if !known.contains(value) {
+                return Err(config::config_error_at_key(path, &text, "baseline", format!("baseline value {name} = {value} is not among the listed values")));
+            }
+        }
+        Ok(Space {
+            name: file.name,
+            description: file.description,
+            path: path.to_path_buf(),
+            text,
+            family,
+            params: file.params,
+            constraints,
+            baseline: file.baseline,
+        })
+    }
+
+    /// Every grid point, in file order (the last parameter varies fastest).
+    pub fn variants(&self) -> Result<Vec<Variant>> {
+        let mut points: Vec<Params> = vec![Params::new()];
+        for (name, values) in &self.params {
+            points = points
+                .into_iter()
+                .flat_map(|p| {
+                    values.iter().map(move |v| {
+                        let mut next = p.clone();
+                        next.insert(name.clone(), v.clone());
+                        next
+                    })
+                })
+                .collect();
+        }
+        let variants: Vec<Variant> = points.into_iter().map(|params| Variant { id: variant_id(&params), params }).collect();
+        let mut seen = BTreeSet::new();
+        for v in &variants {
+            if !seen.insert(v.id.clone()) {
+                return Err(Error::BadInput(format!(
+                    "{}: two points share the id `{}`; rename a parameter so their initials differ",
+                    self.path.display(),
+                    v.id
+                )));
+            }
+        }
+        Ok(variants)
+    }
+
+    pub fn baseline_id(&self) -> String {
+        variant_id(&self.baseline)
+    }
+
+    /// Judge each (variant, head dim): constraints first, then the device's limits.
+    pub fn plan(&self, head_dims: &BTreeSet<u32>, limits: &DeviceLimits) -> Result<Vec<PlannedPoint>> {
+        let mut planned = Vec::new();
+        for variant in self.variants()? {
+            for &head_dim in head_dims {
+                planned.push(self.judge(&variant, head_dim, limits)?);
+            }
+        }
+        Ok(planned)
+    }
+
+    fn judge(&self, variant: &Variant, head_dim: u32, limits: &DeviceLimits) -> Result<PlannedPoint> {
+        let ctx = expr_context(&variant.params, head_dim);
+        let invalid = |reason: String| PlannedPoint {
+            variant: variant.clone(),
+            head_dim,
+            launch: None,
+            invalid: Some(reason),
+        };
+        for c in &self.constraints {
+            let holds = c.tree.eval_boolean_with_context(&ctx).map_err(|e| {
+                Error::BadInput(format!("{}: constraint `{}` cannot be evaluated for {}: {e}", self.path.display(), c.text, variant.id))
+            })?;
+            if !holds {
+                return Ok(invalid(format!("constraints: `{}` is false", c.text)));
+            }
+        }
+        let launch = LaunchShape {
+            threads: self.eval_u32(&self.family.threads, &ctx, variant)?,
+            smem_bytes: self.eval_u32(&self.family.smem_bytes, &ctx, variant)?,
+            rows_per_cta: self.eval_u32(&self.family.rows_per_cta, &ctx, variant)?,
+            kv_splits: self.eval_u32(&self.family.kv_splits, &ctx, variant)?,
+        };
+        if launch.threads == 0 || launch.threads > limits.max_threads_per_block {
+            return Ok(invalid(format!(
+                "device limits: {} threads per block (limit {})",
+                launch.threads, limits.max_threads_per_block
+            )));
+        }
+        if launch.smem_bytes > limits.max_smem_optin_bytes {
+            return Ok(invalid(format!(
+                "device limits: {} bytes of shared memory (opt-in limit {})",
+                launch.smem_bytes, limits.max_smem_optin_bytes
+            )));
+        }
+        if launch.rows_per_cta == 0 || launch.kv_splits == 0 {
+            return Ok(invalid("launch: rows_per_cta and kv_splits must be at least 1".into()));
+        }
+        Ok(PlannedPoint {
+            variant: variant.clone(),
+            head_dim,
+            launch: Some(launch),
+            invalid: None,
+        })
+    }
+
+    fn eval_u32(&self, e: &Expr, ctx: &HashMapContext, variant: &Variant) -> Result<u32> {
+        let v = e.tree.eval_int_with_context(ctx).map_err(|err| {
+            Error::BadInput(format!("{}: expression `{}` cannot be evaluated for {}: {err}", self.path.display(), e.text, variant.id))
+        })?;
+        u32::try_from(v).map_err(|_| Error::BadInput(format!("{}: expression `{}` gives {v} for {}, outside 0..2^32", self.path.display(), e.text, variant.id)))
+    }
+
+    /// The `-D` definitions of one forward build.
+    pub fn forward_defines(&self, variant: &Variant, dtype: Dtype, head_dim: u32) -> Vec<(String, String)> {
+        let mut defines = vec![("DTYPE".to_owned(), dtype.define().to_owned()), ("HEAD_DIM".to_owned(), head_dim.to_string())];
+        defines.extend(variant.params.iter().map(|(k, v)| (k.clone(), v.define(k))));
+        defines
+    }
+}
+
+fn expr_context(params: &Params, head_dim: u32) -> HashMapContext {
+    let mut ctx = HashMapContext::new();
+    for (k, v) in params {
+        ctx.set_value(k.clone(), v.to_expr_value()).expect("fresh context accepts any value");
+    }
+    ctx.set_value("HEAD_DIM".into(), Value::Int(head_dim as i64)).expect("fresh context");
+    ctx.set_value("ELEM_BYTES".into(), Value::Int(2)).expect("fresh context");
+    ctx
+}
+
+/// A readable id: names as they are, numbers behind the parameter's initials (`BLOCK_M=64` → `bm64`).
+pub fn variant_id(params: &Params) -> String {
+    params
+        .iter()
+        .map(|(k, v)| match v {
+            ParamValue::Name(s) => s.clone(),
+            ParamValue::Int(i) => {
+                let initials: String = k.split('_').filter_map(|w| w.chars().next()).collect::<String>().to_lowercase();
+                format!("{initials}{i}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_readable() {
+        let mut p = Params::new();
+        p.insert("MMA".into(), ParamValue::Name("wmma".into()));
+        p.insert("BLOCK_M".into(), ParamValue::Int(64));
+        p.insert("KV_SPLIT".into(), ParamValue::Int(4));
+        assert_eq!(variant_id(&p), "wmma-bm64-ks4");
+    }
+
+    #[test]
+    fn names_become_prefixed_tokens() {
+        assert_eq!(ParamValue::Name("wmma".into()).define("MMA"), "MMA_WMMA");
+        assert_eq!(ParamValue::Int(3).define("STAGES"), "3");
+    }
+}

@@ -1,0 +1,447 @@
+//! Integration tests: real fixtures, real nvcc builds, the whole pipeline on the fake GPU, and GPU runs behind FLASHTUNE_GPU_TESTS=1.
+use flashtune::config::{Dtype, Policies};
+use flashtune::error::Error;
+use flashtune::runlog::{self, Record, RunLog};
+use flashtune::space::{DeviceLimits, Space};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The checkout; `FLASHTUNE_REPO` points elsewhere when the test binary is carried to a GPU machine.
+fn repo() -> PathBuf {
+    std::env::var_os("FLASHTUNE_REPO").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("FLASHTUNE_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_flashtune")), PathBuf::from)
+}
+
+fn shared_fixture(rel: &str) -> String {
+    let path = repo().join("../shared/fixtures").join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
+}
+
+/// A throwaway project: the shipped policies, variants and kernels, its own runs/ folder.
+fn scratch_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["variants", "kernels/attention"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for f in std::fs::read_dir(repo().join(sub)).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, dir.path().join(sub).join(f.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    std::fs::copy(repo().join("policies.toml"), dir.path().join("policies.toml")).unwrap();
+    dir
+}
+
+fn flashtune(root: &Path, args: &[&str]) -> Output {
+    Command::new(binary())
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        // Builds are content-addressed, so every test may share one cache.
+        .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+        .output()
+        .expect("flashtune runs")
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+mod ptxas_fixtures {
+    use super::*;
+    use flashtune::ptxas;
+
+    #[test]
+    fn saxpy_report() {
+        let e = ptxas::parse(&shared_fixture("ptxas/saxpy_sm90a_nvcc13.0.txt"));
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].name, "saxpy");
+        assert_eq!(e[0].arch, "sm_90a");
+        assert_eq!((e[0].registers, e[0].spill_bytes(), e[0].stack_frame_bytes, e[0].static_smem_bytes), (10, 0, 0, 0));
+    }
+
+    #[test]
+    fn mixed_report_with_stack_smem_and_register_limit() {
+        let e = ptxas::parse(&shared_fixture("ptxas/mixed_stack_smem_dynamic_template_nvcc13.5.txt"));
+        let names: Vec<&str> = e.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["_Z5templILi64EEvPf", "dyn", "spills"]);
+        let spills = &e[2];
+        assert_eq!(spills.registers, 31);
+        assert_eq!(spills.barriers, 1);
+        assert_eq!(spills.stack_frame_bytes, 1056);
+        assert_eq!(spills.static_smem_bytes, 4096);
+        assert_eq!(spills.spill_bytes(), 0);
+        assert_eq!(spills.max_registers_override, Some(32));
+        assert_eq!((e[1].registers, e[1].barriers, e[1].static_smem_bytes), (12, 1, 0));
+    }
+}
+
+mod config_errors {
+    use super::*;
+
+    fn load_policies_with(edit: impl Fn(&str) -> String) -> Error {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("policies.toml");
+        let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+        std::fs::write(&path, edit(&original)).unwrap();
+        Policies::load(&path).expect_err("the edit must be rejected")
+    }
+
+    fn location(e: &Error) -> (usize, usize, String) {
+        match e {
+            Error::Config { line, column, key, .. } => (*line, *column, key.clone()),
+            other => panic!("expected a config error, got {other}"),
+        }
+    }
+
+    fn line_of(haystack: &str, needle: &str) -> usize {
+        haystack.lines().position(|l| l.starts_with(needle)).expect("needle in file") + 1
+    }
+
+    #[test]
+    fn shipped_files_load() {
+        let (p, _) = Policies::load(&repo().join("policies.toml")).unwrap();
+        assert!(p.dtypes.contains(&Dtype::F16) && p.dtypes.contains(&Dtype::Bf16));
+        Space::load(&repo().join("variants/smoke.toml")).unwrap();
+    }
+
+    #[test]
+    fn wrong_type_names_line_column_and_key() {
+        let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+        let e = load_policies_with(|s| s.replace("samples = 30", "samples = \"thirty\""));
+        assert_eq!(location(&e), (line_of(&original, "samples = 30"), 11, "measure.samples".into()));
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() {
+        let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+        let e = load_policies_with(|s| s.replace("warmup_ms = ", "warmup_msec = "));
+        let (line, column, key) = location(&e);
+        assert_eq!((line, column, key.as_str()), (line_of(&original, "warmup_ms = "), 1, "measure.warmup_msec"));
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+
+    #[test]
+    fn syntax_error_names_the_table_key() {
+        let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+        let e = load_policies_with(|s| s.replace("jobs = 0", "jobs = 0 0"));
+        let (line, _, key) = location(&e);
+        assert_eq!((line, key.as_str()), (line_of(&original, "jobs = 0"), "build.jobs"));
+    }
+
+    #[test]
+    fn missing_tolerance_for_a_listed_dtype() {
+        let e = load_policies_with(|s| s.replace("[tolerance.bf16]", "[tolerance.f16x]"));
+        assert!(matches!(e, Error::Config { .. }), "{e}");
+    }
+
+    #[test]
+    fn bad_constraint_is_located_in_the_variants_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("space.toml");
+        let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
+        std::fs::write(&path, original.replace("BLOCK_M == WARPS * 16", "BLOCK_M == WARPS *")).unwrap();
+        let e = Space::load(&path).unwrap_err();
+        let (line, column, key) = location(&e);
+        assert_eq!(key, "constraints");
+        assert_eq!(line, original.lines().position(|l| l.contains("BLOCK_M == WARPS * 16")).unwrap() + 1);
+        assert_eq!(column, 4);
+    }
+
+    #[test]
+    fn cli_exits_2_on_bad_policies() {
+        let dir = scratch_project();
+        let p = dir.path().join("policies.toml");
+        let s = std::fs::read_to_string(&p).unwrap().replace("seed = ", "sed = ");
+        std::fs::write(&p, s).unwrap();
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(text(&out).contains("policies.toml:"), "{}", text(&out));
+    }
+}
+
+mod planning {
+    use super::*;
+
+    fn write_space(params: &str, constraints: &str) -> (tempfile::TempDir, Space) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
+        let head = original.split("[params]").next().unwrap();
+        let start = head.find("constraints = [").unwrap();
+        let end = start + head[start..].find("\n]").unwrap() + 2;
+        let head = format!("{}{constraints}{}", &head[..start], &head[end..]);
+        std::fs::write(&path, format!("{head}[params]\n{params}")).unwrap();
+        let space = Space::load(&path).unwrap();
+        (dir, space)
+    }
+
+    const H100: DeviceLimits = DeviceLimits { max_threads_per_block: 1024, max_smem_optin_bytes: 232448 };
+
+    #[test]
+    fn constraints_and_device_limits_rule_points_out_with_reasons() {
+        let (_d, space) = write_space(
+            "MMA = [\"scalar\", \"wmma\"]\nBLOCK_M = [64, 128]\nBLOCK_N = [64, 512]\nWARPS = [4, 64]\nKV_SPLIT = [1]\nSTAGES = [1]\n",
+            "constraints = ['MMA != \"wmma\" || BLOCK_M == WARPS * 16']",
+        );
+        let plan = space.plan(&[64u32, 128].into_iter().collect(), &H100).unwrap();
+        assert_eq!(plan.len(), 2 * 2 * 2 * 2 * 2);
+        let reason = |id: &str, d: u32| plan.iter().find(|p| p.variant.id == id && p.head_dim == d).unwrap().invalid.clone();
+        assert_eq!(reason("scalar-bm64-bn64-w4-ks1-s1", 64), None);
+        assert!(reason("wmma-bm128-bn64-w4-ks1-s1", 64).unwrap().starts_with("constraints:"));
+        assert!(reason("scalar-bm64-bn64-w64-ks1-s1", 64).unwrap().contains("2048 threads"));
+        // 512-wide K/V tiles at d=128 need far more than 227 KB.
+        assert!(reason("scalar-bm128-bn512-w4-ks1-s1", 128).unwrap().contains("shared memory"));
+        let valid = plan.iter().find(|p| p.invalid.is_none()).unwrap();
+        assert_eq!(valid.launch.as_ref().unwrap().threads, 128);
+    }
+
+    #[test]
+    fn baseline_must_be_a_point_of_the_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.toml");
+        let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
+        std::fs::write(&path, original.replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [2, 4]")).unwrap();
+        let e = Space::load(&path).unwrap_err();
+        assert!(e.to_string().contains("baseline"), "{e}");
+    }
+
+    #[test]
+    fn defines_follow_the_kernel_convention() {
+        let space = Space::load(&repo().join("variants/smoke.toml")).unwrap();
+        let v = space.variants().unwrap().into_iter().find(|v| v.id == space.baseline_id()).unwrap();
+        let defines = space.forward_defines(&v, Dtype::Bf16, 128);
+        assert!(defines.contains(&("DTYPE".into(), "DTYPE_BF16".into())));
+        assert!(defines.contains(&("HEAD_DIM".into(), "128".into())));
+        assert!(defines.contains(&("MMA".into(), "MMA_SCALAR".into())));
+    }
+}
+
+mod run_log {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        let mut log = RunLog::create(&path).unwrap();
+        let records = vec![
+            Record::Interrupted { reason: "first".into() },
+            Record::Rejected { variant: "v".into(), dtype: Dtype::F16, head_dim: 64, reason: "spills".into() },
+            Record::Finished { seconds: 1.5, variants: 1, measured_cases: 0, failed_cases: 1 },
+        ];
+        for r in &records {
+            log.append(r.clone()).unwrap();
+        }
+        let back = runlog::read(&path).unwrap();
+        assert!(!back.torn_tail);
+        assert_eq!(back.entries.iter().map(|(_, e)| e.record.clone()).collect::<Vec<_>>(), records);
+        assert_eq!(back.entries.iter().map(|(l, _)| *l).collect::<Vec<_>>(), [1, 2, 3]);
+
+        // A crash mid-write leaves half a line: ignored, flagged.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(b"{\"t\":2.0,\"event\":\"timed\",\"varia");
+        std::fs::write(&path, &bytes).unwrap();
+        let back = runlog::read(&path).unwrap();
+        assert!(back.torn_tail);
+        assert_eq!(back.entries.len(), 3);
+
+        // Damage anywhere else is corruption, not something to skip silently.
+        let mut lines: Vec<String> = std::fs::read_to_string(&path).unwrap().lines().map(str::to_owned).collect();
+        lines[1] = "not json".into();
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let err = runlog::read(&path).unwrap_err();
+        assert!(err.to_string().contains(":2:"), "{err}");
+    }
+
+    #[test]
+    fn log_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log.jsonl");
+        RunLog::create(&path).unwrap();
+        assert!(RunLog::create(&path).is_err());
+    }
+}
+
+mod real_builds {
+    use super::*;
+
+    /// Every smoke variant compiles with the real nvcc, and the zero-spill gate holds.
+    #[test]
+    fn smoke_space_builds_without_spills() {
+        let out = flashtune(&repo(), &["build", "--space", "variants/smoke.toml"]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let table = String::from_utf8_lossy(&out.stdout);
+        let forward_rows = table.lines().filter(|l| l.contains("| attn_fwd |")).count();
+        let space = Space::load(&repo().join("variants/smoke.toml")).unwrap();
+        let (policies, _) = Policies::load(&repo().join("policies.toml")).unwrap();
+        let head_dims: std::collections::BTreeSet<u32> = policies.shapes.iter().map(|s| s.d).collect();
+        assert_eq!(forward_rows, space.variants().unwrap().len() * head_dims.len() * policies.dtypes.len(), "{table}");
+        for l in table.lines().filter(|l| l.contains("| attn_")) {
+            assert!(l.contains("| 0/0 |") && l.ends_with("| ok |"), "spilling or rejected: {l}");
+        }
+    }
+
+    /// The gate is real: a kernel that spills under a register cap is rejected.
+    #[test]
+    fn spilling_kernel_is_rejected() {
+        let dir = scratch_project();
+        let k = dir.path().join("kernels/attention");
+        std::fs::copy(repo().join("tests/fixtures/spill.cu"), k.join("spill.cu")).unwrap();
+        let policies = dir.path().join("policies.toml");
+        let p = std::fs::read_to_string(&policies).unwrap().replace("nvcc_flags = [", "nvcc_flags = [\"-maxrregcount=32\", ");
+        std::fs::write(&policies, p).unwrap();
+        let space = dir.path().join("variants/spill.toml");
+        let s = std::fs::read_to_string(dir.path().join("variants/smoke.toml"))
+            .unwrap()
+            .replace("kernels/attention/forward.cu", "kernels/attention/spill.cu")
+            .replace("MMA = [\"scalar\", \"wmma\"]", "MMA = [\"scalar\"]")
+            .replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [1]");
+        std::fs::write(&space, s).unwrap();
+        let out = flashtune(dir.path(), &["build", "--space", "variants/spill.toml"]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{t}");
+        assert!(t.contains("gates: `spills` spills"), "{t}");
+    }
+
+    #[test]
+    fn compile_error_is_reported_with_the_compiler_log() {
+        let dir = scratch_project();
+        let fwd = dir.path().join("kernels/attention/forward.cu");
+        let src = std::fs::read_to_string(&fwd).unwrap();
+        std::fs::write(&fwd, format!("{src}\nthis is not CUDA;\n")).unwrap();
+        let out = flashtune(dir.path(), &["build"]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{t}");
+        assert!(t.contains("nvcc failed") && t.contains("error"), "{t}");
+    }
+}
+
+mod pipeline {
+    use super::*;
+
+    fn records(run_dir: &Path) -> Vec<Record> {
+        runlog::read(&run_dir.join("log.jsonl")).unwrap().entries.into_iter().map(|(_, e)| e.record).collect()
+    }
+
+    fn run_dir_from(out: &Output) -> PathBuf {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout.lines().find_map(|l| l.strip_prefix("Run log: ")).expect("tune prints its run log");
+        PathBuf::from(line).parent().unwrap().to_path_buf()
+    }
+
+    /// The whole tune path without a GPU: real builds, fake worker, log and report.
+    #[test]
+    fn tune_end_to_end_on_the_fake_gpu() {
+        let dir = scratch_project();
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let run = run_dir_from(&out);
+        let recs = records(&run);
+        let Record::Header(h) = &recs[0] else { panic!("first record is {:?}", recs[0]) };
+        assert!(h.device.fake);
+        assert_eq!(h.baseline, "scalar-bm64-bn64-w4-ks1-s1");
+        let (policies, _) = Policies::load(&dir.path().join("policies.toml")).unwrap();
+        let space = Space::load(&dir.path().join("variants/smoke.toml")).unwrap();
+        let cases = space.variants().unwrap().len() * policies.shapes.len() * policies.dtypes.len();
+        let timed = recs.iter().filter(|r| matches!(r, Record::Timed { .. })).count();
+        let checked = recs.iter().filter(|r| matches!(r, Record::Checked { .. })).count();
+        assert_eq!((timed, checked), (cases, cases));
+        assert!(matches!(recs.last(), Some(Record::Finished { failed_cases: 0, .. })));
+        let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+        assert!(report.contains("Fake GPU"), "{report}");
+        assert!(report.contains("| `scalar-bm64-bn64-w4-ks1-s1` |") && report.contains("1.00×"), "{report}");
+        // `report` rebuilds the same table from the log alone.
+        let again = flashtune(dir.path(), &["report", run.to_str().unwrap()]);
+        assert!(String::from_utf8_lossy(&again.stdout).contains(report.trim()), "{}", text(&again));
+    }
+
+    #[test]
+    fn invalid_points_are_logged_not_dropped() {
+        let dir = scratch_project();
+        let space = dir.path().join("variants/smoke.toml");
+        let s = std::fs::read_to_string(&space).unwrap().replace("WARPS = [4]", "WARPS = [4, 8]");
+        std::fs::write(&space, s).unwrap();
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let recs = records(&run_dir_from(&out));
+        let invalid: Vec<&Record> = recs.iter().filter(|r| matches!(r, Record::Planned { invalid: Some(_), .. })).collect();
+        // wmma needs BLOCK_M == WARPS * 16, so wmma with 8 warps is out, for both head dims and both splits.
+        assert_eq!(invalid.len(), 4, "{invalid:?}");
+        assert!(!recs.iter().any(|r| matches!(r, Record::Built { variant, .. } if variant.starts_with("wmma-bm64-bn64-w8"))));
+    }
+
+    #[test]
+    fn tune_without_a_gpu_says_so() {
+        let dir = scratch_project();
+        let out = Command::new(binary())
+            .arg("--root")
+            .arg(dir.path())
+            .arg("tune")
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+            .output()
+            .unwrap();
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{t}");
+        assert!(t.contains("no usable GPU") && t.contains("flashtune build"), "{t}");
+        assert!(!t.contains("panicked"), "{t}");
+    }
+
+    #[test]
+    fn doctor_reports_each_check_without_a_gpu() {
+        let out = Command::new(binary())
+            .arg("--root")
+            .arg(repo())
+            .arg("doctor")
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .output()
+            .unwrap();
+        let t = String::from_utf8_lossy(&out.stdout);
+        for name in ["nvcc", "gpu", "ncu", "git", "disk"] {
+            assert!(t.lines().any(|l| l.contains(&format!("] {name}"))), "no {name} line:\n{t}");
+        }
+        assert!(t.lines().any(|l| l.starts_with("[FAIL] gpu") && l.contains("fix:")), "{t}");
+        assert_eq!(out.status.code(), Some(1));
+        assert!(!text(&out).contains("panicked"));
+    }
+}
+
+/// Real-GPU tests: run with FLASHTUNE_GPU_TESTS=1 on a machine with an NVIDIA GPU.
+mod gpu {
+    use super::*;
+
+    fn enabled() -> bool {
+        std::env::var("FLASHTUNE_GPU_TESTS").is_ok_and(|v| v == "1")
+    }
+
+    #[test]
+    fn smoke_tune_passes_every_check_on_the_gpu() {
+        if !enabled() {
+            eprintln!("skipped: set FLASHTUNE_GPU_TESTS=1 on a GPU machine");
+            return;
+        }
+        let dir = scratch_project();
+        let out = flashtune(dir.path(), &["tune", "--space", "variants/smoke.toml"]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let run = PathBuf::from(stdout.lines().find_map(|l| l.strip_prefix("Run log: ")).unwrap());
+        let log = runlog::read(&run).unwrap();
+        let failures: Vec<String> = log
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.record, Record::CheckFailed { .. } | Record::WorkerCrashed { .. } | Record::TimedOut { .. } | Record::BuildFailed { .. }))
+            .map(|(l, e)| format!("line {l}: {:?}", e.record))
+            .collect();
+        assert!(failures.is_empty(), "{failures:#?}");
+        assert!(log.header().unwrap().device.name.contains("NVIDIA"));
+    }
+}
