@@ -150,7 +150,7 @@ pub fn markdown(log: &LoadedLog) -> String {
         let _ = write!(md, "| `{}` | {} | {} |", key.0, r.params, key.1);
         for s in &header.shapes {
             let text = match r.cells.get(&s.name) {
-                Some(Cell::Timed { median_us, tflops }) => format!("{median_us:.1} ({tflops:.1})"),
+                Some(Cell::Timed { median_us, tflops }) => format!("{median_us:.1} ({})", three_digits(*tflops)),
                 Some(Cell::Failed(what)) => format!("**{what}**"),
                 None => "—".into(),
             };
@@ -201,4 +201,17 @@ fn geomean_speedup<'a>(baseline: &Row, row: &Row, shapes: impl Iterator<Item = &
         })
         .collect();
     (!ratios.is_empty()).then(|| (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp())
+}
+
+/// Three significant digits at most, so tiny decode figures do not print as 0.0.
+fn three_digits(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else if x >= 1.0 {
+        format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
+    }
 }
