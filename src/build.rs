@@ -150,6 +150,7 @@ impl Builder {
         let cubin = dir.join("kernel.cubin");
         let report = dir.join("ptxas.txt");
         if cubin.is_file() && report.is_file() {
+            tracing::debug!(%key, source = %spec.source.display(), "build cache hit");
             let text = std::fs::read_to_string(&report).map_err(|e| BuildFailure::Io(e.to_string()))?;
             return Ok(BuildOutput { key, cubin, cached: true, seconds: 0.0, entries: ptxas::parse(&text) });
         }
@@ -168,6 +169,7 @@ impl Builder {
         }
         cmd.arg(&spec.source).arg("-o").arg(staging.join("kernel.cubin"));
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        tracing::info!(%key, source = %spec.source.display(), defines = ?spec.defines, "nvcc");
         let child = cmd.spawn().map_err(|e| BuildFailure::Io(format!("cannot start {}: {e}", self.toolchain.nvcc.display())))?;
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(out) => out.map_err(|e| BuildFailure::Io(e.to_string()))?,

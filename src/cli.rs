@@ -83,17 +83,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let paths = ProjectPaths::new(cli.root.clone());
     match cli.command {
         Command::Tune { space, device, fake_gpu } => {
+            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
             let executor = if fake_gpu {
-                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
                 Executor::Fake { arch: policies.build.default_device.arch }
             } else {
-                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
                 Executor::subprocess(Duration::from_secs(policies.timeouts.worker_s)).map_err(|e| Error::Other(e.into()))?
             };
             let outcome = engine::tune(TuneOptions { paths, space, executor, device }, vec![Box::new(ProgressReporter::new())]).await?;
             println!("{}", outcome.report_markdown);
             println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
-            Ok(ExitCode::SUCCESS)
+            Ok(if outcome.interrupted { ExitCode::from(exit_code::INTERRUPTED) } else { ExitCode::SUCCESS })
         }
         Command::Build { space, arch } => {
             let project = Project::load(paths, space.as_deref())?;

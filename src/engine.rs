@@ -43,6 +43,7 @@ pub struct TuneOptions {
 pub struct TuneOutcome {
     pub run_dir: PathBuf,
     pub report_markdown: String,
+    pub interrupted: bool,
 }
 
 /// Which forward build serves a (variant, dtype, head dim).
@@ -181,11 +182,31 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
+    events.emit(Record::Header(Box::new(header(&project, &device, &run_id))))?;
+
+    // Ctrl-C drops the pipeline (and with it the worker, killed on drop), then the log says so.
+    let stages = run_stages(&project, &device, &opts, &mut events);
+    let totals = tokio::select! {
+        totals = stages => Some(totals?),
+        _ = tokio::signal::ctrl_c() => None,
+    };
+    let interrupted = totals.is_none();
+    match totals {
+        Some(t) => events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: t.variants, measured_cases: t.measured, failed_cases: t.failed })?,
+        None => events.emit(Record::Interrupted { reason: "Ctrl-C".into() })?,
+    }
+    let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
+    let report_markdown = crate::report::markdown(&loaded);
+    std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;
+    Ok(TuneOutcome { run_dir, report_markdown, interrupted })
+}
+
+fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
     let kernel_dir = project.paths.resolve(project.space.family.forward.parent().unwrap_or(Path::new("kernels")));
-    events.emit(Record::Header(Box::new(Header {
+    Header {
         schema_version: runlog::SCHEMA_VERSION,
         flashtune_version: env!("CARGO_PKG_VERSION").into(),
-        run_id: run_id.clone(),
+        run_id: run_id.to_owned(),
         started_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         git_head: crate::vcs::head(&project.paths.root),
         device: device.clone(),
@@ -198,8 +219,17 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         baseline: project.space.baseline_id(),
         dtypes: project.policies.dtypes.clone(),
         shapes: project.policies.shapes.clone(),
-    })))?;
+    }
+}
 
+#[derive(Default)]
+struct Totals {
+    variants: usize,
+    measured: usize,
+    failed: usize,
+}
+
+async fn run_stages(project: &Project, device: &DeviceInfo, opts: &TuneOptions, events: &mut Events) -> Result<Totals> {
     let limits = DeviceLimits { max_threads_per_block: device.max_threads_per_block, max_smem_optin_bytes: device.max_smem_optin_bytes };
     let planned = project.space.plan(&project.head_dims(), &limits)?;
     for p in &planned {
@@ -211,16 +241,20 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
             invalid: p.invalid.clone(),
         })?;
     }
+    let cubins = build_stage(project, &planned, &device.arch, events).await?;
+    measure_stage(project, &planned, &cubins, opts, events).await
+}
 
-    // Build: the reference per dtype, and each valid (variant, dtype, head dim).
-    let dtypes = project.policies.dtypes.clone();
-    let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, &device.arch))).collect();
+/// Build the reference per dtype and each valid (variant, dtype, head dim); returns the cubins that passed the gates.
+async fn build_stage(project: &Project, planned: &[PlannedPoint], arch: &str, events: &mut Events) -> Result<BTreeMap<UnitKey, PathBuf>> {
+    let dtypes = &project.policies.dtypes;
+    let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, arch))).collect();
     for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        for &d in &dtypes {
-            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, &device.arch)));
+        for &d in dtypes {
+            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, arch)));
         }
     }
-    let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
+    let mut cubins = BTreeMap::new();
     build_all(Arc::new(project.builder()), specs, project.jobs(), |(variant, dtype, head_dim), result| {
         match result {
             Ok(out) => {
@@ -252,98 +286,91 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         Ok(())
     })
     .await?;
+    Ok(cubins)
+}
 
-    // Check and time, one worker per variant, cases in policy order.
-    let mut variant_ids: Vec<String> = Vec::new();
+/// Check and time, one worker per variant, cases in policy order.
+async fn measure_stage(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, opts: &TuneOptions, events: &mut Events) -> Result<Totals> {
+    let mut variant_ids: Vec<&str> = Vec::new();
     for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        if !variant_ids.contains(&p.variant.id) {
-            variant_ids.push(p.variant.id.clone());
+        if !variant_ids.contains(&p.variant.id.as_str()) {
+            variant_ids.push(&p.variant.id);
         }
     }
-    let (mut measured, mut failed) = (0usize, 0usize);
-    for variant_id in &variant_ids {
-        let mut cases = Vec::new();
-        for shape in &project.policies.shapes {
-            let Some(point) = planned.iter().find(|p| &p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
-            for &dtype in &dtypes {
-                let (Some(fwd), Some(reference)) = (cubins.get(&(variant_id.clone(), dtype, shape.d)), cubins.get(&(REFERENCE.to_owned(), dtype, 0))) else { continue };
-                cases.push(CaseSpec {
-                    shape: shape.clone(),
-                    dtype,
-                    seed: case_seed(project.policies.measure.seed, variant_id, shape, dtype),
-                    tolerance: project.policies.tolerance_for(dtype),
-                    cpu_oracle: shape.macs() <= project.policies.measure.cpu_reference_max_macs,
-                    forward: ForwardKernel {
-                        cubin: fwd.clone(),
-                        entry: project.space.family.forward_entry.clone(),
-                        combine_entry: project.space.family.combine_entry.clone(),
-                        launch: point.launch.clone().expect("valid points have a launch"),
-                    },
-                    reference: ReferenceKernel { cubin: reference.clone(), entry: project.space.family.reference_entry.clone() },
-                });
-            }
-        }
+    let mut totals = Totals { variants: variant_ids.len(), ..Default::default() };
+    for variant_id in variant_ids {
+        let cases = cases_for(project, planned, cubins, variant_id);
         if cases.is_empty() {
             continue;
         }
         let case_names: Vec<String> = cases.iter().map(|c| format!("{}/{}", c.shape.name, c.dtype)).collect();
+        let policy = &project.policies.measure;
         let request = RunRequest {
             device: opts.device,
-            measure: MeasureSpec {
-                warmup_ms: project.policies.measure.warmup_ms,
-                samples: project.policies.measure.samples,
-                min_sample_us: project.policies.measure.min_sample_us,
-            },
+            measure: MeasureSpec { warmup_ms: policy.warmup_ms, samples: policy.samples, min_sample_us: policy.min_sample_us },
             cases,
         };
         let outcome = opts.executor.run(request).await;
         for case in &outcome.cases {
-            let (variant, shape, dtype) = (variant_id.clone(), case.shape.clone(), case.dtype);
-            match (&case.error, &case.check) {
-                (Some(err), check) => {
-                    failed += 1;
-                    events.emit(Record::CheckFailed { variant, shape, dtype, check: check.clone(), reason: format!("CUDA error: {err}") })?;
-                }
-                (None, Some(check)) if !check.passed() => {
-                    failed += 1;
-                    events.emit(Record::CheckFailed { variant, shape, dtype, check: Some(check.clone()), reason: check.failures.join("; ") })?;
-                }
-                (None, Some(check)) => {
-                    events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check: check.clone(), function: case.function.clone() })?;
-                    if let Some(timing) = &case.timing {
-                        measured += 1;
-                        events.emit(Record::Timed { variant, shape, dtype, timing: timing.clone() })?;
-                    }
-                }
-                (None, None) => {
-                    failed += 1;
-                    events.emit(Record::CheckFailed { variant, shape, dtype, check: None, reason: "worker returned no check".into() })?;
-                }
+            let (variant, shape, dtype) = (variant_id.to_owned(), case.shape.clone(), case.dtype);
+            let failure = match (&case.error, &case.check) {
+                (Some(err), _) => Some(format!("CUDA error: {err}")),
+                (None, Some(check)) if !check.passed() => Some(check.failures.join("; ")),
+                (None, Some(_)) => None,
+                (None, None) => Some("worker returned no check".into()),
+            };
+            if let Some(reason) = failure {
+                totals.failed += 1;
+                events.emit(Record::CheckFailed { variant, shape, dtype, check: case.check.clone(), reason })?;
+                continue;
+            }
+            let check = case.check.clone().expect("a passed case has a check");
+            events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check, function: case.function.clone() })?;
+            if let Some(timing) = &case.timing {
+                totals.measured += 1;
+                events.emit(Record::Timed { variant, shape, dtype, timing: timing.clone() })?;
             }
         }
         let not_run: Vec<String> = case_names.into_iter().skip(outcome.cases.len()).collect();
+        let variant = variant_id.to_owned();
+        let lost = not_run.len();
         match outcome.end {
             WorkerEnd::Clean => {}
-            WorkerEnd::TimedOut { seconds } => {
-                failed += not_run.len();
-                events.emit(Record::TimedOut { variant: variant_id.clone(), stage: "worker".into(), seconds, cases_not_run: not_run })?;
-            }
-            WorkerEnd::Fatal(detail) => {
-                failed += not_run.len();
-                events.emit(Record::WorkerCrashed { variant: variant_id.clone(), detail, cases_not_run: not_run })?;
-            }
-            WorkerEnd::Crashed { status, stderr_tail } => {
-                failed += not_run.len();
-                events.emit(Record::WorkerCrashed { variant: variant_id.clone(), detail: format!("{status}: {stderr_tail}"), cases_not_run: not_run })?;
-            }
+            WorkerEnd::TimedOut { seconds } => events.emit(Record::TimedOut { variant, stage: "worker".into(), seconds, cases_not_run: not_run })?,
+            WorkerEnd::Fatal(detail) => events.emit(Record::WorkerCrashed { variant, detail, cases_not_run: not_run })?,
+            WorkerEnd::Crashed { status, stderr_tail } => events.emit(Record::WorkerCrashed { variant, detail: format!("{status}: {stderr_tail}"), cases_not_run: not_run })?,
+        }
+        totals.failed += lost;
+    }
+    Ok(totals)
+}
+
+fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, variant_id: &str) -> Vec<CaseSpec> {
+    let family = &project.space.family;
+    let mut cases = Vec::new();
+    for shape in &project.policies.shapes {
+        let Some(point) = planned.iter().find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
+        for &dtype in &project.policies.dtypes {
+            let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));
+            let reference = cubins.get(&(REFERENCE.to_owned(), dtype, 0));
+            let (Some(forward), Some(reference)) = (forward, reference) else { continue };
+            cases.push(CaseSpec {
+                shape: shape.clone(),
+                dtype,
+                seed: case_seed(project.policies.measure.seed, variant_id, shape, dtype),
+                tolerance: project.policies.tolerance_for(dtype),
+                cpu_oracle: shape.macs() <= project.policies.measure.cpu_reference_max_macs,
+                forward: ForwardKernel {
+                    cubin: forward.clone(),
+                    entry: family.forward_entry.clone(),
+                    combine_entry: family.combine_entry.clone(),
+                    launch: point.launch.clone().expect("valid points have a launch"),
+                },
+                reference: ReferenceKernel { cubin: reference.clone(), entry: family.reference_entry.clone() },
+            });
         }
     }
-    events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: variant_ids.len(), measured_cases: measured, failed_cases: failed })?;
-
-    let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
-    let report_markdown = crate::report::markdown(&loaded);
-    std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;
-    Ok(TuneOutcome { run_dir, report_markdown })
+    cases
 }
 
 /// The unit name under which the fp32 reference kernel is built and logged.

@@ -78,6 +78,7 @@ impl Executor {
             }
         };
         let pid = child.id();
+        tracing::info!(?pid, "worker started");
         let payload = serde_json::to_vec(request).expect("requests serialize");
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(&payload).await;
@@ -126,6 +127,7 @@ impl Executor {
                 };
             }
         }
+        tracing::info!(?pid, end = ?outcome.end, cases = outcome.cases.len(), "worker finished");
         outcome
     }
 }
