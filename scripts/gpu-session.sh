@@ -13,5 +13,5 @@ echo "== tune smoke"; "$bin/flashtune" tune --space variants/smoke.toml 2>"$out/
 run=$(sed -n 's/^Run log: //p' "$out/tune.txt"); [ -n "$run" ] && cp "$run" "$out/log.jsonl"
 if [ -x "$bin/flashtune-tests" ]; then
   echo "== GPU tests"
-  FLASHTUNE_GPU_TESTS=1 FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" gpu:: 2>&1 | tee "$out/gpu-tests.txt"
+  FLASHTUNE_GPU_TESTS=1 FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt"
 fi

@@ -24,8 +24,10 @@ fi
 export FLASHTUNE_NVCC="$nvcc_path"
 echo "== nvcc: $FLASHTUNE_NVCC ($("$FLASHTUNE_NVCC" --version | tail -1))"
 
+# GPU tests are #[ignore]d unless asked for: CI machines have no GPU.
+if [ "${FLASHTUNE_GPU_TESTS:-0}" = 1 ]; then gpu_nextest=(--run-ignored all); gpu_libtest=(--include-ignored); else gpu_nextest=(); gpu_libtest=(); fi
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --no-fail-fast "$@"
+  cargo nextest run --no-fail-fast "${gpu_nextest[@]}" "$@"
 else
-  cargo test --no-fail-fast "$@"
+  cargo test --no-fail-fast "$@" -- "${gpu_libtest[@]}"
 fi

@@ -18,6 +18,7 @@ pub struct Policies {
     /// Correctness limits per dtype, against the fp32 reference kernel.
     pub tolerance: BTreeMap<Dtype, Tolerance>,
     pub measure: MeasurePolicy,
+    pub baseline: BaselinePolicy,
     pub timeouts: Timeouts,
     pub shapes: Vec<Shape>,
 }
@@ -73,11 +74,21 @@ pub struct MeasurePolicy {
     pub seed: u64,
 }
 
+/// The reference library timed beside the variants, in the same run.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BaselinePolicy {
+    /// Program and arguments, run from the project root; empty to skip.
+    pub command: Vec<String>,
+    pub backends: Vec<String>,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Timeouts {
     pub build_s: u64,
     pub worker_s: u64,
+    pub baseline_s: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]

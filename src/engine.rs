@@ -55,6 +55,8 @@ pub struct Project {
     pub policies: Policies,
     pub policies_text: String,
     pub space: Space,
+    /// The policy shapes the space is measured on.
+    pub shapes: Vec<Shape>,
     pub toolchain: Toolchain,
 }
 
@@ -63,12 +65,13 @@ impl Project {
         let (policies, policies_text) = Policies::load(&paths.policies())?;
         let space_path = paths.resolve(space.unwrap_or(&policies.default_space));
         let space = Space::load(&space_path)?;
+        let shapes = space.select_shapes(&policies.shapes)?;
         let toolchain = build::find_nvcc()?;
-        Ok(Project { paths, policies, policies_text, space, toolchain })
+        Ok(Project { paths, policies, policies_text, space, shapes, toolchain })
     }
 
     pub fn head_dims(&self) -> BTreeSet<u32> {
-        self.policies.shapes.iter().map(|s| s.d).collect()
+        self.shapes.iter().map(|s| s.d).collect()
     }
 
     pub fn builder(&self) -> Builder {
@@ -218,7 +221,7 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
         space_hash: short_hash(&project.space.text),
         baseline: project.space.baseline_id(),
         dtypes: project.policies.dtypes.clone(),
-        shapes: project.policies.shapes.clone(),
+        shapes: project.shapes.clone(),
     }
 }
 
@@ -242,7 +245,33 @@ async fn run_stages(project: &Project, device: &DeviceInfo, opts: &TuneOptions, 
         })?;
     }
     let cubins = build_stage(project, &planned, &device.arch, events).await?;
-    measure_stage(project, &planned, &cubins, opts, events).await
+    let totals = measure_stage(project, &planned, &cubins, opts, events).await?;
+    baseline_stage(project, device, events).await?;
+    Ok(totals)
+}
+
+/// Time the reference library after the variants, so the two never share the GPU.
+async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
+    let unavailable = |reason: String| Record::BaselineUnavailable { backend: None, shape: None, dtype: None, reason };
+    if device.fake {
+        return events.emit(unavailable("fake GPU: the reference library is not run".into()));
+    }
+    if project.policies.baseline.command.is_empty() {
+        return events.emit(unavailable("baseline.command is empty in policies.toml".into()));
+    }
+    match crate::baseline::measure(&project.paths.root, &project.policies, &project.shapes).await {
+        Err(reason) => events.emit(unavailable(reason)),
+        Ok(rows) => {
+            for row in rows {
+                let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
+                events.emit(match row.outcome {
+                    Ok(timing) => Record::BaselineTimed { backend, shape, dtype, timing },
+                    Err(reason) => Record::BaselineUnavailable { backend: Some(backend), shape: Some(shape), dtype: Some(dtype), reason },
+                })?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// Build the reference per dtype and each valid (variant, dtype, head dim); returns the cubins that passed the gates.
@@ -328,7 +357,7 @@ async fn measure_stage(project: &Project, planned: &[PlannedPoint], cubins: &BTr
             events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check, function: case.function.clone() })?;
             if let Some(timing) = &case.timing {
                 totals.measured += 1;
-                events.emit(Record::Timed { variant, shape, dtype, timing: timing.clone() })?;
+                events.emit(Record::Timed { variant, shape, dtype, kv_splits: case.kv_splits, timing: timing.clone() })?;
             }
         }
         let not_run: Vec<String> = case_names.into_iter().skip(outcome.cases.len()).collect();
@@ -348,7 +377,7 @@ async fn measure_stage(project: &Project, planned: &[PlannedPoint], cubins: &BTr
 fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, variant_id: &str) -> Vec<CaseSpec> {
     let family = &project.space.family;
     let mut cases = Vec::new();
-    for shape in &project.policies.shapes {
+    for shape in &project.shapes {
         let Some(point) = planned.iter().find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
         for &dtype in &project.policies.dtypes {
             let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));

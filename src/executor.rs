@@ -166,6 +166,7 @@ fn fake_run(arch: &str, request: &RunRequest) -> WorkerOutcome {
                 check: Some(stats),
                 timing: Some(check::summarize(samples, 1, case.shape.flops())),
                 function: None,
+                kv_splits: case.forward.launch.kv_splits.max(1),
                 error: None,
             }
         })

@@ -1,4 +1,5 @@
 //! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
+pub mod baseline;
 pub mod build;
 pub mod check;
 pub mod cli;

@@ -51,7 +51,7 @@ impl Reporter for ProgressReporter {
                 self.builds.inc(1);
                 self.builds.println(format!("build failed: {variant}: {reason}"));
             }
-            Record::Timed { variant, shape, dtype, timing } => {
+            Record::Timed { variant, shape, dtype, timing, .. } => {
                 self.cases.inc(1);
                 self.cases.set_message(format!("{variant} {shape} {dtype}: {:.1} µs", timing.median_us));
             }

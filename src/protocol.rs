@@ -88,6 +88,8 @@ pub struct CaseResult {
     pub check: Option<CheckStats>,
     pub timing: Option<TimingStats>,
     pub function: Option<FunctionAttributes>,
+    /// The KV split actually launched (the worker resolves `auto` per shape).
+    pub kv_splits: u32,
     /// A CUDA error or a launch that could not be made.
     pub error: Option<String>,
 }

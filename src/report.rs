@@ -49,6 +49,9 @@ pub fn markdown(log: &LoadedLog) -> String {
     let mut order: Vec<(String, Dtype)> = Vec::new();
     let mut invalid: Vec<String> = Vec::new();
     let mut worker_problems: Vec<String> = Vec::new();
+    let mut torch: BTreeMap<(String, Dtype, String), Result<f64, String>> = BTreeMap::new();
+    let mut torch_backends: Vec<String> = Vec::new();
+    let mut torch_missing: Option<String> = None;
     let mut finished = None;
     let mut interrupted = None;
     let mut row = |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
@@ -100,7 +103,7 @@ pub fn markdown(log: &LoadedLog) -> String {
                 r.cells.insert(shape.clone(), Cell::Failed("wrong".into()));
                 r.problems.push(format!("{shape}: {reason} (log line {line})"));
             }
-            Record::Timed { variant, shape, dtype, timing } => {
+            Record::Timed { variant, shape, dtype, timing, .. } => {
                 let k = row(&mut rows, variant, *dtype);
                 rows.get_mut(&k).expect("row exists").cells.insert(shape.clone(), Cell::Timed { median_us: timing.median_us, tflops: timing.tflops });
             }
@@ -110,6 +113,19 @@ pub fn markdown(log: &LoadedLog) -> String {
             Record::TimedOut { variant, stage, seconds, cases_not_run } => {
                 worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
             }
+            Record::BaselineTimed { backend, shape, dtype, timing } => {
+                if !torch_backends.contains(backend) {
+                    torch_backends.push(backend.clone());
+                }
+                torch.insert((shape.clone(), *dtype, backend.clone()), Ok(timing.median_us));
+            }
+            Record::BaselineUnavailable { backend: Some(backend), shape: Some(shape), dtype: Some(dtype), reason } => {
+                if !torch_backends.contains(backend) {
+                    torch_backends.push(backend.clone());
+                }
+                torch.insert((shape.clone(), *dtype, backend.clone()), Err(reason.clone()));
+            }
+            Record::BaselineUnavailable { reason, .. } => torch_missing = Some(reason.clone()),
             Record::Interrupted { reason } => interrupted = Some(reason.clone()),
             Record::Finished { seconds, variants, measured_cases, failed_cases } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
             _ => {}
@@ -161,6 +177,7 @@ pub fn markdown(log: &LoadedLog) -> String {
         let _ = writeln!(md, " {speedup} | {:.2e} | {:.2e} | {} | {} |", r.max_abs, r.max_rel_l2, r.registers, r.spills);
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
+    md.push_str(&best_per_shape(header, &order, &rows, &torch, &torch_backends, torch_missing.as_deref()));
     let problems: Vec<String> = order
         .iter()
         .flat_map(|k| rows[k].problems.iter().map(move |p| format!("- `{}` {}: {p}", k.0, k.1)))
@@ -214,4 +231,69 @@ fn three_digits(x: f64) -> String {
     } else {
         format!("{x:.3}")
     }
+}
+
+/// Per (shape, dtype): the fastest correct variant beside the reference library, as a time ratio.
+fn best_per_shape(
+    header: &crate::runlog::Header,
+    order: &[(String, Dtype)],
+    rows: &BTreeMap<(String, Dtype), Row>,
+    torch: &BTreeMap<(String, Dtype, String), Result<f64, String>>,
+    backends: &[String],
+    missing: Option<&str>,
+) -> String {
+    let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
+    let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
+    for b in backends {
+        let _ = write!(md, " PyTorch {b} µs |");
+    }
+    if backends.is_empty() {
+        md.push_str(" PyTorch |");
+    }
+    md.push_str(" best ÷ fastest PyTorch (time) |\n|---|---|---|---:|---:|");
+    for _ in 0..backends.len().max(1) {
+        md.push_str("---:|");
+    }
+    md.push_str("---:|\n");
+    for shape in &header.shapes {
+        for &dtype in &header.dtypes {
+            let best = order
+                .iter()
+                .filter(|k| k.1 == dtype)
+                .filter_map(|k| match rows[k].cells.get(&shape.name) {
+                    Some(Cell::Timed { median_us, tflops }) => Some((&k.0, *median_us, *tflops)),
+                    _ => None,
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            let (name, us, tf) = match best {
+                Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(tf)),
+                None => ("none passed".into(), "—".into(), "—".into()),
+            };
+            let _ = write!(md, "| {} | {dtype} | {name} | {us} | {tf} |", shape.label());
+            let mut fastest: Option<f64> = None;
+            for b in backends {
+                let cell = match torch.get(&(shape.name.clone(), dtype, b.clone())) {
+                    Some(Ok(t)) => {
+                        fastest = Some(fastest.map_or(*t, |f: f64| f.min(*t)));
+                        format!("{t:.1}")
+                    }
+                    Some(Err(e)) => format!("unsupported ({})", e.chars().take(60).collect::<String>()),
+                    None => "not measured".into(),
+                };
+                let _ = write!(md, " {cell} |");
+            }
+            if backends.is_empty() {
+                md.push_str(" not measured |");
+            }
+            let ratio = match (best, fastest) {
+                (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
+                _ => "—".into(),
+            };
+            let _ = writeln!(md, " {ratio} |");
+        }
+    }
+    if let Some(why) = missing {
+        let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
 }

@@ -92,7 +92,23 @@ pub enum Record {
         variant: String,
         shape: String,
         dtype: Dtype,
+        /// The split launched; differs from the variant's KV_SPLIT when that is `auto`.
+        kv_splits: u32,
         timing: TimingStats,
+    },
+    /// The reference library (PyTorch SDPA) on one shape, timed like the variants.
+    BaselineTimed {
+        backend: String,
+        shape: String,
+        dtype: Dtype,
+        timing: TimingStats,
+    },
+    /// The reference library could not be timed: all of it (no fields set) or one backend/shape.
+    BaselineUnavailable {
+        backend: Option<String>,
+        shape: Option<String>,
+        dtype: Option<Dtype>,
+        reason: String,
     },
     WorkerCrashed {
         variant: String,

@@ -25,10 +25,11 @@ impl std::fmt::Display for ParamValue {
 }
 
 impl ParamValue {
-    fn to_expr_value(&self) -> Value {
+    /// Names listed under `[symbols]` read as numbers in expressions (evalexpr cannot compare a string with a number).
+    fn to_expr_value(&self, symbols: &IndexMap<String, i64>) -> Value {
         match self {
             ParamValue::Int(v) => Value::Int(*v),
-            ParamValue::Name(s) => Value::String(s.clone()),
+            ParamValue::Name(s) => symbols.get(s).map_or_else(|| Value::String(s.clone()), |&v| Value::Int(v)),
         }
     }
     /// The preprocessor token: integers as they are, names as `PARAM_NAME` (e.g. `MMA_WMMA`).
@@ -50,7 +51,12 @@ struct SpaceFile {
     description: String,
     #[serde(default)]
     constraints: Vec<String>,
+    /// Names of `policies.toml` shapes this space is measured on; all of them when absent.
+    shapes: Option<Vec<String>>,
     baseline: Params,
+    /// Symbolic values with a numeric meaning in expressions, e.g. `auto = 0` for KV_SPLIT.
+    #[serde(default)]
+    symbols: IndexMap<String, i64>,
     family: FamilyFile,
     params: IndexMap<String, Vec<ParamValue>>,
 }
@@ -66,6 +72,7 @@ struct FamilyFile {
     threads: String,
     smem_bytes: String,
     rows_per_cta: String,
+    kv_rows_per_block: String,
     kv_splits: String,
 }
 
@@ -80,6 +87,7 @@ pub struct Family {
     threads: Expr,
     smem_bytes: Expr,
     rows_per_cta: Expr,
+    kv_rows_per_block: Expr,
     kv_splits: Expr,
 }
 
@@ -97,7 +105,9 @@ pub struct Space {
     pub text: String,
     pub family: Family,
     pub params: IndexMap<String, Vec<ParamValue>>,
+    pub shapes: Option<Vec<String>>,
     constraints: Vec<Expr>,
+    symbols: IndexMap<String, i64>,
     pub baseline: Params,
 }
 
@@ -121,6 +131,9 @@ pub struct LaunchShape {
     pub threads: u32,
     pub smem_bytes: u32,
     pub rows_per_cta: u32,
+    /// Keys per K/V tile: the unit a KV split divides.
+    pub kv_rows_per_block: u32,
+    /// Split count; 0 lets the worker choose per shape (the waves heuristic).
     pub kv_splits: u32,
 }
 
@@ -139,7 +152,7 @@ impl Space {
         let text = config::read_text(path)?;
         let file: SpaceFile = config::parse_toml(path, &text)?;
         // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
-        let probe = expr_context(&file.baseline, 64);
+        let probe = expr_context(&file.baseline, &file.symbols, 64);
         let compile = |key: &str, src: &str| -> Result<Expr> {
             let at = |message: String| config::config_error_at_text(path, &text, src, key, message);
             let tree = evalexpr::build_operator_tree(src).map_err(|e| at(format!("cannot parse expression `{src}`: {e}")))?;
@@ -150,6 +163,7 @@ impl Space {
             threads: compile("family.threads", &file.family.threads)?,
             smem_bytes: compile("family.smem_bytes", &file.family.smem_bytes)?,
             rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
+            kv_rows_per_block: compile("family.kv_rows_per_block", &file.family.kv_rows_per_block)?,
             kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
             forward: file.family.forward,
             forward_entry: file.family.forward_entry,
@@ -185,7 +199,9 @@ impl Space {
             text,
             family,
             params: file.params,
+            shapes: file.shapes,
             constraints,
+            symbols: file.symbols,
             baseline: file.baseline,
         })
     }
@@ -219,6 +235,24 @@ impl Space {
         Ok(variants)
     }
 
+    /// The policy shapes this space selects, in policy order; an unknown name is a config error.
+    pub fn select_shapes(&self, all: &[crate::config::Shape]) -> Result<Vec<crate::config::Shape>> {
+        let Some(names) = &self.shapes else { return Ok(all.to_vec()) };
+        for name in names {
+            if !all.iter().any(|s| &s.name == name) {
+                let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+                return Err(config::config_error_at_text(
+                    &self.path,
+                    &self.text,
+                    &format!("\"{name}\""),
+                    "shapes",
+                    format!("no shape `{name}` in policies.toml (known: {})", known.join(", ")),
+                ));
+            }
+        }
+        Ok(all.iter().filter(|s| names.contains(&s.name)).cloned().collect())
+    }
+
     pub fn baseline_id(&self) -> String {
         variant_id(&self.baseline)
     }
@@ -235,7 +269,7 @@ impl Space {
     }
 
     fn judge(&self, variant: &Variant, head_dim: u32, limits: &DeviceLimits) -> Result<PlannedPoint> {
-        let ctx = expr_context(&variant.params, head_dim);
+        let ctx = expr_context(&variant.params, &self.symbols, head_dim);
         let invalid = |reason: String| PlannedPoint {
             variant: variant.clone(),
             head_dim,
@@ -254,6 +288,7 @@ impl Space {
             threads: self.eval_u32(&self.family.threads, &ctx, variant)?,
             smem_bytes: self.eval_u32(&self.family.smem_bytes, &ctx, variant)?,
             rows_per_cta: self.eval_u32(&self.family.rows_per_cta, &ctx, variant)?,
+            kv_rows_per_block: self.eval_u32(&self.family.kv_rows_per_block, &ctx, variant)?,
             kv_splits: self.eval_u32(&self.family.kv_splits, &ctx, variant)?,
         };
         if launch.threads == 0 || launch.threads > limits.max_threads_per_block {
@@ -268,8 +303,8 @@ impl Space {
                 launch.smem_bytes, limits.max_smem_optin_bytes
             )));
         }
-        if launch.rows_per_cta == 0 || launch.kv_splits == 0 {
-            return Ok(invalid("launch: rows_per_cta and kv_splits must be at least 1".into()));
+        if launch.rows_per_cta == 0 || launch.kv_rows_per_block == 0 {
+            return Ok(invalid("launch: rows_per_cta and kv_rows_per_block must be at least 1".into()));
         }
         Ok(PlannedPoint {
             variant: variant.clone(),
@@ -294,10 +329,10 @@ impl Space {
     }
 }
 
-fn expr_context(params: &Params, head_dim: u32) -> HashMapContext {
+fn expr_context(params: &Params, symbols: &IndexMap<String, i64>, head_dim: u32) -> HashMapContext {
     let mut ctx = HashMapContext::new();
     for (k, v) in params {
-        ctx.set_value(k.clone(), v.to_expr_value()).expect("fresh context accepts any value");
+        ctx.set_value(k.clone(), v.to_expr_value(symbols)).expect("fresh context accepts any value");
     }
     ctx.set_value("HEAD_DIM".into(), Value::Int(head_dim as i64)).expect("fresh context");
     ctx.set_value("ELEM_BYTES".into(), Value::Int(2)).expect("fresh context");

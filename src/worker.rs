@@ -1,6 +1,8 @@
 //! `flashtune worker`: the only process that touches the GPU. Reads one request, checks and times each case, answers in JSON lines.
 use crate::check::{self, POISON_16, POISON_F32_BITS};
+use crate::config::Shape;
 use crate::protocol::*;
+use crate::space::LaunchShape;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
@@ -191,6 +193,7 @@ impl Gpu {
             check: None,
             timing: None,
             function: None,
+            kv_splits: case.forward.launch.kv_splits,
             error: None,
         };
         if let Err(e) = self.check_and_time(case, measure, &mut result) {
@@ -212,7 +215,16 @@ impl Gpu {
         // The oracle chain: CPU f64 checks the fp32 kernel on small shapes, which checks the variant on all.
         let reference = self.function(&case.reference.cubin, &case.reference.entry)?;
         let forward = self.function(&case.forward.cubin, &case.forward.entry)?;
-        let launch = &case.forward.launch;
+        let ctas_per_sm = forward
+            .occupancy_max_active_blocks_per_multiprocessor(case.forward.launch.threads, case.forward.launch.smem_bytes as usize, None)
+            .map_err(cuda)?;
+        let mut launch = case.forward.launch.clone();
+        if launch.kv_splits == 0 {
+            let ctas = s.sq.div_ceil(launch.rows_per_cta) * s.b * s.h;
+            launch.kv_splits = auto_kv_splits(ctas, self.info.sm_count * ctas_per_sm.max(1), s.sk.div_ceil(launch.kv_rows_per_block));
+        }
+        result.kv_splits = launch.kv_splits;
+        let launch = &launch;
         let combine = if launch.kv_splits > 1 { Some(self.function(&case.forward.cubin, &case.forward.combine_entry)?) } else { None };
         let mut bufs = Buffers {
             q: st.clone_htod(&q_bits).map_err(cuda)?,
@@ -256,9 +268,7 @@ impl Gpu {
         result.function = Some(FunctionAttributes {
             registers: forward.num_regs().map_err(cuda)?,
             local_bytes: forward.local_size_bytes().map_err(cuda)?,
-            max_active_ctas_per_sm: forward
-                .occupancy_max_active_blocks_per_multiprocessor(launch.threads, launch.smem_bytes as usize, None)
-                .map_err(cuda)?,
+            max_active_ctas_per_sm: ctas_per_sm,
         });
 
         // Two runs on poisoned buffers: the first is judged, the second must match it bit for bit.
@@ -270,7 +280,7 @@ impl Gpu {
                 self.poison_f32(oa)?;
                 self.poison_f32(la)?;
             }
-            self.launch_forward(&forward, combine.as_ref(), case, &bufs, scale)?;
+            self.launch_forward(&forward, combine.as_ref(), &case.shape, launch, &bufs, scale)?;
             let out = st.clone_dtoh(&bufs.out).map_err(|e| anyhow!("forward kernel: {e:?}"))?;
             let lse = st.clone_dtoh(&bufs.lse).map_err(cuda)?;
             runs.push((out, lse));
@@ -284,14 +294,12 @@ impl Gpu {
         let passed = stats.passed();
         result.check = Some(stats);
         if passed {
-            result.timing = Some(self.time(&forward, combine.as_ref(), case, &bufs, scale, measure)?);
+            result.timing = Some(self.time(&forward, combine.as_ref(), &case.shape, launch, &bufs, scale, measure)?);
         }
         Ok(())
     }
 
-    fn launch_forward(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, case: &CaseSpec, bufs: &Buffers, scale: f32) -> Result<()> {
-        let s = &case.shape;
-        let launch = &case.forward.launch;
+    fn launch_forward(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, s: &Shape, launch: &LaunchShape, bufs: &Buffers, scale: f32) -> Result<()> {
         let st = &self.stream;
         let ptr = |b: &Option<CudaSlice<f32>>| b.as_ref().map_or(0u64, |b| b.device_ptr(st).0);
         let (o_accum, lse_accum) = (ptr(&bufs.out_accum), ptr(&bufs.lse_accum));
@@ -323,7 +331,8 @@ impl Gpu {
     }
 
     /// CUDA-graph replay of back-to-back launches, timed with events: launch gaps stay out of the figure.
-    fn time(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, case: &CaseSpec, bufs: &Buffers, scale: f32, measure: &MeasureSpec) -> Result<TimingStats> {
+    #[allow(clippy::too_many_arguments)]
+    fn time(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, shape: &Shape, launch: &LaunchShape, bufs: &Buffers, scale: f32, measure: &MeasureSpec) -> Result<TimingStats> {
         let st = &self.stream;
         let cuda = |e: cudarc::driver::DriverError| anyhow!("{e:?}");
         let timed = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
@@ -332,10 +341,10 @@ impl Gpu {
             let end = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda)?;
             Ok(start.elapsed_ms(&end).map_err(cuda)? as f64 * 1000.0)
         };
-        let single_us = timed(&|| self.launch_forward(forward, combine, case, bufs, scale))?.max(0.5);
+        let single_us = timed(&|| self.launch_forward(forward, combine, shape, launch, bufs, scale))?.max(0.5);
         let launches = ((measure.min_sample_us / single_us).ceil() as u32).clamp(1, 1000);
         st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(cuda)?;
-        let captured = (0..launches).try_for_each(|_| self.launch_forward(forward, combine, case, bufs, scale));
+        let captured = (0..launches).try_for_each(|_| self.launch_forward(forward, combine, shape, launch, bufs, scale));
         let graph = st.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(cuda)?;
         captured?;
         let graph = graph.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
@@ -348,7 +357,7 @@ impl Gpu {
         for _ in 0..measure.samples {
             samples.push(timed(&replay)? / launches as f64);
         }
-        Ok(check::summarize(samples, launches, case.shape.flops()))
+        Ok(check::summarize(samples, launches, shape.flops()))
     }
 
     fn poison_16(&self, buf: &CudaSlice<u16>) -> Result<()> {
@@ -359,5 +368,41 @@ impl Gpu {
     fn poison_f32(&self, buf: &CudaSlice<f32>) -> Result<()> {
         let (p, _) = buf.device_ptr(&self.stream);
         unsafe { sys::cuMemsetD32Async(p, POISON_F32_BITS, buf.len(), self.stream.cu_stream()) }.result().map_err(|e| anyhow!("poison: {e:?}"))
+    }
+}
+
+/// FlashAttention-2's split heuristic: split only when the grid fills less than ~80% of one wave,
+/// then take the fewest splits whose wave efficiency is within 85% of the best.
+pub fn auto_kv_splits(ctas: u32, slots: u32, kv_blocks: u32) -> u32 {
+    if ctas as f64 >= 0.8 * slots as f64 {
+        return 1;
+    }
+    let max_splits = 128.min(slots).min(kv_blocks).max(1);
+    let efficiency = |splits: u32| {
+        let waves = (ctas * splits) as f64 / slots as f64;
+        waves / waves.ceil()
+    };
+    // A split count that leaves the per-split block count unchanged only adds combine work.
+    let useful = |splits: u32| splits == 1 || kv_blocks.div_ceil(splits) != kv_blocks.div_ceil(splits - 1);
+    let best = (1..=max_splits).filter(|&s| useful(s)).map(efficiency).fold(0.0, f64::max);
+    (1..=max_splits).find(|&s| useful(s) && efficiency(s) >= 0.85 * best).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_kv_splits;
+
+    #[test]
+    fn full_grids_are_not_split() {
+        assert_eq!(auto_kv_splits(264, 264, 64), 1);
+    }
+
+    #[test]
+    fn small_grids_are_split_to_fill_the_gpu() {
+        // Decode (1,8,1,4096): 8 CTAs of one query block, 132 SMs x 2 CTAs, 64 key blocks.
+        let s = auto_kv_splits(8, 264, 64);
+        assert!(s > 1 && 8 * s <= 264 + 8, "{s}");
+        // Never more splits than key blocks.
+        assert_eq!(auto_kv_splits(1, 264, 3), 3);
     }
 }

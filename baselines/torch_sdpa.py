@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Times PyTorch's scaled_dot_product_attention (flash and cuDNN backends) the way flashtune times
+its own kernels: CUDA-graph replay of back-to-back calls, timed with CUDA events after a warm-up.
+
+Reads one JSON request on stdin:
+  {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal"}], "dtypes": ["f16", "bf16"],
+   "backends": ["flash", "cudnn"], "warmup_ms": 20, "samples": 30, "min_sample_us": 500, "seed": 1}
+Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...]}; a row holds either
+"samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
+Exit code 3 when PyTorch or a GPU is missing, with the reason on stderr.
+"""
+import json
+import math
+import sys
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except Exception as exc:  # ImportError, or a broken install
+        print(f"PyTorch is not importable: {exc}", file=sys.stderr)
+        return 3
+    if not torch.cuda.is_available():
+        print("PyTorch sees no CUDA device", file=sys.stderr)
+        return 3
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
+    gen = torch.Generator(device="cuda").manual_seed(int(request.get("seed", 1)))
+    rows = []
+    for shape in request["shapes"]:
+        for dtype_name in request["dtypes"]:
+            for backend in request.get("backends", ["flash", "cudnn"]):
+                row = {"shape": shape["name"], "dtype": dtype_name, "backend": backend}
+                try:
+                    row["samples_us"], row["launches_per_sample"] = time_one(
+                        torch, sdpa_kernel, backends[backend], dtypes[dtype_name], shape, request, gen)
+                except Exception as exc:  # a backend that does not support the shape says so here
+                    row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                    torch.cuda.synchronize()
+                rows.append(row)
+    json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, sys.stdout)
+    print()
+    return 0
+
+
+def time_one(torch, sdpa_kernel, backend, dtype, shape, request, gen):
+    b, h, sq, sk, d = (shape[k] for k in ("b", "h", "sq", "sk", "d"))
+    # Random normal inputs, never zeros: zeros can run faster than real data.
+    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=gen)
+    k = torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen)
+    v = torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen)
+    causal = bool(shape.get("causal", False))
+    f = torch.nn.functional.scaled_dot_product_attention
+    with sdpa_kernel(backend):
+        out = f(q, k, v, is_causal=causal)  # raises if the backend cannot run this shape
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = f(q, k, v, is_causal=causal)
+        end.record()
+        torch.cuda.synchronize()
+        single_us = max(start.elapsed_time(end) * 1000.0, 0.5)
+        launches = max(1, min(1000, math.ceil(request["min_sample_us"] / single_us)))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # warm the backend's own workspace before capture
+                out = f(q, k, v, is_causal=causal)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                out = f(q, k, v, is_causal=causal)
+    del out
+    warm_us = 0.0
+    while warm_us < request["warmup_ms"] * 1000.0:
+        warm_us += replay_us(torch, graph, start, end)
+    samples = [replay_us(torch, graph, start, end) / launches for _ in range(request["samples"])]
+    return samples, launches
+
+
+def replay_us(torch, graph, start, end):
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
