@@ -111,22 +111,12 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// The content address: sources next to the kernel (its includes), defines, flags, compiler and target.
+    /// The content address: the source and every file it includes, defines, flags, compiler and target.
     pub fn key(&self, spec: &BuildSpec) -> Result<String> {
         let mut h = blake3::Hasher::new();
-        h.update(b"flashtune-build-v1\0");
-        let dir = spec.source.parent().unwrap_or(Path::new("."));
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .map_err(|e| Error::BadInput(format!("cannot list kernel sources in {}: {e}", dir.display())))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && matches!(p.extension().and_then(|x| x.to_str()), Some("cu" | "cuh" | "h")))
-            .collect();
-        files.sort();
-        if !files.contains(&spec.source) {
-            files.push(spec.source.clone());
-        }
-        for f in &files {
-            let bytes = std::fs::read(f).map_err(|e| Error::BadInput(format!("cannot read {}: {e}", f.display())))?;
+        h.update(b"flashtune-build-v2\0");
+        for f in include_closure(&spec.source)? {
+            let bytes = std::fs::read(&f).map_err(|e| Error::BadInput(format!("cannot read {}: {e}", f.display())))?;
             h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
             h.update(&(bytes.len() as u64).to_le_bytes());
             h.update(&bytes);
@@ -168,9 +158,11 @@ impl Builder {
             cmd.arg(format!("-D{k}={v}"));
         }
         cmd.arg(&spec.source).arg("-o").arg(staging.join("kernel.cubin"));
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+        // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
         tracing::info!(%key, source = %spec.source.display(), defines = ?spec.defines, "nvcc");
         let child = cmd.spawn().map_err(|e| BuildFailure::Io(format!("cannot start {}: {e}", self.toolchain.nvcc.display())))?;
+        let _group = ProcessGroup(child.id());
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(out) => out.map_err(|e| BuildFailure::Io(e.to_string()))?,
             Err(_) => {
@@ -195,6 +187,44 @@ impl Builder {
             seconds: started.elapsed().as_secs_f64(),
             entries: ptxas::parse(&log),
         })
+    }
+}
+
+/// The source and the files its quoted `#include`s reach, recursively, in a stable order.
+pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let mut todo = vec![source.to_path_buf()];
+    let search_dir = source.parent().unwrap_or(Path::new(".")).to_path_buf();
+    while let Some(file) = todo.pop() {
+        let file = file.canonicalize().unwrap_or(file);
+        if seen.contains(&file) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).map_err(|e| Error::BadInput(format!("cannot read kernel source {}: {e}", file.display())))?;
+        let here = file.parent().unwrap_or(Path::new(".")).to_path_buf();
+        for line in text.lines() {
+            let Some(rest) = line.trim_start().strip_prefix("#include") else { continue };
+            let Some(name) = rest.trim().strip_prefix('"').and_then(|r| r.split('"').next()) else { continue };
+            // Quoted includes resolve next to the including file first, then in the -I folder.
+            if let Some(found) = [here.join(name), search_dir.join(name)].into_iter().find(|p| p.is_file()) {
+                todo.push(found);
+            }
+        }
+        seen.push(file);
+    }
+    seen.sort();
+    Ok(seen)
+}
+
+/// Kills a child's whole process group when dropped: on timeout, on Ctrl-C, or after it exited.
+pub struct ProcessGroup(pub Option<u32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            // The group id is the leader's pid; once every member is gone this is a harmless ESRCH.
+            unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
+        }
     }
 }
 

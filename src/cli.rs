@@ -1,6 +1,7 @@
 //! Command-line interface: parses arguments, runs a command, maps errors to exit codes.
 use crate::config::ProjectPaths;
-use crate::engine::{self, Project, TuneOptions};
+use crate::engine::{self, Project, Reporter, TuneOptions};
+use crate::scheduler::Budget;
 use crate::error::{exit_code, Error, Result};
 use crate::executor::Executor;
 use crate::progress::ProgressReporter;
@@ -27,12 +28,18 @@ enum Command {
         /// Variant space (default: `default_space` in policies.toml).
         #[arg(long)]
         space: Option<PathBuf>,
-        /// GPU ordinal.
-        #[arg(long, default_value_t = 0)]
-        device: u32,
-        /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Continue a crashed or interrupted run from its log: finished variants are not redone.
+    Resume {
+        /// The run folder, e.g. runs/20261122-031500-ab12.
+        run_dir: PathBuf,
+        /// Resume even if the GPU, nvcc, kernel sources or policies changed (logged as overridden).
         #[arg(long)]
-        fake_gpu: bool,
+        force: bool,
+        #[command(flatten)]
+        run: RunArgs,
     },
     /// Compile and gate every variant of a space without a GPU, and print the resource table.
     Build {
@@ -51,13 +58,87 @@ enum Command {
     Doctor,
     /// The GPU worker process (used by tune; reads one JSON request on stdin).
     #[command(hide = true)]
-    Worker,
+    Worker {
+        /// Be the GPU-less test double for this target arch.
+        #[arg(long)]
+        fake: Option<String>,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// GPU ordinals to use, one measurement queue each (e.g. 0,1).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    gpus: Vec<u32>,
+    /// Stop starting new measurements after this long (e.g. 8h, 45m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    time_limit: Option<Duration>,
+    /// Measure at most this many variants.
+    #[arg(long)]
+    max_variants: Option<usize>,
+    /// Print every run-log record as a JSON line on stdout instead of progress bars and the table.
+    #[arg(long)]
+    json: bool,
+    /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
+    #[arg(long)]
+    fake_gpu: bool,
+}
+
+impl RunArgs {
+    fn options(&self, paths: ProjectPaths, space: Option<PathBuf>) -> Result<TuneOptions> {
+        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let probe = Duration::from_secs(PROBE_TIMEOUT_S);
+        let executor = if self.fake_gpu { Executor::fake(probe, &policies.build.default_device.arch) } else { Executor::subprocess(probe) };
+        let executor = executor.map_err(|e| Error::Other(e.into()))?;
+        let budget = Budget { max_variants: self.max_variants, time_limit: self.time_limit };
+        Ok(TuneOptions { paths, space, executor, devices: self.gpus.clone(), budget })
+    }
+
+    fn reporters(&self) -> Vec<Box<dyn Reporter>> {
+        if self.json {
+            vec![Box::new(JsonLines)]
+        } else {
+            vec![Box::new(ProgressReporter::new())]
+        }
+    }
+
+    fn finish(&self, outcome: engine::TuneOutcome) -> ExitCode {
+        if !self.json {
+            println!("{}", outcome.report_markdown);
+            println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
+        }
+        if outcome.interrupted {
+            ExitCode::from(exit_code::INTERRUPTED)
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// A probe creates a context and runs one tiny kernel; a minute means the GPU or driver is stuck.
+const PROBE_TIMEOUT_S: u64 = 60;
+
+/// `--json`: the run log's records, as they happen, for scripts.
+struct JsonLines;
+
+impl Reporter for JsonLines {
+    fn on_entry(&mut self, entry: &crate::runlog::Entry) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        if serde_json::to_writer(&mut out, entry).is_ok() {
+            let _ = out.write_all(b"\n");
+            let _ = out.flush();
+        }
+    }
 }
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Worker = cli.command {
-        return crate::worker::serve();
+    if let Command::Worker { fake } = &cli.command {
+        return match fake {
+            Some(arch) => crate::fakegpu::serve(arch),
+            None => crate::worker::serve(),
+        };
     }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLASHTUNE_LOG").unwrap_or_else(|_| "warn".into()))
@@ -82,17 +163,13 @@ pub fn run() -> ExitCode {
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let paths = ProjectPaths::new(cli.root.clone());
     match cli.command {
-        Command::Tune { space, device, fake_gpu } => {
-            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
-            let executor = if fake_gpu {
-                Executor::Fake { arch: policies.build.default_device.arch }
-            } else {
-                Executor::subprocess(Duration::from_secs(policies.timeouts.worker_s)).map_err(|e| Error::Other(e.into()))?
-            };
-            let outcome = engine::tune(TuneOptions { paths, space, executor, device }, vec![Box::new(ProgressReporter::new())]).await?;
-            println!("{}", outcome.report_markdown);
-            println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
-            Ok(if outcome.interrupted { ExitCode::from(exit_code::INTERRUPTED) } else { ExitCode::SUCCESS })
+        Command::Tune { space, run } => {
+            let outcome = engine::tune(run.options(paths, space)?, run.reporters()).await?;
+            Ok(run.finish(outcome))
+        }
+        Command::Resume { run_dir, force, run } => {
+            let outcome = engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
+            Ok(run.finish(outcome))
         }
         Command::Build { space, arch } => {
             let project = Project::load(paths, space.as_deref())?;
@@ -119,7 +196,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let failed = checks.iter().any(|c| c.status == crate::doctor::Status::Fail);
             Ok(if failed { ExitCode::from(exit_code::FAILURE) } else { ExitCode::SUCCESS })
         }
-        Command::Worker => unreachable!("handled before the runtime starts"),
+        Command::Worker { .. } => unreachable!("handled before the runtime starts"),
     }
 }
 

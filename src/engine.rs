@@ -1,8 +1,8 @@
 //! The tuning pipeline: plan, build, check, time. Every step becomes a run-log record first, then reaches the reporters.
 use crate::build::{self, BuildFailure, BuildOutput, BuildSpec, Builder, Toolchain};
-use crate::config::{Dtype, Policies, ProjectPaths, Shape};
+use crate::config::{Dtype, Policies, ProjectPaths, Shape, Timeouts};
 use crate::error::{Error, Result};
-use crate::executor::{Executor, WorkerEnd};
+use crate::executor::Executor;
 use crate::protocol::*;
 use crate::runlog::{self, Entry, Header, Record, RunLog};
 use crate::space::{DeviceLimits, PlannedPoint, Space};
@@ -37,7 +37,9 @@ pub struct TuneOptions {
     pub paths: ProjectPaths,
     pub space: Option<PathBuf>,
     pub executor: Executor,
-    pub device: u32,
+    /// GPU ordinals, one worker queue each.
+    pub devices: Vec<u32>,
+    pub budget: Budget,
 }
 
 pub struct TuneOutcome {
@@ -46,8 +48,7 @@ pub struct TuneOutcome {
     pub interrupted: bool,
 }
 
-/// Which forward build serves a (variant, dtype, head dim).
-type UnitKey = (String, Dtype, u32);
+use crate::scheduler::{Budget, Ending, Scheduler, UnitKey};
 
 /// A project loaded for building: policies, space and compiler.
 pub struct Project {
@@ -57,6 +58,8 @@ pub struct Project {
     pub space: Space,
     /// The policy shapes the space is measured on.
     pub shapes: Vec<Shape>,
+    /// policies.toml's timeouts, or the space's own.
+    pub timeouts: Timeouts,
     pub toolchain: Toolchain,
 }
 
@@ -66,8 +69,9 @@ impl Project {
         let space_path = paths.resolve(space.unwrap_or(&policies.default_space));
         let space = Space::load(&space_path)?;
         let shapes = space.select_shapes(&policies.shapes)?;
+        let timeouts = space.timeouts.clone().unwrap_or_else(|| policies.timeouts.clone());
         let toolchain = build::find_nvcc()?;
-        Ok(Project { paths, policies, policies_text, space, shapes, toolchain })
+        Ok(Project { paths, policies, policies_text, space, shapes, timeouts, toolchain })
     }
 
     pub fn head_dims(&self) -> BTreeSet<u32> {
@@ -78,7 +82,7 @@ impl Project {
         Builder {
             toolchain: self.toolchain.clone(),
             cache_dir: self.paths.build_cache(),
-            timeout: Duration::from_secs(self.policies.timeouts.build_s),
+            timeout: Duration::from_secs(self.timeouts.build_s),
         }
     }
 
@@ -166,38 +170,143 @@ fn short_hash(text: &str) -> String {
     blake3::hash(text.as_bytes()).to_hex()[..16].to_owned()
 }
 
-fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
+pub fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
     let h = blake3::hash(format!("{base}|{variant}|{}|{dtype}", shape.name).as_bytes());
     u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
 }
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
-    let device = opts.executor.probe(opts.device).await.map_err(|reason| {
-        Error::NoGpu(format!(
-            "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
-             every variant, and `flashtune doctor` lists what is missing."
-        ))
-    })?;
-    let started = Instant::now();
+    let _locks = lock_gpus(&opts.devices, opts.executor.is_fake())?;
+    let device = probe(&opts.executor, &opts.devices).await?;
     let run_id = new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
     events.emit(Record::Header(Box::new(header(&project, &device, &run_id))))?;
+    drive(&project, &device, &opts, &mut events, &BTreeSet::new(), run_dir).await
+}
 
-    // Ctrl-C drops the pipeline (and with it the worker, killed on drop), then the log says so.
-    let stages = run_stages(&project, &device, &opts, &mut events);
-    let totals = tokio::select! {
-        totals = stages => Some(totals?),
-        _ = tokio::signal::ctrl_c() => None,
-    };
-    let interrupted = totals.is_none();
-    match totals {
-        Some(t) => events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: t.variants, measured_cases: t.measured, failed_cases: t.failed })?,
-        None => events.emit(Record::Interrupted { reason: "Ctrl-C".into() })?,
+/// Continue a run from its log: finished variants are skipped, builds come from the cache.
+pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
+    let log_path = run_dir.join("log.jsonl");
+    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
+    let old = loaded.header().ok_or_else(|| Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display())))?.clone();
+    let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
+    let _locks = lock_gpus(&opts.devices, opts.executor.is_fake())?;
+    let device = probe(&opts.executor, &opts.devices).await?;
+    let fresh = header(&project, &device, &old.run_id);
+    let mismatches = header_mismatches(&old, &fresh);
+    if !mismatches.is_empty() && !force {
+        return Err(Error::BadInput(format!(
+            "cannot resume {}: the run's conditions changed, so old and new figures would not be comparable:\n  - {}\nStart a new run, or pass --force to resume anyway (the override is logged).",
+            run_dir.display(),
+            mismatches.join("\n  - ")
+        )));
     }
+    let done: BTreeSet<String> = loaded
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::VariantDone { variant, .. } => Some(variant.clone()),
+            _ => None,
+        })
+        .collect();
+    let after_line = loaded.entries.last().map_or(0, |(l, _)| *l);
+    let log = RunLog::reopen(&log_path, &loaded)?;
+    let mut events = Events { log, reporters };
+    events.emit(Record::Resumed { after_line, finished_variants: done.len(), overridden: mismatches })?;
+    drive(&project, &device, &opts, &mut events, &done, run_dir).await
+}
+
+/// What makes two logs' figures incomparable.
+pub fn header_mismatches(old: &Header, new: &Header) -> Vec<String> {
+    let mut m = Vec::new();
+    let mut check = |what: &str, a: &str, b: &str| {
+        if a != b {
+            m.push(format!("{what}: was `{a}`, now `{b}`"));
+        }
+    };
+    check("GPU", &old.device.name, &new.device.name);
+    check("nvcc", &old.toolchain.version, &new.toolchain.version);
+    check("kernel sources", &old.kernel_sources_hash, &new.kernel_sources_hash);
+    check("policies.toml", &old.policies_hash, &new.policies_hash);
+    check("variant space", &old.space_hash, &new.space_hash);
+    check("schema", &old.schema_version.to_string(), &new.schema_version.to_string());
+    m
+}
+
+async fn probe(executor: &Executor, devices: &[u32]) -> Result<DeviceInfo> {
+    let mut first: Option<DeviceInfo> = None;
+    for &d in devices {
+        let info = executor.probe(d).await.map_err(|reason| {
+            Error::NoGpu(format!(
+                "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
+                 every variant, and `flashtune doctor` lists what is missing."
+            ))
+        })?;
+        match &first {
+            None => first = Some(info),
+            Some(f) if f.name != info.name => {
+                return Err(Error::BadInput(format!("GPUs {} ({}) and {d} ({}) differ; one run times one kind of GPU", f.ordinal, f.name, info.name)));
+            }
+            Some(_) => {}
+        }
+    }
+    first.ok_or_else(|| Error::BadInput("no GPU selected (--gpus is empty)".into()))
+}
+
+/// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid.
+fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
+    if fake {
+        return Ok(Vec::new());
+    }
+    devices
+        .iter()
+        .map(|d| {
+            let path = std::env::temp_dir().join(format!("flashtune-gpu{d}.lock"));
+            let mut file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+            use std::os::fd::AsRawFd;
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                return Err(Error::BadInput(format!("GPU {d} is in use by another flashtune run (pid {}); wait for it or pick another GPU with --gpus", holder.trim())));
+            }
+            use std::io::Write;
+            file.set_len(0).ok();
+            let _ = write!(file, "{}", std::process::id());
+            Ok(file)
+        })
+        .collect()
+}
+
+/// Plan, then the pipelined scheduler, then the reference library; ends the log and writes the report.
+async fn drive(project: &Project, device: &DeviceInfo, opts: &TuneOptions, events: &mut Events, done: &BTreeSet<String>, run_dir: PathBuf) -> Result<TuneOutcome> {
+    let started = Instant::now();
+    let limits = DeviceLimits { max_threads_per_block: device.max_threads_per_block, max_smem_optin_bytes: device.max_smem_optin_bytes };
+    let planned = project.space.plan(&project.head_dims(), &limits)?;
+    for p in planned.iter().filter(|p| !done.contains(&p.variant.id)) {
+        events.emit(Record::Planned {
+            variant: p.variant.id.clone(),
+            params: p.variant.params.clone(),
+            head_dim: p.head_dim,
+            launch: p.launch.clone(),
+            invalid: p.invalid.clone(),
+        })?;
+    }
+    let scheduler = Scheduler { project, executor: &opts.executor, devices: &opts.devices, arch: &device.arch, budget: &opts.budget, done };
+    let ending = scheduler.run(&planned, events).await?;
+    let interrupted = match ending {
+        Ending::Finished(t) => {
+            baseline_stage(project, device, events).await?;
+            events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: t.variants, measured_cases: t.measured, failed_cases: t.failed })?;
+            false
+        }
+        Ending::Interrupted(_) => {
+            events.emit(Record::Interrupted { reason: "Ctrl-C".into() })?;
+            true
+        }
+    };
     let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
     let report_markdown = crate::report::markdown(&loaded);
     std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;
@@ -225,31 +334,6 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
     }
 }
 
-#[derive(Default)]
-struct Totals {
-    variants: usize,
-    measured: usize,
-    failed: usize,
-}
-
-async fn run_stages(project: &Project, device: &DeviceInfo, opts: &TuneOptions, events: &mut Events) -> Result<Totals> {
-    let limits = DeviceLimits { max_threads_per_block: device.max_threads_per_block, max_smem_optin_bytes: device.max_smem_optin_bytes };
-    let planned = project.space.plan(&project.head_dims(), &limits)?;
-    for p in &planned {
-        events.emit(Record::Planned {
-            variant: p.variant.id.clone(),
-            params: p.variant.params.clone(),
-            head_dim: p.head_dim,
-            launch: p.launch.clone(),
-            invalid: p.invalid.clone(),
-        })?;
-    }
-    let cubins = build_stage(project, &planned, &device.arch, events).await?;
-    let totals = measure_stage(project, &planned, &cubins, opts, events).await?;
-    baseline_stage(project, device, events).await?;
-    Ok(totals)
-}
-
 /// Time the reference library after the variants, so the two never share the GPU.
 async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
     let unavailable = |reason: String| Record::BaselineUnavailable { backend: None, shape: None, dtype: None, reason };
@@ -272,134 +356,6 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
             Ok(())
         }
     }
-}
-
-/// Build the reference per dtype and each valid (variant, dtype, head dim); returns the cubins that passed the gates.
-async fn build_stage(project: &Project, planned: &[PlannedPoint], arch: &str, events: &mut Events) -> Result<BTreeMap<UnitKey, PathBuf>> {
-    let dtypes = &project.policies.dtypes;
-    let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, arch))).collect();
-    for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        for &d in dtypes {
-            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, arch)));
-        }
-    }
-    let mut cubins = BTreeMap::new();
-    build_all(Arc::new(project.builder()), specs, project.jobs(), |(variant, dtype, head_dim), result| {
-        match result {
-            Ok(out) => {
-                let gate = project.gate(&out);
-                events.emit(Record::Built {
-                    variant: variant.clone(),
-                    dtype,
-                    head_dim,
-                    key: out.key.clone(),
-                    cached: out.cached,
-                    seconds: out.seconds,
-                    entries: out.entries.clone(),
-                })?;
-                match gate {
-                    Some(reason) => events.emit(Record::Rejected { variant, dtype, head_dim, reason })?,
-                    None => {
-                        cubins.insert((variant, dtype, head_dim), out.cubin);
-                    }
-                }
-            }
-            Err(failure) => events.emit(Record::BuildFailed {
-                variant,
-                dtype,
-                head_dim,
-                reason: failure.to_string(),
-                log_tail: build::log_tail(failure.log(), 30),
-            })?,
-        }
-        Ok(())
-    })
-    .await?;
-    Ok(cubins)
-}
-
-/// Check and time, one worker per variant, cases in policy order.
-async fn measure_stage(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, opts: &TuneOptions, events: &mut Events) -> Result<Totals> {
-    let mut variant_ids: Vec<&str> = Vec::new();
-    for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        if !variant_ids.contains(&p.variant.id.as_str()) {
-            variant_ids.push(&p.variant.id);
-        }
-    }
-    let mut totals = Totals { variants: variant_ids.len(), ..Default::default() };
-    for variant_id in variant_ids {
-        let cases = cases_for(project, planned, cubins, variant_id);
-        if cases.is_empty() {
-            continue;
-        }
-        let case_names: Vec<String> = cases.iter().map(|c| format!("{}/{}", c.shape.name, c.dtype)).collect();
-        let policy = &project.policies.measure;
-        let request = RunRequest {
-            device: opts.device,
-            measure: MeasureSpec { warmup_ms: policy.warmup_ms, samples: policy.samples, min_sample_us: policy.min_sample_us },
-            cases,
-        };
-        let outcome = opts.executor.run(request).await;
-        for case in &outcome.cases {
-            let (variant, shape, dtype) = (variant_id.to_owned(), case.shape.clone(), case.dtype);
-            let failure = match (&case.error, &case.check) {
-                (Some(err), _) => Some(format!("CUDA error: {err}")),
-                (None, Some(check)) if !check.passed() => Some(check.failures.join("; ")),
-                (None, Some(_)) => None,
-                (None, None) => Some("worker returned no check".into()),
-            };
-            if let Some(reason) = failure {
-                totals.failed += 1;
-                events.emit(Record::CheckFailed { variant, shape, dtype, check: case.check.clone(), reason })?;
-                continue;
-            }
-            let check = case.check.clone().expect("a passed case has a check");
-            events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check, function: case.function.clone() })?;
-            if let Some(timing) = &case.timing {
-                totals.measured += 1;
-                events.emit(Record::Timed { variant, shape, dtype, kv_splits: case.kv_splits, timing: timing.clone() })?;
-            }
-        }
-        let not_run: Vec<String> = case_names.into_iter().skip(outcome.cases.len()).collect();
-        let variant = variant_id.to_owned();
-        let lost = not_run.len();
-        match outcome.end {
-            WorkerEnd::Clean => {}
-            WorkerEnd::TimedOut { seconds } => events.emit(Record::TimedOut { variant, stage: "worker".into(), seconds, cases_not_run: not_run })?,
-            WorkerEnd::Fatal(detail) => events.emit(Record::WorkerCrashed { variant, detail, cases_not_run: not_run })?,
-            WorkerEnd::Crashed { status, stderr_tail } => events.emit(Record::WorkerCrashed { variant, detail: format!("{status}: {stderr_tail}"), cases_not_run: not_run })?,
-        }
-        totals.failed += lost;
-    }
-    Ok(totals)
-}
-
-fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, variant_id: &str) -> Vec<CaseSpec> {
-    let family = &project.space.family;
-    let mut cases = Vec::new();
-    for shape in &project.shapes {
-        let Some(point) = planned.iter().find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
-        for &dtype in &project.policies.dtypes {
-            let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));
-            let reference = cubins.get(&(REFERENCE.to_owned(), dtype, 0));
-            let (Some(forward), Some(reference)) = (forward, reference) else { continue };
-            cases.push(CaseSpec {
-                shape: shape.clone(),
-                dtype,
-                seed: case_seed(project.policies.measure.seed, variant_id, shape, dtype),
-                tolerance: project.policies.tolerance_for(dtype),
-                cpu_oracle: shape.macs() <= project.policies.measure.cpu_reference_max_macs,
-                forward: ForwardKernel {
-                    cubin: forward.clone(),
-                    entry: family.forward_entry.clone(),
-                    combine_entry: family.combine_entry.clone(),
-                    launch: point.launch.clone().expect("valid points have a launch"),
-                },
-                reference: ReferenceKernel { cubin: reference.clone(), entry: family.reference_entry.clone() },
-            });
-        }
-    }
-    cases
 }
 
 /// The unit name under which the fp32 reference kernel is built and logged.

@@ -46,6 +46,8 @@ pub struct ForwardKernel {
     pub entry: String,
     pub combine_entry: String,
     pub launch: LaunchShape,
+    /// The -D definitions the cubin was built with (the fake worker reads FAULT from them).
+    pub defines: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

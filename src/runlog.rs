@@ -121,6 +121,33 @@ pub enum Record {
         seconds: u64,
         cases_not_run: Vec<String>,
     },
+    /// Every case of a variant has a final record; `resume` skips it.
+    VariantDone {
+        variant: String,
+        measured_cases: usize,
+    },
+    /// A variant whose worker died twice: its remaining cases are not run.
+    Quarantined {
+        variant: String,
+        reason: String,
+        cases_not_run: Vec<String>,
+    },
+    /// A GPU that failed the known-good kernel after a worker failure; it takes no more work.
+    GpuUnhealthy {
+        device: u32,
+        reason: String,
+    },
+    BudgetReached {
+        reason: String,
+        variants_not_measured: Vec<String>,
+    },
+    /// `flashtune resume` continued this log.
+    Resumed {
+        after_line: usize,
+        finished_variants: usize,
+        /// Header differences the user overrode with --force.
+        overridden: Vec<String>,
+    },
     Interrupted {
         reason: String,
     },
@@ -136,17 +163,34 @@ pub struct RunLog {
     file: File,
     pub path: PathBuf,
     started: std::time::Instant,
+    /// Seconds already on the clock when a resumed log continues.
+    offset: f64,
 }
 
 impl RunLog {
     pub fn create(path: &Path) -> Result<Self> {
         let file = OpenOptions::new().create_new(true).append(true).open(path).with_context(|| format!("cannot create run log {}", path.display()))?;
-        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now() })
+        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now(), offset: 0.0 })
+    }
+
+    /// Continue an existing log: a torn last line is cut off first, so every line stays whole.
+    pub fn reopen(path: &Path, loaded: &LoadedLog) -> Result<Self> {
+        let mut bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if loaded.torn_tail {
+            let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            bytes.truncate(keep);
+        } else if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+            bytes.push(b'\n');
+        }
+        std::fs::write(path, &bytes).with_context(|| format!("cannot repair {}", path.display()))?;
+        let file = OpenOptions::new().append(true).open(path).with_context(|| format!("cannot append to {}", path.display()))?;
+        let offset = loaded.entries.last().map_or(0.0, |(_, e)| e.t);
+        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now(), offset })
     }
 
     /// Append one record and push it to the disk before returning.
     pub fn append(&mut self, record: Record) -> Result<Entry> {
-        let entry = Entry { t: self.started.elapsed().as_secs_f64(), record };
+        let entry = Entry { t: self.offset + self.started.elapsed().as_secs_f64(), record };
         let mut line = serde_json::to_vec(&entry)?;
         line.push(b'\n');
         self.file.write_all(&line).with_context(|| format!("cannot append to {}", self.path.display()))?;

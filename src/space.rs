@@ -54,6 +54,8 @@ struct SpaceFile {
     /// Names of `policies.toml` shapes this space is measured on; all of them when absent.
     shapes: Option<Vec<String>>,
     baseline: Params,
+    /// Overrides of policies.toml's [timeouts] for this space (fault spaces want short ones).
+    timeouts: Option<crate::config::Timeouts>,
     /// Symbolic values with a numeric meaning in expressions, e.g. `auto = 0` for KV_SPLIT.
     #[serde(default)]
     symbols: IndexMap<String, i64>,
@@ -106,6 +108,7 @@ pub struct Space {
     pub family: Family,
     pub params: IndexMap<String, Vec<ParamValue>>,
     pub shapes: Option<Vec<String>>,
+    pub timeouts: Option<crate::config::Timeouts>,
     constraints: Vec<Expr>,
     symbols: IndexMap<String, i64>,
     pub baseline: Params,
@@ -200,6 +203,7 @@ impl Space {
             family,
             params: file.params,
             shapes: file.shapes,
+            timeouts: file.timeouts,
             constraints,
             symbols: file.symbols,
             baseline: file.baseline,

@@ -63,7 +63,7 @@ pub fn serve() -> std::process::ExitCode {
     }
 }
 
-fn emit(msg: &WorkerMessage) {
+pub fn emit(msg: &WorkerMessage) {
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer(&mut out, msg);
     let _ = out.write_all(b"\n");

@@ -1,0 +1,363 @@
+//! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined.
+use crate::build::{self, BuildFailure, BuildOutput, BuildSpec};
+use crate::config::Dtype;
+use crate::engine::{case_seed, Events, Project, REFERENCE};
+use crate::error::{Error, Result};
+use crate::executor::{Executor, WorkerEnd, WorkerOutcome};
+use crate::protocol::*;
+use crate::runlog::Record;
+use crate::space::PlannedPoint;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Mutex};
+
+/// Which build serves a (variant, dtype, head dim); the reference uses head dim 0.
+pub type UnitKey = (String, Dtype, u32);
+
+/// Limits on one run, from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct Budget {
+    pub max_variants: Option<usize>,
+    pub time_limit: Option<Duration>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Totals {
+    pub variants: usize,
+    pub measured: usize,
+    pub failed: usize,
+}
+
+/// How the pipeline ended.
+pub enum Ending {
+    Finished(Totals),
+    /// First Ctrl-C: the measurement in flight finished, nothing new started.
+    Interrupted(Totals),
+}
+
+struct Job {
+    variant: String,
+    cases: Vec<CaseSpec>,
+    attempt: u32,
+}
+
+/// A job to queue again, after a pause when the failure was the infrastructure's.
+struct Retry {
+    job: Job,
+    after: Duration,
+}
+
+struct JobResult {
+    job: Job,
+    device: u32,
+    outcome: WorkerOutcome,
+    /// Set when the GPU failed its health check after this job: that GPU takes no more work.
+    unhealthy: Option<String>,
+}
+
+/// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
+const INFRA_RETRIES: u32 = 3;
+
+pub struct Scheduler<'a> {
+    pub project: &'a Project,
+    pub executor: &'a Executor,
+    pub devices: &'a [u32],
+    pub arch: &'a str,
+    pub budget: &'a Budget,
+    /// Variants a resumed run already finished.
+    pub done: &'a BTreeSet<String>,
+}
+
+impl Scheduler<'_> {
+    pub async fn run(&self, planned: &[PlannedPoint], events: &mut Events) -> Result<Ending> {
+        let started = Instant::now();
+        let project = self.project;
+        let dtypes = project.policies.dtypes.clone();
+        let todo: Vec<&PlannedPoint> = planned.iter().filter(|p| p.invalid.is_none() && !self.done.contains(&p.variant.id)).collect();
+
+        let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, self.arch))).collect();
+        let mut units_left: BTreeMap<String, usize> = BTreeMap::new();
+        let mut variant_order: Vec<String> = Vec::new();
+        for p in &todo {
+            for &d in &dtypes {
+                specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, self.arch)));
+            }
+            *units_left.entry(p.variant.id.clone()).or_default() += dtypes.len();
+            if !variant_order.contains(&p.variant.id) {
+                variant_order.push(p.variant.id.clone());
+            }
+        }
+        let mut totals = Totals { variants: variant_order.len(), ..Default::default() };
+
+        // Builds: one task each, at most `jobs` nvcc at a time, results in completion order.
+        let (build_tx, mut build_rx) = mpsc::unbounded_channel::<(UnitKey, std::result::Result<BuildOutput, BuildFailure>)>();
+        let slots = Arc::new(tokio::sync::Semaphore::new(project.jobs().max(1)));
+        let builder = Arc::new(project.builder());
+        let mut build_tasks = tokio::task::JoinSet::new();
+        let mut builds_left = specs.len();
+        for (key, spec) in specs {
+            let (builder, slots, tx) = (builder.clone(), slots.clone(), build_tx.clone());
+            build_tasks.spawn(async move {
+                let Ok(_slot) = slots.acquire_owned().await else { return };
+                let result = builder.build(&spec).await;
+                let _ = tx.send((key, result));
+            });
+        }
+        drop(build_tx);
+
+        // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
+        let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let (result_tx, mut result_rx) = mpsc::unbounded_channel::<JobResult>();
+        let mut gpu_tasks = Vec::new();
+        let policy = &project.policies.measure;
+        let measure = MeasureSpec { warmup_ms: policy.warmup_ms, samples: policy.samples, min_sample_us: policy.min_sample_us };
+        for &device in self.devices {
+            let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
+            let timeout = Duration::from_secs(project.timeouts.worker_s);
+            gpu_tasks.push(tokio::spawn(gpu_loop(executor, device, measure.clone(), timeout, rx, tx)));
+        }
+        drop(result_tx);
+        let mut live_gpus = self.devices.len();
+
+        let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
+        let mut references_left = dtypes.len();
+        let mut ready: Vec<String> = Vec::new();
+        let mut in_flight = 0usize;
+        let mut dispatched = 0usize;
+        let mut stopping: Option<String> = None;
+        let mut interrupted = false;
+        loop {
+            // Dispatch what is ready, in the space's order, unless a budget or Ctrl-C says stop.
+            if references_left == 0 && stopping.is_none() {
+                ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
+                for variant in std::mem::take(&mut ready) {
+                    if let Some(reason) = self.budget_reached(dispatched, started) {
+                        stopping = Some(reason.clone());
+                        let not_measured: Vec<String> = variant_order.iter().skip(dispatched).cloned().collect();
+                        events.emit(Record::BudgetReached { reason, variants_not_measured: not_measured })?;
+                        build_tasks.abort_all();
+                        break;
+                    }
+                    dispatched += 1;
+                    let cases = cases_for(project, planned, &cubins, &variant);
+                    if cases.is_empty() {
+                        events.emit(Record::VariantDone { variant, measured_cases: 0 })?;
+                        continue;
+                    }
+                    in_flight += 1;
+                    let _ = job_tx.send(Job { variant, cases, attempt: 1 });
+                }
+            }
+            let building = builds_left > 0 && stopping.is_none();
+            if !building && in_flight == 0 && (ready.is_empty() || stopping.is_some()) {
+                break;
+            }
+            tokio::select! {
+                Some((key, result)) = build_rx.recv(), if building => {
+                    builds_left -= 1;
+                    let (variant, dtype, head_dim) = key.clone();
+                    if let Some(cubin) = record_build(project, events, key, result)? {
+                        cubins.insert((variant.clone(), dtype, head_dim), cubin);
+                    }
+                    if variant == REFERENCE {
+                        references_left -= 1;
+                    } else if let Some(left) = units_left.get_mut(&variant) {
+                        *left -= 1;
+                        if *left == 0 {
+                            ready.push(variant);
+                        }
+                    }
+                    if references_left > 0 && builds_left == 0 {
+                        return Err(Error::Other(anyhow::anyhow!("the reference kernel did not build; see the build_failed record")));
+                    }
+                }
+                Some(result) = result_rx.recv(), if in_flight > 0 => {
+                    in_flight -= 1;
+                    if let Some(reason) = &result.unhealthy {
+                        live_gpus -= 1;
+                        events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
+                    }
+                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals)? {
+                        in_flight += 1;
+                        let tx = job_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(after).await;
+                            let _ = tx.send(job);
+                        });
+                    }
+                    if live_gpus == 0 && in_flight > 0 {
+                        return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
+                    }
+                }
+                _ = tokio::signal::ctrl_c() => {
+                    if interrupted {
+                        // Second Ctrl-C: stop now; dropping the tasks kills the workers.
+                        for t in &gpu_tasks {
+                            t.abort();
+                        }
+                        build_tasks.abort_all();
+                        return Ok(Ending::Interrupted(totals));
+                    }
+                    interrupted = true;
+                    stopping = Some("Ctrl-C".into());
+                    build_tasks.abort_all();
+                    eprintln!("\nCtrl-C: finishing the measurement in flight; press Ctrl-C again to stop at once.");
+                }
+            }
+        }
+        drop(job_tx);
+        for t in gpu_tasks {
+            t.abort();
+        }
+        Ok(if interrupted { Ending::Interrupted(totals) } else { Ending::Finished(totals) })
+    }
+
+    fn budget_reached(&self, dispatched: usize, started: Instant) -> Option<String> {
+        if let Some(max) = self.budget.max_variants {
+            if dispatched >= max {
+                return Some(format!("--max-variants {max}"));
+            }
+        }
+        if let Some(limit) = self.budget.time_limit {
+            if started.elapsed() >= limit {
+                return Some(format!("--time-limit {}s", limit.as_secs()));
+            }
+        }
+        None
+    }
+
+    /// Log one worker's results; returns a retry job when the worker died and the variant has a second chance.
+    fn record_outcome(&self, events: &mut Events, result: JobResult, totals: &mut Totals) -> Result<Option<Retry>> {
+        let JobResult { job, outcome, .. } = result;
+        let variant = job.variant.clone();
+        let mut measured = 0;
+        for case in &outcome.cases {
+            let (shape, dtype) = (case.shape.clone(), case.dtype);
+            let failure = match (&case.error, &case.check) {
+                (Some(err), _) => Some(format!("CUDA error: {err}")),
+                (None, Some(check)) if !check.passed() => Some(check.failures.join("; ")),
+                (None, Some(_)) => None,
+                (None, None) => Some("worker returned no check".into()),
+            };
+            if let Some(reason) = failure {
+                // Wrong answers are final: never retried.
+                totals.failed += 1;
+                events.emit(Record::CheckFailed { variant: variant.clone(), shape, dtype, check: case.check.clone(), reason })?;
+                continue;
+            }
+            let check = case.check.clone().expect("a passed case has a check");
+            events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check, function: case.function.clone() })?;
+            if let Some(timing) = &case.timing {
+                totals.measured += 1;
+                measured += 1;
+                events.emit(Record::Timed { variant: variant.clone(), shape, dtype, kv_splits: case.kv_splits, timing: timing.clone() })?;
+            }
+        }
+        let remaining: Vec<CaseSpec> = job.cases.iter().skip(outcome.cases.len()).cloned().collect();
+        let not_run: Vec<String> = remaining.iter().map(|c| format!("{}/{}", c.shape.name, c.dtype)).collect();
+        let (detail, infrastructure) = match outcome.end {
+            WorkerEnd::Clean => {
+                events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+                return Ok(None);
+            }
+            WorkerEnd::TimedOut { seconds } => {
+                events.emit(Record::TimedOut { variant: variant.clone(), stage: "worker".into(), seconds, cases_not_run: not_run.clone() })?;
+                (format!("worker timed out after {seconds} s"), false)
+            }
+            WorkerEnd::Fatal(detail) => {
+                events.emit(Record::WorkerCrashed { variant: variant.clone(), detail: detail.clone(), cases_not_run: not_run.clone() })?;
+                (detail, false)
+            }
+            WorkerEnd::Crashed { status, stderr_tail } => {
+                let detail = format!("{status}: {stderr_tail}");
+                events.emit(Record::WorkerCrashed { variant: variant.clone(), detail: detail.clone(), cases_not_run: not_run.clone() })?;
+                (detail, status == "not started")
+            }
+        };
+        if remaining.is_empty() {
+            events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+            return Ok(None);
+        }
+        let retries_left = if infrastructure { job.attempt <= INFRA_RETRIES } else { job.attempt < 2 };
+        if retries_left {
+            let after = if infrastructure { Duration::from_secs(1 << job.attempt.min(4)) } else { Duration::ZERO };
+            return Ok(Some(Retry { job: Job { variant, cases: remaining, attempt: job.attempt + 1 }, after }));
+        }
+        totals.failed += remaining.len();
+        events.emit(Record::Quarantined { variant: variant.clone(), reason: format!("failed twice: {detail}"), cases_not_run: not_run })?;
+        events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+        Ok(None)
+    }
+}
+
+/// Take jobs from the shared queue and run them on one GPU, health-checking after any worker failure.
+async fn gpu_loop(executor: Executor, device: u32, measure: MeasureSpec, timeout: Duration, jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>, results: mpsc::UnboundedSender<JobResult>) {
+    loop {
+        let job = { jobs.lock().await.recv().await };
+        let Some(job) = job else { return };
+        let request = RunRequest { device, measure: measure.clone(), cases: job.cases.clone() };
+        let outcome = executor.run(request, timeout).await;
+        let unhealthy = match outcome.end {
+            WorkerEnd::Clean => None,
+            _ => executor.probe(device).await.err(),
+        };
+        let stop = unhealthy.is_some();
+        if results.send(JobResult { job, device, outcome, unhealthy }).is_err() || stop {
+            return;
+        }
+    }
+}
+
+/// Log a build (and its gate); the cubin when it may run.
+fn record_build(project: &Project, events: &mut Events, (variant, dtype, head_dim): UnitKey, result: std::result::Result<BuildOutput, BuildFailure>) -> Result<Option<PathBuf>> {
+    match result {
+        Ok(out) => {
+            let gate = project.gate(&out);
+            events.emit(Record::Built { variant: variant.clone(), dtype, head_dim, key: out.key.clone(), cached: out.cached, seconds: out.seconds, entries: out.entries.clone() })?;
+            match gate {
+                Some(reason) => {
+                    events.emit(Record::Rejected { variant, dtype, head_dim, reason })?;
+                    Ok(None)
+                }
+                None => Ok(Some(out.cubin)),
+            }
+        }
+        Err(failure) => {
+            events.emit(Record::BuildFailed { variant, dtype, head_dim, reason: failure.to_string(), log_tail: build::log_tail(failure.log(), 30) })?;
+            Ok(None)
+        }
+    }
+}
+
+fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, variant_id: &str) -> Vec<CaseSpec> {
+    let family = &project.space.family;
+    let policy = &project.policies.measure;
+    let mut cases = Vec::new();
+    for shape in &project.shapes {
+        let Some(point) = planned.iter().find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
+        for &dtype in &project.policies.dtypes {
+            let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));
+            let reference = cubins.get(&(REFERENCE.to_owned(), dtype, 0));
+            let (Some(forward), Some(reference)) = (forward, reference) else { continue };
+            cases.push(CaseSpec {
+                shape: shape.clone(),
+                dtype,
+                seed: case_seed(policy.seed, variant_id, shape, dtype),
+                tolerance: project.policies.tolerance_for(dtype),
+                cpu_oracle: shape.macs() <= policy.cpu_reference_max_macs,
+                forward: ForwardKernel {
+                    cubin: forward.clone(),
+                    entry: family.forward_entry.clone(),
+                    combine_entry: family.combine_entry.clone(),
+                    launch: point.launch.clone().expect("valid points have a launch"),
+                    defines: project.space.forward_defines(&point.variant, dtype, shape.d),
+                },
+                reference: ReferenceKernel { cubin: reference.clone(), entry: family.reference_entry.clone() },
+            });
+        }
+    }
+    cases
+}
