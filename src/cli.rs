@@ -67,8 +67,8 @@ enum Command {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    /// GPU ordinals to use, one measurement queue each (e.g. 0,1).
-    #[arg(long, value_delimiter = ',', default_value = "0")]
+    /// GPU ordinals to use, one measurement queue each (e.g. 0,1); default: every visible GPU.
+    #[arg(long, value_delimiter = ',')]
     gpus: Vec<u32>,
     /// Stop starting new measurements after this long (e.g. 8h, 45m).
     #[arg(long, value_parser = humantime::parse_duration)]

@@ -24,6 +24,11 @@ pub struct Events {
 }
 
 impl Events {
+    /// Seconds on the run log's clock now.
+    pub fn clock(&self) -> f64 {
+        self.log.clock()
+    }
+
     pub fn emit(&mut self, record: Record) -> Result<()> {
         let entry = self.log.append(record)?;
         for r in &mut self.reporters {
@@ -37,7 +42,7 @@ pub struct TuneOptions {
     pub paths: ProjectPaths,
     pub space: Option<PathBuf>,
     pub executor: Executor,
-    /// GPU ordinals, one worker queue each.
+    /// GPU ordinals, one worker queue each; empty means every visible GPU.
     pub devices: Vec<u32>,
     pub budget: Budget,
 }
@@ -177,8 +182,9 @@ pub fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
-    let _locks = lock_gpus(&opts.devices, opts.executor.is_fake())?;
-    let device = probe(&opts.executor, &opts.devices).await?;
+    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
+    let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
+    let opts = TuneOptions { devices, ..opts };
     let run_id = new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
     std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
@@ -194,8 +200,9 @@ pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters:
     let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
     let old = loaded.header().ok_or_else(|| Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display())))?.clone();
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
-    let _locks = lock_gpus(&opts.devices, opts.executor.is_fake())?;
-    let device = probe(&opts.executor, &opts.devices).await?;
+    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
+    let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
+    let opts = TuneOptions { devices, ..opts };
     let fresh = header(&project, &device, &old.run_id);
     let mismatches = header_mismatches(&old, &fresh);
     if !mismatches.is_empty() && !force {
@@ -237,15 +244,20 @@ pub fn header_mismatches(old: &Header, new: &Header) -> Vec<String> {
     m
 }
 
-async fn probe(executor: &Executor, devices: &[u32]) -> Result<DeviceInfo> {
+/// Probe the chosen GPUs (all visible ones when none is chosen); they must all be one model.
+async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u32>)> {
+    let mut devices = chosen.to_vec();
     let mut first: Option<DeviceInfo> = None;
-    for &d in devices {
-        let info = executor.probe(d).await.map_err(|reason| {
-            Error::NoGpu(format!(
-                "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
-                 every variant, and `flashtune doctor` lists what is missing."
-            ))
-        })?;
+    if devices.is_empty() {
+        let info = executor.probe(0).await.map_err(no_gpu)?;
+        devices = (0..info.visible_devices.max(1)).collect();
+        first = Some(info);
+    }
+    for &d in &devices {
+        if first.as_ref().is_some_and(|f| f.ordinal == d) {
+            continue;
+        }
+        let info = executor.probe(d).await.map_err(no_gpu)?;
         match &first {
             None => first = Some(info),
             Some(f) if f.name != info.name => {
@@ -254,7 +266,15 @@ async fn probe(executor: &Executor, devices: &[u32]) -> Result<DeviceInfo> {
             Some(_) => {}
         }
     }
-    first.ok_or_else(|| Error::BadInput("no GPU selected (--gpus is empty)".into()))
+    let first = first.ok_or_else(|| Error::BadInput("no GPU selected".into()))?;
+    Ok((first, devices))
+}
+
+fn no_gpu(reason: String) -> Error {
+    Error::NoGpu(format!(
+        "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
+         every variant, and `flashtune doctor` lists what is missing."
+    ))
 }
 
 /// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid.

@@ -15,6 +15,7 @@ pub fn device(arch: &str, ordinal: u32) -> DeviceInfo {
         max_smem_optin_bytes: 232_448,
         driver_version: 0,
         total_memory_bytes: 0,
+        visible_devices: 1,
         fake: true,
     }
 }

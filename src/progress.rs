@@ -9,15 +9,17 @@ pub struct ProgressReporter {
     cases: ProgressBar,
     dtypes: u64,
     shapes_per_head_dim: std::collections::BTreeMap<u32, u64>,
+    /// Fastest correct variant so far per (shape, dtype).
+    champions: std::collections::BTreeMap<(String, crate::config::Dtype), (String, f64)>,
 }
 
 impl ProgressReporter {
     pub fn new() -> Self {
         let bars = MultiProgress::new();
-        let style = ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {msg}").expect("valid template").progress_chars("=> ");
+        let style = ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {wide_msg}").expect("valid template").progress_chars("=> ");
         let builds = bars.add(ProgressBar::new(0).with_style(style.clone()).with_prefix("build"));
         let cases = bars.add(ProgressBar::new(0).with_style(style).with_prefix("measure"));
-        Self { _bars: bars, builds, cases, dtypes: 0, shapes_per_head_dim: Default::default() }
+        Self { _bars: bars, builds, cases, dtypes: 0, shapes_per_head_dim: Default::default(), champions: Default::default() }
     }
 }
 
@@ -54,6 +56,11 @@ impl Reporter for ProgressReporter {
             Record::Timed { variant, shape, dtype, timing, .. } => {
                 self.cases.inc(1);
                 self.cases.set_message(format!("{variant} {shape} {dtype}: {:.1} µs", timing.median_us));
+                let key = (shape.clone(), *dtype);
+                if self.champions.get(&key).is_none_or(|(_, best)| timing.median_us < *best) {
+                    self.champions.insert(key, (variant.clone(), timing.median_us));
+                    self.cases.println(format!("champion {shape}/{dtype}: {variant} {:.1} µs", timing.median_us));
+                }
             }
             Record::CheckFailed { variant, shape, dtype, reason, .. } => {
                 self.cases.inc(1);

@@ -78,6 +78,9 @@ pub struct DeviceInfo {
     pub max_smem_optin_bytes: u32,
     pub driver_version: i32,
     pub total_memory_bytes: u64,
+    /// GPUs the driver shows this process (the default set for `--gpus`).
+    #[serde(default)]
+    pub visible_devices: u32,
     /// True for the test double: nothing it reports was measured.
     #[serde(default)]
     pub fake: bool,

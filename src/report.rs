@@ -194,6 +194,7 @@ pub fn markdown(log: &LoadedLog) -> String {
             let _ = writeln!(md, "- {i}");
         }
     }
+    md.push_str(&run_statistics(log));
     md.push('\n');
     if let Some(reason) = interrupted {
         let _ = writeln!(md, "Run interrupted: {reason}.");
@@ -294,6 +295,49 @@ fn best_per_shape(
     }
     if let Some(why) = missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
+}
+
+/// Where the wall time went: builds, GPU workers, and the gaps between workers (flashtune's own overhead).
+fn run_statistics(log: &LoadedLog) -> String {
+    let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) = (0usize, 0usize, 0.0f64, 0.0f64);
+    let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut wall = 0.0f64;
+    for (_, e) in &log.entries {
+        wall = wall.max(e.t);
+        match &e.record {
+            Record::Built { cached: true, .. } => cached += 1,
+            Record::Built { seconds, .. } => {
+                compiled += 1;
+                nvcc_seconds += seconds;
+                last_build_t = last_build_t.max(e.t);
+            }
+            Record::BuildFailed { .. } => last_build_t = last_build_t.max(e.t),
+            Record::WorkerRan { device, started_t, seconds, .. } => workers.entry(*device).or_default().push((*started_t, *seconds)),
+            _ => {}
+        }
+    }
+    if workers.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Run statistics\n\n");
+    let _ = writeln!(md, "- wall time {wall:.1} s; builds: {compiled} compiled ({nvcc_seconds:.1} s of nvcc), {cached} from the cache; last build done at {last_build_t:.1} s ({:.0}% of the wall time)", 100.0 * last_build_t / wall.max(1e-9));
+    for (device, runs) in &mut workers {
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let busy: f64 = runs.iter().map(|r| r.1).sum();
+        let first = runs[0].0;
+        let end = runs.iter().map(|r| r.0 + r.1).fold(0.0, f64::max);
+        let mut gaps: Vec<f64> = runs.windows(2).map(|w| (w[1].0 - (w[0].0 + w[0].1)).max(0.0)).collect();
+        gaps.sort_by(f64::total_cmp);
+        let median_gap = if gaps.is_empty() { 0.0 } else { gaps[gaps.len() / 2] };
+        let _ = writeln!(
+            md,
+            "- GPU {device}: {} worker runs, busy {busy:.1} s; busy fraction from the first worker on: {:.0}%; median gap between workers {:.0} ms",
+            runs.len(),
+            100.0 * busy / (end - first).max(1e-9),
+            median_gap * 1000.0
+        );
     }
     md
 }

@@ -121,6 +121,14 @@ pub enum Record {
         seconds: u64,
         cases_not_run: Vec<String>,
     },
+    /// One worker process on one GPU: when it started (run clock) and how long it held the GPU.
+    WorkerRan {
+        variant: String,
+        device: u32,
+        attempt: u32,
+        started_t: f64,
+        seconds: f64,
+    },
     /// Every case of a variant has a final record; `resume` skips it.
     VariantDone {
         variant: String,
@@ -186,6 +194,11 @@ impl RunLog {
         let file = OpenOptions::new().append(true).open(path).with_context(|| format!("cannot append to {}", path.display()))?;
         let offset = loaded.entries.last().map_or(0.0, |(_, e)| e.t);
         Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now(), offset })
+    }
+
+    /// Seconds on the run clock now.
+    pub fn clock(&self) -> f64 {
+        self.offset + self.started.elapsed().as_secs_f64()
     }
 
     /// Append one record and push it to the disk before returning.

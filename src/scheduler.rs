@@ -52,6 +52,8 @@ struct Retry {
 struct JobResult {
     job: Job,
     device: u32,
+    started: Instant,
+    seconds: f64,
     outcome: WorkerOutcome,
     /// Set when the GPU failed its health check after this job: that GPU takes no more work.
     unhealthy: Option<String>,
@@ -231,8 +233,10 @@ impl Scheduler<'_> {
 
     /// Log one worker's results; returns a retry job when the worker died and the variant has a second chance.
     fn record_outcome(&self, events: &mut Events, result: JobResult, totals: &mut Totals) -> Result<Option<Retry>> {
-        let JobResult { job, outcome, .. } = result;
+        let JobResult { job, outcome, device, started, seconds, .. } = result;
         let variant = job.variant.clone();
+        let started_t = events.clock() - started.elapsed().as_secs_f64();
+        events.emit(Record::WorkerRan { variant: variant.clone(), device, attempt: job.attempt, started_t, seconds })?;
         let mut measured = 0;
         for case in &outcome.cases {
             let (shape, dtype) = (case.shape.clone(), case.dtype);
@@ -299,13 +303,15 @@ async fn gpu_loop(executor: Executor, device: u32, measure: MeasureSpec, timeout
         let job = { jobs.lock().await.recv().await };
         let Some(job) = job else { return };
         let request = RunRequest { device, measure: measure.clone(), cases: job.cases.clone() };
+        let started = Instant::now();
         let outcome = executor.run(request, timeout).await;
+        let seconds = started.elapsed().as_secs_f64();
         let unhealthy = match outcome.end {
             WorkerEnd::Clean => None,
             _ => executor.probe(device).await.err(),
         };
         let stop = unhealthy.is_some();
-        if results.send(JobResult { job, device, outcome, unhealthy }).is_err() || stop {
+        if results.send(JobResult { job, device, started, seconds, outcome, unhealthy }).is_err() || stop {
             return;
         }
     }

@@ -155,6 +155,7 @@ impl Gpu {
             max_smem_optin_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
             driver_version,
             total_memory_bytes: ctx.total_mem().map_err(|e| anyhow!("{e:?}"))? as u64,
+            visible_devices: count as u32,
             fake: false,
         };
         Ok(Gpu { ctx, stream, info, modules: HashMap::new() })

@@ -154,6 +154,23 @@ mod config_errors {
     }
 
     #[test]
+    fn shipped_bad_fixtures_name_file_line_and_key() {
+        let dir = scratch_project();
+        std::fs::copy(repo().join("tests/fixtures/bad_variants.toml"), dir.path().join("variants/bad.toml")).unwrap();
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/bad.toml"]);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{t}");
+        assert!(t.contains("bad.toml:") && t.contains("key `baseline`") && t.contains("WARPZ"), "{t}");
+
+        std::fs::copy(repo().join("tests/fixtures/bad_policies.toml"), dir.path().join("policies.toml")).unwrap();
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
+        let t = text(&out);
+        let line = std::fs::read_to_string(repo().join("tests/fixtures/bad_policies.toml")).unwrap().lines().position(|l| l.starts_with("min_sample_us")).unwrap() + 1;
+        assert_eq!(out.status.code(), Some(2), "{t}");
+        assert!(t.contains(&format!("policies.toml:{line}:17: key `measure.min_sample_us`")), "{t}");
+    }
+
+    #[test]
     fn cli_exits_2_on_bad_policies() {
         let dir = scratch_project();
         let p = dir.path().join("policies.toml");
