@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# One batched GPU session: doctor, the smoke tune, and the GPU tests, with logs under $OUT.
-# Usage on a GPU machine: scripts/gpu-session.sh [BIN_DIR]   (BIN_DIR holds flashtune and flashtune-tests)
+# One batched GPU session, logs under $OUT (or runs/gpu-session). Stages run in the order given:
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults resume attention ablation
+# BIN_DIR holds `flashtune` (and `flashtune-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bin=${1:-target/release}
+bin=$1; shift
 out=${OUT:-runs/gpu-session}
 mkdir -p "$out"
 export PATH=/usr/local/cuda/bin:$PATH
+ft() { "$bin/flashtune" "$@"; }
+# Keep a run's log and report under $OUT (two folders deep at most).
+keep() { local name=$1 run; run=$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1); [ -n "$run" ] && cp "$run" "$out/$name.log.jsonl" && cp "$(dirname "$run")/report.md" "$out/$name.report.md"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
-echo "== doctor"; "$bin/flashtune" doctor 2>&1 | tee "$out/doctor.txt"
-echo "== tune smoke"; "$bin/flashtune" tune --space variants/smoke.toml 2>"$out/tune-stderr.txt" | tee "$out/tune.txt"
-run=$(sed -n 's/^Run log: //p' "$out/tune.txt"); [ -n "$run" ] && cp "$run" "$out/log.jsonl"
-if [ -x "$bin/flashtune-tests" ]; then
-  echo "== GPU tests"
-  FLASHTUNE_GPU_TESTS=1 FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt"
-fi
+for stage in "$@"; do
+  echo "== $stage $(date +%T)"
+  case $stage in
+    doctor) ft doctor 2>&1 | tee "$out/doctor.txt" ;;
+    smoke) ft tune --space variants/smoke.toml 2>"$out/smoke.err" | tee "$out/smoke.txt"; keep smoke ;;
+    tests) FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt" ;;
+    faults) ft tune --space variants/faults.toml 2>"$out/faults.err" | tee "$out/faults.txt"; keep faults ;;
+    resume)
+      # SIGKILL the orchestrator once two variants are done, then resume; compare champions with `smoke`.
+      ft tune --space variants/smoke.toml >"$out/killed.txt" 2>&1 & pid=$!
+      for _ in $(seq 600); do sleep 0.1; log=$(ls -t runs/*/log.jsonl 2>/dev/null | head -1); [ -n "$log" ] && [ "$(grep -c '"event":"variant_done"' "$log")" -ge 2 ] && break; done
+      kill -9 $pid; wait $pid 2>/dev/null; echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants"
+      ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
+    attention) ft tune --space variants/attention.toml 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
+    ablation) ft tune --space variants/ablation.toml 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
+  esac
+done
