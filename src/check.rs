@@ -22,15 +22,37 @@ pub fn from_bits(dtype: Dtype, bits: u16) -> f32 {
     }
 }
 
-/// Standard-normal values rounded to `dtype`: the bits to upload and the exact values they hold.
-pub fn random_tensor(dtype: Dtype, len: usize, rng: &mut SmallRng) -> (Vec<u16>, Vec<f32>) {
-    let bits: Vec<u16> = (0..len).map(|_| to_bits(dtype, rng.sample::<f32, _>(StandardNormal))).collect();
-    let values = bits.iter().map(|&b| from_bits(dtype, b)).collect();
-    (bits, values)
+/// Standard-normal values rounded to `dtype`, as the bits to upload. Generated in fixed-size chunks
+/// with their own seeds, on every core: the same `(seed, tensor)` gives the same bits on any machine.
+pub fn random_bits(dtype: Dtype, len: usize, seed: u64, tensor: u64) -> Vec<u16> {
+    const CHUNK: usize = 1 << 18;
+    let mut bits = vec![0u16; len];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunks: Vec<(usize, &mut [u16])> = bits.chunks_mut(CHUNK).enumerate().collect();
+    let per_thread = chunks.len().div_ceil(threads).max(1);
+    let mut groups: Vec<Vec<(usize, &mut [u16])>> = Vec::new();
+    let mut chunks = chunks.into_iter().peekable();
+    while chunks.peek().is_some() {
+        groups.push(chunks.by_ref().take(per_thread).collect());
+    }
+    std::thread::scope(|scope| {
+        for group in groups {
+            scope.spawn(move || {
+                for (index, chunk) in group {
+                    let mut rng = SmallRng::seed_from_u64(seed ^ tensor.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03));
+                    for x in chunk.iter_mut() {
+                        *x = to_bits(dtype, rng.sample::<f32, _>(StandardNormal));
+                    }
+                }
+            });
+        }
+    });
+    bits
 }
 
-pub fn rng(seed: u64) -> SmallRng {
-    SmallRng::seed_from_u64(seed)
+/// The exact values a bit pattern holds.
+pub fn values(dtype: Dtype, bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| from_bits(dtype, b)).collect()
 }
 
 /// Compare the forward output (raw bits) and LSE with the fp32 reference.
@@ -222,14 +244,24 @@ mod tests {
     #[test]
     fn causal_first_row_sees_only_key_zero() {
         let shape = Shape { name: "t".into(), b: 1, h: 1, sq: 2, sk: 2, d: 64, causal: true };
-        let mut r = rng(1);
-        let (_, q) = random_tensor(Dtype::F16, 128, &mut r);
-        let (_, k) = random_tensor(Dtype::F16, 128, &mut r);
-        let (_, v) = random_tensor(Dtype::F16, 128, &mut r);
+        let [q, k, v] = [0, 1, 2].map(|t| values(Dtype::F16, &random_bits(Dtype::F16, 128, 1, t)));
         let (o, _) = cpu_attention(&shape, &q, &k, &v);
         for c in 0..64 {
             assert!((o[c] - v[c] as f64).abs() < 1e-12);
         }
+    }
+
+    #[test]
+    fn random_inputs_are_reproducible_and_not_degenerate() {
+        let a = random_bits(Dtype::Bf16, 1_000_003, 7, 1);
+        assert_eq!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 1));
+        assert_ne!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 2));
+        let v = values(Dtype::Bf16, &a);
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;
+        assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.02, "mean {mean} var {var}");
+        // Chunks differ from each other (no repeated seed per chunk).
+        assert_ne!(a[..1000], a[1 << 18..(1 << 18) + 1000]);
     }
 
     #[test]

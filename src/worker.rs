@@ -206,10 +206,9 @@ impl Gpu {
     fn check_and_time(&mut self, case: &CaseSpec, measure: &MeasureSpec, result: &mut CaseResult) -> Result<()> {
         let s = &case.shape;
         let (heads, sq, sk, d) = ((s.b * s.h) as usize, s.sq as usize, s.sk as usize, s.d as usize);
-        let mut rng = check::rng(case.seed);
-        let (q_bits, q) = check::random_tensor(case.dtype, heads * sq * d, &mut rng);
-        let (k_bits, k) = check::random_tensor(case.dtype, heads * sk * d, &mut rng);
-        let (v_bits, v) = check::random_tensor(case.dtype, heads * sk * d, &mut rng);
+        let q_bits = check::random_bits(case.dtype, heads * sq * d, case.seed, 0);
+        let k_bits = check::random_bits(case.dtype, heads * sk * d, case.seed, 1);
+        let v_bits = check::random_bits(case.dtype, heads * sk * d, case.seed, 2);
         let st = self.stream.clone();
         let cuda = |e: cudarc::driver::DriverError| anyhow!("{e:?}");
 
@@ -257,6 +256,7 @@ impl Gpu {
         let ref_out_h = st.clone_dtoh(&ref_out).map_err(|e| anyhow!("reference kernel: {e:?}"))?;
         let ref_lse_h = st.clone_dtoh(&ref_lse).map_err(cuda)?;
         let reference_vs_cpu = case.cpu_oracle.then(|| {
+            let [q, k, v] = [&q_bits, &k_bits, &v_bits].map(|b| check::values(case.dtype, b));
             let (o64, _) = check::cpu_attention(s, &q, &k, &v);
             check::rel_l2_f64(&ref_out_h, &o64)
         });
