@@ -19,6 +19,7 @@ pub struct Policies {
     pub tolerance: BTreeMap<Dtype, Tolerance>,
     pub measure: MeasurePolicy,
     pub baseline: BaselinePolicy,
+    pub profile: ProfilePolicy,
     pub timeouts: Timeouts,
     pub shapes: Vec<Shape>,
 }
@@ -81,6 +82,31 @@ pub struct BaselinePolicy {
     /// Program and arguments, run from the project root; empty to skip.
     pub command: Vec<String>,
     pub backends: Vec<String>,
+}
+
+/// The Nsight Compute pass after timing: which variants, which metrics, how to read them.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfilePolicy {
+    pub enabled: bool,
+    /// Profile every variant within this many percent of a shape's champion (0: champions only).
+    pub within_pct: f64,
+    /// Only these dtypes are profiled (profiling is slow and the dtypes rarely differ in kind).
+    pub dtypes: Vec<Dtype>,
+    /// Kernels of the variant (not the reference) by name.
+    pub kernel_regex: String,
+    pub metrics: Vec<String>,
+    pub timeout_s: u64,
+    /// The decision tree, as data: the first rules that hold name the bottleneck.
+    pub bottlenecks: Vec<BottleneckRule>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BottleneckRule {
+    pub name: String,
+    /// An evalexpr condition over metric names, dots written as underscores.
+    pub when: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -19,7 +19,7 @@ pub trait Reporter: Send {
 
 /// Where records go: the log first (so nothing is reported that is not on disk), then every reporter.
 pub struct Events {
-    log: RunLog,
+    pub log: RunLog,
     reporters: Vec<Box<dyn Reporter>>,
 }
 
@@ -318,6 +318,7 @@ async fn drive(project: &Project, device: &DeviceInfo, opts: &TuneOptions, event
     let ending = scheduler.run(&planned, events).await?;
     let interrupted = match ending {
         Ending::Finished(t) => {
+            profile_stage(project, device, events, &run_dir).await?;
             baseline_stage(project, device, events).await?;
             events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: t.variants, measured_cases: t.measured, failed_cases: t.failed })?;
             false
@@ -352,6 +353,70 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
         dtypes: project.policies.dtypes.clone(),
         shapes: project.shapes.clone(),
     }
+}
+
+/// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time.
+async fn profile_stage(project: &Project, device: &DeviceInfo, events: &mut Events, run_dir: &Path) -> Result<()> {
+    let policy = &project.policies.profile;
+    if !policy.enabled || device.fake {
+        return Ok(());
+    }
+    let log = runlog::read(&events.log.path)?;
+    let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
+    let mut built: BTreeMap<(String, Dtype, u32), String> = BTreeMap::new();
+    let mut planned: BTreeMap<(String, u32), (crate::space::Params, crate::space::LaunchShape)> = BTreeMap::new();
+    for (_, e) in &log.entries {
+        match &e.record {
+            Record::Timed { variant, shape, dtype, timing, .. } => timed.entry((shape.clone(), *dtype)).or_default().push((variant.clone(), timing.median_us)),
+            Record::Built { variant, dtype, head_dim, key, .. } => {
+                built.insert((variant.clone(), *dtype, *head_dim), key.clone());
+            }
+            Record::Planned { variant, params, head_dim, launch: Some(launch), .. } => {
+                planned.insert((variant.clone(), *head_dim), (params.clone(), launch.clone()));
+            }
+            _ => {}
+        }
+    }
+    let profiles = run_dir.join("profiles");
+    std::fs::create_dir_all(&profiles).with_context(|| format!("cannot create {}", profiles.display()))?;
+    let family = &project.space.family;
+    for shape in &project.shapes {
+        for &dtype in policy.dtypes.iter().filter(|d| project.policies.dtypes.contains(d)) {
+            let Some(results) = timed.get(&(shape.name.clone(), dtype)) else { continue };
+            let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+            for (variant, _) in results.iter().filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0)) {
+                let (Some(key), Some(ref_key), Some((params, launch))) =
+                    (built.get(&(variant.clone(), dtype, shape.d)), built.get(&(REFERENCE.to_owned(), dtype, 0)), planned.get(&(variant.clone(), shape.d)))
+                else {
+                    continue;
+                };
+                let point = crate::space::Variant { id: variant.clone(), params: params.clone() };
+                let case = CaseSpec {
+                    shape: shape.clone(),
+                    dtype,
+                    seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
+                    tolerance: project.policies.tolerance_for(dtype),
+                    cpu_oracle: false,
+                    forward: ForwardKernel {
+                        cubin: project.paths.build_cache().join(key).join("kernel.cubin"),
+                        entry: family.forward_entry.clone(),
+                        combine_entry: family.combine_entry.clone(),
+                        launch: launch.clone(),
+                        defines: project.space.forward_defines(&point, dtype, shape.d),
+                    },
+                    reference: ReferenceKernel { cubin: project.paths.build_cache().join(ref_key).join("kernel.cubin"), entry: family.reference_entry.clone() },
+                };
+                let request = WorkerRequest::Run(RunRequest { device: device.ordinal, measure: MeasureSpec { warmup_ms: 0.0, samples: 0, min_sample_us: 0.0 }, cases: vec![case] });
+                let json = serde_json::to_vec(&request).expect("requests serialize");
+                // A split variant launches forward + combine; otherwise the first forward is enough.
+                let launches = if launch.kv_splits == 1 { 1 } else { 2 };
+                let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
+                let outcome = crate::profile::profile(policy, &json, &base, launches, Duration::from_secs(policy.timeout_s)).await;
+                events.emit(Record::Profiled { variant: variant.clone(), shape: shape.name.clone(), dtype, profile: outcome })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Time the reference library after the variants, so the two never share the GPU.

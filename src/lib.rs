@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod fakegpu;
+pub mod profile;
 pub mod progress;
 pub mod protocol;
 pub mod ptxas;

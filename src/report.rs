@@ -49,6 +49,7 @@ pub fn markdown(log: &LoadedLog) -> String {
     let mut order: Vec<(String, Dtype)> = Vec::new();
     let mut invalid: Vec<String> = Vec::new();
     let mut worker_problems: Vec<String> = Vec::new();
+    let mut profiles: BTreeMap<(String, String, Dtype), String> = BTreeMap::new();
     let mut torch: BTreeMap<(String, Dtype, String), Result<f64, String>> = BTreeMap::new();
     let mut torch_backends: Vec<String> = Vec::new();
     let mut torch_missing: Option<String> = None;
@@ -112,6 +113,9 @@ pub fn markdown(log: &LoadedLog) -> String {
             }
             Record::TimedOut { variant, stage, seconds, cases_not_run } => {
                 worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
+            }
+            Record::Profiled { variant, shape, dtype, profile } => {
+                profiles.insert((variant.clone(), shape.clone(), *dtype), profile_summary(profile, *line));
             }
             Record::BaselineTimed { backend, shape, dtype, timing } => {
                 if !torch_backends.contains(backend) {
@@ -178,6 +182,12 @@ pub fn markdown(log: &LoadedLog) -> String {
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
     md.push_str(&best_per_shape(header, &order, &rows, &torch, &torch_backends, torch_missing.as_deref()));
+    if !profiles.is_empty() {
+        md.push_str("\n## Profiles (Nsight Compute)\n\n| variant | shape | dtype | what limits it |\n|---|---|---|---|\n");
+        for ((v, shape, dtype), summary) in &profiles {
+            let _ = writeln!(md, "| `{v}` | {shape} | {dtype} | {summary} |");
+        }
+    }
     let problems: Vec<String> = order
         .iter()
         .flat_map(|k| rows[k].problems.iter().map(move |p| format!("- `{}` {}: {p}", k.0, k.1)))
@@ -340,4 +350,36 @@ fn run_statistics(log: &LoadedLog) -> String {
         );
     }
     md
+}
+
+/// One line per profile: the bottlenecks, then the figures that show them.
+fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> String {
+    use crate::profile::ProfileOutcome as P;
+    match p {
+        P::Profiled { kernels, bottlenecks, .. } => {
+            let figures: Vec<String> = kernels
+                .iter()
+                .map(|k| {
+                    let f = |m: &str| k.get(m).map_or("?".into(), |v| format!("{v:.0}"));
+                    let short = k.kernel.split('(').next().unwrap_or(&k.kernel);
+                    format!(
+                        "{short}: SM {}%, DRAM {}%, warps active {}%, tensor pipe {}%, waves {}, {} regs",
+                        f("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+                        f("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+                        f("sm__warps_active.avg.pct_of_peak_sustained_active"),
+                        f("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+                        k.get("launch__waves_per_multiprocessor").map_or("?".into(), |v| format!("{v:.2}")),
+                        f("launch__registers_per_thread")
+                    )
+                })
+                .collect();
+            let named = if bottlenecks.is_empty() { "no rule matched".to_owned() } else { bottlenecks.join(", ") };
+            format!("**{named}** — {} (log line {line})", figures.join("; "))
+        }
+        P::NoPermission { .. } => format!("not profiled: no permission for GPU counters (log line {line})"),
+        P::NoKernelsProfiled => format!("not profiled: ncu saw no matching kernel (log line {line})"),
+        P::TimedOut { seconds } => format!("not profiled: ncu timed out after {seconds} s (log line {line})"),
+        P::NcuMissing => "not profiled: ncu not found".into(),
+        P::Failed { detail } => format!("not profiled: {} (log line {line})", detail.lines().next().unwrap_or("")),
+    }
 }

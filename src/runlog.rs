@@ -96,6 +96,13 @@ pub enum Record {
         kv_splits: u32,
         timing: TimingStats,
     },
+    /// Nsight Compute on a champion (or near-champion): metrics per launch and the bottleneck named.
+    Profiled {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        profile: crate::profile::ProfileOutcome,
+    },
     /// The reference library (PyTorch SDPA) on one shape, timed like the variants.
     BaselineTimed {
         backend: String,
