@@ -82,6 +82,9 @@ struct RunArgs {
     /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
     #[arg(long)]
     fake_gpu: bool,
+    /// Commit the champion table (kernels/attention/tuned.toml) on branch flashtune/<run-id>.
+    #[arg(long)]
+    commit: bool,
 }
 
 impl RunArgs {
@@ -91,7 +94,7 @@ impl RunArgs {
         let executor = if self.fake_gpu { Executor::fake(probe, &policies.build.default_device.arch) } else { Executor::subprocess(probe) };
         let executor = executor.map_err(|e| Error::Other(e.into()))?;
         let budget = Budget { max_variants: self.max_variants, time_limit: self.time_limit };
-        Ok(TuneOptions { paths, space, executor, devices: self.gpus.clone(), budget })
+        Ok(TuneOptions { paths, space, executor, devices: self.gpus.clone(), budget, commit: self.commit })
     }
 
     fn reporters(&self) -> Vec<Box<dyn Reporter>> {

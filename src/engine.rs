@@ -45,6 +45,8 @@ pub struct TuneOptions {
     /// GPU ordinals, one worker queue each; empty means every visible GPU.
     pub devices: Vec<u32>,
     pub budget: Budget,
+    /// Commit the champion table on `flashtune/<run-id>` when the run finishes.
+    pub commit: bool,
 }
 
 pub struct TuneOutcome {
@@ -77,6 +79,12 @@ impl Project {
         let timeouts = space.timeouts.clone().unwrap_or_else(|| policies.timeouts.clone());
         let toolchain = build::find_nvcc()?;
         Ok(Project { paths, policies, policies_text, space, shapes, timeouts, toolchain })
+    }
+
+    /// Repository-relative path of the champion table, beside the forward kernel.
+    pub fn champion_table(&self) -> String {
+        let dir = self.space.family.forward.parent().unwrap_or(Path::new("kernels"));
+        dir.join("tuned.toml").to_string_lossy().into_owned()
     }
 
     pub fn head_dims(&self) -> BTreeSet<u32> {
@@ -152,9 +160,9 @@ pub fn new_run_id() -> String {
     format!("{}-{}-{salt}", &stamp[..8], &stamp[8..14])
 }
 
-/// Hash of every file a kernel build can see.
+/// Hash of every CUDA source a kernel build can see (not the champion table beside them).
 pub fn sources_hash(dir: &Path) -> String {
-    let mut files: Vec<PathBuf> = walk(dir);
+    let mut files: Vec<PathBuf> = walk(dir).into_iter().filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("cu" | "cuh" | "h"))).collect();
     files.sort();
     let mut h = blake3::Hasher::new();
     for f in files {
@@ -182,6 +190,9 @@ pub fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
+    if opts.commit {
+        refuse_dirty_table(&project)?;
+    }
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
     let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
     let opts = TuneOptions { devices, ..opts };
@@ -200,6 +211,9 @@ pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters:
     let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
     let old = loaded.header().ok_or_else(|| Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display())))?.clone();
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
+    if opts.commit {
+        refuse_dirty_table(&project)?;
+    }
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
     let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
     let opts = TuneOptions { devices, ..opts };
@@ -225,6 +239,19 @@ pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters:
     let mut events = Events { log, reporters };
     events.emit(Record::Resumed { after_line, finished_variants: done.len(), overridden: mismatches })?;
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
+}
+
+/// flashtune commits the champion table itself; uncommitted edits to it would be lost or mixed in.
+fn refuse_dirty_table(project: &Project) -> Result<()> {
+    let table = project.champion_table();
+    match crate::vcs::dirty_among(&project.paths.root, &[&table]) {
+        Ok(dirty) if !dirty.is_empty() => Err(Error::BadInput(format!(
+            "uncommitted changes to {} — flashtune commits that file itself; commit or revert them first",
+            dirty.join(", ")
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) => Err(Error::BadInput(format!("--commit needs a git repository at {}: {}", project.paths.root.display(), e.message()))),
+    }
 }
 
 /// What makes two logs' figures incomparable.
@@ -328,6 +355,13 @@ async fn drive(project: &Project, device: &DeviceInfo, opts: &TuneOptions, event
             true
         }
     };
+    if opts.commit && !interrupted {
+        let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
+        let champions = crate::champions::from_log(&loaded);
+        let path = project.champion_table();
+        let (branch, commit) = crate::champions::commit(&project.paths.root, &path, &loaded, &champions).map_err(|e| Error::Other(anyhow::anyhow!("cannot commit champions: {}", e.message())))?;
+        events.emit(Record::ChampionsCommitted { branch, commit, path })?;
+    }
     let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
     let report_markdown = crate::report::markdown(&loaded);
     std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;

@@ -1,9 +1,11 @@
 //! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
 pub mod baseline;
 pub mod build;
+pub mod champions;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod decide;
 pub mod doctor;
 pub mod engine;
 pub mod error;

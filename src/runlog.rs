@@ -156,6 +156,12 @@ pub enum Record {
         reason: String,
         variants_not_measured: Vec<String>,
     },
+    /// The champion table went into git on its own branch.
+    ChampionsCommitted {
+        branch: String,
+        commit: String,
+        path: String,
+    },
     /// `flashtune resume` continued this log.
     Resumed {
         after_line: usize,

@@ -83,3 +83,36 @@ __device__ __forceinline__ float warp_sum(float v) { return group_sum<32>(v); }
 // The running max is -inf while a row has seen no key; subtracting it would give
 // (-inf) - (-inf) = NaN. Using 0 instead makes every exponent of a masked score -inf -> 0.
 __device__ __forceinline__ float safe_max(float m) { return m == neg_inf() ? 0.0f : m; }
+
+// exp2 on the MUFU unit, flushing denormals: ex2.approx(-inf) = +0, which the masking relies on.
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two floats rounded to one packed elem2 register (the MMA operand format).
+__device__ __forceinline__ uint32_t pack_elem2(float lo, float hi) {
+#if DTYPE == DTYPE_BF16
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+#else
+    __half2 v = __floats2half2_rn(lo, hi);
+#endif
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// ---- cp.async (sm_80+): 16-byte global -> shared copies that bypass L1 (.cg) -----------------
+// src_bytes = 0 reads nothing and zero-fills the 16 destination bytes (tails of K/V/Q tiles);
+// the source address must still be a valid pointer, so callers pass the tensor base then.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const int src_bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    static_assert(N >= 0, "cp.async.wait_group takes a non-negative count");
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}

@@ -6,9 +6,16 @@
 //   attn_fwd:     grid (ceil(Sq / BLOCK_M), B * H, num_splits), block WARPS * 32,
 //                 dynamic smem >= kSmemBytes (the kernel traps if it gets less). Formula:
 //                 (BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES
-//                 + BLOCK_M * (BLOCK_N + 4) * 4
+//                 + if(MMA == "mma", 0, BLOCK_M * (BLOCK_N + 4) * 4)
 //                 + if(MMA == "wmma", BLOCK_M * (BLOCK_N + 8) * ELEM_BYTES + BLOCK_M * 4, 0)
+//                 num_splits = gridDim.z is chosen by the host at run time; KV_SPLIT only names
+//                 the variant (KV_SPLIT_AUTO = 0: the host picks a split per shape).
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
+//
+// Paths: MMA_SCALAR (fp32 FMAs, FA-1 style), MMA_WMMA (nvcuda::wmma, S/P through smem),
+// MMA_MMA (mma.sync m16n8k16 + ldmatrix, S/P in registers, FA2 style; BLOCK_M may be WARPS*16,
+// WARPS*32 or (WARPS*16)/k, see MmaPath). STAGES in 1..3 is the depth of the cp.async K/V
+// pipeline every path shares. Query blocks run in reverse order (longest causal blocks first).
 #include <mma.h>
 
 #include "common.cuh"
@@ -16,6 +23,8 @@
 #define MMA_SCALAR 0
 #define MMA_WMMA 1
 #define MMA_MMA 2
+// KV_SPLIT=KV_SPLIT_AUTO: the host chooses gridDim.z per shape (waves heuristic).
+#define KV_SPLIT_AUTO 0
 
 #ifndef HEAD_DIM
 #error "HEAD_DIM must be defined (64 or 128)"
@@ -54,14 +63,14 @@ constexpr int kStages = STAGES;
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "HEAD_DIM must be 64 or 128");
 static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA, "MMA must be MMA_SCALAR, MMA_WMMA or MMA_MMA");
-static_assert(kMma != MMA_MMA, "MMA_MMA (mma.sync m16n8k16 + ldmatrix): not implemented yet, later milestone");
 static_assert(kBlockM >= 16 && kBlockM % 16 == 0, "BLOCK_M must be a positive multiple of 16");
 static_assert(kBlockN >= 16 && kBlockN % 16 == 0, "BLOCK_N must be a positive multiple of 16");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS must be in 1..32 (at most 1024 threads)");
 // The split count is gridDim.z at run time (the host may pick it per shape without a rebuild);
-// KV_SPLIT only names the variant, so it is checked but otherwise unused.
-static_assert(kKvSplit >= 1, "KV_SPLIT must be >= 1");
-static_assert(kStages == 1, "STAGES > 1 (cp.async pipeline): later milestone");
+// KV_SPLIT only names the variant, so it is checked but otherwise unused (0 = KV_SPLIT_AUTO).
+static_assert(kKvSplit >= 0, "KV_SPLIT must be >= 1, or KV_SPLIT_AUTO (0)");
+// Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem.
+static_assert(kStages >= 1 && kStages <= 3, "STAGES must be 1, 2 or 3");
 static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output dims");
 
 // ---------------------------------------------------------------------------------------------
@@ -73,10 +82,14 @@ constexpr int kLdQKV = kHeadDim + kPadElems;  // elements per Q/K/V smem row
 constexpr int kLdS = kBlockN + 4;             // floats per score row (wmma float ldm % 4 == 0)
 constexpr int kLdP = kBlockN + kPadElems;     // elements per probability row (wmma half ldm % 8 == 0)
 constexpr bool kHasP = kMma == MMA_WMMA;      // scalar path multiplies fp32 P straight from S
+constexpr bool kHasS = kMma != MMA_MMA;       // mma path keeps S and P in registers
+// Padding by 16 bytes per row also makes ldmatrix conflict-free: 8 consecutive rows of a
+// 16-byte column land in 8 distinct 16-byte bank groups because the row pitch is 16 mod 128.
+static_assert((kLdQKV * 2) % 128 == 16, "Q/K/V row pitch must be 16 bytes mod 128 (ldmatrix banks)");
 
 constexpr size_t kQBytes = size_t(kBlockM) * kLdQKV * sizeof(elem_t);
 constexpr size_t kKVBytes = size_t(kStages) * kBlockN * kLdQKV * sizeof(elem_t);  // each of K, V
-constexpr size_t kSBytes = size_t(kBlockM) * kLdS * sizeof(float);
+constexpr size_t kSBytes = kHasS ? size_t(kBlockM) * kLdS * sizeof(float) : 0;
 constexpr size_t kPBytes = kHasP ? size_t(kBlockM) * kLdP * sizeof(elem_t) : 0;
 constexpr size_t kRowBytes = kHasP ? size_t(kBlockM) * sizeof(float) : 0;
 // Keep in sync with the formula in the header comment: the planner evaluates that one.
@@ -114,20 +127,28 @@ __device__ __forceinline__ void require_dynamic_smem(unsigned need) {
     if (have < need) __trap();
 }
 
-// Copies rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM] matrix into padded smem, 16 bytes per
-// access. Rows past the end are zeroed, not skipped: masked probabilities are 0, but 0 * (stale
-// smem that happens to be NaN) would still be NaN.
+// Issues (does not wait for) the copy of rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM]
+// matrix into padded smem: 16-byte cp.async per access, consecutive threads on consecutive
+// 16-byte chunks of a row (coalesced). Rows past the end are zero-filled, not skipped: masked
+// probabilities are 0, but 0 * (stale smem that happens to be NaN) would still be NaN.
 template <int ROWS>
-__device__ __forceinline__ void load_tile(elem_t* dst, const elem_t* __restrict__ src, int row0, int n_rows) {
+__device__ __forceinline__ void load_tile_async(elem_t* dst, const elem_t* __restrict__ src, int row0, int n_rows) {
     constexpr int kVecPerRow = kHeadDim / 8;
-    constexpr int kVecs = ROWS * kVecPerRow;
-#pragma unroll 4
-    for (int idx = threadIdx.x; idx < kVecs; idx += kThreads) {
-        const int r = idx / kVecPerRow;
-        const int c = (idx % kVecPerRow) * 8;
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < n_rows) val = *reinterpret_cast<const uint4*>(src + int64_t(row0 + r) * kHeadDim + c);
-        *reinterpret_cast<uint4*>(dst + r * kLdQKV + c) = val;
+    static_assert(kThreads % kVecPerRow == 0, "loader: a thread keeps its 16-byte column across iterations");
+    constexpr int kRowsPerIter = kThreads / kVecPerRow;
+    constexpr int kIters = (ROWS + kRowsPerIter - 1) / kRowsPerIter;
+    const int r0 = threadIdx.x / kVecPerRow;
+    const int c = (threadIdx.x % kVecPerRow) * 8;
+    // One base address per thread; iterations add compile-time offsets. A row past the end
+    // is copied with src-size 0: nothing is read (the address is never dereferenced, as in
+    // CUTLASS's zfill copies) and the 16 smem bytes become zeros.
+    const elem_t* g = src + int64_t(row0 + r0) * kHeadDim + c;
+    elem_t* d = dst + r0 * kLdQKV + c;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int r = r0 + it * kRowsPerIter;
+        if (ROWS % kRowsPerIter == 0 || r < ROWS)
+            cp_async_16(d + it * kRowsPerIter * kLdQKV, g + it * kRowsPerIter * kHeadDim, row0 + r < n_rows);
     }
 }
 
@@ -156,6 +177,12 @@ struct Epilogue {
         if (o_accum) o_accum[off] = v;
         else o[off] = from_float(v);
     }
+    // Dims d, d + 1 (d even): one 4-byte (elem) or 8-byte (float) store.
+    __device__ __forceinline__ void store_o2(int i, int d, float v0, float v1) const {
+        const int64_t off = (row0 + i) * kHeadDim + d;
+        if (o_accum) *reinterpret_cast<float2*>(o_accum + off) = make_float2(v0, v1);
+        else *reinterpret_cast<uint32_t*>(o + off) = pack_elem2(v0, v1);
+    }
     // m is the running max in the log2 domain, l the row sum; a row that saw no key in this
     // split (l == 0) reports -inf so the combine gives it zero weight.
     __device__ __forceinline__ void store_lse(int i, float m, float l) const {
@@ -166,9 +193,9 @@ struct Epilogue {
 __device__ __forceinline__ float inv_or_zero(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
 
 // ---------------------------------------------------------------------------------------------
-// Each path is a struct with init / step / finish; the kernel body below owns the tiling loop,
-// the loads and the barriers. A later path (MMA_MMA, wgmma) is one more struct and one more
-// #elif.
+// Each path is a struct with init / load_q / step / finish; the kernel body below owns the
+// tiling loop, the cp.async K/V pipeline (shared by every path) and the barriers. A later path
+// (wgmma) is one more struct and one more #elif.
 #if MMA == MMA_SCALAR
 
 // FA-1 baseline: a group of kT consecutive lanes owns one query row. Within the group, lane t
@@ -195,6 +222,8 @@ struct ScalarPath {
 #pragma unroll
         for (int a = 0; a < 2 * kPairsPerLane; ++a) acc[a] = 0.0f;
     }
+
+    __device__ __forceinline__ void load_q(const Smem&) {}
 
     __device__ __forceinline__ void step(const Smem& sm, const Ctx& ctx, int kv0) {
         const int i = ctx.q0 + row;
@@ -314,6 +343,8 @@ struct WmmaPath {
         __syncwarp();  // step() overwrites the staging area
     }
 
+    __device__ __forceinline__ void load_q(const Smem&) {}
+
     __device__ __forceinline__ void step(const Smem& sm, const Ctx& ctx, int kv0) {
         using namespace nvcuda;
         float* st = stage(sm);
@@ -415,8 +446,368 @@ struct WmmaPath {
 };
 using Path = WmmaPath;
 
+#elif MMA == MMA_MMA
+
+// ---- mma.sync m16n8k16 (fp32 accumulate) with ldmatrix operands ------------------------------
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// D += A (16x16, row) * B (16x8, col); c holds the 16x8 fp32 accumulator fragment.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if DTYPE == DTYPE_BF16
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 #else
-#error "MMA_MMA (mma.sync m16n8k16 + ldmatrix): not implemented yet, later milestone"
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#endif
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// FA2-style: the CTA's warps form a kWarpsM x kWarpsN grid. A warp owns kMT row tiles of 16
+// query rows (kMT > 1 when BLOCK_M > WARPS * 16) and a kKeysW-key slice of every K/V tile
+// (kWarpsN > 1 when BLOCK_M < WARPS * 16: an intra-CTA KV split, merged in finish()).
+// Fragment layouts (PTX ISA, m16n8k16): lane = 4 g + t. C/D: c0,c1 = (row g, cols 2t, 2t+1),
+// c2,c3 = (row g + 8, same cols). A: a0 = (g, 2t..), a1 = (g + 8, 2t..), a2 = (g, 2t + 8..),
+// a3 = (g + 8, 2t + 8..). B: b0 = (k 2t..2t+1, col g), b1 = (k 2t + 8.., col g).
+// So the S accumulators of key tiles 2kk, 2kk + 1 are, packed in pairs, exactly the A operand
+// of P for key step kk: P never leaves registers.
+struct MmaPath {
+    static constexpr int kMT = kBlockM > kWarps * 16 ? kBlockM / (kWarps * 16) : 1;
+    static constexpr int kWarpsM = kBlockM / (16 * kMT);
+    static constexpr int kWarpsN = kWarps / kWarpsM;
+    static constexpr int kKeysW = kBlockN / kWarpsN;  // keys of a tile one warp handles
+    // With two row tiles of HEAD_DIM 128 the O accumulators alone take 128 registers, and a
+    // 64-key S beside them spilled (255 registers + 56 bytes). Skipping the O rescale when no
+    // row max moved (kLazyRescale) shortens the live ranges enough to fit (255, no spill) and
+    // measured fastest there (H200, 8k x 8k, D 128: 3246 us vs 3433 us for 32-key sub-slices).
+    // Elsewhere the skip costs more than it saves (2k x 2k, D 64: 933 us vs 888 us), so it is
+    // off. MMA_KEYS_SUB (optional -D, not a variant parameter) splits the warp's key slice into
+    // sub-slices, one online-softmax update each, for experiments (32 fits without the skip).
+    static constexpr bool kLazyRescale = kMT * kHeadDim >= 256;
+#ifdef MMA_KEYS_SUB
+    static constexpr int kKeysSub = MMA_KEYS_SUB;
+#else
+    static constexpr int kKeysSub = kKeysW;
+#endif
+    static constexpr int kNT = kKeysSub / 8;           // S n-tiles per row tile (per sub-slice)
+    static constexpr int kDT = kHeadDim / 8;           // O n-tiles per row tile
+    static constexpr int kKD = kHeadDim / 16;          // k-steps of Q K^T
+    static constexpr int kKK = kKeysSub / 16;          // k-steps of P V
+    // Q fragments stay in registers unless that would crowd out the O accumulators.
+    static constexpr bool kQInRegs = kMT * kHeadDim <= 128;
+    static_assert(kBlockM % 16 == 0 && kBlockM == kWarpsM * 16 * kMT, "mma: BLOCK_M must be WARPS*16*k or (WARPS*16)/k");
+    static_assert(kMT == 1 || kBlockM == kWarps * 16 * kMT, "mma: BLOCK_M > WARPS*16 must be a multiple of WARPS*16");
+    static_assert(kMT <= 2, "mma: at most 2 row tiles per warp (registers)");
+    static_assert(kWarpsN >= 1 && kWarpsM * kWarpsN == kWarps, "mma: WARPS must be a multiple of BLOCK_M/16");
+    static_assert(kBlockN % kWarpsN == 0 && kKeysW % 16 == 0, "mma: each warp's key slice must be a multiple of 16");
+    static_assert(kKeysW % kKeysSub == 0 && kKeysSub % 16 == 0, "mma: key sub-slices tile the warp's slice");
+    static_assert(kHeadDim % 16 == 0, "mma: HEAD_DIM must be a multiple of 16");
+    // finish() merges the kWarpsN partial rows through the (by then idle) K/V region.
+    static constexpr int kLdRed = kHeadDim + 8;  // floats; +8 keeps float2 stores conflict-free
+    static constexpr size_t kRedBytes =
+        kWarpsN > 1 ? size_t(kWarpsN) * kBlockM * 2 * sizeof(float) + size_t(kWarpsN - 1) * kBlockM * kLdRed * sizeof(float) : 0;
+    static_assert(kRedBytes <= 2 * kKVBytes, "mma: the intra-CTA split merge must fit in the K/V stages");
+
+    float o[kMT][kDT][4];
+    float m[kMT][2];  // running max of raw scores, rows g and g + 8 (-inf: no key yet)
+    float l[kMT][2];  // this lane's partial row sums (reduced over the quad in finish)
+    uint32_t qf[kQInRegs ? kMT : 1][kQInRegs ? kKD : 1][4];
+    int lane, wm, wn;
+    unsigned q_addr, k_off, v_off;  // per-lane ldmatrix addresses / byte offsets
+
+    __device__ __forceinline__ void init(const Smem& sm) {
+        const int warp = threadIdx.x / 32;
+        lane = threadIdx.x % 32;
+        wm = warp % kWarpsM;
+        wn = warp / kWarpsM;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) { m[mt][h] = neg_inf(); l[mt][h] = 0.0f; }
+#pragma unroll
+            for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+        }
+        const int r8 = lane % 8;
+        const int sel1 = (lane >> 3) & 1;
+        const int sel2 = lane >> 4;
+        // A (Q): matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+        q_addr = smem_addr(sm.q + (wm * 16 * kMT + r8 + sel1 * 8) * kLdQKV + sel2 * 8);
+        // B (K, non-trans): (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+        k_off = ((wn * kKeysW + r8 + sel2 * 8) * kLdQKV + sel1 * 8) * sizeof(elem_t);
+        // B (V, trans): (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15).
+        v_off = ((wn * kKeysW + r8 + sel1 * 8) * kLdQKV + sel2 * 8) * sizeof(elem_t);
+    }
+
+    __device__ __forceinline__ void load_qfrag(uint32_t (&a)[4], int mt, int kd) const {
+        ldmatrix_x4(a, q_addr + (mt * 16 * kLdQKV + kd * 16) * sizeof(elem_t));
+    }
+
+    __device__ __forceinline__ void load_q(const Smem&) {
+        if constexpr (kQInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int kd = 0; kd < kKD; ++kd) load_qfrag(qf[mt][kd], mt, kd);
+        }
+    }
+
+    __device__ __forceinline__ void step(const Smem& sm, const Ctx& ctx, int kv0) {
+        // Rolled on purpose: unrolled, ptxas hoists the next sub-slice's loads into this one's
+        // softmax and the registers it saved come back. Every array index stays compile-time.
+#pragma unroll 1
+        for (int sub = 0; sub < kKeysW / kKeysSub; ++sub) step_keys(sm, ctx, kv0, sub * kKeysSub);
+    }
+
+    // One online-softmax update over keys [koff, koff + kKeysSub) of this warp's slice.
+    __device__ __forceinline__ void step_keys(const Smem& sm, const Ctx& ctx, int kv0, int koff) {
+        const unsigned k_base = smem_addr(sm.k) + k_off + koff * kLdQKV * unsigned(sizeof(elem_t));
+        const unsigned v_base = smem_addr(sm.v) + v_off + koff * kLdQKV * unsigned(sizeof(elem_t));
+
+        // S = Q K^T for this warp's rows and key slice.
+        float s[kMT][kNT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int kd = 0; kd < kKD; ++kd) {
+            uint32_t a[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                if constexpr (kQInRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kd][e];
+                } else {
+                    load_qfrag(a[mt], mt, kd);
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < kNT / 2; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4(b, k_base + (np * 16 * kLdQKV + kd * 16) * sizeof(elem_t));
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma_16816(s[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+
+        // Only tiles that cross the end of K or the causal diagonal need per-element masks.
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int key0 = kv0 + wn * kKeysW + koff;
+        const int row_base = ctx.q0 + wm * 16 * kMT;
+        const bool needs_mask = (kv0 + kBlockN > ctx.sk) || (ctx.causal && kv0 + kBlockN - 1 > ctx.q0);
+        if (needs_mask) {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = row_base + mt * 16 + g + (e / 2) * 8;
+                        const int j = key0 + nt * 8 + 2 * t + (e % 2);
+                        if (key_masked(ctx, i, j)) s[mt][nt][e] = neg_inf();
+                    }
+        }
+
+        // Online softmax in registers: a row lives in the 4 lanes of a quad.
+        float alphas[kMT][2];
+        bool rescale = false;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = m[mt][h];
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
+                const float m_use = mx == neg_inf() ? 0.0f : mx * ctx.scale_log2;
+                const float alpha = fast_exp2(m[mt][h] * ctx.scale_log2 - m_use);
+                m[mt][h] = mx;
+                float sum = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        const float p = fast_exp2(fmaf(s[mt][nt][e], ctx.scale_log2, -m_use));
+                        s[mt][nt][e] = p;
+                        sum += p;
+                    }
+                l[mt][h] = l[mt][h] * alpha + sum;
+                if constexpr (kLazyRescale) {
+                    alphas[mt][h] = alpha;
+                    rescale |= alpha != 1.0f;
+                } else {
+#pragma unroll
+                    for (int dt = 0; dt < kDT; ++dt) {
+                        o[mt][dt][2 * h] *= alpha;
+                        o[mt][dt][2 * h + 1] *= alpha;
+                    }
+                }
+            }
+        }
+        // Once the running maxima settle, most tiles leave every row's max unchanged
+        // (alpha == 1 exactly): skip the kMT * HEAD_DIM / 2 multiplies then (warp-uniform branch).
+        if constexpr (kLazyRescale) {
+            if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int dt = 0; dt < kDT; ++dt) {
+                            o[mt][dt][2 * h] *= alphas[mt][h];
+                            o[mt][dt][2 * h + 1] *= alphas[mt][h];
+                        }
+            }
+        }
+
+        // O += P V, P straight from the S accumulators.
+#pragma unroll
+        for (int kk = 0; kk < kKK; ++kk) {
+            uint32_t a[kMT][4];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+                a[mt][0] = pack_elem2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                a[mt][1] = pack_elem2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                a[mt][2] = pack_elem2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                a[mt][3] = pack_elem2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < kDT / 2; ++dp) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, v_base + (kk * 16 * kLdQKV + dp * 16) * sizeof(elem_t));
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt) {
+                    mma_16816(o[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_16816(o[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    __device__ __forceinline__ void finish(const Smem& sm, const Ctx& ctx, const Epilogue& epi) {
+        const int g = lane / 4;
+        const int t = lane % 4;
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 1);
+                l[mt][h] += __shfl_xor_sync(0xffffffffu, l[mt][h], 2);
+            }
+
+        if constexpr (kWarpsN > 1) {
+            // Merge the kWarpsN key slices of each row: m* = max m_w, L = sum l_w 2^(m_w - m*),
+            // O = sum O_w 2^(m_w - m*) / L. The kernel body drained cp.async and barriered.
+            float* stats = reinterpret_cast<float*>(sm.k);          // [kWarpsN][BLOCK_M][2]
+            float* red = stats + kWarpsN * kBlockM * 2;              // [kWarpsN - 1][BLOCK_M][kLdRed]
+            const int rloc0 = wm * 16 * kMT;
+            if (t == 0) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int r = rloc0 + mt * 16 + g + 8 * h;
+                        stats[(wn * kBlockM + r) * 2] = m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2;
+                        stats[(wn * kBlockM + r) * 2 + 1] = l[mt][h];
+                    }
+            }
+            __syncthreads();
+            float m_all[kMT][2], l_all[kMT][2];
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = rloc0 + mt * 16 + g + 8 * h;
+                    float mx = neg_inf();
+#pragma unroll
+                    for (int w = 0; w < kWarpsN; ++w) mx = fmaxf(mx, stats[(w * kBlockM + r) * 2]);
+                    const float m_use = safe_max(mx);
+                    float lsum = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < kWarpsN; ++w)
+                        lsum += stats[(w * kBlockM + r) * 2 + 1] * fast_exp2(stats[(w * kBlockM + r) * 2] - m_use);
+                    const float mine = m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2;
+                    const float f = fast_exp2(mine - m_use) * inv_or_zero(lsum);
+#pragma unroll
+                    for (int dt = 0; dt < kDT; ++dt) {
+                        o[mt][dt][2 * h] *= f;
+                        o[mt][dt][2 * h + 1] *= f;
+                    }
+                    m_all[mt][h] = mx;
+                    l_all[mt][h] = lsum;
+                }
+            if (wn > 0) {
+#pragma unroll
+                for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float* dst = red + ((wn - 1) * kBlockM + rloc0 + mt * 16 + g + 8 * h) * kLdRed + 2 * t;
+#pragma unroll
+                        for (int dt = 0; dt < kDT; ++dt)
+                            *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                    }
+            }
+            __syncthreads();
+            if (wn != 0) return;  // no barrier follows
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = rloc0 + mt * 16 + g + 8 * h;
+                    const int i = ctx.q0 + r;
+                    if (i >= ctx.sq) continue;
+#pragma unroll
+                    for (int w = 1; w < kWarpsN; ++w) {
+                        const float* src = red + ((w - 1) * kBlockM + r) * kLdRed + 2 * t;
+#pragma unroll
+                        for (int dt = 0; dt < kDT; ++dt) {
+                            const float2 v = *reinterpret_cast<const float2*>(src + dt * 8);
+                            o[mt][dt][2 * h] += v.x;
+                            o[mt][dt][2 * h + 1] += v.y;
+                        }
+                    }
+#pragma unroll
+                    for (int dt = 0; dt < kDT; ++dt) epi.store_o2(i, dt * 8 + 2 * t, o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+                    if (t == 0) epi.store_lse(i, m_all[mt][h], l_all[mt][h]);
+                }
+        } else {
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int i = ctx.q0 + wm * 16 * kMT + mt * 16 + g + 8 * h;
+                    if (i >= ctx.sq) continue;
+                    const float inv_l = inv_or_zero(l[mt][h]);
+#pragma unroll
+                    for (int dt = 0; dt < kDT; ++dt)
+                        epi.store_o2(i, dt * 8 + 2 * t, o[mt][dt][2 * h] * inv_l, o[mt][dt][2 * h + 1] * inv_l);
+                    if (t == 0) epi.store_lse(i, m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2, l[mt][h]);
+                }
+        }
+    }
+};
+using Path = MmaPath;
+
+#else
+#error "unknown MMA path"
 #endif
 
 // ---------------------------------------------------------------------------------------------
@@ -435,7 +826,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     const int num_splits = gridDim.z;
 
     Ctx ctx;
-    ctx.q0 = blockIdx.x * kBlockM;
+    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
+    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
+    ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
     ctx.sq = Sq;
     ctx.sk = Sk;
     ctx.causal = causal != 0;
@@ -454,6 +847,54 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     const elem_t* Kh = K + bh * Sk * kHeadDim;
     const elem_t* Vh = V + bh * Sk * kHeadDim;
 
+    // cp.async pipeline over this split's K/V tiles, STAGES buffers deep. Q rides in the first
+    // group. Every thread commits exactly one group per prologue slot and per iteration (empty
+    // ones included), so wait_group<STAGES - 2> at iteration `it` means tile `it` has landed.
+    const int n_it = blk_end - blk_begin;
+    auto load_kv = [&](int stage, int blk) {
+        load_tile_async<kBlockN>(sm.k + stage * kBlockN * kLdQKV, Kh, blk * kBlockN, Sk);
+        load_tile_async<kBlockN>(sm.v + stage * kBlockN * kLdQKV, Vh, blk * kBlockN, Sk);
+    };
+    load_tile_async<kBlockM>(sm.q, Qh, ctx.q0, Sq);
+    if constexpr (kStages > 1) {
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st) {
+            if (st < n_it) load_kv(st, blk_begin + st);
+            cp_async_commit();
+        }
+    }
+    Path path;
+    path.init(sm);
+
+    for (int it = 0; it < n_it; ++it) {
+        const int blk = blk_begin + it;
+        int stage = 0;
+        if constexpr (kStages == 1) {
+            if (it > 0) __syncthreads();  // previous tile fully consumed
+            load_kv(0, blk);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else {
+            cp_async_wait<kStages - 2>();
+            // Tile `it` visible to all; every warp is done with tile it - 1, whose stage
+            // ((it - 1) % STAGES == (it + STAGES - 1) % STAGES) is refilled next.
+            __syncthreads();
+            const int nxt = it + kStages - 1;
+            if (nxt < n_it) load_kv(nxt % kStages, blk_begin + nxt);
+            cp_async_commit();
+            stage = it % kStages;
+        }
+        if (it == 0) path.load_q(sm);
+        Smem cur = sm;
+        cur.k = sm.k + stage * kBlockN * kLdQKV;
+        cur.v = sm.v + stage * kBlockN * kLdQKV;
+        path.step(cur, ctx, blk * kBlockN);
+    }
+    // Drain (only empty groups can remain) and make the K/V region reusable by finish().
+    cp_async_wait<0>();
+    __syncthreads();
+    // Built only now so none of it is live (in registers) across the main loop.
     Epilogue epi;
     if (num_splits > 1) {
         epi.o = nullptr;
@@ -465,19 +906,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         epi.o_accum = nullptr;
         epi.lse = LSE;
         epi.row0 = bh * Sq;
-    }
-
-    load_tile<kBlockM>(sm.q, Qh, ctx.q0, Sq);
-    Path path;
-    path.init(sm);
-
-    for (int blk = blk_begin; blk < blk_end; ++blk) {
-        const int kv0 = blk * kBlockN;
-        __syncthreads();  // previous tile fully consumed (and, on the first pass, Q visible)
-        load_tile<kBlockN>(sm.k, Kh, kv0, Sk);
-        load_tile<kBlockN>(sm.v, Vh, kv0, Sk);
-        __syncthreads();
-        path.step(sm, ctx, kv0);
     }
     path.finish(sm, ctx, epi);
 }
