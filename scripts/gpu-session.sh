@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One batched GPU session, logs under $OUT (or runs/gpu-session). Stages run in the order given:
+# One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults resume attention ablation
 # BIN_DIR holds `flashtune` (and `flashtune-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1; shift
-out=${OUT:-runs/gpu-session}
+# Logs gather in one folder, packed into $OUT/session.tgz at the end (the device returns few files).
+out=$(mktemp -d)/session
 mkdir -p "$out"
+trap 'tar czf "${OUT:-runs}/session.tgz" -C "$(dirname "$out")" session' EXIT
 export PATH=/usr/local/cuda/bin:$PATH
 ft() { "$bin/flashtune" "$@"; }
 # Keep a run's log and report under $OUT (two folders deep at most).
@@ -25,7 +27,8 @@ for stage in "$@"; do
       for _ in $(seq 600); do sleep 0.1; log=$(ls -t runs/*/log.jsonl 2>/dev/null | head -1); [ -n "$log" ] && [ "$(grep -c '"event":"variant_done"' "$log")" -ge 2 ] && break; done
       kill -9 $pid; wait $pid 2>/dev/null; echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
-    attention) ft tune --space variants/attention.toml 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
+    attention) ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
+    attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
     ablation) ft tune --space variants/ablation.toml 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done
