@@ -22,10 +22,18 @@ for stage in "$@"; do
     tests) FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt" ;;
     faults) ft tune --space variants/faults.toml 2>"$out/faults.err" | tee "$out/faults.txt"; keep faults ;;
     resume)
-      # SIGKILL the orchestrator once two variants are done, then resume; compare champions with `smoke`.
-      ft tune --space variants/smoke.toml >"$out/killed.txt" 2>&1 & pid=$!
-      for _ in $(seq 600); do sleep 0.1; log=$(ls -t runs/*/log.jsonl 2>/dev/null | head -1); [ -n "$log" ] && [ "$(grep -c '"event":"variant_done"' "$log")" -ge 2 ] && break; done
-      kill -9 $pid; wait $pid 2>/dev/null; echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants"
+      # SIGKILL the orchestrator once two variants of a new run are done, then resume it.
+      before=$(ls -d runs/2*/ 2>/dev/null)
+      "$bin/flashtune" tune --space variants/smoke.toml >"$out/killed.txt" 2>&1 & pid=$!
+      log=
+      for _ in $(seq 600); do
+        sleep 0.1
+        new=$(comm -13 <(echo "$before") <(ls -d runs/2*/ 2>/dev/null) | head -1)
+        [ -n "$new" ] && [ "$(grep -c '"event":"variant_done"' "${new}log.jsonl" 2>/dev/null)" -ge 2 ] && { log=${new}log.jsonl; break; }
+      done
+      kill -9 $pid; wait $pid 2>/dev/null
+      echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants ($log)"
+      cp "$log" "$out/killed.log.jsonl"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
     attention) ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;

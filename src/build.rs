@@ -161,6 +161,7 @@ impl Builder {
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
         cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
         tracing::info!(%key, source = %spec.source.display(), defines = ?spec.defines, "nvcc");
+        die_with_parent(&mut cmd);
         let child = cmd.spawn().map_err(|e| BuildFailure::Io(format!("cannot start {}: {e}", self.toolchain.nvcc.display())))?;
         let _group = ProcessGroup(child.id());
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
@@ -214,6 +215,17 @@ pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
     }
     seen.sort();
     Ok(seen)
+}
+
+/// Children die with flashtune: a SIGKILLed orchestrator must not leave workers on the GPU or nvcc on the CPUs.
+pub fn die_with_parent(cmd: &mut tokio::process::Command) {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
 }
 
 /// Kills a child's whole process group when dropped: on timeout, on Ctrl-C, or after it exited.

@@ -73,6 +73,7 @@ impl Executor {
         cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // Its own process group, so a timeout kills whatever the worker started too.
         cmd.process_group(0).kill_on_drop(true);
+        crate::build::die_with_parent(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {

@@ -122,6 +122,7 @@ pub async fn profile(policy: &ProfilePolicy, request_json: &[u8], report_base: &
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    crate::build::die_with_parent(&mut cmd);
     let run = async {
         let mut child = cmd.spawn().context("cannot start ncu")?;
         let _group = crate::build::ProcessGroup(child.id());
@@ -146,8 +147,12 @@ pub async fn profile(policy: &ProfilePolicy, request_json: &[u8], report_base: &
     match import(&ncu, &report).await {
         Ok(kernels) if kernels.is_empty() => ProfileOutcome::NoKernelsProfiled,
         Ok(kernels) => {
-            let mut bottlenecks: Vec<String> = kernels.iter().flat_map(|k| classify(k, &policy.bottlenecks)).collect();
-            bottlenecks.dedup();
+            let mut bottlenecks: Vec<String> = Vec::new();
+            for name in kernels.iter().flat_map(|k| classify(k, &policy.bottlenecks)) {
+                if !bottlenecks.contains(&name) {
+                    bottlenecks.push(name);
+                }
+            }
             ProfileOutcome::Profiled { kernels, bottlenecks, report }
         }
         Err(e) => ProfileOutcome::Failed { detail: format!("{e:#}") },

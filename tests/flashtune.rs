@@ -23,7 +23,7 @@ fn shared_fixture(rel: &str) -> String {
 /// A throwaway project: the shipped policies, variants and kernels, its own runs/ folder.
 fn scratch_project() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    for sub in ["variants", "kernels/attention"] {
+    for sub in ["variants", "kernels/attention", "baselines"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         for f in std::fs::read_dir(repo().join(sub)).unwrap() {
             let f = f.unwrap().path();
