@@ -47,7 +47,8 @@ pub fn markdown(log: &LoadedLog) -> String {
 
     let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
     let mut order: Vec<(String, Dtype)> = Vec::new();
-    let mut invalid: Vec<String> = Vec::new();
+    // Reason → (count, first few examples): a big space rules out thousands of points for a handful of reasons.
+    let mut invalid: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
     let mut worker_problems: Vec<String> = Vec::new();
     let mut profiles: BTreeMap<(String, String, Dtype), String> = BTreeMap::new();
     let mut torch: BTreeMap<(String, Dtype, String), Result<f64, String>> = BTreeMap::new();
@@ -69,7 +70,11 @@ pub fn markdown(log: &LoadedLog) -> String {
             Record::Planned { variant, params, head_dim, invalid: why, .. } => {
                 params_of.insert(variant.clone(), params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
                 if let Some(why) = why {
-                    invalid.push(format!("`{variant}` d={head_dim}: {why} (log line {line})"));
+                    let entry = invalid.entry(why.clone()).or_default();
+                    entry.0 += 1;
+                    if entry.1.len() < 3 {
+                        entry.1.push(format!("`{variant}` d={head_dim} (log line {line})"));
+                    }
                 }
             }
             Record::Built { variant, dtype, entries, .. } if variant != REFERENCE => {
@@ -199,9 +204,10 @@ pub fn markdown(log: &LoadedLog) -> String {
         md.push('\n');
     }
     if !invalid.is_empty() {
-        let _ = writeln!(md, "\n## Not built ({} points ruled out before compiling)\n", invalid.len());
-        for i in &invalid {
-            let _ = writeln!(md, "- {i}");
+        let total: usize = invalid.values().map(|v| v.0).sum();
+        let _ = writeln!(md, "\n## Not built ({total} points ruled out before compiling)\n");
+        for (why, (count, examples)) in &invalid {
+            let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
         }
     }
     md.push_str(&run_statistics(log));
@@ -314,9 +320,11 @@ fn run_statistics(log: &LoadedLog) -> String {
     let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) = (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     let mut wall = 0.0f64;
+    let mut replay_seconds = 0.0f64;
     for (_, e) in &log.entries {
         wall = wall.max(e.t);
         match &e.record {
+            Record::Timed { timing, .. } => replay_seconds += timing.samples_us.iter().sum::<f64>() * timing.launches_per_sample as f64 / 1e6,
             Record::Built { cached: true, .. } => cached += 1,
             Record::Built { seconds, .. } => {
                 compiled += 1;
@@ -343,12 +351,15 @@ fn run_statistics(log: &LoadedLog) -> String {
         let median_gap = if gaps.is_empty() { 0.0 } else { gaps[gaps.len() / 2] };
         let _ = writeln!(
             md,
-            "- GPU {device}: {} worker runs, busy {busy:.1} s; busy fraction from the first worker on: {:.0}%; median gap between workers {:.0} ms",
+            "- GPU {device}: {} worker runs held it {busy:.1} s, {:.0}% of the time from the first worker on; median gap between workers {:.0} ms",
             runs.len(),
             100.0 * busy / (end - first).max(1e-9),
             median_gap * 1000.0
         );
     }
+    // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
+    let held: f64 = workers.values().flatten().map(|r| r.1).sum();
+    let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
     md
 }
 

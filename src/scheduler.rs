@@ -130,26 +130,31 @@ impl Scheduler<'_> {
         let mut in_flight = 0usize;
         let mut dispatched = 0usize;
         let mut stopping: Option<String> = None;
+        let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut interrupted = false;
         loop {
-            // Dispatch what is ready, in the space's order, unless a budget or Ctrl-C says stop.
+            // Dispatch what is ready, in the space's order, one job per free GPU: work stays in
+            // `ready` until a GPU takes it, so budgets and Ctrl-C apply to everything not started.
             if references_left == 0 && stopping.is_none() {
                 ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
-                for variant in std::mem::take(&mut ready) {
+                while in_flight < live_gpus && !ready.is_empty() {
                     if let Some(reason) = self.budget_reached(dispatched, started) {
-                        stopping = Some(reason.clone());
-                        let not_measured: Vec<String> = variant_order.iter().skip(dispatched).cloned().collect();
-                        events.emit(Record::BudgetReached { reason, variants_not_measured: not_measured })?;
+                        let not_measured: Vec<String> = variant_order.iter().filter(|v| !finished.contains(*v) && !running.contains(*v)).cloned().collect();
+                        events.emit(Record::BudgetReached { reason: reason.clone(), variants_not_measured: not_measured })?;
+                        stopping = Some(reason);
                         build_tasks.abort_all();
                         break;
                     }
+                    let variant = ready.remove(0);
                     dispatched += 1;
                     let cases = cases_for(project, planned, &cubins, &variant);
                     if cases.is_empty() {
+                        finished.insert(variant.clone());
                         events.emit(Record::VariantDone { variant, measured_cases: 0 })?;
                         continue;
                     }
                     in_flight += 1;
+                    running.insert(variant.clone());
                     let _ = job_tx.send(Job { variant, cases, attempt: 1 });
                 }
             }
@@ -182,6 +187,7 @@ impl Scheduler<'_> {
                         live_gpus -= 1;
                         events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
                     }
+                    let variant = result.job.variant.clone();
                     if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals)? {
                         in_flight += 1;
                         let tx = job_tx.clone();
@@ -189,6 +195,9 @@ impl Scheduler<'_> {
                             tokio::time::sleep(after).await;
                             let _ = tx.send(job);
                         });
+                    } else {
+                        running.remove(&variant);
+                        finished.insert(variant);
                     }
                     if live_gpus == 0 && in_flight > 0 {
                         return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
