@@ -32,9 +32,16 @@ struct AdapterRow {
 }
 
 /// Run the adapter; `Err` when it cannot run at all (no PyTorch, no GPU, a crash, a timeout).
-pub async fn measure(root: &Path, policies: &Policies, shapes: &[Shape]) -> Result<Vec<BaselineRow>, String> {
+pub async fn measure(
+    root: &Path,
+    policies: &Policies,
+    shapes: &[Shape],
+) -> Result<Vec<BaselineRow>, String> {
     let cfg = &policies.baseline;
-    let (program, args) = cfg.command.split_first().ok_or("policies.toml: baseline.command is empty")?;
+    let (program, args) = cfg
+        .command
+        .split_first()
+        .ok_or("policies.toml: baseline.command is empty")?;
     let request = serde_json::json!({
         "shapes": shapes,
         "dtypes": policies.dtypes,
@@ -59,23 +66,48 @@ pub async fn measure(root: &Path, policies: &Policies, shapes: &[Shape]) -> Resu
     let timeout = Duration::from_secs(policies.timeouts.baseline_s);
     let out = tokio::time::timeout(timeout, child.wait_with_output())
         .await
-        .map_err(|_| format!("`{}` did not finish within {} s", cfg.command.join(" "), timeout.as_secs()))?
+        .map_err(|_| {
+            format!(
+                "`{}` did not finish within {} s",
+                cfg.command.join(" "),
+                timeout.as_secs()
+            )
+        })?
         .map_err(|e| e.to_string())?;
     if !out.status.success() {
-        return Err(format!("{} ({})", crate::build::log_tail(&String::from_utf8_lossy(&out.stderr), 3), out.status));
+        return Err(format!(
+            "{} ({})",
+            crate::build::log_tail(&String::from_utf8_lossy(&out.stderr), 3),
+            out.status
+        ));
     }
-    let reply: AdapterReply = serde_json::from_slice(&out.stdout).map_err(|e| format!("adapter printed no valid JSON: {e}"))?;
-    let flops = |name: &str| shapes.iter().find(|s| s.name == name).map_or(0.0, Shape::flops);
+    let reply: AdapterReply = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("adapter printed no valid JSON: {e}"))?;
+    let flops = |name: &str| {
+        shapes
+            .iter()
+            .find(|s| s.name == name)
+            .map_or(0.0, Shape::flops)
+    };
     Ok(reply
         .rows
         .into_iter()
         .map(|r| {
             let outcome = match (r.samples_us, r.error) {
-                (Some(samples), None) if samples.len() >= 3 => Ok(check::summarize(samples, r.launches_per_sample.unwrap_or(1), flops(&r.shape))),
+                (Some(samples), None) if samples.len() >= 3 => Ok(check::summarize(
+                    samples,
+                    r.launches_per_sample.unwrap_or(1),
+                    flops(&r.shape),
+                )),
                 (_, Some(e)) => Err(e),
                 _ => Err("adapter returned too few samples".into()),
             };
-            BaselineRow { backend: r.backend, shape: r.shape, dtype: r.dtype, outcome }
+            BaselineRow {
+                backend: r.backend,
+                shape: r.shape,
+                dtype: r.dtype,
+                outcome,
+            }
         })
         .collect())
 }

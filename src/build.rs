@@ -47,9 +47,10 @@ pub fn find_nvcc() -> Result<Toolchain> {
     }
     Err(Error::ToolMissing {
         tool: "nvcc",
-        hint: "install the CUDA toolkit, put nvcc on PATH, or set FLASHTUNE_NVCC; without a toolkit: \
+        hint:
+            "install the CUDA toolkit, put nvcc on PATH, or set FLASHTUNE_NVCC; without a toolkit: \
                `pip install nvidia-cuda-nvcc==13.0.88` (see README)"
-            .into(),
+                .into(),
     })
 }
 
@@ -116,12 +117,18 @@ impl Builder {
         let mut h = blake3::Hasher::new();
         h.update(b"flashtune-build-v2\0");
         for f in include_closure(&spec.source)? {
-            let bytes = std::fs::read(&f).map_err(|e| Error::BadInput(format!("cannot read {}: {e}", f.display())))?;
+            let bytes = std::fs::read(&f)
+                .map_err(|e| Error::BadInput(format!("cannot read {}: {e}", f.display())))?;
             h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
             h.update(&(bytes.len() as u64).to_le_bytes());
             h.update(&bytes);
         }
-        h.update(spec.source.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(
+            spec.source
+                .file_name()
+                .unwrap_or_default()
+                .as_encoded_bytes(),
+        );
         for (k, v) in &spec.defines {
             h.update(format!("-D{k}={v}\0").as_bytes());
         }
@@ -135,48 +142,86 @@ impl Builder {
 
     /// Compile, or reuse the cached cubin with the same key.
     pub async fn build(&self, spec: &BuildSpec) -> std::result::Result<BuildOutput, BuildFailure> {
-        let key = self.key(spec).map_err(|e| BuildFailure::Io(e.to_string()))?;
+        let key = self
+            .key(spec)
+            .map_err(|e| BuildFailure::Io(e.to_string()))?;
         let dir = self.cache_dir.join(&key);
         let cubin = dir.join("kernel.cubin");
         let report = dir.join("ptxas.txt");
         if cubin.is_file() && report.is_file() {
             tracing::debug!(%key, source = %spec.source.display(), "build cache hit");
-            let text = std::fs::read_to_string(&report).map_err(|e| BuildFailure::Io(e.to_string()))?;
-            return Ok(BuildOutput { key, cubin, cached: true, seconds: 0.0, entries: ptxas::parse(&text) });
+            let text =
+                std::fs::read_to_string(&report).map_err(|e| BuildFailure::Io(e.to_string()))?;
+            return Ok(BuildOutput {
+                key,
+                cubin,
+                cached: true,
+                seconds: 0.0,
+                entries: ptxas::parse(&text),
+            });
         }
         let started = Instant::now();
         // Build in a private folder and rename: a crash never leaves a half-written cache entry.
-        let staging = self.cache_dir.join(format!(".tmp-{key}-{}", std::process::id()));
+        let staging = self
+            .cache_dir
+            .join(format!(".tmp-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging).map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
         let mut cmd = tokio::process::Command::new(&self.toolchain.nvcc);
-        cmd.arg("-cubin").arg("-gencode").arg(gencode(&spec.arch)).args(&spec.flags).arg("-Xptxas").arg("-v");
+        cmd.arg("-cubin")
+            .arg("-gencode")
+            .arg(gencode(&spec.arch))
+            .args(&spec.flags)
+            .arg("-Xptxas")
+            .arg("-v");
         if let Some(dir) = spec.source.parent() {
             cmd.arg(format!("-I{}", dir.display()));
         }
         for (k, v) in &spec.defines {
             cmd.arg(format!("-D{k}={v}"));
         }
-        cmd.arg(&spec.source).arg("-o").arg(staging.join("kernel.cubin"));
+        cmd.arg(&spec.source)
+            .arg("-o")
+            .arg(staging.join("kernel.cubin"));
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).kill_on_drop(true);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
         tracing::info!(%key, source = %spec.source.display(), defines = ?spec.defines, "nvcc");
         die_with_parent(&mut cmd);
-        let child = cmd.spawn().map_err(|e| BuildFailure::Io(format!("cannot start {}: {e}", self.toolchain.nvcc.display())))?;
+        let child = cmd.spawn().map_err(|e| {
+            BuildFailure::Io(format!(
+                "cannot start {}: {e}",
+                self.toolchain.nvcc.display()
+            ))
+        })?;
         let _group = ProcessGroup(child.id());
         let output = match tokio::time::timeout(self.timeout, child.wait_with_output()).await {
             Ok(out) => out.map_err(|e| BuildFailure::Io(e.to_string()))?,
             Err(_) => {
                 let _ = std::fs::remove_dir_all(&staging);
-                return Err(BuildFailure::TimedOut { seconds: self.timeout.as_secs() });
+                return Err(BuildFailure::TimedOut {
+                    seconds: self.timeout.as_secs(),
+                });
             }
         };
-        let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
         if !output.status.success() {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(BuildFailure::Compiler { status: output.status.to_string(), log });
+            return Err(BuildFailure::Compiler {
+                status: output.status.to_string(),
+                log,
+            });
         }
-        std::fs::write(staging.join("ptxas.txt"), &log).map_err(|e| BuildFailure::Io(e.to_string()))?;
+        std::fs::write(staging.join("ptxas.txt"), &log)
+            .map_err(|e| BuildFailure::Io(e.to_string()))?;
         if std::fs::rename(&staging, &dir).is_err() {
             // Another run finished the same build first; its entry is equivalent.
             let _ = std::fs::remove_dir_all(&staging);
@@ -201,13 +246,26 @@ pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
         if seen.contains(&file) {
             continue;
         }
-        let text = std::fs::read_to_string(&file).map_err(|e| Error::BadInput(format!("cannot read kernel source {}: {e}", file.display())))?;
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            Error::BadInput(format!("cannot read kernel source {}: {e}", file.display()))
+        })?;
         let here = file.parent().unwrap_or(Path::new(".")).to_path_buf();
         for line in text.lines() {
-            let Some(rest) = line.trim_start().strip_prefix("#include") else { continue };
-            let Some(name) = rest.trim().strip_prefix('"').and_then(|r| r.split('"').next()) else { continue };
+            let Some(rest) = line.trim_start().strip_prefix("#include") else {
+                continue;
+            };
+            let Some(name) = rest
+                .trim()
+                .strip_prefix('"')
+                .and_then(|r| r.split('"').next())
+            else {
+                continue;
+            };
             // Quoted includes resolve next to the including file first, then in the -I folder.
-            if let Some(found) = [here.join(name), search_dir.join(name)].into_iter().find(|p| p.is_file()) {
+            if let Some(found) = [here.join(name), search_dir.join(name)]
+                .into_iter()
+                .find(|p| p.is_file())
+            {
                 todo.push(found);
             }
         }

@@ -28,16 +28,29 @@ pub struct Table {
 
 /// The fastest timed variant per (shape, dtype); later records win ties and re-measurements.
 pub fn from_log(log: &LoadedLog) -> Vec<Champion> {
-    let Some(header) = log.header() else { return Vec::new() };
+    let Some(header) = log.header() else {
+        return Vec::new();
+    };
     let mut params: BTreeMap<String, Params> = BTreeMap::new();
     let mut timed: BTreeMap<(String, Dtype, String), (f64, f64, usize)> = BTreeMap::new();
     for (line, e) in &log.entries {
         match &e.record {
-            Record::Planned { variant, params: p, .. } => {
+            Record::Planned {
+                variant, params: p, ..
+            } => {
                 params.insert(variant.clone(), p.clone());
             }
-            Record::Timed { variant, shape, dtype, timing, .. } => {
-                timed.insert((shape.clone(), *dtype, variant.clone()), (timing.median_us, timing.tflops, *line));
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => {
+                timed.insert(
+                    (shape.clone(), *dtype, variant.clone()),
+                    (timing.median_us, timing.tflops, *line),
+                );
             }
             _ => {}
         }
@@ -49,8 +62,12 @@ pub fn from_log(log: &LoadedLog) -> Vec<Champion> {
                 .iter()
                 .filter(|((s, d, _), _)| s == &shape.name && *d == dtype)
                 .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
-            let Some(((_, _, variant), &(median_us, tflops, log_line))) = best else { continue };
-            let baseline = timed.get(&(shape.name.clone(), dtype, header.baseline.clone())).map(|b| b.0 / median_us);
+            let Some(((_, _, variant), &(median_us, tflops, log_line))) = best else {
+                continue;
+            };
+            let baseline = timed
+                .get(&(shape.name.clone(), dtype, header.baseline.clone()))
+                .map(|b| b.0 / median_us);
             out.push(Champion {
                 shape: shape.name.clone(),
                 dtype,
@@ -68,25 +85,53 @@ pub fn from_log(log: &LoadedLog) -> Vec<Champion> {
 }
 
 pub fn to_toml(champions: &[Champion]) -> String {
-    let body = toml::to_string(&Table { champion: champions.to_vec() }).expect("champions serialize");
+    let body = toml::to_string(&Table {
+        champion: champions.to_vec(),
+    })
+    .expect("champions serialize");
     format!("# Written by flashtune from a run log: per (shape, dtype) the fastest variant that passed every check.\n# Each figure names the run and the log line it came from.\n\n{body}")
 }
 
 /// Commit the table on `flashtune/<run-id>` (never the current branch) with the figures as trailers.
-pub fn commit(root: &Path, table_path: &str, log: &LoadedLog, champions: &[Champion]) -> Result<(String, String), git2::Error> {
-    let header = log.header().ok_or_else(|| git2::Error::from_str("run log has no header"))?;
+pub fn commit(
+    root: &Path,
+    table_path: &str,
+    log: &LoadedLog,
+    champions: &[Champion],
+) -> Result<(String, String), git2::Error> {
+    let header = log
+        .header()
+        .ok_or_else(|| git2::Error::from_str("run log has no header"))?;
     let branch = format!("flashtune/{}", header.run_id);
-    let speedups: Vec<f64> = champions.iter().filter_map(|c| c.speedup_vs_baseline).collect();
-    let geomean = (!speedups.is_empty()).then(|| (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp());
+    let speedups: Vec<f64> = champions
+        .iter()
+        .filter_map(|c| c.speedup_vs_baseline)
+        .collect();
+    let geomean = (!speedups.is_empty())
+        .then(|| (speedups.iter().map(|x| x.ln()).sum::<f64>() / speedups.len() as f64).exp());
     let mut message = format!("flashtune: champions of run {}\n\n", header.run_id);
     for c in champions {
-        message.push_str(&format!("{} {}: {} {:.2} µs ({:.1} TF/s)\n", c.shape, c.dtype, c.variant, c.median_us, c.tflops));
+        message.push_str(&format!(
+            "{} {}: {} {:.2} µs ({:.1} TF/s)\n",
+            c.shape, c.dtype, c.variant, c.median_us, c.tflops
+        ));
     }
-    message.push_str(&format!("\nFlashtune-Run: {}\nFlashtune-GPU: {}\n", header.run_id, header.device.name));
+    message.push_str(&format!(
+        "\nFlashtune-Run: {}\nFlashtune-GPU: {}\n",
+        header.run_id, header.device.name
+    ));
     if let Some(g) = geomean {
-        message.push_str(&format!("Flashtune-Speedup: {g:.3}x geomean vs {}\n", header.baseline));
+        message.push_str(&format!(
+            "Flashtune-Speedup: {g:.3}x geomean vs {}\n",
+            header.baseline
+        ));
     }
     let toml = to_toml(champions);
-    let id = crate::vcs::commit_files_to_branch(root, &branch, &[(table_path, toml.as_bytes())], &message)?;
+    let id = crate::vcs::commit_files_to_branch(
+        root,
+        &branch,
+        &[(table_path, toml.as_bytes())],
+        &message,
+    )?;
     Ok((branch, id))
 }

@@ -1,10 +1,10 @@
 //! Command-line interface: parses arguments, runs a command, maps errors to exit codes.
 use crate::config::ProjectPaths;
 use crate::engine::{self, Project, Reporter, TuneOptions};
-use crate::scheduler::Budget;
 use crate::error::{exit_code, Error, Result};
 use crate::executor::Executor;
 use crate::progress::ProgressReporter;
+use crate::scheduler::Budget;
 use clap::{Parser, Subcommand};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "flashtune", version, about = "Tune CUDA attention kernels unattended: build, check, time, report.")]
+#[command(
+    name = "flashtune",
+    version,
+    about = "Tune CUDA attention kernels unattended: build, check, time, report."
+)]
 struct Cli {
     /// Project root (holds policies.toml, kernels/, variants/, runs/).
     #[arg(long, global = true, default_value = ".")]
@@ -91,10 +95,24 @@ impl RunArgs {
     fn options(&self, paths: ProjectPaths, space: Option<PathBuf>) -> Result<TuneOptions> {
         let (policies, _) = crate::config::Policies::load(&paths.policies())?;
         let probe = Duration::from_secs(PROBE_TIMEOUT_S);
-        let executor = if self.fake_gpu { Executor::fake(probe, &policies.build.default_device.arch) } else { Executor::subprocess(probe) };
+        let executor = if self.fake_gpu {
+            Executor::fake(probe, &policies.build.default_device.arch)
+        } else {
+            Executor::subprocess(probe)
+        };
         let executor = executor.map_err(|e| Error::Other(e.into()))?;
-        let budget = Budget { max_variants: self.max_variants, time_limit: self.time_limit };
-        Ok(TuneOptions { paths, space, executor, devices: self.gpus.clone(), budget, commit: self.commit })
+        let budget = Budget {
+            max_variants: self.max_variants,
+            time_limit: self.time_limit,
+        };
+        Ok(TuneOptions {
+            paths,
+            space,
+            executor,
+            devices: self.gpus.clone(),
+            budget,
+            commit: self.commit,
+        })
     }
 
     fn reporters(&self) -> Vec<Box<dyn Reporter>> {
@@ -144,10 +162,16 @@ pub fn run() -> ExitCode {
         };
     }
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLASHTUNE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLASHTUNE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .try_init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -170,8 +194,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let outcome = engine::tune(run.options(paths, space)?, run.reporters()).await?;
             Ok(run.finish(outcome))
         }
-        Command::Resume { run_dir, force, run } => {
-            let outcome = engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
+        Command::Resume {
+            run_dir,
+            force,
+            run,
+        } => {
+            let outcome =
+                engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
             Ok(run.finish(outcome))
         }
         Command::Build { space, arch } => {
@@ -196,14 +225,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             for c in &checks {
                 println!("{c}");
             }
-            let failed = checks.iter().any(|c| c.status == crate::doctor::Status::Fail);
-            Ok(if failed { ExitCode::from(exit_code::FAILURE) } else { ExitCode::SUCCESS })
+            let failed = checks
+                .iter()
+                .any(|c| c.status == crate::doctor::Status::Fail);
+            Ok(if failed {
+                ExitCode::from(exit_code::FAILURE)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Worker { .. } => unreachable!("handled before the runtime starts"),
     }
 }
 
-fn build_table(planned: &[crate::space::PlannedPoint], rows: &[engine::BuiltRow]) -> (String, usize) {
+fn build_table(
+    planned: &[crate::space::PlannedPoint],
+    rows: &[engine::BuiltRow],
+) -> (String, usize) {
     let mut t = String::new();
     let mut failures = 0;
     let _ = writeln!(t, "| unit | dtype | d | entry | regs | spill st/ld B | stack B | static smem B | build | verdict |");
@@ -215,20 +253,43 @@ fn build_table(planned: &[crate::space::PlannedPoint], rows: &[engine::BuiltRow]
                     failures += 1;
                 }
                 let verdict = r.gate.clone().unwrap_or_else(|| "ok".into());
-                let build = if out.cached { "cached".to_owned() } else { format!("{:.1} s", out.seconds) };
+                let build = if out.cached {
+                    "cached".to_owned()
+                } else {
+                    format!("{:.1} s", out.seconds)
+                };
                 for e in &out.entries {
                     let _ = writeln!(
                         t,
                         "| `{}` | {} | {} | {} | {} | {}/{} | {} | {} | {build} | {verdict} |",
-                        r.variant, r.dtype, if r.head_dim == 0 { "any".into() } else { r.head_dim.to_string() }, e.name, e.registers, e.spill_store_bytes, e.spill_load_bytes, e.stack_frame_bytes, e.static_smem_bytes
+                        r.variant,
+                        r.dtype,
+                        if r.head_dim == 0 {
+                            "any".into()
+                        } else {
+                            r.head_dim.to_string()
+                        },
+                        e.name,
+                        e.registers,
+                        e.spill_store_bytes,
+                        e.spill_load_bytes,
+                        e.stack_frame_bytes,
+                        e.static_smem_bytes
                     );
                 }
             }
             Err(why) => {
                 failures += 1;
                 let first = why.lines().next().unwrap_or("");
-                let _ = writeln!(t, "| `{}` | {} | {} | — | — | — | — | — | — | **{first}** |", r.variant, r.dtype, r.head_dim);
-                eprintln!("build of {} {} d{} failed:\n{why}\n", r.variant, r.dtype, r.head_dim);
+                let _ = writeln!(
+                    t,
+                    "| `{}` | {} | {} | — | — | — | — | — | — | **{first}** |",
+                    r.variant, r.dtype, r.head_dim
+                );
+                eprintln!(
+                    "build of {} {} d{} failed:\n{why}\n",
+                    r.variant, r.dtype, r.head_dim
+                );
             }
         }
     }
@@ -236,7 +297,13 @@ fn build_table(planned: &[crate::space::PlannedPoint], rows: &[engine::BuiltRow]
     if !invalid.is_empty() {
         let _ = writeln!(t, "\n{} points ruled out before compiling:", invalid.len());
         for p in invalid {
-            let _ = writeln!(t, "- `{}` d={}: {}", p.variant.id, p.head_dim, p.invalid.as_deref().unwrap_or(""));
+            let _ = writeln!(
+                t,
+                "- `{}` d={}: {}",
+                p.variant.id,
+                p.head_dim,
+                p.invalid.as_deref().unwrap_or("")
+            );
         }
     }
     (t, failures)

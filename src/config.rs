@@ -166,7 +166,8 @@ pub struct Shape {
 impl Shape {
     /// FlashAttention's count: 4·B·H·Sq·Sk·D, halved when causal.
     pub fn flops(&self) -> f64 {
-        let full = 4.0 * self.b as f64 * self.h as f64 * self.sq as f64 * self.sk as f64 * self.d as f64;
+        let full =
+            4.0 * self.b as f64 * self.h as f64 * self.sq as f64 * self.sk as f64 * self.d as f64;
         if self.causal {
             full / 2.0
         } else {
@@ -206,7 +207,10 @@ impl Policies {
         }
         for dtype in &self.dtypes {
             if !self.tolerance.contains_key(dtype) {
-                return fail("tolerance", format!("no [tolerance.{dtype}] table for listed dtype {dtype}"));
+                return fail(
+                    "tolerance",
+                    format!("no [tolerance.{dtype}] table for listed dtype {dtype}"),
+                );
             }
         }
         if self.shapes.is_empty() {
@@ -214,14 +218,26 @@ impl Policies {
         }
         for shape in &self.shapes {
             if shape.b == 0 || shape.h == 0 || shape.sq == 0 || shape.sk == 0 {
-                return fail("shapes", format!("shape `{}` has a zero dimension", shape.name));
+                return fail(
+                    "shapes",
+                    format!("shape `{}` has a zero dimension", shape.name),
+                );
             }
             if shape.d != 64 && shape.d != 128 {
-                return fail("d", format!("shape `{}`: head dim {} is not supported (64 or 128)", shape.name, shape.d));
+                return fail(
+                    "d",
+                    format!(
+                        "shape `{}`: head dim {} is not supported (64 or 128)",
+                        shape.name, shape.d
+                    ),
+                );
             }
         }
         if self.measure.samples < 3 {
-            return fail("samples", "at least 3 samples are needed for a median and percentiles".into());
+            return fail(
+                "samples",
+                "at least 3 samples are needed for a median and percentiles".into(),
+            );
         }
         Ok(())
     }
@@ -260,7 +276,11 @@ fn toml_error(path: &Path, text: &str, err: toml::de::Error) -> Error {
         .strip_prefix("unknown field `")
         .and_then(|rest| rest.split('`').next())
     {
-        key = if key.is_empty() { field.to_owned() } else { format!("{key}.{field}") };
+        key = if key.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{key}.{field}")
+        };
     }
     if key.is_empty() {
         key = key_on_line(text, line).unwrap_or_else(|| "?".into());
@@ -300,11 +320,23 @@ pub fn config_error_at_key(path: &Path, text: &str, key: &str, message: String) 
 }
 
 /// A semantic error about a value: located where `needle` first appears in the file.
-pub fn config_error_at_text(path: &Path, text: &str, needle: &str, key: &str, message: String) -> Error {
+pub fn config_error_at_text(
+    path: &Path,
+    text: &str,
+    needle: &str,
+    key: &str,
+    message: String,
+) -> Error {
     match text.find(needle) {
         Some(offset) => {
             let (line, column) = line_column(text, offset);
-            Error::Config { file: path.to_path_buf(), line, column, key: key.to_owned(), message }
+            Error::Config {
+                file: path.to_path_buf(),
+                line,
+                column,
+                key: key.to_owned(),
+                message,
+            }
         }
         None => config_error_at_key(path, text, key, message),
     }

@@ -24,26 +24,63 @@ fn median_and_spread(samples: &[f64]) -> (f64, f64) {
     let mut s = samples.to_vec();
     s.sort_by(f64::total_cmp);
     let median = percentile(&s, 50.0);
-    (median, (percentile(&s, 90.0) - percentile(&s, 10.0)) / median)
+    (
+        median,
+        (percentile(&s, 90.0) - percentile(&s, 10.0)) / median,
+    )
 }
 
 /// Accept only if the gain exceeds the policy threshold and the observed spread.
 pub fn judge(duel: &Duel, threshold: f64) -> Verdict {
     if duel.champion_us.len() < 3 || duel.challenger_us.len() < 3 {
-        return Verdict { accept: false, gain: 0.0, noise: f64::INFINITY, threshold, reason: "too few samples to judge".into() };
+        return Verdict {
+            accept: false,
+            gain: 0.0,
+            noise: f64::INFINITY,
+            threshold,
+            reason: "too few samples to judge".into(),
+        };
     }
     let (a, spread_a) = median_and_spread(&duel.champion_us);
     let (b, spread_b) = median_and_spread(&duel.challenger_us);
     let gain = a / b - 1.0;
     let noise = spread_a.max(spread_b);
     let (accept, reason) = if gain <= threshold {
-        (false, format!("gain {:+.1}% is not above the {:.1}% threshold", gain * 100.0, threshold * 100.0))
+        (
+            false,
+            format!(
+                "gain {:+.1}% is not above the {:.1}% threshold",
+                gain * 100.0,
+                threshold * 100.0
+            ),
+        )
     } else if gain <= noise {
-        (false, format!("gain {:+.1}% is within the noise ({:.1}% p10..p90 spread)", gain * 100.0, noise * 100.0))
+        (
+            false,
+            format!(
+                "gain {:+.1}% is within the noise ({:.1}% p10..p90 spread)",
+                gain * 100.0,
+                noise * 100.0
+            ),
+        )
     } else {
-        (true, format!("gain {:+.1}% beats the threshold ({:.1}%) and the noise ({:.1}%)", gain * 100.0, threshold * 100.0, noise * 100.0))
+        (
+            true,
+            format!(
+                "gain {:+.1}% beats the threshold ({:.1}%) and the noise ({:.1}%)",
+                gain * 100.0,
+                threshold * 100.0,
+                noise * 100.0
+            ),
+        )
     };
-    Verdict { accept, gain, noise, threshold, reason }
+    Verdict {
+        accept,
+        gain,
+        noise,
+        threshold,
+        reason,
+    }
 }
 
 #[cfg(test)]
@@ -53,12 +90,20 @@ mod tests {
 
     fn noisy(center: f64, rel_noise: f64, n: usize, seed: u64) -> Vec<f64> {
         let mut rng = SmallRng::seed_from_u64(seed);
-        (0..n).map(|_| center * (1.0 + rel_noise * (rng.random::<f64>() - 0.5))).collect()
+        (0..n)
+            .map(|_| center * (1.0 + rel_noise * (rng.random::<f64>() - 0.5)))
+            .collect()
     }
 
     #[test]
     fn a_clear_win_is_accepted() {
-        let v = judge(&Duel { champion_us: noisy(100.0, 0.02, 40, 1), challenger_us: noisy(80.0, 0.02, 40, 2) }, 0.02);
+        let v = judge(
+            &Duel {
+                champion_us: noisy(100.0, 0.02, 40, 1),
+                challenger_us: noisy(80.0, 0.02, 40, 2),
+            },
+            0.02,
+        );
         assert!(v.accept, "{v:?}");
         assert!((v.gain - 0.25).abs() < 0.02);
     }
@@ -66,22 +111,44 @@ mod tests {
     #[test]
     fn a_gain_inside_the_noise_is_rejected() {
         // 5% faster on median, but the samples spread over ±15%.
-        let spread = |center: f64| (0..41).map(|i| center - 15.0 + 0.75 * i as f64).collect::<Vec<_>>();
-        let v = judge(&Duel { champion_us: spread(100.0), challenger_us: spread(95.0) }, 0.01);
+        let spread = |center: f64| {
+            (0..41)
+                .map(|i| center - 15.0 + 0.75 * i as f64)
+                .collect::<Vec<_>>()
+        };
+        let v = judge(
+            &Duel {
+                champion_us: spread(100.0),
+                challenger_us: spread(95.0),
+            },
+            0.01,
+        );
         assert!(!v.accept, "{v:?}");
         assert!(v.reason.contains("noise"), "{}", v.reason);
     }
 
     #[test]
     fn a_gain_below_the_threshold_is_rejected() {
-        let v = judge(&Duel { champion_us: noisy(100.0, 0.001, 40, 5), challenger_us: noisy(99.0, 0.001, 40, 6) }, 0.02);
+        let v = judge(
+            &Duel {
+                champion_us: noisy(100.0, 0.001, 40, 5),
+                challenger_us: noisy(99.0, 0.001, 40, 6),
+            },
+            0.02,
+        );
         assert!(!v.accept);
         assert!(v.reason.contains("threshold"), "{}", v.reason);
     }
 
     #[test]
     fn a_slowdown_is_never_accepted() {
-        let v = judge(&Duel { champion_us: noisy(100.0, 0.01, 40, 7), challenger_us: noisy(130.0, 0.01, 40, 8) }, 0.0);
+        let v = judge(
+            &Duel {
+                champion_us: noisy(100.0, 0.01, 40, 7),
+                challenger_us: noisy(130.0, 0.01, 40, 8),
+            },
+            0.0,
+        );
         assert!(!v.accept && v.gain < 0.0);
     }
 }

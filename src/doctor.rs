@@ -35,8 +35,18 @@ impl std::fmt::Display for Check {
     }
 }
 
-fn check(name: &'static str, status: Status, detail: impl Into<String>, fix: Option<&str>) -> Check {
-    Check { name, status, detail: detail.into(), fix: fix.map(str::to_owned) }
+fn check(
+    name: &'static str,
+    status: Status,
+    detail: impl Into<String>,
+    fix: Option<&str>,
+) -> Check {
+    Check {
+        name,
+        status,
+        detail: detail.into(),
+        fix: fix.map(str::to_owned),
+    }
 }
 
 pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
@@ -69,8 +79,18 @@ pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
 
 fn nvcc() -> Check {
     match crate::build::find_nvcc() {
-        Ok(tc) => check("nvcc", Status::Pass, format!("{} ({})", tc.version, tc.nvcc.display()), None),
-        Err(e) => check("nvcc", Status::Fail, e.to_string(), Some("put nvcc on PATH or set FLASHTUNE_NVCC")),
+        Ok(tc) => check(
+            "nvcc",
+            Status::Pass,
+            format!("{} ({})", tc.version, tc.nvcc.display()),
+            None,
+        ),
+        Err(e) => check(
+            "nvcc",
+            Status::Fail,
+            e.to_string(),
+            Some("put nvcc on PATH or set FLASHTUNE_NVCC"),
+        ),
     }
 }
 
@@ -80,38 +100,77 @@ async fn gpu() -> Result<DeviceInfo, String> {
 }
 
 fn find_ncu() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
     dirs.push("/usr/local/cuda/bin".into());
-    dirs.into_iter().map(|d| d.join("ncu")).find(|p| p.is_file())
+    dirs.into_iter()
+        .map(|d| d.join("ncu"))
+        .find(|p| p.is_file())
 }
 
 async fn ncu(device: Option<&DeviceInfo>) -> Check {
     let Some(ncu) = find_ncu() else {
-        return check("ncu", Status::Fail, "Nsight Compute (ncu) not found", Some("install Nsight Compute and put ncu on PATH; profiling needs it"));
+        return check(
+            "ncu",
+            Status::Fail,
+            "Nsight Compute (ncu) not found",
+            Some("install Nsight Compute and put ncu on PATH; profiling needs it"),
+        );
     };
     let version = std::process::Command::new(&ncu)
         .arg("--version")
         .output()
         .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_owned())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        })
         .unwrap_or_default();
     if device.is_none() {
-        return check("ncu", Status::Warn, format!("{version} ({}); counters not tried: no GPU", ncu.display()), None);
+        return check(
+            "ncu",
+            Status::Warn,
+            format!("{version} ({}); counters not tried: no GPU", ncu.display()),
+            None,
+        );
     }
     // Profile the worker's health kernel: the smallest real launch we have.
     let Ok(exe) = std::env::current_exe() else {
-        return check("ncu", Status::Warn, "cannot locate the flashtune binary to profile", None);
+        return check(
+            "ncu",
+            Status::Warn,
+            "cannot locate the flashtune binary to profile",
+            None,
+        );
     };
     let mut cmd = tokio::process::Command::new(&ncu);
-    cmd.args(["--clock-control", "none", "--target-processes", "all", "--metrics", "gpu__time_duration.sum", "--csv"])
-        .arg(&exe)
-        .arg("worker")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.args([
+        "--clock-control",
+        "none",
+        "--target-processes",
+        "all",
+        "--metrics",
+        "gpu__time_duration.sum",
+        "--csv",
+    ])
+    .arg(&exe)
+    .arg("worker")
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     let Ok(mut child) = cmd.spawn() else {
-        return check("ncu", Status::Fail, format!("cannot start {}", ncu.display()), None);
+        return check(
+            "ncu",
+            Status::Fail,
+            format!("cannot start {}", ncu.display()),
+            None,
+        );
     };
     if let Some(mut stdin) = child.stdin.take() {
         use tokio::io::AsyncWriteExt;
@@ -123,29 +182,88 @@ async fn ncu(device: Option<&DeviceInfo>) -> Check {
         Ok(Err(e)) => return check("ncu", Status::Fail, format!("ncu failed: {e}"), None),
         Err(_) => return check("ncu", Status::Fail, "ncu did not finish within 120 s", None),
     };
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     if text.contains("ERR_NVGPUCTRPERM") {
-        check("ncu", Status::Fail, format!("{version}: no permission to read GPU performance counters"), Some("run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0"))
+        check(
+            "ncu",
+            Status::Fail,
+            format!("{version}: no permission to read GPU performance counters"),
+            Some("run as root or set the driver option NVreg_RestrictProfilingToAdminUsers=0"),
+        )
     } else if text.contains("No kernels were profiled") {
-        check("ncu", Status::Fail, format!("{version}: ncu saw no kernel launch"), Some("check that ncu and the driver versions match"))
+        check(
+            "ncu",
+            Status::Fail,
+            format!("{version}: ncu saw no kernel launch"),
+            Some("check that ncu and the driver versions match"),
+        )
     } else if text.contains("gpu__time_duration.sum") {
-        check("ncu", Status::Pass, format!("{version}: read counters on a tiny kernel ({})", ncu.display()), None)
+        check(
+            "ncu",
+            Status::Pass,
+            format!(
+                "{version}: read counters on a tiny kernel ({})",
+                ncu.display()
+            ),
+            None,
+        )
     } else {
-        check("ncu", Status::Fail, format!("{version}: unexpected output: {}", crate::build::log_tail(&text, 3)), None)
+        check(
+            "ncu",
+            Status::Fail,
+            format!(
+                "{version}: unexpected output: {}",
+                crate::build::log_tail(&text, 3)
+            ),
+            None,
+        )
     }
 }
 
 fn git(paths: &ProjectPaths) -> Check {
     match git2::Repository::discover(&paths.root) {
-        Err(_) => check("git", Status::Warn, format!("{} is not in a git repository", paths.root.display()), Some("`git init` so champions can be committed")),
+        Err(_) => check(
+            "git",
+            Status::Warn,
+            format!("{} is not in a git repository", paths.root.display()),
+            Some("`git init` so champions can be committed"),
+        ),
         Ok(repo) => {
-            let head = repo.head().ok().and_then(|h| h.shorthand().ok().map(str::to_owned));
-            let commit = repo.head().ok().and_then(|h| h.peel_to_commit().ok()).map(|c| c.id().to_string()[..10].to_owned());
+            let head = repo
+                .head()
+                .ok()
+                .and_then(|h| h.shorthand().ok().map(str::to_owned));
+            let commit = repo
+                .head()
+                .ok()
+                .and_then(|h| h.peel_to_commit().ok())
+                .map(|c| c.id().to_string()[..10].to_owned());
             let changed = crate::vcs::changed_files(&repo);
-            let state = if changed.is_empty() { "clean".to_owned() } else { format!("{} tracked files changed", changed.len()) };
+            let state = if changed.is_empty() {
+                "clean".to_owned()
+            } else {
+                format!("{} tracked files changed", changed.len())
+            };
             match commit {
-                Some(c) => check("git", Status::Pass, format!("on {} at {c}, {state}", head.unwrap_or_else(|| "(detached)".into())), None),
-                None => check("git", Status::Warn, "repository has no commits yet", Some("commit the project once")),
+                Some(c) => check(
+                    "git",
+                    Status::Pass,
+                    format!(
+                        "on {} at {c}, {state}",
+                        head.unwrap_or_else(|| "(detached)".into())
+                    ),
+                    None,
+                ),
+                None => check(
+                    "git",
+                    Status::Warn,
+                    "repository has no commits yet",
+                    Some("commit the project once"),
+                ),
             }
         }
     }
@@ -159,8 +277,18 @@ fn disk(paths: &ProjectPaths) -> Check {
     }
     let free_gib = st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64;
     if free_gib < 2.0 {
-        check("disk", Status::Fail, format!("{free_gib:.1} GiB free under {}", paths.root.display()), Some("free space: builds and ncu reports need a few GiB"))
+        check(
+            "disk",
+            Status::Fail,
+            format!("{free_gib:.1} GiB free under {}", paths.root.display()),
+            Some("free space: builds and ncu reports need a few GiB"),
+        )
     } else {
-        check("disk", Status::Pass, format!("{free_gib:.1} GiB free"), None)
+        check(
+            "disk",
+            Status::Pass,
+            format!("{free_gib:.1} GiB free"),
+            None,
+        )
     }
 }

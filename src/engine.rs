@@ -1,5 +1,5 @@
 //! The tuning pipeline: plan, build, check, time. Every step becomes a run-log record first, then reaches the reporters.
-use crate::build::{self, BuildFailure, BuildOutput, BuildSpec, Builder, Toolchain};
+use crate::build::{self, BuildOutput, BuildSpec, Builder, Toolchain};
 use crate::config::{Dtype, Policies, ProjectPaths, Shape, Timeouts};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
@@ -9,7 +9,6 @@ use crate::space::{DeviceLimits, PlannedPoint, Space};
 use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Something that follows the run as it happens (progress bars, summaries, event streams).
@@ -76,14 +75,30 @@ impl Project {
         let space_path = paths.resolve(space.unwrap_or(&policies.default_space));
         let space = Space::load(&space_path)?;
         let shapes = space.select_shapes(&policies.shapes)?;
-        let timeouts = space.timeouts.clone().unwrap_or_else(|| policies.timeouts.clone());
+        let timeouts = space
+            .timeouts
+            .clone()
+            .unwrap_or_else(|| policies.timeouts.clone());
         let toolchain = build::find_nvcc()?;
-        Ok(Project { paths, policies, policies_text, space, shapes, timeouts, toolchain })
+        Ok(Project {
+            paths,
+            policies,
+            policies_text,
+            space,
+            shapes,
+            timeouts,
+            toolchain,
+        })
     }
 
     /// Repository-relative path of the champion table, beside the forward kernel.
     pub fn champion_table(&self) -> String {
-        let dir = self.space.family.forward.parent().unwrap_or(Path::new("kernels"));
+        let dir = self
+            .space
+            .family
+            .forward
+            .parent()
+            .unwrap_or(Path::new("kernels"));
         dir.join("tuned.toml").to_string_lossy().into_owned()
     }
 
@@ -102,7 +117,9 @@ impl Project {
     pub fn forward_spec(&self, point: &PlannedPoint, dtype: Dtype, arch: &str) -> BuildSpec {
         BuildSpec {
             source: self.paths.resolve(&self.space.family.forward),
-            defines: self.space.forward_defines(&point.variant, dtype, point.head_dim),
+            defines: self
+                .space
+                .forward_defines(&point.variant, dtype, point.head_dim),
             arch: arch.to_owned(),
             flags: self.policies.build.nvcc_flags.clone(),
         }
@@ -117,13 +134,47 @@ impl Project {
         }
     }
 
+    /// Every build a plan needs: the reference per dtype, then each valid (variant, dtype, head dim) not in `skip`.
+    pub fn build_specs(
+        &self,
+        planned: &[PlannedPoint],
+        arch: &str,
+        skip: &BTreeSet<String>,
+    ) -> Vec<(UnitKey, BuildSpec)> {
+        let dtypes = &self.policies.dtypes;
+        let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes
+            .iter()
+            .map(|&d| ((REFERENCE.into(), d, 0), self.reference_spec(d, arch)))
+            .collect();
+        for p in planned
+            .iter()
+            .filter(|p| p.invalid.is_none() && !skip.contains(&p.variant.id))
+        {
+            for &d in dtypes {
+                specs.push((
+                    (p.variant.id.clone(), d, p.head_dim),
+                    self.forward_spec(p, d, arch),
+                ));
+            }
+        }
+        specs
+    }
+
     /// The reason a build fails the policy gates, if it does.
     pub fn gate(&self, out: &BuildOutput) -> Option<String> {
         let limit = self.policies.gates.max_spill_bytes;
         out.entries
             .iter()
             .find(|e| e.spill_bytes() > limit)
-            .map(|e| format!("gates: `{}` spills {} bytes (stores {} + loads {}), policy allows {limit}", e.name, e.spill_bytes(), e.spill_store_bytes, e.spill_load_bytes))
+            .map(|e| {
+                format!(
+                    "gates: `{}` spills {} bytes (stores {} + loads {}), policy allows {limit}",
+                    e.name,
+                    e.spill_bytes(),
+                    e.spill_store_bytes,
+                    e.spill_load_bytes
+                )
+            })
     }
 
     pub fn jobs(&self) -> usize {
@@ -134,46 +185,43 @@ impl Project {
     }
 }
 
-/// Builds everything in parallel (one nvcc per job slot); results arrive in completion order.
-pub async fn build_all(builder: Arc<Builder>, specs: Vec<(UnitKey, BuildSpec)>, jobs: usize, mut on_done: impl FnMut(UnitKey, std::result::Result<BuildOutput, BuildFailure>) -> Result<()>) -> Result<()> {
-    let slots = Arc::new(tokio::sync::Semaphore::new(jobs.max(1)));
-    let mut set = tokio::task::JoinSet::new();
-    for (key, spec) in specs {
-        let (builder, slots) = (builder.clone(), slots.clone());
-        set.spawn(async move {
-            let _slot = slots.acquire_owned().await.expect("semaphore stays open");
-            let result = builder.build(&spec).await;
-            (key, result)
-        });
-    }
-    while let Some(joined) = set.join_next().await {
-        let (key, result) = joined.context("a build task panicked")?;
-        on_done(key, result)?;
-    }
-    Ok(())
-}
-
 pub fn new_run_id() -> String {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let stamp: String = now.chars().filter(|c| c.is_ascii_digit()).collect();
-    let salt = blake3::hash(format!("{now}{}", std::process::id()).as_bytes()).to_hex()[..4].to_owned();
+    let salt =
+        blake3::hash(format!("{now}{}", std::process::id()).as_bytes()).to_hex()[..4].to_owned();
     format!("{}-{}-{salt}", &stamp[..8], &stamp[8..14])
 }
 
 /// Hash of every CUDA source a kernel build can see (not the champion table beside them).
 pub fn sources_hash(dir: &Path) -> String {
-    let mut files: Vec<PathBuf> = walk(dir).into_iter().filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("cu" | "cuh" | "h"))).collect();
+    let mut files: Vec<PathBuf> = walk(dir)
+        .into_iter()
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("cu" | "cuh" | "h")
+            )
+        })
+        .collect();
     files.sort();
     let mut h = blake3::Hasher::new();
     for f in files {
-        h.update(f.strip_prefix(dir).unwrap_or(&f).as_os_str().as_encoded_bytes());
+        h.update(
+            f.strip_prefix(dir)
+                .unwrap_or(&f)
+                .as_os_str()
+                .as_encoded_bytes(),
+        );
         h.update(&std::fs::read(&f).unwrap_or_default());
     }
     h.finalize().to_hex()[..16].to_owned()
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else { return Vec::new() };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
     rd.filter_map(|e| e.ok().map(|e| e.path()))
         .flat_map(|p| if p.is_dir() { walk(&p) } else { vec![p] })
         .collect()
@@ -198,18 +246,40 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     let opts = TuneOptions { devices, ..opts };
     let run_id = new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create {}", run_dir.display()))?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
     events.emit(Record::Header(Box::new(header(&project, &device, &run_id))))?;
-    drive(&project, &device, &opts, &mut events, &BTreeSet::new(), run_dir).await
+    drive(
+        &project,
+        &device,
+        &opts,
+        &mut events,
+        &BTreeSet::new(),
+        run_dir,
+    )
+    .await
 }
 
 /// Continue a run from its log: finished variants are skipped, builds come from the cache.
-pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
+pub async fn resume(
+    opts: TuneOptions,
+    run_dir: PathBuf,
+    force: bool,
+    reporters: Vec<Box<dyn Reporter>>,
+) -> Result<TuneOutcome> {
     let log_path = run_dir.join("log.jsonl");
     let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
-    let old = loaded.header().ok_or_else(|| Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display())))?.clone();
+    let old = loaded
+        .header()
+        .ok_or_else(|| {
+            Error::BadInput(format!(
+                "{} has no header record: not a flashtune run log",
+                log_path.display()
+            ))
+        })?
+        .clone();
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
     if opts.commit {
         refuse_dirty_table(&project)?;
@@ -237,7 +307,11 @@ pub async fn resume(opts: TuneOptions, run_dir: PathBuf, force: bool, reporters:
     let after_line = loaded.entries.last().map_or(0, |(l, _)| *l);
     let log = RunLog::reopen(&log_path, &loaded)?;
     let mut events = Events { log, reporters };
-    events.emit(Record::Resumed { after_line, finished_variants: done.len(), overridden: mismatches })?;
+    events.emit(Record::Resumed {
+        after_line,
+        finished_variants: done.len(),
+        overridden: mismatches,
+    })?;
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
 }
 
@@ -264,10 +338,18 @@ pub fn header_mismatches(old: &Header, new: &Header) -> Vec<String> {
     };
     check("GPU", &old.device.name, &new.device.name);
     check("nvcc", &old.toolchain.version, &new.toolchain.version);
-    check("kernel sources", &old.kernel_sources_hash, &new.kernel_sources_hash);
+    check(
+        "kernel sources",
+        &old.kernel_sources_hash,
+        &new.kernel_sources_hash,
+    );
     check("policies.toml", &old.policies_hash, &new.policies_hash);
     check("variant space", &old.space_hash, &new.space_hash);
-    check("schema", &old.schema_version.to_string(), &new.schema_version.to_string());
+    check(
+        "schema",
+        &old.schema_version.to_string(),
+        &new.schema_version.to_string(),
+    );
     m
 }
 
@@ -288,7 +370,10 @@ async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u
         match &first {
             None => first = Some(info),
             Some(f) if f.name != info.name => {
-                return Err(Error::BadInput(format!("GPUs {} ({}) and {d} ({}) differ; one run times one kind of GPU", f.ordinal, f.name, info.name)));
+                return Err(Error::BadInput(format!(
+                    "GPUs {} ({}) and {d} ({}) differ; one run times one kind of GPU",
+                    f.ordinal, f.name, info.name
+                )));
             }
             Some(_) => {}
         }
@@ -328,30 +413,55 @@ fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
 }
 
 /// Plan, then the pipelined scheduler, then the reference library; ends the log and writes the report.
-async fn drive(project: &Project, device: &DeviceInfo, opts: &TuneOptions, events: &mut Events, done: &BTreeSet<String>, run_dir: PathBuf) -> Result<TuneOutcome> {
+async fn drive(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+    done: &BTreeSet<String>,
+    run_dir: PathBuf,
+) -> Result<TuneOutcome> {
     let started = Instant::now();
-    let limits = DeviceLimits { max_threads_per_block: device.max_threads_per_block, max_smem_optin_bytes: device.max_smem_optin_bytes };
+    let limits = DeviceLimits {
+        max_threads_per_block: device.max_threads_per_block,
+        max_smem_optin_bytes: device.max_smem_optin_bytes,
+    };
     let planned = project.space.plan(&project.head_dims(), &limits)?;
     for p in planned.iter().filter(|p| !done.contains(&p.variant.id)) {
         events.emit(Record::Planned {
             variant: p.variant.id.clone(),
+            step: p.variant.step.clone(),
             params: p.variant.params.clone(),
             head_dim: p.head_dim,
             launch: p.launch.clone(),
             invalid: p.invalid.clone(),
         })?;
     }
-    let scheduler = Scheduler { project, executor: &opts.executor, devices: &opts.devices, arch: &device.arch, budget: &opts.budget, done };
+    let scheduler = Scheduler {
+        project,
+        executor: &opts.executor,
+        devices: &opts.devices,
+        arch: &device.arch,
+        budget: &opts.budget,
+        done,
+    };
     let ending = scheduler.run(&planned, events).await?;
     let interrupted = match ending {
         Ending::Finished(t) => {
             profile_stage(project, device, events, &run_dir).await?;
             baseline_stage(project, device, events).await?;
-            events.emit(Record::Finished { seconds: started.elapsed().as_secs_f64(), variants: t.variants, measured_cases: t.measured, failed_cases: t.failed })?;
+            events.emit(Record::Finished {
+                seconds: started.elapsed().as_secs_f64(),
+                variants: t.variants,
+                measured_cases: t.measured,
+                failed_cases: t.failed,
+            })?;
             false
         }
         Ending::Interrupted(_) => {
-            events.emit(Record::Interrupted { reason: "Ctrl-C".into() })?;
+            events.emit(Record::Interrupted {
+                reason: "Ctrl-C".into(),
+            })?;
             true
         }
     };
@@ -359,17 +469,36 @@ async fn drive(project: &Project, device: &DeviceInfo, opts: &TuneOptions, event
         let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
         let champions = crate::champions::from_log(&loaded);
         let path = project.champion_table();
-        let (branch, commit) = crate::champions::commit(&project.paths.root, &path, &loaded, &champions).map_err(|e| Error::Other(anyhow::anyhow!("cannot commit champions: {}", e.message())))?;
-        events.emit(Record::ChampionsCommitted { branch, commit, path })?;
+        let (branch, commit) =
+            crate::champions::commit(&project.paths.root, &path, &loaded, &champions).map_err(
+                |e| Error::Other(anyhow::anyhow!("cannot commit champions: {}", e.message())),
+            )?;
+        events.emit(Record::ChampionsCommitted {
+            branch,
+            commit,
+            path,
+        })?;
     }
     let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
     let report_markdown = crate::report::markdown(&loaded);
-    std::fs::write(run_dir.join("report.md"), &report_markdown).with_context(|| format!("cannot write report in {}", run_dir.display()))?;
-    Ok(TuneOutcome { run_dir, report_markdown, interrupted })
+    std::fs::write(run_dir.join("report.md"), &report_markdown)
+        .with_context(|| format!("cannot write report in {}", run_dir.display()))?;
+    Ok(TuneOutcome {
+        run_dir,
+        report_markdown,
+        interrupted,
+    })
 }
 
 fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
-    let kernel_dir = project.paths.resolve(project.space.family.forward.parent().unwrap_or(Path::new("kernels")));
+    let kernel_dir = project.paths.resolve(
+        project
+            .space
+            .family
+            .forward
+            .parent()
+            .unwrap_or(Path::new("kernels")),
+    );
     Header {
         schema_version: runlog::SCHEMA_VERSION,
         flashtune_version: env!("CARGO_PKG_VERSION").into(),
@@ -390,7 +519,12 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
 }
 
 /// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time.
-async fn profile_stage(project: &Project, device: &DeviceInfo, events: &mut Events, run_dir: &Path) -> Result<()> {
+async fn profile_stage(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    run_dir: &Path,
+) -> Result<()> {
     let policy = &project.policies.profile;
     if !policy.enabled || device.fake {
         return Ok(());
@@ -398,33 +532,74 @@ async fn profile_stage(project: &Project, device: &DeviceInfo, events: &mut Even
     let log = runlog::read(&events.log.path)?;
     let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
     let mut built: BTreeMap<(String, Dtype, u32), String> = BTreeMap::new();
-    let mut planned: BTreeMap<(String, u32), (crate::space::Params, crate::space::LaunchShape)> = BTreeMap::new();
+    let mut planned: BTreeMap<(String, u32), (crate::space::Params, crate::space::LaunchShape)> =
+        BTreeMap::new();
     for (_, e) in &log.entries {
         match &e.record {
-            Record::Timed { variant, shape, dtype, timing, .. } => timed.entry((shape.clone(), *dtype)).or_default().push((variant.clone(), timing.median_us)),
-            Record::Built { variant, dtype, head_dim, key, .. } => {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => timed
+                .entry((shape.clone(), *dtype))
+                .or_default()
+                .push((variant.clone(), timing.median_us)),
+            Record::Built {
+                variant,
+                dtype,
+                head_dim,
+                key,
+                ..
+            } => {
                 built.insert((variant.clone(), *dtype, *head_dim), key.clone());
             }
-            Record::Planned { variant, params, head_dim, launch: Some(launch), .. } => {
-                planned.insert((variant.clone(), *head_dim), (params.clone(), launch.clone()));
+            Record::Planned {
+                variant,
+                params,
+                head_dim,
+                launch: Some(launch),
+                ..
+            } => {
+                planned.insert(
+                    (variant.clone(), *head_dim),
+                    (params.clone(), launch.clone()),
+                );
             }
             _ => {}
         }
     }
     let profiles = run_dir.join("profiles");
-    std::fs::create_dir_all(&profiles).with_context(|| format!("cannot create {}", profiles.display()))?;
+    std::fs::create_dir_all(&profiles)
+        .with_context(|| format!("cannot create {}", profiles.display()))?;
     let family = &project.space.family;
     for shape in &project.shapes {
-        for &dtype in policy.dtypes.iter().filter(|d| project.policies.dtypes.contains(d)) {
-            let Some(results) = timed.get(&(shape.name.clone(), dtype)) else { continue };
+        for &dtype in policy
+            .dtypes
+            .iter()
+            .filter(|d| project.policies.dtypes.contains(d))
+        {
+            let Some(results) = timed.get(&(shape.name.clone(), dtype)) else {
+                continue;
+            };
             let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
-            for (variant, _) in results.iter().filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0)) {
-                let (Some(key), Some(ref_key), Some((params, launch))) =
-                    (built.get(&(variant.clone(), dtype, shape.d)), built.get(&(REFERENCE.to_owned(), dtype, 0)), planned.get(&(variant.clone(), shape.d)))
-                else {
+            for (variant, _) in results
+                .iter()
+                .filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0))
+            {
+                let (Some(key), Some(ref_key), Some((params, launch))) = (
+                    built.get(&(variant.clone(), dtype, shape.d)),
+                    built.get(&(REFERENCE.to_owned(), dtype, 0)),
+                    planned.get(&(variant.clone(), shape.d)),
+                ) else {
                     continue;
                 };
-                let point = crate::space::Variant { id: variant.clone(), params: params.clone() };
+                let point = crate::space::Variant {
+                    id: variant.clone(),
+                    params: params.clone(),
+                    step: None,
+                };
                 let case = CaseSpec {
                     shape: shape.clone(),
                     dtype,
@@ -438,15 +613,42 @@ async fn profile_stage(project: &Project, device: &DeviceInfo, events: &mut Even
                         launch: launch.clone(),
                         defines: project.space.forward_defines(&point, dtype, shape.d),
                     },
-                    reference: ReferenceKernel { cubin: project.paths.build_cache().join(ref_key).join("kernel.cubin"), entry: family.reference_entry.clone() },
+                    reference: ReferenceKernel {
+                        cubin: project
+                            .paths
+                            .build_cache()
+                            .join(ref_key)
+                            .join("kernel.cubin"),
+                        entry: family.reference_entry.clone(),
+                    },
                 };
-                let request = WorkerRequest::Run(RunRequest { device: device.ordinal, measure: MeasureSpec { warmup_ms: 0.0, samples: 0, min_sample_us: 0.0 }, cases: vec![case] });
+                let request = WorkerRequest::Run(RunRequest {
+                    device: device.ordinal,
+                    measure: MeasureSpec {
+                        warmup_ms: 0.0,
+                        samples: 0,
+                        min_sample_us: 0.0,
+                    },
+                    cases: vec![case],
+                });
                 let json = serde_json::to_vec(&request).expect("requests serialize");
                 // A split variant launches forward + combine; otherwise the first forward is enough.
                 let launches = if launch.kv_splits == 1 { 1 } else { 2 };
                 let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
-                let outcome = crate::profile::profile(policy, &json, &base, launches, Duration::from_secs(policy.timeout_s)).await;
-                events.emit(Record::Profiled { variant: variant.clone(), shape: shape.name.clone(), dtype, profile: outcome })?;
+                let outcome = crate::profile::profile(
+                    policy,
+                    &json,
+                    &base,
+                    launches,
+                    Duration::from_secs(policy.timeout_s),
+                )
+                .await;
+                events.emit(Record::Profiled {
+                    variant: variant.clone(),
+                    shape: shape.name.clone(),
+                    dtype,
+                    profile: outcome,
+                })?;
             }
         }
     }
@@ -455,12 +657,21 @@ async fn profile_stage(project: &Project, device: &DeviceInfo, events: &mut Even
 
 /// Time the reference library after the variants, so the two never share the GPU.
 async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
-    let unavailable = |reason: String| Record::BaselineUnavailable { backend: None, shape: None, dtype: None, reason };
+    let unavailable = |reason: String| Record::BaselineUnavailable {
+        backend: None,
+        shape: None,
+        dtype: None,
+        reason,
+    };
     if device.fake {
-        return events.emit(unavailable("fake GPU: the reference library is not run".into()));
+        return events.emit(unavailable(
+            "fake GPU: the reference library is not run".into(),
+        ));
     }
     if project.policies.baseline.command.is_empty() {
-        return events.emit(unavailable("baseline.command is empty in policies.toml".into()));
+        return events.emit(unavailable(
+            "baseline.command is empty in policies.toml".into(),
+        ));
     }
     match crate::baseline::measure(&project.paths.root, &project.policies, &project.shapes).await {
         Err(reason) => events.emit(unavailable(reason)),
@@ -468,8 +679,18 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
             for row in rows {
                 let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
                 events.emit(match row.outcome {
-                    Ok(timing) => Record::BaselineTimed { backend, shape, dtype, timing },
-                    Err(reason) => Record::BaselineUnavailable { backend: Some(backend), shape: Some(shape), dtype: Some(dtype), reason },
+                    Ok(timing) => Record::BaselineTimed {
+                        backend,
+                        shape,
+                        dtype,
+                        timing,
+                    },
+                    Err(reason) => Record::BaselineUnavailable {
+                        backend: Some(backend),
+                        shape: Some(shape),
+                        dtype: Some(dtype),
+                        reason,
+                    },
                 })?;
             }
             Ok(())
@@ -490,26 +711,35 @@ pub struct BuiltRow {
 }
 
 /// Compile and gate every valid point without a GPU, for the policy's default device.
-pub async fn build_space(project: &Project, arch: Option<&str>) -> Result<(Vec<PlannedPoint>, Vec<BuiltRow>)> {
+pub async fn build_space(
+    project: &Project,
+    arch: Option<&str>,
+) -> Result<(Vec<PlannedPoint>, Vec<BuiltRow>)> {
     let dev = &project.policies.build.default_device;
     let arch = arch.unwrap_or(&dev.arch).to_owned();
-    let limits = DeviceLimits { max_threads_per_block: dev.max_threads_per_block, max_smem_optin_bytes: dev.max_smem_optin_bytes };
+    let limits = DeviceLimits {
+        max_threads_per_block: dev.max_threads_per_block,
+        max_smem_optin_bytes: dev.max_smem_optin_bytes,
+    };
     let planned = project.space.plan(&project.head_dims(), &limits)?;
-    let mut specs: Vec<(UnitKey, BuildSpec)> = project.policies.dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, &arch))).collect();
-    for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        for &d in &project.policies.dtypes {
-            specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, &arch)));
-        }
-    }
+    let specs = project.build_specs(&planned, &arch, &BTreeSet::new());
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
     let mut done: BTreeMap<UnitKey, BuiltRow> = BTreeMap::new();
-    build_all(Arc::new(project.builder()), specs, project.jobs(), |(variant, dtype, head_dim), result| {
+    let (_tasks, mut results) = crate::scheduler::spawn_builds(project, specs);
+    while let Some(((variant, dtype, head_dim), result)) = results.recv().await {
         let gate = result.as_ref().ok().and_then(|o| project.gate(o));
         let outcome = result.map_err(|f| format!("{f}\n{}", build::log_tail(f.log(), 30)));
-        done.insert((variant.clone(), dtype, head_dim), BuiltRow { variant, dtype, head_dim, outcome, gate });
-        Ok(())
-    })
-    .await?;
+        done.insert(
+            (variant.clone(), dtype, head_dim),
+            BuiltRow {
+                variant,
+                dtype,
+                head_dim,
+                outcome,
+                gate,
+            },
+        );
+    }
     let rows = order.into_iter().filter_map(|k| done.remove(&k)).collect();
     Ok((planned, rows))
 }

@@ -12,8 +12,13 @@ pub enum WorkerEnd {
     /// The worker said it could not go on.
     Fatal(String),
     /// It died without finishing (signal, abort, non-zero exit without a message).
-    Crashed { status: String, stderr_tail: String },
-    TimedOut { seconds: u64 },
+    Crashed {
+        status: String,
+        stderr_tail: String,
+    },
+    TimedOut {
+        seconds: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -35,12 +40,20 @@ pub struct Executor {
 
 impl Executor {
     pub fn subprocess(probe_timeout: Duration) -> std::io::Result<Self> {
-        Ok(Executor { exe: std::env::current_exe()?, probe_timeout, fake: None })
+        Ok(Executor {
+            exe: std::env::current_exe()?,
+            probe_timeout,
+            fake: None,
+        })
     }
 
     /// The GPU-less double, reporting `arch` as its target.
     pub fn fake(probe_timeout: Duration, arch: &str) -> std::io::Result<Self> {
-        Ok(Executor { exe: std::env::current_exe()?, probe_timeout, fake: Some(arch.to_owned()) })
+        Ok(Executor {
+            exe: std::env::current_exe()?,
+            probe_timeout,
+            fake: Some(arch.to_owned()),
+        })
     }
 
     pub fn is_fake(&self) -> bool {
@@ -48,12 +61,22 @@ impl Executor {
     }
 
     pub async fn probe(&self, device: u32) -> Result<DeviceInfo, String> {
-        let outcome = self.exchange(&WorkerRequest::Probe { device }, self.probe_timeout).await;
+        let outcome = self
+            .exchange(&WorkerRequest::Probe { device }, self.probe_timeout)
+            .await;
         match (outcome.device, outcome.end) {
             (Some(d), WorkerEnd::Clean) => Ok(d),
             (_, WorkerEnd::Fatal(m)) => Err(m),
-            (_, WorkerEnd::Crashed { status, stderr_tail }) => Err(format!("worker crashed ({status}): {stderr_tail}")),
-            (_, WorkerEnd::TimedOut { seconds }) => Err(format!("worker did not answer within {seconds} s")),
+            (
+                _,
+                WorkerEnd::Crashed {
+                    status,
+                    stderr_tail,
+                },
+            ) => Err(format!("worker crashed ({status}): {stderr_tail}")),
+            (_, WorkerEnd::TimedOut { seconds }) => {
+                Err(format!("worker did not answer within {seconds} s"))
+            }
             (None, WorkerEnd::Clean) => Err("worker answered without describing the device".into()),
         }
     }
@@ -64,20 +87,29 @@ impl Executor {
 
     async fn exchange(&self, request: &WorkerRequest, timeout: Duration) -> WorkerOutcome {
         let exe = &self.exe;
-        let mut outcome = WorkerOutcome { device: None, cases: Vec::new(), end: WorkerEnd::Clean };
+        let mut outcome = WorkerOutcome {
+            device: None,
+            cases: Vec::new(),
+            end: WorkerEnd::Clean,
+        };
         let mut cmd = tokio::process::Command::new(exe);
         cmd.arg("worker");
         if let Some(arch) = &self.fake {
             cmd.arg("--fake").arg(arch);
         }
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         // Its own process group, so a timeout kills whatever the worker started too.
         cmd.process_group(0).kill_on_drop(true);
         crate::build::die_with_parent(&mut cmd);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
-                outcome.end = WorkerEnd::Crashed { status: "not started".into(), stderr_tail: e.to_string() };
+                outcome.end = WorkerEnd::Crashed {
+                    status: "not started".into(),
+                    stderr_tail: e.to_string(),
+                };
                 return outcome;
             }
         };
@@ -115,16 +147,25 @@ impl Executor {
         let waited = tokio::time::timeout(timeout, read_all).await;
         match waited {
             // The group guard kills the worker and anything it started.
-            Err(_) => outcome.end = WorkerEnd::TimedOut { seconds: timeout.as_secs() },
+            Err(_) => {
+                outcome.end = WorkerEnd::TimedOut {
+                    seconds: timeout.as_secs(),
+                }
+            }
             Ok(status) => {
-                let status = status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                let status = status
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string());
                 outcome.end = if let Some(m) = fatal {
                     WorkerEnd::Fatal(m)
                 } else if done {
                     WorkerEnd::Clean
                 } else {
                     let stderr_tail = stderr_task.await.unwrap_or_default();
-                    WorkerEnd::Crashed { status, stderr_tail: crate::build::log_tail(&stderr_tail, 20) }
+                    WorkerEnd::Crashed {
+                        status,
+                        stderr_tail: crate::build::log_tail(&stderr_tail, 20),
+                    }
                 };
             }
         }

@@ -22,19 +22,33 @@ pub fn device(arch: &str, ordinal: u32) -> DeviceInfo {
 
 pub fn serve(arch: &str) -> std::process::ExitCode {
     let mut input = String::new();
-    let request: WorkerRequest = match std::io::stdin().read_to_string(&mut input).ok().and_then(|_| serde_json::from_str(&input).ok()) {
+    let request: WorkerRequest = match std::io::stdin()
+        .read_to_string(&mut input)
+        .ok()
+        .and_then(|_| serde_json::from_str(&input).ok())
+    {
         Some(r) => r,
         None => {
-            crate::worker::emit(&WorkerMessage::Fatal { message: "bad request".into() });
+            crate::worker::emit(&WorkerMessage::Fatal {
+                message: "bad request".into(),
+            });
             return std::process::ExitCode::from(2);
         }
     };
     match request {
-        WorkerRequest::Probe { device: d } => crate::worker::emit(&WorkerMessage::Device(device(arch, d))),
+        WorkerRequest::Probe { device: d } => {
+            crate::worker::emit(&WorkerMessage::Device(device(arch, d)))
+        }
         WorkerRequest::Run(req) => {
             crate::worker::emit(&WorkerMessage::Device(device(arch, req.device)));
             for case in &req.cases {
-                let fault = case.forward.defines.iter().find(|(k, _)| k == "FAULT").map(|(_, v)| v.as_str()).unwrap_or("FAULT_NONE");
+                let fault = case
+                    .forward
+                    .defines
+                    .iter()
+                    .find(|(k, _)| k == "FAULT")
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or("FAULT_NONE");
                 match fault {
                     // A kernel that never returns: the supervisor's timeout must kill us.
                     "FAULT_HANG" => loop {
@@ -42,7 +56,11 @@ pub fn serve(arch: &str) -> std::process::ExitCode {
                     },
                     // A kernel that takes the process down, as an illegal address does to a context.
                     "FAULT_ILLEGAL_ADDRESS" => std::process::abort(),
-                    _ => crate::worker::emit(&WorkerMessage::Case(Box::new(fake_case(case, fault, req.measure.samples)))),
+                    _ => crate::worker::emit(&WorkerMessage::Case(Box::new(fake_case(
+                        case,
+                        fault,
+                        req.measure.samples,
+                    )))),
                 }
             }
         }
@@ -53,8 +71,12 @@ pub fn serve(arch: &str) -> std::process::ExitCode {
 
 /// Deterministic synthetic results: exact outputs unless the fault says otherwise; a time from the cubin and shape.
 fn fake_case(case: &CaseSpec, fault: &str, samples: usize) -> CaseResult {
-    let elements = case.shape.b as u64 * case.shape.h as u64 * case.shape.sq as u64 * case.shape.d as u64;
-    let mut stats = CheckStats { elements, ..Default::default() };
+    let elements =
+        case.shape.b as u64 * case.shape.h as u64 * case.shape.sq as u64 * case.shape.d as u64;
+    let mut stats = CheckStats {
+        elements,
+        ..Default::default()
+    };
     match fault {
         "FAULT_NAN" => stats.nan_count = elements,
         "FAULT_WRONG" => {
@@ -63,12 +85,18 @@ fn fake_case(case: &CaseSpec, fault: &str, samples: usize) -> CaseResult {
         }
         _ => {}
     }
-    check::judge(&mut stats, &case.tolerance, crate::worker::REFERENCE_VS_CPU_LIMIT);
+    check::judge(
+        &mut stats,
+        &case.tolerance,
+        crate::worker::REFERENCE_VS_CPU_LIMIT,
+    );
     let key = format!("{}|{:?}", case.forward.cubin.display(), case.shape);
     let jitter = 1.0 + blake3::hash(key.as_bytes()).as_bytes()[0] as f64 / 255.0;
     let base_us = 5.0 + case.shape.flops() / 50e12 * 1e6;
     let timing = stats.passed().then(|| {
-        let samples_us: Vec<f64> = (0..samples).map(|i| base_us * jitter * (1.0 + 0.001 * (i % 5) as f64)).collect();
+        let samples_us: Vec<f64> = (0..samples)
+            .map(|i| base_us * jitter * (1.0 + 0.001 * (i % 5) as f64))
+            .collect();
         check::summarize(samples_us, 1, case.shape.flops())
     });
     CaseResult {

@@ -34,34 +34,76 @@ impl KernelProfile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum ProfileOutcome {
-    Profiled { kernels: Vec<KernelProfile>, bottlenecks: Vec<String>, report: PathBuf },
-    NoPermission { detail: String },
+    Profiled {
+        kernels: Vec<KernelProfile>,
+        bottlenecks: Vec<String>,
+        report: PathBuf,
+    },
+    NoPermission {
+        detail: String,
+    },
     NoKernelsProfiled,
-    TimedOut { seconds: u64 },
+    TimedOut {
+        seconds: u64,
+    },
     NcuMissing,
-    Failed { detail: String },
+    Failed {
+        detail: String,
+    },
 }
 
 /// Parse ncu's raw page (`--csv --page raw --print-units base`): header row, units row, one row per
 /// launch. Anything before the header (program output, `==PROF==` lines) is skipped.
 pub fn parse_raw_csv(text: &str) -> Result<Vec<KernelProfile>> {
-    let start = text.lines().position(|l| l.starts_with("\"ID\",")).ok_or_else(|| anyhow!("no CSV header (\"ID\", ...) in ncu output"))?;
-    let csv: String = text.lines().skip(start).filter(|l| l.starts_with('"')).collect::<Vec<_>>().join("\n");
-    let mut reader = csv::ReaderBuilder::new().has_headers(false).flexible(true).from_reader(csv.as_bytes());
+    let start = text
+        .lines()
+        .position(|l| l.starts_with("\"ID\","))
+        .ok_or_else(|| anyhow!("no CSV header (\"ID\", ...) in ncu output"))?;
+    let csv: String = text
+        .lines()
+        .skip(start)
+        .filter(|l| l.starts_with('"'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(csv.as_bytes());
     let mut rows = reader.records();
     let header = rows.next().ok_or_else(|| anyhow!("empty CSV"))??;
     let units = rows.next().ok_or_else(|| anyhow!("no units row"))??;
-    let col = |name: &str| header.iter().position(|h| h == name).ok_or_else(|| anyhow!("no `{name}` column"));
-    let (id, kernel, block, grid) = (col("ID")?, col("Kernel Name")?, col("Block Size")?, col("Grid Size")?);
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .ok_or_else(|| anyhow!("no `{name}` column"))
+    };
+    let (id, kernel, block, grid) = (
+        col("ID")?,
+        col("Kernel Name")?,
+        col("Block Size")?,
+        col("Grid Size")?,
+    );
     // Metric columns are the ones named like `unit__counter...`; the rest describe the launch.
-    let metric_cols: Vec<usize> = header.iter().enumerate().filter(|(_, h)| h.contains("__")).map(|(i, _)| i).collect();
+    let metric_cols: Vec<usize> = header
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.contains("__"))
+        .map(|(i, _)| i)
+        .collect();
     let mut out = Vec::new();
     for row in rows {
         let row = row?;
         let mut metrics = BTreeMap::new();
         for &i in &metric_cols {
             if let Some(value) = row.get(i).and_then(parse_number) {
-                metrics.insert(header[i].to_owned(), Metric { value, unit: units.get(i).unwrap_or("").to_owned() });
+                metrics.insert(
+                    header[i].to_owned(),
+                    Metric {
+                        value,
+                        unit: units.get(i).unwrap_or("").to_owned(),
+                    },
+                );
             }
         }
         out.push(KernelProfile {
@@ -101,11 +143,23 @@ pub fn classify(kernel: &KernelProfile, rules: &[crate::config::BottleneckRule])
 }
 
 /// Profile one worker request under ncu: `ncu ... -o report flashtune worker`, then import the raw page.
-pub async fn profile(policy: &ProfilePolicy, request_json: &[u8], report_base: &Path, launches: u32, timeout: Duration) -> ProfileOutcome {
-    let Some(ncu) = find_ncu() else { return ProfileOutcome::NcuMissing };
+pub async fn profile(
+    policy: &ProfilePolicy,
+    request_json: &[u8],
+    report_base: &Path,
+    launches: u32,
+    timeout: Duration,
+) -> ProfileOutcome {
+    let Some(ncu) = find_ncu() else {
+        return ProfileOutcome::NcuMissing;
+    };
     let exe = match std::env::current_exe() {
         Ok(e) => e,
-        Err(e) => return ProfileOutcome::Failed { detail: e.to_string() },
+        Err(e) => {
+            return ProfileOutcome::Failed {
+                detail: e.to_string(),
+            }
+        }
     };
     let report = report_base.with_extension("ncu-rep");
     let mut cmd = tokio::process::Command::new(&ncu);
@@ -131,31 +185,60 @@ pub async fn profile(policy: &ProfilePolicy, request_json: &[u8], report_base: &
             stdin.write_all(request_json).await?;
         }
         let out = child.wait_with_output().await?;
-        Ok::<_, anyhow::Error>(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        Ok::<_, anyhow::Error>(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
     };
     let output = match tokio::time::timeout(timeout, run).await {
-        Err(_) => return ProfileOutcome::TimedOut { seconds: timeout.as_secs() },
-        Ok(Err(e)) => return ProfileOutcome::Failed { detail: format!("{e:#}") },
+        Err(_) => {
+            return ProfileOutcome::TimedOut {
+                seconds: timeout.as_secs(),
+            }
+        }
+        Ok(Err(e)) => {
+            return ProfileOutcome::Failed {
+                detail: format!("{e:#}"),
+            }
+        }
         Ok(Ok(o)) => o,
     };
     if output.contains("ERR_NVGPUCTRPERM") {
-        return ProfileOutcome::NoPermission { detail: crate::build::log_tail(&output, 3) };
+        return ProfileOutcome::NoPermission {
+            detail: crate::build::log_tail(&output, 3),
+        };
     }
     if no_kernels_profiled(&output) || !report.is_file() {
-        return if no_kernels_profiled(&output) { ProfileOutcome::NoKernelsProfiled } else { ProfileOutcome::Failed { detail: crate::build::log_tail(&output, 5) } };
+        return if no_kernels_profiled(&output) {
+            ProfileOutcome::NoKernelsProfiled
+        } else {
+            ProfileOutcome::Failed {
+                detail: crate::build::log_tail(&output, 5),
+            }
+        };
     }
     match import(&ncu, &report).await {
         Ok(kernels) if kernels.is_empty() => ProfileOutcome::NoKernelsProfiled,
         Ok(kernels) => {
             let mut bottlenecks: Vec<String> = Vec::new();
-            for name in kernels.iter().flat_map(|k| classify(k, &policy.bottlenecks)) {
+            for name in kernels
+                .iter()
+                .flat_map(|k| classify(k, &policy.bottlenecks))
+            {
                 if !bottlenecks.contains(&name) {
                     bottlenecks.push(name);
                 }
             }
-            ProfileOutcome::Profiled { kernels, bottlenecks, report }
+            ProfileOutcome::Profiled {
+                kernels,
+                bottlenecks,
+                report,
+            }
         }
-        Err(e) => ProfileOutcome::Failed { detail: format!("{e:#}") },
+        Err(e) => ProfileOutcome::Failed {
+            detail: format!("{e:#}"),
+        },
     }
 }
 
@@ -168,7 +251,11 @@ async fn import(ncu: &Path, report: &Path) -> Result<Vec<KernelProfile>> {
         .await
         .context("ncu -i")?;
     if !out.status.success() {
-        bail!("ncu -i {} failed: {}", report.display(), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "ncu -i {} failed: {}",
+            report.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     parse_raw_csv(&String::from_utf8_lossy(&out.stdout))
 }
@@ -177,7 +264,11 @@ pub fn find_ncu() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FLASHTUNE_NCU") {
         return Some(p.into());
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default();
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
     dirs.push("/usr/local/cuda/bin".into());
-    dirs.into_iter().map(|d| d.join("ncu")).find(|p| p.is_file())
+    dirs.into_iter()
+        .map(|d| d.join("ncu"))
+        .find(|p| p.is_file())
 }

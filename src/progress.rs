@@ -16,10 +16,25 @@ pub struct ProgressReporter {
 impl ProgressReporter {
     pub fn new() -> Self {
         let bars = MultiProgress::new();
-        let style = ProgressStyle::with_template("{prefix:>8} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {wide_msg}").expect("valid template").progress_chars("=> ");
-        let builds = bars.add(ProgressBar::new(0).with_style(style.clone()).with_prefix("build"));
+        let style = ProgressStyle::with_template(
+            "{prefix:>8} [{bar:30}] {pos}/{len} {elapsed_precise} eta {eta} {wide_msg}",
+        )
+        .expect("valid template")
+        .progress_chars("=> ");
+        let builds = bars.add(
+            ProgressBar::new(0)
+                .with_style(style.clone())
+                .with_prefix("build"),
+        );
         let cases = bars.add(ProgressBar::new(0).with_style(style).with_prefix("measure"));
-        Self { _bars: bars, builds, cases, dtypes: 0, shapes_per_head_dim: Default::default(), champions: Default::default() }
+        Self {
+            _bars: bars,
+            builds,
+            cases,
+            dtypes: 0,
+            shapes_per_head_dim: Default::default(),
+            champions: Default::default(),
+        }
     }
 }
 
@@ -41,33 +56,83 @@ impl Reporter for ProgressReporter {
                 self.builds.set_length(self.dtypes);
                 self.builds.set_message(format!("on {}", h.device.name));
             }
-            Record::Planned { invalid: None, head_dim, .. } => {
+            Record::Planned {
+                invalid: None,
+                head_dim,
+                ..
+            } => {
                 self.builds.inc_length(self.dtypes);
-                self.cases.inc_length(self.dtypes * self.shapes_per_head_dim.get(head_dim).copied().unwrap_or(0));
+                self.cases.inc_length(
+                    self.dtypes * self.shapes_per_head_dim.get(head_dim).copied().unwrap_or(0),
+                );
             }
-            Record::Built { variant, dtype, head_dim, cached, .. } => {
+            Record::Built {
+                variant,
+                dtype,
+                head_dim,
+                cached,
+                ..
+            } => {
                 self.builds.inc(1);
-                self.builds.set_message(format!("{variant} {dtype} d{head_dim}{}", if *cached { " (cached)" } else { "" }));
+                self.builds.set_message(format!(
+                    "{variant} {dtype} d{head_dim}{}",
+                    if *cached { " (cached)" } else { "" }
+                ));
             }
-            Record::BuildFailed { variant, reason, .. } => {
+            Record::BuildFailed {
+                variant, reason, ..
+            } => {
                 self.builds.inc(1);
-                self.builds.println(format!("build failed: {variant}: {reason}"));
+                self.builds
+                    .println(format!("build failed: {variant}: {reason}"));
             }
-            Record::Timed { variant, shape, dtype, timing, .. } => {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => {
                 self.cases.inc(1);
-                self.cases.set_message(format!("{variant} {shape} {dtype}: {:.1} µs", timing.median_us));
+                self.cases.set_message(format!(
+                    "{variant} {shape} {dtype}: {:.1} µs",
+                    timing.median_us
+                ));
                 let key = (shape.clone(), *dtype);
-                if self.champions.get(&key).is_none_or(|(_, best)| timing.median_us < *best) {
-                    self.champions.insert(key, (variant.clone(), timing.median_us));
-                    self.cases.println(format!("champion {shape}/{dtype}: {variant} {:.1} µs", timing.median_us));
+                if self
+                    .champions
+                    .get(&key)
+                    .is_none_or(|(_, best)| timing.median_us < *best)
+                {
+                    self.champions
+                        .insert(key, (variant.clone(), timing.median_us));
+                    self.cases.println(format!(
+                        "champion {shape}/{dtype}: {variant} {:.1} µs",
+                        timing.median_us
+                    ));
                 }
             }
-            Record::CheckFailed { variant, shape, dtype, reason, .. } => {
+            Record::CheckFailed {
+                variant,
+                shape,
+                dtype,
+                reason,
+                ..
+            } => {
                 self.cases.inc(1);
-                self.cases.println(format!("wrong: {variant} {shape} {dtype}: {reason}"));
+                self.cases
+                    .println(format!("wrong: {variant} {shape} {dtype}: {reason}"));
             }
-            Record::WorkerCrashed { variant, detail, .. } => self.cases.println(format!("worker crashed on {variant}: {detail}")),
-            Record::TimedOut { variant, seconds, .. } => self.cases.println(format!("worker timed out on {variant} after {seconds} s")),
+            Record::WorkerCrashed {
+                variant, detail, ..
+            } => self
+                .cases
+                .println(format!("worker crashed on {variant}: {detail}")),
+            Record::TimedOut {
+                variant, seconds, ..
+            } => self
+                .cases
+                .println(format!("worker timed out on {variant} after {seconds} s")),
             Record::Finished { .. } => {
                 self.builds.finish();
                 self.cases.finish();

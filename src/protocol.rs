@@ -62,7 +62,9 @@ pub enum WorkerMessage {
     Device(DeviceInfo),
     Case(Box<CaseResult>),
     /// The worker cannot go on (no GPU, a sticky CUDA error); remaining cases were not run.
-    Fatal { message: String },
+    Fatal {
+        message: String,
+    },
     Done,
 }
 

@@ -32,11 +32,17 @@ pub fn parse(report: &str) -> Vec<EntryResources> {
     let mut current: Option<usize> = None;
     for raw in report.lines() {
         let line = raw.trim();
-        let info = line.strip_prefix("ptxas info").map(|rest| rest.trim_start().trim_start_matches(':').trim());
+        let info = line
+            .strip_prefix("ptxas info")
+            .map(|rest| rest.trim_start().trim_start_matches(':').trim());
         if let Some(info) = info {
             if let Some(rest) = info.strip_prefix("Compiling entry function ") {
                 let name = quoted(rest).unwrap_or_default();
-                let arch = rest.split(" for ").nth(1).and_then(quoted).unwrap_or_default();
+                let arch = rest
+                    .split(" for ")
+                    .nth(1)
+                    .and_then(quoted)
+                    .unwrap_or_default();
                 current = Some(index_of(&mut entries, &name));
                 entries[current.unwrap()].arch = arch;
             } else if let Some(rest) = info.strip_prefix("Function properties for ") {
@@ -49,7 +55,10 @@ pub fn parse(report: &str) -> Vec<EntryResources> {
                 }
             } else if let Some(rest) = info.strip_prefix("Overriding maximum register limit ") {
                 // "256 for 'name' with  32 of maxrregcount option"
-                if let (Some(name), Some(limit)) = (quoted(rest), rest.split(" with ").nth(1).and_then(first_number)) {
+                if let (Some(name), Some(limit)) = (
+                    quoted(rest),
+                    rest.split(" with ").nth(1).and_then(first_number),
+                ) {
                     overrides.push((name, limit));
                 }
             }
@@ -71,7 +80,10 @@ fn index_of(entries: &mut Vec<EntryResources>, name: &str) -> usize {
     if let Some(i) = entries.iter().position(|e| e.name == name) {
         return i;
     }
-    entries.push(EntryResources { name: name.to_owned(), ..Default::default() });
+    entries.push(EntryResources {
+        name: name.to_owned(),
+        ..Default::default()
+    });
     entries.len() - 1
 }
 
@@ -112,7 +124,10 @@ fn quoted(s: &str) -> Option<String> {
 }
 
 fn first_number(s: &str) -> Option<u32> {
-    s.split(|c: char| !c.is_ascii_digit()).find(|t| !t.is_empty())?.parse().ok()
+    s.split(|c: char| !c.is_ascii_digit())
+        .find(|t| !t.is_empty())?
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -128,6 +143,14 @@ mod tests {
              ptxas info    : Used 200 registers, used 1 barriers, 8192 bytes smem, 400 bytes cmem[0]\n",
         );
         assert_eq!(r.len(), 1);
-        assert_eq!((r[0].registers, r[0].spill_bytes(), r[0].static_smem_bytes, r[0].stack_frame_bytes), (200, 16, 8192, 8));
+        assert_eq!(
+            (
+                r[0].registers,
+                r[0].spill_bytes(),
+                r[0].static_smem_bytes,
+                r[0].stack_frame_bytes
+            ),
+            (200, 16, 8192, 8)
+        );
     }
 }

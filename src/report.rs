@@ -56,28 +56,52 @@ pub fn markdown(log: &LoadedLog) -> String {
     let mut torch_missing: Option<String> = None;
     let mut finished = None;
     let mut interrupted = None;
-    let mut row = |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
-        let key = (v.to_owned(), dt);
-        if !rows.contains_key(&key) {
-            order.push(key.clone());
-            rows.insert(key.clone(), Row::default());
-        }
-        key
-    };
+    let mut row =
+        |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
+            let key = (v.to_owned(), dt);
+            if !rows.contains_key(&key) {
+                order.push(key.clone());
+                rows.insert(key.clone(), Row::default());
+            }
+            key
+        };
     let mut params_of: BTreeMap<String, String> = BTreeMap::new();
     for (line, entry) in &log.entries {
         match &entry.record {
-            Record::Planned { variant, params, head_dim, invalid: why, .. } => {
-                params_of.insert(variant.clone(), params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
+            Record::Planned {
+                variant,
+                step,
+                params,
+                head_dim,
+                invalid: why,
+                ..
+            } => {
+                let described = params
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let described = match step {
+                    Some(step) => format!("**{step}**: {described}"),
+                    None => described,
+                };
+                params_of.insert(variant.clone(), described);
                 if let Some(why) = why {
                     let entry = invalid.entry(why.clone()).or_default();
                     entry.0 += 1;
                     if entry.1.len() < 3 {
-                        entry.1.push(format!("`{variant}` d={head_dim} (log line {line})"));
+                        entry
+                            .1
+                            .push(format!("`{variant}` d={head_dim} (log line {line})"));
                     }
                 }
             }
-            Record::Built { variant, dtype, entries, .. } if variant != REFERENCE => {
+            Record::Built {
+                variant,
+                dtype,
+                entries,
+                ..
+            } if variant != REFERENCE => {
                 let k = row(&mut rows, variant, *dtype);
                 let r = rows.get_mut(&k).expect("row exists");
                 for e in entries {
@@ -85,58 +109,138 @@ pub fn markdown(log: &LoadedLog) -> String {
                     r.spills = r.spills.max(e.spill_bytes());
                 }
             }
-            Record::BuildFailed { variant, dtype, head_dim, reason, .. } | Record::Rejected { variant, dtype, head_dim, reason } => {
+            Record::BuildFailed {
+                variant,
+                dtype,
+                head_dim,
+                reason,
+                ..
+            }
+            | Record::Rejected {
+                variant,
+                dtype,
+                head_dim,
+                reason,
+            } => {
                 if variant == REFERENCE {
-                    worker_problems.push(format!("reference kernel ({dtype}): {reason} (log line {line})"));
+                    worker_problems.push(format!(
+                        "reference kernel ({dtype}): {reason} (log line {line})"
+                    ));
                     continue;
                 }
                 let k = row(&mut rows, variant, *dtype);
                 let r = rows.get_mut(&k).expect("row exists");
-                r.problems.push(format!("d={head_dim}: {reason} (log line {line})"));
+                r.problems
+                    .push(format!("d={head_dim}: {reason} (log line {line})"));
                 for s in header.shapes.iter().filter(|s| s.d == *head_dim) {
                     r.cells.insert(s.name.clone(), Cell::Failed("build".into()));
                 }
             }
-            Record::Checked { variant, dtype, check, .. } => {
+            Record::Checked {
+                variant,
+                dtype,
+                check,
+                ..
+            } => {
                 let k = row(&mut rows, variant, *dtype);
                 let r = rows.get_mut(&k).expect("row exists");
                 r.max_abs = r.max_abs.max(check.max_abs);
                 r.max_rel_l2 = r.max_rel_l2.max(check.rel_l2);
             }
-            Record::CheckFailed { variant, shape, dtype, reason, .. } => {
+            Record::CheckFailed {
+                variant,
+                shape,
+                dtype,
+                reason,
+                ..
+            } => {
                 let k = row(&mut rows, variant, *dtype);
                 let r = rows.get_mut(&k).expect("row exists");
                 r.cells.insert(shape.clone(), Cell::Failed("wrong".into()));
-                r.problems.push(format!("{shape}: {reason} (log line {line})"));
+                r.problems
+                    .push(format!("{shape}: {reason} (log line {line})"));
             }
-            Record::Timed { variant, shape, dtype, timing, .. } => {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => {
                 let k = row(&mut rows, variant, *dtype);
-                rows.get_mut(&k).expect("row exists").cells.insert(shape.clone(), Cell::Timed { median_us: timing.median_us, tflops: timing.tflops });
+                rows.get_mut(&k).expect("row exists").cells.insert(
+                    shape.clone(),
+                    Cell::Timed {
+                        median_us: timing.median_us,
+                        tflops: timing.tflops,
+                    },
+                );
             }
-            Record::WorkerCrashed { variant, detail, cases_not_run } => {
-                worker_problems.push(format!("`{variant}`: worker crashed: {detail}; not run: {} (log line {line})", cases_not_run.join(", ")));
+            Record::WorkerCrashed {
+                variant,
+                detail,
+                cases_not_run,
+            } => {
+                worker_problems.push(format!(
+                    "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
+                    cases_not_run.join(", ")
+                ));
             }
-            Record::TimedOut { variant, stage, seconds, cases_not_run } => {
+            Record::TimedOut {
+                variant,
+                stage,
+                seconds,
+                cases_not_run,
+            } => {
                 worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
             }
-            Record::Profiled { variant, shape, dtype, profile } => {
-                profiles.insert((variant.clone(), shape.clone(), *dtype), profile_summary(profile, *line));
+            Record::Profiled {
+                variant,
+                shape,
+                dtype,
+                profile,
+            } => {
+                profiles.insert(
+                    (variant.clone(), shape.clone(), *dtype),
+                    profile_summary(profile, *line),
+                );
             }
-            Record::BaselineTimed { backend, shape, dtype, timing } => {
+            Record::BaselineTimed {
+                backend,
+                shape,
+                dtype,
+                timing,
+            } => {
                 if !torch_backends.contains(backend) {
                     torch_backends.push(backend.clone());
                 }
-                torch.insert((shape.clone(), *dtype, backend.clone()), Ok(timing.median_us));
+                torch.insert(
+                    (shape.clone(), *dtype, backend.clone()),
+                    Ok(timing.median_us),
+                );
             }
-            Record::BaselineUnavailable { backend: Some(backend), shape: Some(shape), dtype: Some(dtype), reason } => {
+            Record::BaselineUnavailable {
+                backend: Some(backend),
+                shape: Some(shape),
+                dtype: Some(dtype),
+                reason,
+            } => {
                 if !torch_backends.contains(backend) {
                     torch_backends.push(backend.clone());
                 }
-                torch.insert((shape.clone(), *dtype, backend.clone()), Err(reason.clone()));
+                torch.insert(
+                    (shape.clone(), *dtype, backend.clone()),
+                    Err(reason.clone()),
+                );
             }
             Record::BaselineUnavailable { reason, .. } => torch_missing = Some(reason.clone()),
             Record::Interrupted { reason } => interrupted = Some(reason.clone()),
-            Record::Finished { seconds, variants, measured_cases, failed_cases } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
+            Record::Finished {
+                seconds,
+                variants,
+                measured_cases,
+                failed_cases,
+            } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
             _ => {}
         }
     }
@@ -154,8 +258,15 @@ pub fn markdown(log: &LoadedLog) -> String {
         .collect();
     order.sort_by_key(|(v, d)| {
         (
-            planned_order.iter().position(|p| p == v).unwrap_or(usize::MAX),
-            header.dtypes.iter().position(|x| x == d).unwrap_or(usize::MAX),
+            planned_order
+                .iter()
+                .position(|p| p == v)
+                .unwrap_or(usize::MAX),
+            header
+                .dtypes
+                .iter()
+                .position(|x| x == d)
+                .unwrap_or(usize::MAX),
         )
     });
 
@@ -163,7 +274,10 @@ pub fn markdown(log: &LoadedLog) -> String {
     for s in &header.shapes {
         let _ = write!(md, " {} µs (TF/s) |", s.label());
     }
-    let _ = writeln!(md, " speedup vs baseline | max abs err | max rel L2 | regs | spill B |");
+    let _ = writeln!(
+        md,
+        " speedup vs baseline | max abs err | max rel L2 | regs | spill B |"
+    );
     let _ = write!(md, "|---|---|---|");
     for _ in &header.shapes {
         md.push_str("---:|");
@@ -175,18 +289,32 @@ pub fn markdown(log: &LoadedLog) -> String {
         let _ = write!(md, "| `{}` | {} | {} |", key.0, r.params, key.1);
         for s in &header.shapes {
             let text = match r.cells.get(&s.name) {
-                Some(Cell::Timed { median_us, tflops }) => format!("{median_us:.1} ({})", three_digits(*tflops)),
+                Some(Cell::Timed { median_us, tflops }) => {
+                    format!("{median_us:.1} ({})", three_digits(*tflops))
+                }
                 Some(Cell::Failed(what)) => format!("**{what}**"),
                 None => "—".into(),
             };
             let _ = write!(md, " {text} |");
         }
-        let speedup = baseline.and_then(|b| geomean_speedup(b, r, header.shapes.iter().map(|s| s.name.as_str())));
+        let speedup = baseline
+            .and_then(|b| geomean_speedup(b, r, header.shapes.iter().map(|s| s.name.as_str())));
         let speedup = speedup.map_or("—".into(), |x| format!("{x:.2}×"));
-        let _ = writeln!(md, " {speedup} | {:.2e} | {:.2e} | {} | {} |", r.max_abs, r.max_rel_l2, r.registers, r.spills);
+        let _ = writeln!(
+            md,
+            " {speedup} | {:.2e} | {:.2e} | {} | {} |",
+            r.max_abs, r.max_rel_l2, r.registers, r.spills
+        );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
-    md.push_str(&best_per_shape(header, &order, &rows, &torch, &torch_backends, torch_missing.as_deref()));
+    md.push_str(&best_per_shape(
+        header,
+        &order,
+        &rows,
+        &torch,
+        &torch_backends,
+        torch_missing.as_deref(),
+    ));
     if !profiles.is_empty() {
         md.push_str("\n## Profiles (Nsight Compute)\n\n| variant | shape | dtype | what limits it |\n|---|---|---|---|\n");
         for ((v, shape, dtype), summary) in &profiles {
@@ -195,7 +323,12 @@ pub fn markdown(log: &LoadedLog) -> String {
     }
     let problems: Vec<String> = order
         .iter()
-        .flat_map(|k| rows[k].problems.iter().map(move |p| format!("- `{}` {}: {p}", k.0, k.1)))
+        .flat_map(|k| {
+            rows[k]
+                .problems
+                .iter()
+                .map(move |p| format!("- `{}` {}: {p}", k.0, k.1))
+        })
         .chain(worker_problems.iter().map(|p| format!("- {p}")))
         .collect();
     if !problems.is_empty() {
@@ -205,7 +338,10 @@ pub fn markdown(log: &LoadedLog) -> String {
     }
     if !invalid.is_empty() {
         let total: usize = invalid.values().map(|v| v.0).sum();
-        let _ = writeln!(md, "\n## Not built ({total} points ruled out before compiling)\n");
+        let _ = writeln!(
+            md,
+            "\n## Not built ({total} points ruled out before compiling)\n"
+        );
         for (why, (count, examples)) in &invalid {
             let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
         }
@@ -219,7 +355,9 @@ pub fn markdown(log: &LoadedLog) -> String {
         Some((seconds, variants, measured, failed)) => {
             let _ = writeln!(md, "Finished in {seconds:.1} s: {variants} variants, {measured} cases measured, {failed} failed.");
         }
-        None => md.push_str("The run has no `finished` record: it was interrupted or is still going.\n"),
+        None => {
+            md.push_str("The run has no `finished` record: it was interrupted or is still going.\n")
+        }
     }
     if log.torn_tail {
         md.push_str("The log's last line was cut short (a crash while writing) and was ignored.\n");
@@ -227,14 +365,21 @@ pub fn markdown(log: &LoadedLog) -> String {
     md
 }
 
-fn geomean_speedup<'a>(baseline: &Row, row: &Row, shapes: impl Iterator<Item = &'a str>) -> Option<f64> {
+fn geomean_speedup<'a>(
+    baseline: &Row,
+    row: &Row,
+    shapes: impl Iterator<Item = &'a str>,
+) -> Option<f64> {
     let ratios: Vec<f64> = shapes
         .filter_map(|s| match (baseline.cells.get(s), row.cells.get(s)) {
-            (Some(Cell::Timed { median_us: b, .. }), Some(Cell::Timed { median_us: r, .. })) => Some(b / r),
+            (Some(Cell::Timed { median_us: b, .. }), Some(Cell::Timed { median_us: r, .. })) => {
+                Some(b / r)
+            }
             _ => None,
         })
         .collect();
-    (!ratios.is_empty()).then(|| (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp())
+    (!ratios.is_empty())
+        .then(|| (ratios.iter().map(|x| x.ln()).sum::<f64>() / ratios.len() as f64).exp())
 }
 
 /// Three significant digits at most, so tiny decode figures do not print as 0.0.
@@ -294,7 +439,9 @@ fn best_per_shape(
                         fastest = Some(fastest.map_or(*t, |f: f64| f.min(*t)));
                         format!("{t:.1}")
                     }
-                    Some(Err(e)) => format!("unsupported ({})", e.chars().take(60).collect::<String>()),
+                    Some(Err(e)) => {
+                        format!("unsupported ({})", e.chars().take(60).collect::<String>())
+                    }
                     None => "not measured".into(),
                 };
                 let _ = write!(md, " {cell} |");
@@ -317,14 +464,18 @@ fn best_per_shape(
 
 /// Where the wall time went: builds, GPU workers, and the gaps between workers (flashtune's own overhead).
 fn run_statistics(log: &LoadedLog) -> String {
-    let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) = (0usize, 0usize, 0.0f64, 0.0f64);
+    let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) =
+        (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     let mut wall = 0.0f64;
     let mut replay_seconds = 0.0f64;
     for (_, e) in &log.entries {
         wall = wall.max(e.t);
         match &e.record {
-            Record::Timed { timing, .. } => replay_seconds += timing.samples_us.iter().sum::<f64>() * timing.launches_per_sample as f64 / 1e6,
+            Record::Timed { timing, .. } => {
+                replay_seconds +=
+                    timing.samples_us.iter().sum::<f64>() * timing.launches_per_sample as f64 / 1e6
+            }
             Record::Built { cached: true, .. } => cached += 1,
             Record::Built { seconds, .. } => {
                 compiled += 1;
@@ -332,7 +483,15 @@ fn run_statistics(log: &LoadedLog) -> String {
                 last_build_t = last_build_t.max(e.t);
             }
             Record::BuildFailed { .. } => last_build_t = last_build_t.max(e.t),
-            Record::WorkerRan { device, started_t, seconds, .. } => workers.entry(*device).or_default().push((*started_t, *seconds)),
+            Record::WorkerRan {
+                device,
+                started_t,
+                seconds,
+                ..
+            } => workers
+                .entry(*device)
+                .or_default()
+                .push((*started_t, *seconds)),
             _ => {}
         }
     }
@@ -346,9 +505,16 @@ fn run_statistics(log: &LoadedLog) -> String {
         let busy: f64 = runs.iter().map(|r| r.1).sum();
         let first = runs[0].0;
         let end = runs.iter().map(|r| r.0 + r.1).fold(0.0, f64::max);
-        let mut gaps: Vec<f64> = runs.windows(2).map(|w| (w[1].0 - (w[0].0 + w[0].1)).max(0.0)).collect();
+        let mut gaps: Vec<f64> = runs
+            .windows(2)
+            .map(|w| (w[1].0 - (w[0].0 + w[0].1)).max(0.0))
+            .collect();
         gaps.sort_by(f64::total_cmp);
-        let median_gap = if gaps.is_empty() { 0.0 } else { gaps[gaps.len() / 2] };
+        let median_gap = if gaps.is_empty() {
+            0.0
+        } else {
+            gaps[gaps.len() / 2]
+        };
         let _ = writeln!(
             md,
             "- GPU {device}: {} worker runs held it {busy:.1} s, {:.0}% of the time from the first worker on; median gap between workers {:.0} ms",
@@ -367,7 +533,11 @@ fn run_statistics(log: &LoadedLog) -> String {
 fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> String {
     use crate::profile::ProfileOutcome as P;
     match p {
-        P::Profiled { kernels, bottlenecks, .. } => {
+        P::Profiled {
+            kernels,
+            bottlenecks,
+            ..
+        } => {
             let figures: Vec<String> = kernels
                 .iter()
                 .map(|k| {
@@ -384,13 +554,26 @@ fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> String {
                     )
                 })
                 .collect();
-            let named = if bottlenecks.is_empty() { "no rule matched".to_owned() } else { bottlenecks.join(", ") };
+            let named = if bottlenecks.is_empty() {
+                "no rule matched".to_owned()
+            } else {
+                bottlenecks.join(", ")
+            };
             format!("**{named}** — {} (log line {line})", figures.join("; "))
         }
-        P::NoPermission { .. } => format!("not profiled: no permission for GPU counters (log line {line})"),
-        P::NoKernelsProfiled => format!("not profiled: ncu saw no matching kernel (log line {line})"),
-        P::TimedOut { seconds } => format!("not profiled: ncu timed out after {seconds} s (log line {line})"),
+        P::NoPermission { .. } => {
+            format!("not profiled: no permission for GPU counters (log line {line})")
+        }
+        P::NoKernelsProfiled => {
+            format!("not profiled: ncu saw no matching kernel (log line {line})")
+        }
+        P::TimedOut { seconds } => {
+            format!("not profiled: ncu timed out after {seconds} s (log line {line})")
+        }
         P::NcuMissing => "not profiled: ncu not found".into(),
-        P::Failed { detail } => format!("not profiled: {} (log line {line})", detail.lines().next().unwrap_or("")),
+        P::Failed { detail } => format!(
+            "not profiled: {} (log line {line})",
+            detail.lines().next().unwrap_or("")
+        ),
     }
 }

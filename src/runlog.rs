@@ -46,6 +46,9 @@ pub enum Record {
     /// A (variant, head dim) judged before compiling; `invalid` holds the reason it will not run.
     Planned {
         variant: String,
+        /// The step's name when the space is a named chain (an ablation).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<String>,
         params: Params,
         head_dim: u32,
         launch: Option<LaunchShape>,
@@ -190,23 +193,42 @@ pub struct RunLog {
 
 impl RunLog {
     pub fn create(path: &Path) -> Result<Self> {
-        let file = OpenOptions::new().create_new(true).append(true).open(path).with_context(|| format!("cannot create run log {}", path.display()))?;
-        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now(), offset: 0.0 })
+        let file = OpenOptions::new()
+            .create_new(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot create run log {}", path.display()))?;
+        Ok(RunLog {
+            file,
+            path: path.to_path_buf(),
+            started: std::time::Instant::now(),
+            offset: 0.0,
+        })
     }
 
     /// Continue an existing log: a torn last line is cut off first, so every line stays whole.
     pub fn reopen(path: &Path, loaded: &LoadedLog) -> Result<Self> {
-        let mut bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         if loaded.torn_tail {
             let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             bytes.truncate(keep);
         } else if !bytes.is_empty() && !bytes.ends_with(b"\n") {
             bytes.push(b'\n');
         }
-        std::fs::write(path, &bytes).with_context(|| format!("cannot repair {}", path.display()))?;
-        let file = OpenOptions::new().append(true).open(path).with_context(|| format!("cannot append to {}", path.display()))?;
+        std::fs::write(path, &bytes)
+            .with_context(|| format!("cannot repair {}", path.display()))?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot append to {}", path.display()))?;
         let offset = loaded.entries.last().map_or(0.0, |(_, e)| e.t);
-        Ok(RunLog { file, path: path.to_path_buf(), started: std::time::Instant::now(), offset })
+        Ok(RunLog {
+            file,
+            path: path.to_path_buf(),
+            started: std::time::Instant::now(),
+            offset,
+        })
     }
 
     /// Seconds on the run clock now.
@@ -216,11 +238,18 @@ impl RunLog {
 
     /// Append one record and push it to the disk before returning.
     pub fn append(&mut self, record: Record) -> Result<Entry> {
-        let entry = Entry { t: self.offset + self.started.elapsed().as_secs_f64(), record };
+        let entry = Entry {
+            t: self.offset + self.started.elapsed().as_secs_f64(),
+            record,
+        };
         let mut line = serde_json::to_vec(&entry)?;
         line.push(b'\n');
-        self.file.write_all(&line).with_context(|| format!("cannot append to {}", self.path.display()))?;
-        self.file.sync_data().with_context(|| format!("cannot flush {}", self.path.display()))?;
+        self.file
+            .write_all(&line)
+            .with_context(|| format!("cannot append to {}", self.path.display()))?;
+        self.file
+            .sync_data()
+            .with_context(|| format!("cannot flush {}", self.path.display()))?;
         Ok(entry)
     }
 }
@@ -244,8 +273,11 @@ impl LoadedLog {
 
 /// Read a log, tolerating a torn last line; a bad line elsewhere is corruption and an error.
 pub fn read(path: &Path) -> Result<LoadedLog> {
-    let file = File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
-    let lines: Vec<String> = BufReader::new(file).lines().collect::<std::io::Result<_>>()?;
+    let file =
+        File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
+    let lines: Vec<String> = BufReader::new(file)
+        .lines()
+        .collect::<std::io::Result<_>>()?;
     let mut entries = Vec::new();
     let mut torn_tail = false;
     let last_nonempty = lines.iter().rposition(|l| !l.trim().is_empty());

@@ -16,6 +16,9 @@ use tokio::sync::{mpsc, Mutex};
 /// Which build serves a (variant, dtype, head dim); the reference uses head dim 0.
 pub type UnitKey = (String, Dtype, u32);
 
+/// A finished build, as the build tasks report it.
+pub type BuildResult = (UnitKey, std::result::Result<BuildOutput, BuildFailure>);
+
 /// Limits on one run, from the command line.
 #[derive(Debug, Clone, Default)]
 pub struct Budget {
@@ -77,37 +80,22 @@ impl Scheduler<'_> {
         let started = Instant::now();
         let project = self.project;
         let dtypes = project.policies.dtypes.clone();
-        let todo: Vec<&PlannedPoint> = planned.iter().filter(|p| p.invalid.is_none() && !self.done.contains(&p.variant.id)).collect();
 
-        let mut specs: Vec<(UnitKey, BuildSpec)> = dtypes.iter().map(|&d| ((REFERENCE.into(), d, 0), project.reference_spec(d, self.arch))).collect();
+        let specs = project.build_specs(planned, self.arch, self.done);
         let mut units_left: BTreeMap<String, usize> = BTreeMap::new();
         let mut variant_order: Vec<String> = Vec::new();
-        for p in &todo {
-            for &d in &dtypes {
-                specs.push(((p.variant.id.clone(), d, p.head_dim), project.forward_spec(p, d, self.arch)));
-            }
-            *units_left.entry(p.variant.id.clone()).or_default() += dtypes.len();
-            if !variant_order.contains(&p.variant.id) {
-                variant_order.push(p.variant.id.clone());
+        for ((variant, _, _), _) in specs.iter().filter(|((v, _, _), _)| v != REFERENCE) {
+            *units_left.entry(variant.clone()).or_default() += 1;
+            if !variant_order.contains(variant) {
+                variant_order.push(variant.clone());
             }
         }
-        let mut totals = Totals { variants: variant_order.len(), ..Default::default() };
-
-        // Builds: one task each, at most `jobs` nvcc at a time, results in completion order.
-        let (build_tx, mut build_rx) = mpsc::unbounded_channel::<(UnitKey, std::result::Result<BuildOutput, BuildFailure>)>();
-        let slots = Arc::new(tokio::sync::Semaphore::new(project.jobs().max(1)));
-        let builder = Arc::new(project.builder());
-        let mut build_tasks = tokio::task::JoinSet::new();
+        let mut totals = Totals {
+            variants: variant_order.len(),
+            ..Default::default()
+        };
         let mut builds_left = specs.len();
-        for (key, spec) in specs {
-            let (builder, slots, tx) = (builder.clone(), slots.clone(), build_tx.clone());
-            build_tasks.spawn(async move {
-                let Ok(_slot) = slots.acquire_owned().await else { return };
-                let result = builder.build(&spec).await;
-                let _ = tx.send((key, result));
-            });
-        }
-        drop(build_tx);
+        let (mut build_tasks, mut build_rx) = spawn_builds(project, specs);
 
         // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
         let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
@@ -115,11 +103,22 @@ impl Scheduler<'_> {
         let (result_tx, mut result_rx) = mpsc::unbounded_channel::<JobResult>();
         let mut gpu_tasks = Vec::new();
         let policy = &project.policies.measure;
-        let measure = MeasureSpec { warmup_ms: policy.warmup_ms, samples: policy.samples, min_sample_us: policy.min_sample_us };
+        let measure = MeasureSpec {
+            warmup_ms: policy.warmup_ms,
+            samples: policy.samples,
+            min_sample_us: policy.min_sample_us,
+        };
         for &device in self.devices {
             let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
             let timeout = Duration::from_secs(project.timeouts.worker_s);
-            gpu_tasks.push(tokio::spawn(gpu_loop(executor, device, measure.clone(), timeout, rx, tx)));
+            gpu_tasks.push(tokio::spawn(gpu_loop(
+                executor,
+                device,
+                measure.clone(),
+                timeout,
+                rx,
+                tx,
+            )));
         }
         drop(result_tx);
         let mut live_gpus = self.devices.len();
@@ -139,8 +138,15 @@ impl Scheduler<'_> {
                 ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
                 while in_flight < live_gpus && !ready.is_empty() {
                     if let Some(reason) = self.budget_reached(dispatched, started) {
-                        let not_measured: Vec<String> = variant_order.iter().filter(|v| !finished.contains(*v) && !running.contains(*v)).cloned().collect();
-                        events.emit(Record::BudgetReached { reason: reason.clone(), variants_not_measured: not_measured })?;
+                        let not_measured: Vec<String> = variant_order
+                            .iter()
+                            .filter(|v| !finished.contains(*v) && !running.contains(*v))
+                            .cloned()
+                            .collect();
+                        events.emit(Record::BudgetReached {
+                            reason: reason.clone(),
+                            variants_not_measured: not_measured,
+                        })?;
                         stopping = Some(reason);
                         build_tasks.abort_all();
                         break;
@@ -150,12 +156,19 @@ impl Scheduler<'_> {
                     let cases = cases_for(project, planned, &cubins, &variant);
                     if cases.is_empty() {
                         finished.insert(variant.clone());
-                        events.emit(Record::VariantDone { variant, measured_cases: 0 })?;
+                        events.emit(Record::VariantDone {
+                            variant,
+                            measured_cases: 0,
+                        })?;
                         continue;
                     }
                     in_flight += 1;
                     running.insert(variant.clone());
-                    let _ = job_tx.send(Job { variant, cases, attempt: 1 });
+                    let _ = job_tx.send(Job {
+                        variant,
+                        cases,
+                        attempt: 1,
+                    });
                 }
             }
             let building = builds_left > 0 && stopping.is_none();
@@ -223,7 +236,11 @@ impl Scheduler<'_> {
         for t in gpu_tasks {
             t.abort();
         }
-        Ok(if interrupted { Ending::Interrupted(totals) } else { Ending::Finished(totals) })
+        Ok(if interrupted {
+            Ending::Interrupted(totals)
+        } else {
+            Ending::Finished(totals)
+        })
     }
 
     fn budget_reached(&self, dispatched: usize, started: Instant) -> Option<String> {
@@ -241,11 +258,29 @@ impl Scheduler<'_> {
     }
 
     /// Log one worker's results; returns a retry job when the worker died and the variant has a second chance.
-    fn record_outcome(&self, events: &mut Events, result: JobResult, totals: &mut Totals) -> Result<Option<Retry>> {
-        let JobResult { job, outcome, device, started, seconds, .. } = result;
+    fn record_outcome(
+        &self,
+        events: &mut Events,
+        result: JobResult,
+        totals: &mut Totals,
+    ) -> Result<Option<Retry>> {
+        let JobResult {
+            job,
+            outcome,
+            device,
+            started,
+            seconds,
+            ..
+        } = result;
         let variant = job.variant.clone();
         let started_t = events.clock() - started.elapsed().as_secs_f64();
-        events.emit(Record::WorkerRan { variant: variant.clone(), device, attempt: job.attempt, started_t, seconds })?;
+        events.emit(Record::WorkerRan {
+            variant: variant.clone(),
+            device,
+            attempt: job.attempt,
+            started_t,
+            seconds,
+        })?;
         let mut measured = 0;
         for case in &outcome.cases {
             let (shape, dtype) = (case.shape.clone(), case.dtype);
@@ -258,60 +293,166 @@ impl Scheduler<'_> {
             if let Some(reason) = failure {
                 // Wrong answers are final: never retried.
                 totals.failed += 1;
-                events.emit(Record::CheckFailed { variant: variant.clone(), shape, dtype, check: case.check.clone(), reason })?;
+                events.emit(Record::CheckFailed {
+                    variant: variant.clone(),
+                    shape,
+                    dtype,
+                    check: case.check.clone(),
+                    reason,
+                })?;
                 continue;
             }
             let check = case.check.clone().expect("a passed case has a check");
-            events.emit(Record::Checked { variant: variant.clone(), shape: shape.clone(), dtype, check, function: case.function.clone() })?;
+            events.emit(Record::Checked {
+                variant: variant.clone(),
+                shape: shape.clone(),
+                dtype,
+                check,
+                function: case.function.clone(),
+            })?;
             if let Some(timing) = &case.timing {
                 totals.measured += 1;
                 measured += 1;
-                events.emit(Record::Timed { variant: variant.clone(), shape, dtype, kv_splits: case.kv_splits, timing: timing.clone() })?;
+                events.emit(Record::Timed {
+                    variant: variant.clone(),
+                    shape,
+                    dtype,
+                    kv_splits: case.kv_splits,
+                    timing: timing.clone(),
+                })?;
             }
         }
-        let remaining: Vec<CaseSpec> = job.cases.iter().skip(outcome.cases.len()).cloned().collect();
-        let not_run: Vec<String> = remaining.iter().map(|c| format!("{}/{}", c.shape.name, c.dtype)).collect();
+        let remaining: Vec<CaseSpec> = job
+            .cases
+            .iter()
+            .skip(outcome.cases.len())
+            .cloned()
+            .collect();
+        let not_run: Vec<String> = remaining
+            .iter()
+            .map(|c| format!("{}/{}", c.shape.name, c.dtype))
+            .collect();
         let (detail, infrastructure) = match outcome.end {
             WorkerEnd::Clean => {
-                events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+                events.emit(Record::VariantDone {
+                    variant,
+                    measured_cases: measured,
+                })?;
                 return Ok(None);
             }
             WorkerEnd::TimedOut { seconds } => {
-                events.emit(Record::TimedOut { variant: variant.clone(), stage: "worker".into(), seconds, cases_not_run: not_run.clone() })?;
+                events.emit(Record::TimedOut {
+                    variant: variant.clone(),
+                    stage: "worker".into(),
+                    seconds,
+                    cases_not_run: not_run.clone(),
+                })?;
                 (format!("worker timed out after {seconds} s"), false)
             }
             WorkerEnd::Fatal(detail) => {
-                events.emit(Record::WorkerCrashed { variant: variant.clone(), detail: detail.clone(), cases_not_run: not_run.clone() })?;
+                events.emit(Record::WorkerCrashed {
+                    variant: variant.clone(),
+                    detail: detail.clone(),
+                    cases_not_run: not_run.clone(),
+                })?;
                 (detail, false)
             }
-            WorkerEnd::Crashed { status, stderr_tail } => {
+            WorkerEnd::Crashed {
+                status,
+                stderr_tail,
+            } => {
                 let detail = format!("{status}: {stderr_tail}");
-                events.emit(Record::WorkerCrashed { variant: variant.clone(), detail: detail.clone(), cases_not_run: not_run.clone() })?;
+                events.emit(Record::WorkerCrashed {
+                    variant: variant.clone(),
+                    detail: detail.clone(),
+                    cases_not_run: not_run.clone(),
+                })?;
                 (detail, status == "not started")
             }
         };
         if remaining.is_empty() {
-            events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+            events.emit(Record::VariantDone {
+                variant,
+                measured_cases: measured,
+            })?;
             return Ok(None);
         }
-        let retries_left = if infrastructure { job.attempt <= INFRA_RETRIES } else { job.attempt < 2 };
+        let retries_left = if infrastructure {
+            job.attempt <= INFRA_RETRIES
+        } else {
+            job.attempt < 2
+        };
         if retries_left {
-            let after = if infrastructure { Duration::from_secs(1 << job.attempt.min(4)) } else { Duration::ZERO };
-            return Ok(Some(Retry { job: Job { variant, cases: remaining, attempt: job.attempt + 1 }, after }));
+            let after = if infrastructure {
+                Duration::from_secs(1 << job.attempt.min(4))
+            } else {
+                Duration::ZERO
+            };
+            return Ok(Some(Retry {
+                job: Job {
+                    variant,
+                    cases: remaining,
+                    attempt: job.attempt + 1,
+                },
+                after,
+            }));
         }
         totals.failed += remaining.len();
-        events.emit(Record::Quarantined { variant: variant.clone(), reason: format!("failed twice: {detail}"), cases_not_run: not_run })?;
-        events.emit(Record::VariantDone { variant, measured_cases: measured })?;
+        events.emit(Record::Quarantined {
+            variant: variant.clone(),
+            reason: format!("failed twice: {detail}"),
+            cases_not_run: not_run,
+        })?;
+        events.emit(Record::VariantDone {
+            variant,
+            measured_cases: measured,
+        })?;
         Ok(None)
     }
 }
 
+/// Start every build, at most `jobs` nvcc at a time; results arrive in completion order.
+pub fn spawn_builds(
+    project: &Project,
+    specs: Vec<(UnitKey, BuildSpec)>,
+) -> (
+    tokio::task::JoinSet<()>,
+    mpsc::UnboundedReceiver<BuildResult>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let slots = Arc::new(tokio::sync::Semaphore::new(project.jobs().max(1)));
+    let builder = Arc::new(project.builder());
+    let mut tasks = tokio::task::JoinSet::new();
+    for (key, spec) in specs {
+        let (builder, slots, tx) = (builder.clone(), slots.clone(), tx.clone());
+        tasks.spawn(async move {
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            let result = builder.build(&spec).await;
+            let _ = tx.send((key, result));
+        });
+    }
+    (tasks, rx)
+}
+
 /// Take jobs from the shared queue and run them on one GPU, health-checking after any worker failure.
-async fn gpu_loop(executor: Executor, device: u32, measure: MeasureSpec, timeout: Duration, jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>, results: mpsc::UnboundedSender<JobResult>) {
+async fn gpu_loop(
+    executor: Executor,
+    device: u32,
+    measure: MeasureSpec,
+    timeout: Duration,
+    jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
+    results: mpsc::UnboundedSender<JobResult>,
+) {
     loop {
         let job = { jobs.lock().await.recv().await };
         let Some(job) = job else { return };
-        let request = RunRequest { device, measure: measure.clone(), cases: job.cases.clone() };
+        let request = RunRequest {
+            device,
+            measure: measure.clone(),
+            cases: job.cases.clone(),
+        };
         let started = Instant::now();
         let outcome = executor.run(request, timeout).await;
         let seconds = started.elapsed().as_secs_f64();
@@ -320,43 +461,90 @@ async fn gpu_loop(executor: Executor, device: u32, measure: MeasureSpec, timeout
             _ => executor.probe(device).await.err(),
         };
         let stop = unhealthy.is_some();
-        if results.send(JobResult { job, device, started, seconds, outcome, unhealthy }).is_err() || stop {
+        if results
+            .send(JobResult {
+                job,
+                device,
+                started,
+                seconds,
+                outcome,
+                unhealthy,
+            })
+            .is_err()
+            || stop
+        {
             return;
         }
     }
 }
 
 /// Log a build (and its gate); the cubin when it may run.
-fn record_build(project: &Project, events: &mut Events, (variant, dtype, head_dim): UnitKey, result: std::result::Result<BuildOutput, BuildFailure>) -> Result<Option<PathBuf>> {
+fn record_build(
+    project: &Project,
+    events: &mut Events,
+    (variant, dtype, head_dim): UnitKey,
+    result: std::result::Result<BuildOutput, BuildFailure>,
+) -> Result<Option<PathBuf>> {
     match result {
         Ok(out) => {
             let gate = project.gate(&out);
-            events.emit(Record::Built { variant: variant.clone(), dtype, head_dim, key: out.key.clone(), cached: out.cached, seconds: out.seconds, entries: out.entries.clone() })?;
+            events.emit(Record::Built {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                key: out.key.clone(),
+                cached: out.cached,
+                seconds: out.seconds,
+                entries: out.entries.clone(),
+            })?;
             match gate {
                 Some(reason) => {
-                    events.emit(Record::Rejected { variant, dtype, head_dim, reason })?;
+                    events.emit(Record::Rejected {
+                        variant,
+                        dtype,
+                        head_dim,
+                        reason,
+                    })?;
                     Ok(None)
                 }
                 None => Ok(Some(out.cubin)),
             }
         }
         Err(failure) => {
-            events.emit(Record::BuildFailed { variant, dtype, head_dim, reason: failure.to_string(), log_tail: build::log_tail(failure.log(), 30) })?;
+            events.emit(Record::BuildFailed {
+                variant,
+                dtype,
+                head_dim,
+                reason: failure.to_string(),
+                log_tail: build::log_tail(failure.log(), 30),
+            })?;
             Ok(None)
         }
     }
 }
 
-fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<UnitKey, PathBuf>, variant_id: &str) -> Vec<CaseSpec> {
+fn cases_for(
+    project: &Project,
+    planned: &[PlannedPoint],
+    cubins: &BTreeMap<UnitKey, PathBuf>,
+    variant_id: &str,
+) -> Vec<CaseSpec> {
     let family = &project.space.family;
     let policy = &project.policies.measure;
     let mut cases = Vec::new();
     for shape in &project.shapes {
-        let Some(point) = planned.iter().find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none()) else { continue };
+        let Some(point) = planned
+            .iter()
+            .find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none())
+        else {
+            continue;
+        };
         for &dtype in &project.policies.dtypes {
             let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));
             let reference = cubins.get(&(REFERENCE.to_owned(), dtype, 0));
-            let (Some(forward), Some(reference)) = (forward, reference) else { continue };
+            let (Some(forward), Some(reference)) = (forward, reference) else {
+                continue;
+            };
             cases.push(CaseSpec {
                 shape: shape.clone(),
                 dtype,
@@ -368,9 +556,14 @@ fn cases_for(project: &Project, planned: &[PlannedPoint], cubins: &BTreeMap<Unit
                     entry: family.forward_entry.clone(),
                     combine_entry: family.combine_entry.clone(),
                     launch: point.launch.clone().expect("valid points have a launch"),
-                    defines: project.space.forward_defines(&point.variant, dtype, shape.d),
+                    defines: project
+                        .space
+                        .forward_defines(&point.variant, dtype, shape.d),
                 },
-                reference: ReferenceKernel { cubin: reference.clone(), entry: family.reference_entry.clone() },
+                reference: ReferenceKernel {
+                    cubin: reference.clone(),
+                    entry: family.reference_entry.clone(),
+                },
             });
         }
     }

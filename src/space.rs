@@ -29,7 +29,9 @@ impl ParamValue {
     fn to_expr_value(&self, symbols: &IndexMap<String, i64>) -> Value {
         match self {
             ParamValue::Int(v) => Value::Int(*v),
-            ParamValue::Name(s) => symbols.get(s).map_or_else(|| Value::String(s.clone()), |&v| Value::Int(v)),
+            ParamValue::Name(s) => symbols
+                .get(s)
+                .map_or_else(|| Value::String(s.clone()), |&v| Value::Int(v)),
         }
     }
     /// The preprocessor token: integers as they are, names as `PARAM_NAME` (e.g. `MMA_WMMA`).
@@ -60,7 +62,17 @@ struct SpaceFile {
     #[serde(default)]
     symbols: IndexMap<String, i64>,
     family: FamilyFile,
-    params: IndexMap<String, Vec<ParamValue>>,
+    /// A grid: every combination of these values.
+    params: Option<IndexMap<String, Vec<ParamValue>>>,
+    /// Or a named chain: exactly these points, in this order (an ablation).
+    chain: Option<Vec<ChainStep>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChainStep {
+    pub name: String,
+    pub params: Params,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,7 +118,9 @@ pub struct Space {
     pub path: PathBuf,
     pub text: String,
     pub family: Family,
+    /// Every value each parameter takes (the grid, or the union over a chain's steps).
     pub params: IndexMap<String, Vec<ParamValue>>,
+    pub chain: Option<Vec<ChainStep>>,
     pub shapes: Option<Vec<String>>,
     pub timeouts: Option<crate::config::Timeouts>,
     constraints: Vec<Expr>,
@@ -126,6 +140,9 @@ pub struct DeviceLimits {
 pub struct Variant {
     pub id: String,
     pub params: Params,
+    /// The chain step's name, in a chain space.
+    #[serde(default)]
+    pub step: Option<String>,
 }
 
 /// What one compiled kernel needs at launch.
@@ -158,9 +175,14 @@ impl Space {
         let probe = expr_context(&file.baseline, &file.symbols, 64);
         let compile = |key: &str, src: &str| -> Result<Expr> {
             let at = |message: String| config::config_error_at_text(path, &text, src, key, message);
-            let tree = evalexpr::build_operator_tree(src).map_err(|e| at(format!("cannot parse expression `{src}`: {e}")))?;
-            tree.eval_with_context(&probe).map_err(|e| at(format!("expression `{src}` fails on the baseline: {e}")))?;
-            Ok(Expr { text: src.to_owned(), tree })
+            let tree = evalexpr::build_operator_tree(src)
+                .map_err(|e| at(format!("cannot parse expression `{src}`: {e}")))?;
+            tree.eval_with_context(&probe)
+                .map_err(|e| at(format!("expression `{src}` fails on the baseline: {e}")))?;
+            Ok(Expr {
+                text: src.to_owned(),
+                tree,
+            })
         };
         let family = Family {
             threads: compile("family.threads", &file.family.threads)?,
@@ -179,20 +201,60 @@ impl Space {
             .iter()
             .map(|c| compile("constraints", c))
             .collect::<Result<Vec<_>>>()?;
-        for (name, values) in &file.params {
+        let params = match (&file.params, &file.chain) {
+            (Some(grid), None) => grid.clone(),
+            (None, Some(chain)) if !chain.is_empty() => chain_values(chain),
+            _ => {
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    "params",
+                    "a space needs either a [params] grid or a non-empty [[chain]], not both"
+                        .into(),
+                ));
+            }
+        };
+        if let Some(chain) = &file.chain {
+            for step in chain {
+                if step.params.keys().ne(params.keys()) {
+                    return Err(config::config_error_at_text(path, &text, &step.name, "chain", format!("chain step `{}` must set every parameter, in the same order as the first step", step.name)));
+                }
+            }
+        }
+        for (name, values) in &params {
             if values.is_empty() {
-                return Err(config::config_error_at_key(path, &text, &format!("params.{name}"), "a parameter needs at least one value".into()));
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    &format!("params.{name}"),
+                    "a parameter needs at least one value".into(),
+                ));
             }
             if !file.baseline.contains_key(name) {
-                return Err(config::config_error_at_key(path, &text, "baseline", format!("baseline does not set parameter `{name}`")));
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    "baseline",
+                    format!("baseline does not set parameter `{name}`"),
+                ));
             }
         }
         for (name, value) in &file.baseline {
-            let known = file.params.get(name).ok_or_else(|| {
-                config::config_error_at_key(path, &text, "baseline", format!("baseline sets `{name}`, which is not a parameter of this space"))
+            let known = params.get(name).ok_or_else(|| {
+                config::config_error_at_key(
+                    path,
+                    &text,
+                    "baseline",
+                    format!("baseline sets `{name}`, which is not a parameter of this space"),
+                )
             })?;
             if !known.contains(value) {
-                return Err(config::config_error_at_key(path, &text, "baseline", format!("baseline value {name} = {value} is not among the listed values")));
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    "baseline",
+                    format!("baseline value {name} = {value} is not among the listed values"),
+                ));
             }
         }
         Ok(Space {
@@ -201,7 +263,8 @@ impl Space {
             path: path.to_path_buf(),
             text,
             family,
-            params: file.params,
+            params,
+            chain: file.chain,
             shapes: file.shapes,
             timeouts: file.timeouts,
             constraints,
@@ -212,6 +275,16 @@ impl Space {
 
     /// Every grid point, in file order (the last parameter varies fastest).
     pub fn variants(&self) -> Result<Vec<Variant>> {
+        if let Some(chain) = &self.chain {
+            return Ok(chain
+                .iter()
+                .map(|step| Variant {
+                    id: variant_id(&step.params),
+                    params: step.params.clone(),
+                    step: Some(step.name.clone()),
+                })
+                .collect());
+        }
         let mut points: Vec<Params> = vec![Params::new()];
         for (name, values) in &self.params {
             points = points
@@ -225,7 +298,14 @@ impl Space {
                 })
                 .collect();
         }
-        let variants: Vec<Variant> = points.into_iter().map(|params| Variant { id: variant_id(&params), params }).collect();
+        let variants: Vec<Variant> = points
+            .into_iter()
+            .map(|params| Variant {
+                id: variant_id(&params),
+                params,
+                step: None,
+            })
+            .collect();
         let mut seen = BTreeSet::new();
         for v in &variants {
             if !seen.insert(v.id.clone()) {
@@ -241,7 +321,9 @@ impl Space {
 
     /// The policy shapes this space selects, in policy order; an unknown name is a config error.
     pub fn select_shapes(&self, all: &[crate::config::Shape]) -> Result<Vec<crate::config::Shape>> {
-        let Some(names) = &self.shapes else { return Ok(all.to_vec()) };
+        let Some(names) = &self.shapes else {
+            return Ok(all.to_vec());
+        };
         for name in names {
             if !all.iter().any(|s| &s.name == name) {
                 let known: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
@@ -250,11 +332,18 @@ impl Space {
                     &self.text,
                     &format!("\"{name}\""),
                     "shapes",
-                    format!("no shape `{name}` in policies.toml (known: {})", known.join(", ")),
+                    format!(
+                        "no shape `{name}` in policies.toml (known: {})",
+                        known.join(", ")
+                    ),
                 ));
             }
         }
-        Ok(all.iter().filter(|s| names.contains(&s.name)).cloned().collect())
+        Ok(all
+            .iter()
+            .filter(|s| names.contains(&s.name))
+            .cloned()
+            .collect())
     }
 
     pub fn baseline_id(&self) -> String {
@@ -262,7 +351,11 @@ impl Space {
     }
 
     /// Judge each (variant, head dim): constraints first, then the device's limits.
-    pub fn plan(&self, head_dims: &BTreeSet<u32>, limits: &DeviceLimits) -> Result<Vec<PlannedPoint>> {
+    pub fn plan(
+        &self,
+        head_dims: &BTreeSet<u32>,
+        limits: &DeviceLimits,
+    ) -> Result<Vec<PlannedPoint>> {
         let mut planned = Vec::new();
         for variant in self.variants()? {
             for &head_dim in head_dims {
@@ -272,7 +365,12 @@ impl Space {
         Ok(planned)
     }
 
-    fn judge(&self, variant: &Variant, head_dim: u32, limits: &DeviceLimits) -> Result<PlannedPoint> {
+    fn judge(
+        &self,
+        variant: &Variant,
+        head_dim: u32,
+        limits: &DeviceLimits,
+    ) -> Result<PlannedPoint> {
         let ctx = expr_context(&variant.params, &self.symbols, head_dim);
         let invalid = |reason: String| PlannedPoint {
             variant: variant.clone(),
@@ -282,7 +380,12 @@ impl Space {
         };
         for c in &self.constraints {
             let holds = c.tree.eval_boolean_with_context(&ctx).map_err(|e| {
-                Error::BadInput(format!("{}: constraint `{}` cannot be evaluated for {}: {e}", self.path.display(), c.text, variant.id))
+                Error::BadInput(format!(
+                    "{}: constraint `{}` cannot be evaluated for {}: {e}",
+                    self.path.display(),
+                    c.text,
+                    variant.id
+                ))
             })?;
             if !holds {
                 return Ok(invalid(format!("constraints: `{}` is false", c.text)));
@@ -308,7 +411,9 @@ impl Space {
             )));
         }
         if launch.rows_per_cta == 0 || launch.kv_rows_per_block == 0 {
-            return Ok(invalid("launch: rows_per_cta and kv_rows_per_block must be at least 1".into()));
+            return Ok(invalid(
+                "launch: rows_per_cta and kv_rows_per_block must be at least 1".into(),
+            ));
         }
         Ok(PlannedPoint {
             variant: variant.clone(),
@@ -320,14 +425,34 @@ impl Space {
 
     fn eval_u32(&self, e: &Expr, ctx: &HashMapContext, variant: &Variant) -> Result<u32> {
         let v = e.tree.eval_int_with_context(ctx).map_err(|err| {
-            Error::BadInput(format!("{}: expression `{}` cannot be evaluated for {}: {err}", self.path.display(), e.text, variant.id))
+            Error::BadInput(format!(
+                "{}: expression `{}` cannot be evaluated for {}: {err}",
+                self.path.display(),
+                e.text,
+                variant.id
+            ))
         })?;
-        u32::try_from(v).map_err(|_| Error::BadInput(format!("{}: expression `{}` gives {v} for {}, outside 0..2^32", self.path.display(), e.text, variant.id)))
+        u32::try_from(v).map_err(|_| {
+            Error::BadInput(format!(
+                "{}: expression `{}` gives {v} for {}, outside 0..2^32",
+                self.path.display(),
+                e.text,
+                variant.id
+            ))
+        })
     }
 
     /// The `-D` definitions of one forward build.
-    pub fn forward_defines(&self, variant: &Variant, dtype: Dtype, head_dim: u32) -> Vec<(String, String)> {
-        let mut defines = vec![("DTYPE".to_owned(), dtype.define().to_owned()), ("HEAD_DIM".to_owned(), head_dim.to_string())];
+    pub fn forward_defines(
+        &self,
+        variant: &Variant,
+        dtype: Dtype,
+        head_dim: u32,
+    ) -> Vec<(String, String)> {
+        let mut defines = vec![
+            ("DTYPE".to_owned(), dtype.define().to_owned()),
+            ("HEAD_DIM".to_owned(), head_dim.to_string()),
+        ];
         defines.extend(variant.params.iter().map(|(k, v)| (k.clone(), v.define(k))));
         defines
     }
@@ -336,11 +461,28 @@ impl Space {
 fn expr_context(params: &Params, symbols: &IndexMap<String, i64>, head_dim: u32) -> HashMapContext {
     let mut ctx = HashMapContext::new();
     for (k, v) in params {
-        ctx.set_value(k.clone(), v.to_expr_value(symbols)).expect("fresh context accepts any value");
+        ctx.set_value(k.clone(), v.to_expr_value(symbols))
+            .expect("fresh context accepts any value");
     }
-    ctx.set_value("HEAD_DIM".into(), Value::Int(head_dim as i64)).expect("fresh context");
-    ctx.set_value("ELEM_BYTES".into(), Value::Int(2)).expect("fresh context");
+    ctx.set_value("HEAD_DIM".into(), Value::Int(head_dim as i64))
+        .expect("fresh context");
+    ctx.set_value("ELEM_BYTES".into(), Value::Int(2))
+        .expect("fresh context");
     ctx
+}
+
+/// Each parameter's values over a chain, in first-seen order.
+fn chain_values(chain: &[ChainStep]) -> IndexMap<String, Vec<ParamValue>> {
+    let mut values: IndexMap<String, Vec<ParamValue>> = IndexMap::new();
+    for step in chain {
+        for (k, v) in &step.params {
+            let list = values.entry(k.clone()).or_default();
+            if !list.contains(v) {
+                list.push(v.clone());
+            }
+        }
+    }
+    values
 }
 
 /// A readable id: names as they are, numbers behind the parameter's initials (`BLOCK_M=64` → `bm64`).
@@ -350,7 +492,11 @@ pub fn variant_id(params: &Params) -> String {
         .map(|(k, v)| match v {
             ParamValue::Name(s) => s.clone(),
             ParamValue::Int(i) => {
-                let initials: String = k.split('_').filter_map(|w| w.chars().next()).collect::<String>().to_lowercase();
+                let initials: String = k
+                    .split('_')
+                    .filter_map(|w| w.chars().next())
+                    .collect::<String>()
+                    .to_lowercase();
                 format!("{initials}{i}")
             }
         })

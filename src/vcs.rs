@@ -14,19 +14,35 @@ pub fn changed_files(repo: &git2::Repository) -> Vec<String> {
     let mut opts = git2::StatusOptions::new();
     opts.include_untracked(false).include_ignored(false);
     repo.statuses(Some(&mut opts))
-        .map(|st| st.iter().filter_map(|e| e.path().ok().map(str::to_owned)).collect())
+        .map(|st| {
+            st.iter()
+                .filter_map(|e| e.path().ok().map(str::to_owned))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Tracked files among `paths` (repository-relative) with uncommitted changes.
 pub fn dirty_among(root: &Path, paths: &[&str]) -> Result<Vec<String>, git2::Error> {
     let repo = git2::Repository::discover(root)?;
-    Ok(changed_files(&repo).into_iter().filter(|f| paths.iter().any(|p| f == p || f.starts_with(&format!("{p}/")))).collect())
+    Ok(changed_files(&repo)
+        .into_iter()
+        .filter(|f| {
+            paths
+                .iter()
+                .any(|p| f == p || f.starts_with(&format!("{p}/")))
+        })
+        .collect())
 }
 
 /// Commit `files` (repository-relative path, new content) on top of HEAD into `refs/heads/<branch>`,
 /// leaving HEAD, the index and the working tree alone. Returns the commit id.
-pub fn commit_files_to_branch(root: &Path, branch: &str, files: &[(&str, &[u8])], message: &str) -> Result<String, git2::Error> {
+pub fn commit_files_to_branch(
+    root: &Path,
+    branch: &str,
+    files: &[(&str, &[u8])],
+    message: &str,
+) -> Result<String, git2::Error> {
     let repo = git2::Repository::discover(root)?;
     let head = repo.head()?.peel_to_commit()?;
     let mut index = git2::Index::new()?;
@@ -40,7 +56,12 @@ pub fn commit_files_to_branch(root: &Path, branch: &str, files: &[(&str, &[u8])]
     let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
     let sig = signature(&repo)?;
     let commit = repo.commit(None, &sig, &sig, message, &tree, &[&head])?;
-    repo.reference(&format!("refs/heads/{branch}"), commit, true, "flashtune: champions")?;
+    repo.reference(
+        &format!("refs/heads/{branch}"),
+        commit,
+        true,
+        "flashtune: champions",
+    )?;
     Ok(commit.to_string())
 }
 
@@ -59,14 +80,19 @@ pub fn commit_paths(root: &Path, paths: &[String], message: &str) -> Result<Stri
     let tree = repo.find_tree(index.write_tree()?)?;
     let head = repo.head()?.peel_to_commit()?;
     let sig = signature(&repo)?;
-    Ok(repo.commit(Some("HEAD"), &sig, &sig, message, &tree, &[&head])?.to_string())
+    Ok(repo
+        .commit(Some("HEAD"), &sig, &sig, message, &tree, &[&head])?
+        .to_string())
 }
 
 /// Put `paths` back as HEAD has them (the auto-revert); files HEAD lacks are removed.
 pub fn restore_paths(root: &Path, paths: &[String]) -> Result<(), git2::Error> {
     let repo = git2::Repository::discover(root)?;
     let head_tree = repo.head()?.peel_to_tree()?;
-    let workdir = repo.workdir().ok_or_else(|| git2::Error::from_str("bare repository"))?.to_path_buf();
+    let workdir = repo
+        .workdir()
+        .ok_or_else(|| git2::Error::from_str("bare repository"))?
+        .to_path_buf();
     let mut checkout = git2::build::CheckoutBuilder::new();
     checkout.force();
     let mut any = false;
@@ -88,9 +114,14 @@ pub fn restore_paths(root: &Path, paths: &[String]) -> Result<(), git2::Error> {
 pub fn changed_against_head(root: &Path) -> Result<Vec<String>, git2::Error> {
     let repo = git2::Repository::discover(root)?;
     let mut opts = git2::StatusOptions::new();
-    opts.include_untracked(true).recurse_untracked_dirs(true).include_ignored(false);
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_ignored(false);
     let statuses = repo.statuses(Some(&mut opts))?;
-    let files = statuses.iter().filter_map(|e| e.path().ok().map(str::to_owned)).collect();
+    let files = statuses
+        .iter()
+        .filter_map(|e| e.path().ok().map(str::to_owned))
+        .collect();
     Ok(files)
 }
 
@@ -113,5 +144,7 @@ fn index_entry(path: &str, id: git2::Oid, len: usize) -> git2::IndexEntry {
 
 /// The repository's configured identity, or flashtune's own when none is set.
 fn signature(repo: &git2::Repository) -> Result<git2::Signature<'static>, git2::Error> {
-    repo.signature().map(|s| s.to_owned()).or_else(|_| git2::Signature::now("flashtune", "flashtune@localhost"))
+    repo.signature()
+        .map(|s| s.to_owned())
+        .or_else(|_| git2::Signature::now("flashtune", "flashtune@localhost"))
 }

@@ -5,7 +5,10 @@ use crate::protocol::*;
 use crate::space::LaunchShape;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -44,10 +47,16 @@ const COMBINE_ROWS_PER_BLOCK: u32 = 4;
 /// Entry point of the subcommand. Exit code 0 when every case was attempted.
 pub fn serve() -> std::process::ExitCode {
     let mut input = String::new();
-    let request: WorkerRequest = match std::io::stdin().read_to_string(&mut input).map_err(anyhow::Error::from).and_then(|_| Ok(serde_json::from_str(&input)?)) {
+    let request: WorkerRequest = match std::io::stdin()
+        .read_to_string(&mut input)
+        .map_err(anyhow::Error::from)
+        .and_then(|_| Ok(serde_json::from_str(&input)?))
+    {
         Ok(r) => r,
         Err(e) => {
-            emit(&WorkerMessage::Fatal { message: format!("bad request: {e}") });
+            emit(&WorkerMessage::Fatal {
+                message: format!("bad request: {e}"),
+            });
             return std::process::ExitCode::from(2);
         }
     };
@@ -57,7 +66,9 @@ pub fn serve() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            emit(&WorkerMessage::Fatal { message: format!("{e:#}") });
+            emit(&WorkerMessage::Fatal {
+                message: format!("{e:#}"),
+            });
             std::process::ExitCode::from(1)
         }
     }
@@ -86,7 +97,8 @@ fn handle(request: WorkerRequest) -> Result<()> {
                 emit(&WorkerMessage::Case(Box::new(result)));
                 if failed_in_cuda {
                     // A sticky error (illegal address, trap) poisons the context: stop unless the GPU still computes.
-                    gpu.health_check().context("GPU failed its health check after a kernel error")?;
+                    gpu.health_check()
+                        .context("GPU failed its health check after a kernel error")?;
                 }
             }
             Ok(())
@@ -133,18 +145,25 @@ impl Gpu {
         if !driver_library_present() {
             bail!("no NVIDIA driver: libcuda.so.1 cannot be loaded on this machine");
         }
-        let count = CudaContext::device_count().map_err(|e| anyhow!("the CUDA driver reports no usable device: {e:?}"))?;
+        let count = CudaContext::device_count()
+            .map_err(|e| anyhow!("the CUDA driver reports no usable device: {e:?}"))?;
         if count <= ordinal as i32 {
             bail!("GPU {ordinal} requested, {count} visible");
         }
-        let ctx = CudaContext::new(ordinal as usize).map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e:?}"))?;
+        let ctx = CudaContext::new(ordinal as usize)
+            .map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e:?}"))?;
         // One stream, no cudarc event bookkeeping: the timed graphs must contain only our kernels.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(|e| anyhow!("{e:?}"))?;
-        let attr = |a: Attr| ctx.attribute(a).map_err(|e| anyhow!("device attribute {a:?}: {e:?}"));
+        let attr = |a: Attr| {
+            ctx.attribute(a)
+                .map_err(|e| anyhow!("device attribute {a:?}: {e:?}"))
+        };
         let cc = ctx.compute_capability().map_err(|e| anyhow!("{e:?}"))?;
         let mut driver_version = 0;
-        unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result().map_err(|e| anyhow!("{e:?}"))?;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(|e| anyhow!("{e:?}"))?;
         let info = DeviceInfo {
             ordinal,
             name: ctx.name().map_err(|e| anyhow!("{e:?}"))?,
@@ -152,27 +171,49 @@ impl Gpu {
             compute_capability: cc,
             arch: arch_for(cc),
             max_threads_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
-            max_smem_optin_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+            max_smem_optin_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as u32,
             driver_version,
             total_memory_bytes: ctx.total_mem().map_err(|e| anyhow!("{e:?}"))? as u64,
             visible_devices: count as u32,
             fake: false,
         };
-        Ok(Gpu { ctx, stream, info, modules: HashMap::new() })
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            modules: HashMap::new(),
+        })
     }
 
     fn health_check(&self) -> Result<()> {
-        let module = self.ctx.load_module(Ptx::from_src(HEALTH_PTX)).map_err(|e| anyhow!("health kernel: {e:?}"))?;
-        let f = module.load_function("health_axpb").map_err(|e| anyhow!("{e:?}"))?;
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(HEALTH_PTX))
+            .map_err(|e| anyhow!("health kernel: {e:?}"))?;
+        let f = module
+            .load_function("health_axpb")
+            .map_err(|e| anyhow!("{e:?}"))?;
         let n = 4096u32;
         let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
         let dx = self.stream.clone_htod(&x).map_err(|e| anyhow!("{e:?}"))?;
-        let mut dy = self.stream.alloc_zeros::<f32>(n as usize).map_err(|e| anyhow!("{e:?}"))?;
+        let mut dy = self
+            .stream
+            .alloc_zeros::<f32>(n as usize)
+            .map_err(|e| anyhow!("{e:?}"))?;
         let mut lb = self.stream.launch_builder(&f);
         lb.arg(&dx).arg(&mut dy).arg(&n);
-        unsafe { lb.launch(LaunchConfig::for_num_elems(n)) }.map_err(|e| anyhow!("health kernel launch: {e:?}"))?;
-        let y = self.stream.clone_dtoh(&dy).map_err(|e| anyhow!("health kernel result: {e:?}"))?;
-        let wrong = x.iter().zip(&y).filter(|(x, y)| (2.0 * **x + 1.0) != **y).count();
+        unsafe { lb.launch(LaunchConfig::for_num_elems(n)) }
+            .map_err(|e| anyhow!("health kernel launch: {e:?}"))?;
+        let y = self
+            .stream
+            .clone_dtoh(&dy)
+            .map_err(|e| anyhow!("health kernel result: {e:?}"))?;
+        let wrong = x
+            .iter()
+            .zip(&y)
+            .filter(|(x, y)| (2.0 * **x + 1.0) != **y)
+            .count();
         if wrong > 0 {
             bail!("health kernel computed {wrong} wrong values of {n}");
         }
@@ -181,10 +222,15 @@ impl Gpu {
 
     fn function(&mut self, cubin: &PathBuf, entry: &str) -> Result<CudaFunction> {
         if !self.modules.contains_key(cubin) {
-            let m = self.ctx.load_module(Ptx::from_file(cubin.clone())).map_err(|e| anyhow!("cannot load {}: {e:?}", cubin.display()))?;
+            let m = self
+                .ctx
+                .load_module(Ptx::from_file(cubin.clone()))
+                .map_err(|e| anyhow!("cannot load {}: {e:?}", cubin.display()))?;
             self.modules.insert(cubin.clone(), m);
         }
-        self.modules[cubin].load_function(entry).map_err(|e| anyhow!("no entry `{entry}` in {}: {e:?}", cubin.display()))
+        self.modules[cubin]
+            .load_function(entry)
+            .map_err(|e| anyhow!("no entry `{entry}` in {}: {e:?}", cubin.display()))
     }
 
     fn run_case(&mut self, case: &CaseSpec, measure: &MeasureSpec) -> CaseResult {
@@ -203,9 +249,19 @@ impl Gpu {
         result
     }
 
-    fn check_and_time(&mut self, case: &CaseSpec, measure: &MeasureSpec, result: &mut CaseResult) -> Result<()> {
+    fn check_and_time(
+        &mut self,
+        case: &CaseSpec,
+        measure: &MeasureSpec,
+        result: &mut CaseResult,
+    ) -> Result<()> {
         let s = &case.shape;
-        let (heads, sq, sk, d) = ((s.b * s.h) as usize, s.sq as usize, s.sk as usize, s.d as usize);
+        let (heads, sq, sk, d) = (
+            (s.b * s.h) as usize,
+            s.sq as usize,
+            s.sk as usize,
+            s.d as usize,
+        );
         let q_bits = check::random_bits(case.dtype, heads * sq * d, case.seed, 0);
         let k_bits = check::random_bits(case.dtype, heads * sk * d, case.seed, 1);
         let v_bits = check::random_bits(case.dtype, heads * sk * d, case.seed, 2);
@@ -216,16 +272,28 @@ impl Gpu {
         let reference = self.function(&case.reference.cubin, &case.reference.entry)?;
         let forward = self.function(&case.forward.cubin, &case.forward.entry)?;
         let ctas_per_sm = forward
-            .occupancy_max_active_blocks_per_multiprocessor(case.forward.launch.threads, case.forward.launch.smem_bytes as usize, None)
+            .occupancy_max_active_blocks_per_multiprocessor(
+                case.forward.launch.threads,
+                case.forward.launch.smem_bytes as usize,
+                None,
+            )
             .map_err(cuda)?;
         let mut launch = case.forward.launch.clone();
         if launch.kv_splits == 0 {
             let ctas = s.sq.div_ceil(launch.rows_per_cta) * s.b * s.h;
-            launch.kv_splits = auto_kv_splits(ctas, self.info.sm_count * ctas_per_sm.max(1), s.sk.div_ceil(launch.kv_rows_per_block));
+            launch.kv_splits = auto_kv_splits(
+                ctas,
+                self.info.sm_count * ctas_per_sm.max(1),
+                s.sk.div_ceil(launch.kv_rows_per_block),
+            );
         }
         result.kv_splits = launch.kv_splits;
         let launch = &launch;
-        let combine = if launch.kv_splits > 1 { Some(self.function(&case.forward.cubin, &case.forward.combine_entry)?) } else { None };
+        let combine = if launch.kv_splits > 1 {
+            Some(self.function(&case.forward.cubin, &case.forward.combine_entry)?)
+        } else {
+            None
+        };
         let mut bufs = Buffers {
             q: st.clone_htod(&q_bits).map_err(cuda)?,
             k: st.clone_htod(&k_bits).map_err(cuda)?,
@@ -237,7 +305,10 @@ impl Gpu {
         };
         if combine.is_some() {
             let splits = launch.kv_splits as usize;
-            bufs.out_accum = Some(st.alloc_zeros::<f32>(splits * heads * sq * d).map_err(cuda)?);
+            bufs.out_accum = Some(
+                st.alloc_zeros::<f32>(splits * heads * sq * d)
+                    .map_err(cuda)?,
+            );
             bufs.lse_accum = Some(st.alloc_zeros::<f32>(splits * heads * sq).map_err(cuda)?);
         }
         let mut ref_out = st.alloc_zeros::<f32>(heads * sq * d).map_err(cuda)?;
@@ -247,13 +318,36 @@ impl Gpu {
         let scale = 1.0f32 / (d as f32).sqrt();
         {
             let mut lb = st.launch_builder(&reference);
-            let (b, h, sq_i, sk_i, d_i, causal) = (s.b as i32, s.h as i32, s.sq as i32, s.sk as i32, s.d as i32, s.causal as i32);
-            lb.arg(&bufs.q).arg(&bufs.k).arg(&bufs.v).arg(&mut ref_out).arg(&mut ref_lse);
-            lb.arg(&b).arg(&h).arg(&sq_i).arg(&sk_i).arg(&d_i).arg(&scale).arg(&causal);
-            let cfg = LaunchConfig { grid_dim: (s.sq.div_ceil(4), s.b * s.h, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            let (b, h, sq_i, sk_i, d_i, causal) = (
+                s.b as i32,
+                s.h as i32,
+                s.sq as i32,
+                s.sk as i32,
+                s.d as i32,
+                s.causal as i32,
+            );
+            lb.arg(&bufs.q)
+                .arg(&bufs.k)
+                .arg(&bufs.v)
+                .arg(&mut ref_out)
+                .arg(&mut ref_lse);
+            lb.arg(&b)
+                .arg(&h)
+                .arg(&sq_i)
+                .arg(&sk_i)
+                .arg(&d_i)
+                .arg(&scale)
+                .arg(&causal);
+            let cfg = LaunchConfig {
+                grid_dim: (s.sq.div_ceil(4), s.b * s.h, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("reference launch: {e:?}"))?;
         }
-        let ref_out_h = st.clone_dtoh(&ref_out).map_err(|e| anyhow!("reference kernel: {e:?}"))?;
+        let ref_out_h = st
+            .clone_dtoh(&ref_out)
+            .map_err(|e| anyhow!("reference kernel: {e:?}"))?;
         let ref_lse_h = st.clone_dtoh(&ref_lse).map_err(cuda)?;
         let reference_vs_cpu = case.cpu_oracle.then(|| {
             let [q, k, v] = [&q_bits, &k_bits, &v_bits].map(|b| check::values(case.dtype, b));
@@ -263,8 +357,16 @@ impl Gpu {
 
         if launch.smem_bytes > 48 * 1024 {
             forward
-                .set_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.smem_bytes as i32)
-                .map_err(|e| anyhow!("cannot opt in to {} bytes of shared memory: {e:?}", launch.smem_bytes))?;
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    launch.smem_bytes as i32,
+                )
+                .map_err(|e| {
+                    anyhow!(
+                        "cannot opt in to {} bytes of shared memory: {e:?}",
+                        launch.smem_bytes
+                    )
+                })?;
         }
         result.function = Some(FunctionAttributes {
             registers: forward.num_regs().map_err(cuda)?,
@@ -281,38 +383,98 @@ impl Gpu {
                 self.poison_f32(oa)?;
                 self.poison_f32(la)?;
             }
-            self.launch_forward(&forward, combine.as_ref(), &case.shape, launch, &bufs, scale)?;
-            let out = st.clone_dtoh(&bufs.out).map_err(|e| anyhow!("forward kernel: {e:?}"))?;
+            self.launch_forward(
+                &forward,
+                combine.as_ref(),
+                &case.shape,
+                launch,
+                &bufs,
+                scale,
+            )?;
+            let out = st
+                .clone_dtoh(&bufs.out)
+                .map_err(|e| anyhow!("forward kernel: {e:?}"))?;
             let lse = st.clone_dtoh(&bufs.lse).map_err(cuda)?;
             runs.push((out, lse));
         }
         let (out, lse) = &runs[0];
         let mut stats = check::compare(case.dtype, out, lse, &ref_out_h, &ref_lse_h);
-        stats.nondeterministic_count = runs[0].0.iter().zip(&runs[1].0).filter(|(a, b)| a != b).count() as u64
-            + runs[0].1.iter().zip(&runs[1].1).filter(|(a, b)| a.to_bits() != b.to_bits()).count() as u64;
+        stats.nondeterministic_count = runs[0]
+            .0
+            .iter()
+            .zip(&runs[1].0)
+            .filter(|(a, b)| a != b)
+            .count() as u64
+            + runs[0]
+                .1
+                .iter()
+                .zip(&runs[1].1)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count() as u64;
         stats.reference_vs_cpu_rel_l2 = reference_vs_cpu;
         check::judge(&mut stats, &case.tolerance, REFERENCE_VS_CPU_LIMIT);
         let passed = stats.passed();
         result.check = Some(stats);
         // A profiling request asks for no samples: ncu only needs the launches above.
         if passed && measure.samples > 0 {
-            result.timing = Some(self.time(&forward, combine.as_ref(), &case.shape, launch, &bufs, scale, measure)?);
+            result.timing = Some(self.time(
+                &forward,
+                combine.as_ref(),
+                &case.shape,
+                launch,
+                &bufs,
+                scale,
+                measure,
+            )?);
         }
         Ok(())
     }
 
-    fn launch_forward(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, s: &Shape, launch: &LaunchShape, bufs: &Buffers, scale: f32) -> Result<()> {
+    fn launch_forward(
+        &self,
+        forward: &CudaFunction,
+        combine: Option<&CudaFunction>,
+        s: &Shape,
+        launch: &LaunchShape,
+        bufs: &Buffers,
+        scale: f32,
+    ) -> Result<()> {
         let st = &self.stream;
         let ptr = |b: &Option<CudaSlice<f32>>| b.as_ref().map_or(0u64, |b| b.device_ptr(st).0);
         let (o_accum, lse_accum) = (ptr(&bufs.out_accum), ptr(&bufs.lse_accum));
-        let (b, h, sq, sk, causal) = (s.b as i32, s.h as i32, s.sq as i32, s.sk as i32, s.causal as i32);
-        let (q, k, v) = (bufs.q.device_ptr(st).0, bufs.k.device_ptr(st).0, bufs.v.device_ptr(st).0);
+        let (b, h, sq, sk, causal) = (
+            s.b as i32,
+            s.h as i32,
+            s.sq as i32,
+            s.sk as i32,
+            s.causal as i32,
+        );
+        let (q, k, v) = (
+            bufs.q.device_ptr(st).0,
+            bufs.k.device_ptr(st).0,
+            bufs.v.device_ptr(st).0,
+        );
         let (out, lse) = (bufs.out.device_ptr(st).0, bufs.lse.device_ptr(st).0);
         let mut lb = st.launch_builder(forward);
-        lb.arg(&q).arg(&k).arg(&v).arg(&out).arg(&lse).arg(&o_accum).arg(&lse_accum);
-        lb.arg(&b).arg(&h).arg(&sq).arg(&sk).arg(&scale).arg(&causal);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&out)
+            .arg(&lse)
+            .arg(&o_accum)
+            .arg(&lse_accum);
+        lb.arg(&b)
+            .arg(&h)
+            .arg(&sq)
+            .arg(&sk)
+            .arg(&scale)
+            .arg(&causal);
         let cfg = LaunchConfig {
-            grid_dim: (s.sq.div_ceil(launch.rows_per_cta), s.b * s.h, launch.kv_splits),
+            grid_dim: (
+                s.sq.div_ceil(launch.rows_per_cta),
+                s.b * s.h,
+                launch.kv_splits,
+            ),
             block_dim: (launch.threads, 1, 1),
             shared_mem_bytes: launch.smem_bytes,
         };
@@ -320,7 +482,14 @@ impl Gpu {
         if let Some(combine) = combine {
             let splits = launch.kv_splits as i32;
             let mut lb = st.launch_builder(combine);
-            lb.arg(&o_accum).arg(&lse_accum).arg(&out).arg(&lse).arg(&b).arg(&h).arg(&sq).arg(&splits);
+            lb.arg(&o_accum)
+                .arg(&lse_accum)
+                .arg(&out)
+                .arg(&lse)
+                .arg(&b)
+                .arg(&h)
+                .arg(&sq)
+                .arg(&splits);
             let rows = s.b * s.h * s.sq;
             let cfg = LaunchConfig {
                 grid_dim: (rows.div_ceil(COMBINE_ROWS_PER_BLOCK), 1, 1),
@@ -334,20 +503,38 @@ impl Gpu {
 
     /// CUDA-graph replay of back-to-back launches, timed with events: launch gaps stay out of the figure.
     #[allow(clippy::too_many_arguments)]
-    fn time(&self, forward: &CudaFunction, combine: Option<&CudaFunction>, shape: &Shape, launch: &LaunchShape, bufs: &Buffers, scale: f32, measure: &MeasureSpec) -> Result<TimingStats> {
+    fn time(
+        &self,
+        forward: &CudaFunction,
+        combine: Option<&CudaFunction>,
+        shape: &Shape,
+        launch: &LaunchShape,
+        bufs: &Buffers,
+        scale: f32,
+        measure: &MeasureSpec,
+    ) -> Result<TimingStats> {
         let st = &self.stream;
         let cuda = |e: cudarc::driver::DriverError| anyhow!("{e:?}");
         let timed = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
-            let start = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda)?;
+            let start = st
+                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda)?;
             f()?;
-            let end = st.record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda)?;
+            let end = st
+                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda)?;
             Ok(start.elapsed_ms(&end).map_err(cuda)? as f64 * 1000.0)
         };
-        let single_us = timed(&|| self.launch_forward(forward, combine, shape, launch, bufs, scale))?.max(0.5);
+        let single_us =
+            timed(&|| self.launch_forward(forward, combine, shape, launch, bufs, scale))?.max(0.5);
         let launches = ((measure.min_sample_us / single_us).ceil() as u32).clamp(1, 1000);
-        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(cuda)?;
-        let captured = (0..launches).try_for_each(|_| self.launch_forward(forward, combine, shape, launch, bufs, scale));
-        let graph = st.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(cuda)?;
+        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda)?;
+        let captured = (0..launches)
+            .try_for_each(|_| self.launch_forward(forward, combine, shape, launch, bufs, scale));
+        let graph = st
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda)?;
         captured?;
         let graph = graph.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
         let replay = || graph.launch().map_err(cuda);
@@ -364,12 +551,16 @@ impl Gpu {
 
     fn poison_16(&self, buf: &CudaSlice<u16>) -> Result<()> {
         let (p, _) = buf.device_ptr(&self.stream);
-        unsafe { sys::cuMemsetD16Async(p, POISON_16, buf.len(), self.stream.cu_stream()) }.result().map_err(|e| anyhow!("poison: {e:?}"))
+        unsafe { sys::cuMemsetD16Async(p, POISON_16, buf.len(), self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| anyhow!("poison: {e:?}"))
     }
 
     fn poison_f32(&self, buf: &CudaSlice<f32>) -> Result<()> {
         let (p, _) = buf.device_ptr(&self.stream);
-        unsafe { sys::cuMemsetD32Async(p, POISON_F32_BITS, buf.len(), self.stream.cu_stream()) }.result().map_err(|e| anyhow!("poison: {e:?}"))
+        unsafe { sys::cuMemsetD32Async(p, POISON_F32_BITS, buf.len(), self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| anyhow!("poison: {e:?}"))
     }
 }
 
@@ -385,9 +576,15 @@ pub fn auto_kv_splits(ctas: u32, slots: u32, kv_blocks: u32) -> u32 {
         waves / waves.ceil()
     };
     // A split count that leaves the per-split block count unchanged only adds combine work.
-    let useful = |splits: u32| splits == 1 || kv_blocks.div_ceil(splits) != kv_blocks.div_ceil(splits - 1);
-    let best = (1..=max_splits).filter(|&s| useful(s)).map(efficiency).fold(0.0, f64::max);
-    (1..=max_splits).find(|&s| useful(s) && efficiency(s) >= 0.85 * best).unwrap_or(1)
+    let useful =
+        |splits: u32| splits == 1 || kv_blocks.div_ceil(splits) != kv_blocks.div_ceil(splits - 1);
+    let best = (1..=max_splits)
+        .filter(|&s| useful(s))
+        .map(efficiency)
+        .fold(0.0, f64::max);
+    (1..=max_splits)
+        .find(|&s| useful(s) && efficiency(s) >= 0.85 * best)
+        .unwrap_or(1)
 }
 
 #[cfg(test)]

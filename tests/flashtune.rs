@@ -8,16 +8,21 @@ use std::process::{Command, Output};
 
 /// The checkout; `FLASHTUNE_REPO` points elsewhere when the test binary is carried to a GPU machine.
 fn repo() -> PathBuf {
-    std::env::var_os("FLASHTUNE_REPO").map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+    std::env::var_os("FLASHTUNE_REPO")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 fn binary() -> PathBuf {
-    std::env::var_os("FLASHTUNE_BIN").map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_flashtune")), PathBuf::from)
+    std::env::var_os("FLASHTUNE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_flashtune")),
+        PathBuf::from,
+    )
 }
 
 fn shared_fixture(rel: &str) -> String {
     let path = repo().join("../shared/fixtures").join(rel);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
 }
 
 /// A throwaway project: the shipped policies, variants and kernels, its own runs/ folder.
@@ -32,7 +37,11 @@ fn scratch_project() -> tempfile::TempDir {
             }
         }
     }
-    std::fs::copy(repo().join("policies.toml"), dir.path().join("policies.toml")).unwrap();
+    std::fs::copy(
+        repo().join("policies.toml"),
+        dir.path().join("policies.toml"),
+    )
+    .unwrap();
     dir
 }
 
@@ -42,13 +51,20 @@ fn flashtune(root: &Path, args: &[&str]) -> Output {
         .arg(root)
         .args(args)
         // Builds are content-addressed, so every test may share one cache.
-        .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
         .output()
         .expect("flashtune runs")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 mod ptxas_fixtures {
@@ -61,12 +77,22 @@ mod ptxas_fixtures {
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].name, "saxpy");
         assert_eq!(e[0].arch, "sm_90a");
-        assert_eq!((e[0].registers, e[0].spill_bytes(), e[0].stack_frame_bytes, e[0].static_smem_bytes), (10, 0, 0, 0));
+        assert_eq!(
+            (
+                e[0].registers,
+                e[0].spill_bytes(),
+                e[0].stack_frame_bytes,
+                e[0].static_smem_bytes
+            ),
+            (10, 0, 0, 0)
+        );
     }
 
     #[test]
     fn mixed_report_with_stack_smem_and_register_limit() {
-        let e = ptxas::parse(&shared_fixture("ptxas/mixed_stack_smem_dynamic_template_nvcc13.5.txt"));
+        let e = ptxas::parse(&shared_fixture(
+            "ptxas/mixed_stack_smem_dynamic_template_nvcc13.5.txt",
+        ));
         let names: Vec<&str> = e.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["_Z5templILi64EEvPf", "dyn", "spills"]);
         let spills = &e[2];
@@ -76,7 +102,10 @@ mod ptxas_fixtures {
         assert_eq!(spills.static_smem_bytes, 4096);
         assert_eq!(spills.spill_bytes(), 0);
         assert_eq!(spills.max_registers_override, Some(32));
-        assert_eq!((e[1].registers, e[1].barriers, e[1].static_smem_bytes), (12, 1, 0));
+        assert_eq!(
+            (e[1].registers, e[1].barriers, e[1].static_smem_bytes),
+            (12, 1, 0)
+        );
     }
 }
 
@@ -85,7 +114,11 @@ mod ncu_fixtures {
     use flashtune::profile::{classify, no_kernels_profiled, parse_raw_csv};
 
     fn rules() -> Vec<flashtune::config::BottleneckRule> {
-        Policies::load(&repo().join("policies.toml")).unwrap().0.profile.bottlenecks
+        Policies::load(&repo().join("policies.toml"))
+            .unwrap()
+            .0
+            .profile
+            .bottlenecks
     }
 
     #[test]
@@ -98,20 +131,35 @@ mod ncu_fixtures {
         assert_eq!((t.value, t.unit.as_str()), (65920.0, "ns"));
         assert_eq!(k[1].get("gpu__time_duration.sum"), Some(66304.0));
         assert_eq!(k[0].get("launch__waves_per_multiprocessor"), Some(62.06));
-        assert_eq!(k[0].get("dram__throughput.avg.pct_of_peak_sustained_elapsed"), Some(57.75));
+        assert_eq!(
+            k[0].get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+            Some(57.75)
+        );
     }
 
     #[test]
     fn mixed_stdout_is_skipped_and_split_kv_has_two_kernels() {
-        let k = parse_raw_csv(&shared_fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
+        let k = parse_raw_csv(&shared_fixture(
+            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
+        ))
+        .unwrap();
         assert_eq!(k.len(), 3);
         assert!(k[0].kernel.starts_with("void flash_fwd_splitkv_kernel"));
-        assert!(k[1].kernel.starts_with("void flash_fwd_splitkv_combine_kernel"));
+        assert!(k[1]
+            .kernel
+            .starts_with("void flash_fwd_splitkv_combine_kernel"));
         assert_eq!(k[0].get("gpu__time_duration.sum"), Some(7584.0));
         assert_eq!(k[1].get("gpu__time_duration.sum"), Some(5856.0));
-        for f in ["torch_sdpa_cudnn_1_8_512_64_mixed_stdout.csv", "torch_sdpa_cudnn_8_32_2048_64_mixed_stdout.csv", "torch_sdpa_flash_8_32_2048_64_mixed_stdout.csv"] {
+        for f in [
+            "torch_sdpa_cudnn_1_8_512_64_mixed_stdout.csv",
+            "torch_sdpa_cudnn_8_32_2048_64_mixed_stdout.csv",
+            "torch_sdpa_flash_8_32_2048_64_mixed_stdout.csv",
+        ] {
             let k = parse_raw_csv(&shared_fixture(&format!("ncu/{f}"))).unwrap();
-            assert!(!k.is_empty() && k.iter().all(|k| k.get("gpu__time_duration.sum").is_some()), "{f}");
+            assert!(
+                !k.is_empty() && k.iter().all(|k| k.get("gpu__time_duration.sum").is_some()),
+                "{f}"
+            );
         }
     }
 
@@ -120,19 +168,31 @@ mod ncu_fixtures {
         let out = shared_fixture("ncu/no_kernels_profiled.txt");
         assert!(no_kernels_profiled(&out));
         assert!(parse_raw_csv(&out).is_err());
-        assert!(!no_kernels_profiled(&shared_fixture("ncu/profile_run_stdout.txt")));
+        assert!(!no_kernels_profiled(&shared_fixture(
+            "ncu/profile_run_stdout.txt"
+        )));
     }
 
     #[test]
     fn classifier_names_the_bottleneck_from_real_numbers() {
         // PyTorch's split-KV flash kernel at the seed shape: 0.48 waves.
-        let flash = parse_raw_csv(&shared_fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
+        let flash = parse_raw_csv(&shared_fixture(
+            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
+        ))
+        .unwrap();
         let named = classify(&flash[0], &rules());
-        assert_eq!(named.first().map(String::as_str), Some("grid too small (waves < 1)"), "{named:?}");
+        assert_eq!(
+            named.first().map(String::as_str),
+            Some("grid too small (waves < 1)"),
+            "{named:?}"
+        );
         // saxpy: 62 waves, SM 30%, DRAM 58%: neither memory bound by the 60% rule nor grid-limited.
         let saxpy = parse_raw_csv(&shared_fixture("ncu/saxpy_raw_import.csv")).unwrap();
         let named = classify(&saxpy[0], &rules());
-        assert!(!named.iter().any(|n| n.starts_with("grid too small")), "{named:?}");
+        assert!(
+            !named.iter().any(|n| n.starts_with("grid too small")),
+            "{named:?}"
+        );
     }
 }
 
@@ -149,13 +209,19 @@ mod config_errors {
 
     fn location(e: &Error) -> (usize, usize, String) {
         match e {
-            Error::Config { line, column, key, .. } => (*line, *column, key.clone()),
+            Error::Config {
+                line, column, key, ..
+            } => (*line, *column, key.clone()),
             other => panic!("expected a config error, got {other}"),
         }
     }
 
     fn line_of(haystack: &str, needle: &str) -> usize {
-        haystack.lines().position(|l| l.starts_with(needle)).expect("needle in file") + 1
+        haystack
+            .lines()
+            .position(|l| l.starts_with(needle))
+            .expect("needle in file")
+            + 1
     }
 
     #[test]
@@ -169,7 +235,14 @@ mod config_errors {
     fn wrong_type_names_line_column_and_key() {
         let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
         let e = load_policies_with(|s| s.replace("samples = 30", "samples = \"thirty\""));
-        assert_eq!(location(&e), (line_of(&original, "samples = 30"), 11, "measure.samples".into()));
+        assert_eq!(
+            location(&e),
+            (
+                line_of(&original, "samples = 30"),
+                11,
+                "measure.samples".into()
+            )
+        );
         assert_eq!(e.exit_code(), 2);
     }
 
@@ -178,7 +251,10 @@ mod config_errors {
         let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
         let e = load_policies_with(|s| s.replace("warmup_ms = ", "warmup_msec = "));
         let (line, column, key) = location(&e);
-        assert_eq!((line, column, key.as_str()), (line_of(&original, "warmup_ms = "), 1, "measure.warmup_msec"));
+        assert_eq!(
+            (line, column, key.as_str()),
+            (line_of(&original, "warmup_ms = "), 1, "measure.warmup_msec")
+        );
         assert!(e.to_string().contains("unknown field"), "{e}");
     }
 
@@ -187,7 +263,10 @@ mod config_errors {
         let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
         let e = load_policies_with(|s| s.replace("jobs = 0", "jobs = 0 0"));
         let (line, _, key) = location(&e);
-        assert_eq!((line, key.as_str()), (line_of(&original, "jobs = 0"), "build.jobs"));
+        assert_eq!(
+            (line, key.as_str()),
+            (line_of(&original, "jobs = 0"), "build.jobs")
+        );
     }
 
     #[test]
@@ -201,36 +280,73 @@ mod config_errors {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("space.toml");
         let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
-        std::fs::write(&path, original.replace("BLOCK_M == WARPS * 16", "BLOCK_M == WARPS *")).unwrap();
+        std::fs::write(
+            &path,
+            original.replace("BLOCK_M == WARPS * 16", "BLOCK_M == WARPS *"),
+        )
+        .unwrap();
         let e = Space::load(&path).unwrap_err();
         let (line, column, key) = location(&e);
         assert_eq!(key, "constraints");
-        assert_eq!(line, original.lines().position(|l| l.contains("BLOCK_M == WARPS * 16")).unwrap() + 1);
+        assert_eq!(
+            line,
+            original
+                .lines()
+                .position(|l| l.contains("BLOCK_M == WARPS * 16"))
+                .unwrap()
+                + 1
+        );
         assert_eq!(column, 4);
     }
 
     #[test]
     fn shipped_bad_fixtures_name_file_line_and_key() {
         let dir = scratch_project();
-        std::fs::copy(repo().join("tests/fixtures/bad_variants.toml"), dir.path().join("variants/bad.toml")).unwrap();
-        let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/bad.toml"]);
+        std::fs::copy(
+            repo().join("tests/fixtures/bad_variants.toml"),
+            dir.path().join("variants/bad.toml"),
+        )
+        .unwrap();
+        let out = flashtune(
+            dir.path(),
+            &["tune", "--fake-gpu", "--space", "variants/bad.toml"],
+        );
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");
-        assert!(t.contains("bad.toml:") && t.contains("key `baseline`") && t.contains("WARPZ"), "{t}");
+        assert!(
+            t.contains("bad.toml:") && t.contains("key `baseline`") && t.contains("WARPZ"),
+            "{t}"
+        );
 
-        std::fs::copy(repo().join("tests/fixtures/bad_policies.toml"), dir.path().join("policies.toml")).unwrap();
+        std::fs::copy(
+            repo().join("tests/fixtures/bad_policies.toml"),
+            dir.path().join("policies.toml"),
+        )
+        .unwrap();
         let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
         let t = text(&out);
-        let line = std::fs::read_to_string(repo().join("tests/fixtures/bad_policies.toml")).unwrap().lines().position(|l| l.starts_with("min_sample_us")).unwrap() + 1;
+        let line = std::fs::read_to_string(repo().join("tests/fixtures/bad_policies.toml"))
+            .unwrap()
+            .lines()
+            .position(|l| l.starts_with("min_sample_us"))
+            .unwrap()
+            + 1;
         assert_eq!(out.status.code(), Some(2), "{t}");
-        assert!(t.contains(&format!("policies.toml:{line}:17: key `measure.min_sample_us`")), "{t}");
+        assert!(
+            t.contains(&format!(
+                "policies.toml:{line}:17: key `measure.min_sample_us`"
+            )),
+            "{t}"
+        );
     }
 
     #[test]
     fn cli_exits_2_on_bad_policies() {
         let dir = scratch_project();
         let p = dir.path().join("policies.toml");
-        let s = std::fs::read_to_string(&p).unwrap().replace("seed = ", "sed = ");
+        let s = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("seed = ", "sed = ");
         std::fs::write(&p, s).unwrap();
         let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -254,7 +370,10 @@ mod planning {
         (dir, space)
     }
 
-    const H100: DeviceLimits = DeviceLimits { max_threads_per_block: 1024, max_smem_optin_bytes: 232448 };
+    const H100: DeviceLimits = DeviceLimits {
+        max_threads_per_block: 1024,
+        max_smem_optin_bytes: 232448,
+    };
 
     #[test]
     fn constraints_and_device_limits_rule_points_out_with_reasons() {
@@ -262,16 +381,63 @@ mod planning {
             "MMA = [\"scalar\", \"wmma\"]\nBLOCK_M = [64, 128]\nBLOCK_N = [64, 512]\nWARPS = [4, 64]\nKV_SPLIT = [1]\nSTAGES = [1]\n",
             "constraints = ['MMA != \"wmma\" || BLOCK_M == WARPS * 16']",
         );
-        let plan = space.plan(&[64u32, 128].into_iter().collect(), &H100).unwrap();
+        let plan = space
+            .plan(&[64u32, 128].into_iter().collect(), &H100)
+            .unwrap();
         assert_eq!(plan.len(), 2 * 2 * 2 * 2 * 2);
-        let reason = |id: &str, d: u32| plan.iter().find(|p| p.variant.id == id && p.head_dim == d).unwrap().invalid.clone();
+        let reason = |id: &str, d: u32| {
+            plan.iter()
+                .find(|p| p.variant.id == id && p.head_dim == d)
+                .unwrap()
+                .invalid
+                .clone()
+        };
         assert_eq!(reason("scalar-bm64-bn64-w4-ks1-s1", 64), None);
-        assert!(reason("wmma-bm128-bn64-w4-ks1-s1", 64).unwrap().starts_with("constraints:"));
-        assert!(reason("scalar-bm64-bn64-w64-ks1-s1", 64).unwrap().contains("2048 threads"));
+        assert!(reason("wmma-bm128-bn64-w4-ks1-s1", 64)
+            .unwrap()
+            .starts_with("constraints:"));
+        assert!(reason("scalar-bm64-bn64-w64-ks1-s1", 64)
+            .unwrap()
+            .contains("2048 threads"));
         // 512-wide K/V tiles at d=128 need far more than 227 KB.
-        assert!(reason("scalar-bm128-bn512-w4-ks1-s1", 128).unwrap().contains("shared memory"));
+        assert!(reason("scalar-bm128-bn512-w4-ks1-s1", 128)
+            .unwrap()
+            .contains("shared memory"));
         let valid = plan.iter().find(|p| p.invalid.is_none()).unwrap();
         assert_eq!(valid.launch.as_ref().unwrap().threads, 128);
+    }
+
+    #[test]
+    fn the_ablation_chain_is_six_named_steps_in_order() {
+        let space = Space::load(&repo().join("variants/ablation.toml")).unwrap();
+        let steps: Vec<String> = space
+            .variants()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.step.unwrap())
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "baseline",
+                "+kv-split",
+                "+wmma",
+                "+mma-ldmatrix",
+                "+stages",
+                "+tiles"
+            ]
+        );
+        let v = space.variants().unwrap();
+        assert_eq!(v[0].id, space.baseline_id());
+        // Each step changes exactly one parameter.
+        for pair in v.windows(2) {
+            let changed = pair[0]
+                .params
+                .iter()
+                .filter(|(k, val)| pair[1].params[*k] != **val)
+                .count();
+            assert_eq!(changed, 1, "{} -> {}", pair[0].id, pair[1].id);
+        }
     }
 
     #[test]
@@ -283,7 +449,10 @@ mod planning {
         let space = Space::load(&path).unwrap();
         let (policies, _) = Policies::load(&repo().join("policies.toml")).unwrap();
         let e = space.select_shapes(&policies.shapes).unwrap_err();
-        assert!(matches!(&e, Error::Config { key, .. } if key == "shapes"), "{e}");
+        assert!(
+            matches!(&e, Error::Config { key, .. } if key == "shapes"),
+            "{e}"
+        );
         assert!(e.to_string().contains("no shape `raged`"), "{e}");
     }
 
@@ -292,7 +461,11 @@ mod planning {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.toml");
         let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
-        std::fs::write(&path, original.replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [2, 4]")).unwrap();
+        std::fs::write(
+            &path,
+            original.replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [2, 4]"),
+        )
+        .unwrap();
         let e = Space::load(&path).unwrap_err();
         assert!(e.to_string().contains("baseline"), "{e}");
     }
@@ -300,7 +473,12 @@ mod planning {
     #[test]
     fn defines_follow_the_kernel_convention() {
         let space = Space::load(&repo().join("variants/smoke.toml")).unwrap();
-        let v = space.variants().unwrap().into_iter().find(|v| v.id == space.baseline_id()).unwrap();
+        let v = space
+            .variants()
+            .unwrap()
+            .into_iter()
+            .find(|v| v.id == space.baseline_id())
+            .unwrap();
         let defines = space.forward_defines(&v, Dtype::Bf16, 128);
         assert!(defines.contains(&("DTYPE".into(), "DTYPE_BF16".into())));
         assert!(defines.contains(&("HEAD_DIM".into(), "128".into())));
@@ -317,17 +495,38 @@ mod run_log {
         let path = dir.path().join("log.jsonl");
         let mut log = RunLog::create(&path).unwrap();
         let records = vec![
-            Record::Interrupted { reason: "first".into() },
-            Record::Rejected { variant: "v".into(), dtype: Dtype::F16, head_dim: 64, reason: "spills".into() },
-            Record::Finished { seconds: 1.5, variants: 1, measured_cases: 0, failed_cases: 1 },
+            Record::Interrupted {
+                reason: "first".into(),
+            },
+            Record::Rejected {
+                variant: "v".into(),
+                dtype: Dtype::F16,
+                head_dim: 64,
+                reason: "spills".into(),
+            },
+            Record::Finished {
+                seconds: 1.5,
+                variants: 1,
+                measured_cases: 0,
+                failed_cases: 1,
+            },
         ];
         for r in &records {
             log.append(r.clone()).unwrap();
         }
         let back = runlog::read(&path).unwrap();
         assert!(!back.torn_tail);
-        assert_eq!(back.entries.iter().map(|(_, e)| e.record.clone()).collect::<Vec<_>>(), records);
-        assert_eq!(back.entries.iter().map(|(l, _)| *l).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            back.entries
+                .iter()
+                .map(|(_, e)| e.record.clone())
+                .collect::<Vec<_>>(),
+            records
+        );
+        assert_eq!(
+            back.entries.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
 
         // A crash mid-write leaves half a line: ignored, flagged.
         let mut bytes = std::fs::read(&path).unwrap();
@@ -338,7 +537,11 @@ mod run_log {
         assert_eq!(back.entries.len(), 3);
 
         // Damage anywhere else is corruption, not something to skip silently.
-        let mut lines: Vec<String> = std::fs::read_to_string(&path).unwrap().lines().map(str::to_owned).collect();
+        let mut lines: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
         lines[1] = "not json".into();
         std::fs::write(&path, lines.join("\n")).unwrap();
         let err = runlog::read(&path).unwrap_err();
@@ -367,10 +570,22 @@ mod real_builds {
         let forward_rows = table.lines().filter(|l| l.contains("| attn_fwd |")).count();
         let space = Space::load(&repo().join("variants/smoke.toml")).unwrap();
         let (policies, _) = Policies::load(&repo().join("policies.toml")).unwrap();
-        let head_dims: std::collections::BTreeSet<u32> = space.select_shapes(&policies.shapes).unwrap().iter().map(|s| s.d).collect();
-        assert_eq!(forward_rows, space.variants().unwrap().len() * head_dims.len() * policies.dtypes.len(), "{table}");
+        let head_dims: std::collections::BTreeSet<u32> = space
+            .select_shapes(&policies.shapes)
+            .unwrap()
+            .iter()
+            .map(|s| s.d)
+            .collect();
+        assert_eq!(
+            forward_rows,
+            space.variants().unwrap().len() * head_dims.len() * policies.dtypes.len(),
+            "{table}"
+        );
         for l in table.lines().filter(|l| l.contains("| attn_")) {
-            assert!(l.contains("| 0/0 |") && l.ends_with("| ok |"), "spilling or rejected: {l}");
+            assert!(
+                l.contains("| 0/0 |") && l.ends_with("| ok |"),
+                "spilling or rejected: {l}"
+            );
         }
     }
 
@@ -382,10 +597,16 @@ mod real_builds {
             let t = text(&out);
             assert!(out.status.success(), "{space}: {t}");
             let table = String::from_utf8_lossy(&out.stdout);
-            let rows: Vec<&str> = table.lines().filter(|l| l.contains("| attn_fwd |")).collect();
+            let rows: Vec<&str> = table
+                .lines()
+                .filter(|l| l.contains("| attn_fwd |"))
+                .collect();
             assert!(!rows.is_empty(), "{table}");
             for l in table.lines().filter(|l| l.contains("| attn_")) {
-                assert!(l.contains("| 0/0 |") && l.ends_with("| ok |"), "{space}: spilling or rejected: {l}");
+                assert!(
+                    l.contains("| 0/0 |") && l.ends_with("| ok |"),
+                    "{space}: spilling or rejected: {l}"
+                );
             }
         }
     }
@@ -397,7 +618,9 @@ mod real_builds {
         let k = dir.path().join("kernels/attention");
         std::fs::copy(repo().join("tests/fixtures/spill.cu"), k.join("spill.cu")).unwrap();
         let policies = dir.path().join("policies.toml");
-        let p = std::fs::read_to_string(&policies).unwrap().replace("nvcc_flags = [", "nvcc_flags = [\"-maxrregcount=32\", ");
+        let p = std::fs::read_to_string(&policies)
+            .unwrap()
+            .replace("nvcc_flags = [", "nvcc_flags = [\"-maxrregcount=32\", ");
         std::fs::write(&policies, p).unwrap();
         let space = dir.path().join("variants/spill.toml");
         let s = std::fs::read_to_string(dir.path().join("variants/smoke.toml"))
@@ -429,12 +652,20 @@ mod pipeline {
     use super::*;
 
     fn records(run_dir: &Path) -> Vec<Record> {
-        runlog::read(&run_dir.join("log.jsonl")).unwrap().entries.into_iter().map(|(_, e)| e.record).collect()
+        runlog::read(&run_dir.join("log.jsonl"))
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|(_, e)| e.record)
+            .collect()
     }
 
     fn run_dir_from(out: &Output) -> PathBuf {
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout.lines().find_map(|l| l.strip_prefix("Run log: ")).expect("tune prints its run log");
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("Run log: "))
+            .expect("tune prints its run log");
         PathBuf::from(line).parent().unwrap().to_path_buf()
     }
 
@@ -447,7 +678,9 @@ mod pipeline {
         assert!(out.status.success(), "{t}");
         let run = run_dir_from(&out);
         let recs = records(&run);
-        let Record::Header(h) = &recs[0] else { panic!("first record is {:?}", recs[0]) };
+        let Record::Header(h) = &recs[0] else {
+            panic!("first record is {:?}", recs[0])
+        };
         assert!(h.device.fake);
         assert_eq!(h.baseline, "scalar-bm64-bn64-w4-ks1-s1");
         let (policies, _) = Policies::load(&dir.path().join("policies.toml")).unwrap();
@@ -455,29 +688,64 @@ mod pipeline {
         let shapes = space.select_shapes(&policies.shapes).unwrap();
         assert_eq!(h.shapes, shapes);
         let cases = space.variants().unwrap().len() * shapes.len() * policies.dtypes.len();
-        let timed = recs.iter().filter(|r| matches!(r, Record::Timed { .. })).count();
-        let checked = recs.iter().filter(|r| matches!(r, Record::Checked { .. })).count();
+        let timed = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Timed { .. }))
+            .count();
+        let checked = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Checked { .. }))
+            .count();
         assert_eq!((timed, checked), (cases, cases));
-        assert!(matches!(recs.last(), Some(Record::Finished { failed_cases: 0, .. })));
+        assert!(matches!(
+            recs.last(),
+            Some(Record::Finished {
+                failed_cases: 0,
+                ..
+            })
+        ));
         let report = std::fs::read_to_string(run.join("report.md")).unwrap();
         assert!(report.contains("Fake GPU"), "{report}");
-        assert!(report.contains("PyTorch not measured: fake GPU"), "{report}");
-        assert!(report.contains("| `scalar-bm64-bn64-w4-ks1-s1` |") && report.contains("1.00×"), "{report}");
+        assert!(
+            report.contains("PyTorch not measured: fake GPU"),
+            "{report}"
+        );
+        assert!(
+            report.contains("| `scalar-bm64-bn64-w4-ks1-s1` |") && report.contains("1.00×"),
+            "{report}"
+        );
         // `report` rebuilds the same table from the log alone.
         let again = flashtune(dir.path(), &["report", run.to_str().unwrap()]);
-        assert!(String::from_utf8_lossy(&again.stdout).contains(report.trim()), "{}", text(&again));
+        assert!(
+            String::from_utf8_lossy(&again.stdout).contains(report.trim()),
+            "{}",
+            text(&again)
+        );
     }
 
     #[test]
     fn invalid_points_are_logged_not_dropped() {
         let dir = scratch_project();
         let space = dir.path().join("variants/smoke.toml");
-        let s = std::fs::read_to_string(&space).unwrap().replace("WARPS = [4]", "WARPS = [4, 8]");
+        let s = std::fs::read_to_string(&space)
+            .unwrap()
+            .replace("WARPS = [4]", "WARPS = [4, 8]");
         std::fs::write(&space, s).unwrap();
         let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
         assert!(out.status.success(), "{}", text(&out));
         let recs = records(&run_dir_from(&out));
-        let invalid: Vec<&Record> = recs.iter().filter(|r| matches!(r, Record::Planned { invalid: Some(_), .. })).collect();
+        let invalid: Vec<&Record> = recs
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r,
+                    Record::Planned {
+                        invalid: Some(_),
+                        ..
+                    }
+                )
+            })
+            .collect();
         // wmma needs BLOCK_M == WARPS * 16, so wmma with 8 warps is out, for both head dims and both splits.
         assert_eq!(invalid.len(), 4, "{invalid:?}");
         assert!(!recs.iter().any(|r| matches!(r, Record::Built { variant, .. } if variant.starts_with("wmma-bm64-bn64-w8"))));
@@ -491,12 +759,18 @@ mod pipeline {
             .arg(dir.path())
             .arg("tune")
             .env("CUDA_VISIBLE_DEVICES", "")
-            .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
             .output()
             .unwrap();
         let t = text(&out);
         assert_eq!(out.status.code(), Some(3), "{t}");
-        assert!(t.contains("no usable GPU") && t.contains("flashtune build"), "{t}");
+        assert!(
+            t.contains("no usable GPU") && t.contains("flashtune build"),
+            "{t}"
+        );
         assert!(!t.contains("panicked"), "{t}");
     }
 
@@ -511,9 +785,16 @@ mod pipeline {
             .unwrap();
         let t = String::from_utf8_lossy(&out.stdout);
         for name in ["nvcc", "gpu", "ncu", "git", "disk"] {
-            assert!(t.lines().any(|l| l.contains(&format!("] {name}"))), "no {name} line:\n{t}");
+            assert!(
+                t.lines().any(|l| l.contains(&format!("] {name}"))),
+                "no {name} line:\n{t}"
+            );
         }
-        assert!(t.lines().any(|l| l.starts_with("[FAIL] gpu") && l.contains("fix:")), "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.starts_with("[FAIL] gpu") && l.contains("fix:")),
+            "{t}"
+        );
         assert_eq!(out.status.code(), Some(1));
         assert!(!text(&out).contains("panicked"));
     }
@@ -531,7 +812,11 @@ mod reference_library {
     }
 
     fn shapes(p: &Policies) -> Vec<flashtune::config::Shape> {
-        p.shapes.iter().filter(|s| s.name == "small").cloned().collect()
+        p.shapes
+            .iter()
+            .filter(|s| s.name == "small")
+            .cloned()
+            .collect()
     }
 
     #[tokio::test]
@@ -539,7 +824,11 @@ mod reference_library {
         // A `torch` that cannot be imported, whatever this machine has installed.
         let fake = tempfile::tempdir().unwrap();
         std::fs::create_dir(fake.path().join("torch")).unwrap();
-        std::fs::write(fake.path().join("torch/__init__.py"), "raise ImportError('simulated: no torch here')\n").unwrap();
+        std::fs::write(
+            fake.path().join("torch/__init__.py"),
+            "raise ImportError('simulated: no torch here')\n",
+        )
+        .unwrap();
         let script = repo().join("baselines/torch_sdpa.py");
         let cmd = vec![
             "env".into(),
@@ -548,8 +837,14 @@ mod reference_library {
             script.display().to_string(),
         ];
         let p = policies_with(cmd);
-        let err = baseline::measure(&repo(), &p, &shapes(&p)).await.err().expect("no torch, no figures");
-        assert!(err.contains("PyTorch is not importable") && err.contains("simulated"), "{err}");
+        let err = baseline::measure(&repo(), &p, &shapes(&p))
+            .await
+            .err()
+            .expect("no torch, no figures");
+        assert!(
+            err.contains("PyTorch is not importable") && err.contains("simulated"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -572,13 +867,23 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": rows}))
         assert_eq!(rows.len(), 2);
         let timing = rows[0].outcome.as_ref().unwrap();
         assert_eq!((timing.median_us, timing.launches_per_sample), (3.0, 100));
-        assert_eq!(rows[1].outcome.as_ref().unwrap_err(), "RuntimeError: no kernel");
+        assert_eq!(
+            rows[1].outcome.as_ref().unwrap_err(),
+            "RuntimeError: no kernel"
+        );
     }
 
     #[tokio::test]
     async fn a_crashing_adapter_is_reported_not_fatal() {
-        let p = policies_with(vec!["python3".into(), "-c".into(), "import sys; print('boom', file=sys.stderr); sys.exit(7)".into()]);
-        let err = baseline::measure(&repo(), &p, &shapes(&p)).await.err().unwrap();
+        let p = policies_with(vec![
+            "python3".into(),
+            "-c".into(),
+            "import sys; print('boom', file=sys.stderr); sys.exit(7)".into(),
+        ]);
+        let err = baseline::measure(&repo(), &p, &shapes(&p))
+            .await
+            .err()
+            .unwrap();
         assert!(err.contains("boom"), "{err}");
     }
 }
@@ -589,11 +894,20 @@ mod supervision {
     use std::time::{Duration, Instant};
 
     fn records(run_dir: &Path) -> Vec<(usize, Record)> {
-        runlog::read(&run_dir.join("log.jsonl")).unwrap().entries.into_iter().map(|(l, e)| (l, e.record)).collect()
+        runlog::read(&run_dir.join("log.jsonl"))
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|(l, e)| (l, e.record))
+            .collect()
     }
 
     fn only_run(root: &Path) -> PathBuf {
-        let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("log.jsonl").is_file()).collect();
+        let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.join("log.jsonl").is_file())
+            .collect();
         assert_eq!(runs.len(), 1, "{runs:?}");
         runs[0].clone()
     }
@@ -602,9 +916,16 @@ mod supervision {
     fn fault_project(build_s: u64, worker_s: u64) -> tempfile::TempDir {
         let dir = scratch_project();
         std::fs::create_dir_all(dir.path().join("kernels/attention/faults")).unwrap();
-        std::fs::copy(repo().join("kernels/attention/faults/faults.cu"), dir.path().join("kernels/attention/faults/faults.cu")).unwrap();
+        std::fs::copy(
+            repo().join("kernels/attention/faults/faults.cu"),
+            dir.path().join("kernels/attention/faults/faults.cu"),
+        )
+        .unwrap();
         let space = dir.path().join("variants/faults.toml");
-        let s = std::fs::read_to_string(&space).unwrap().replace("build_s = 20", &format!("build_s = {build_s}")).replace("worker_s = 20", &format!("worker_s = {worker_s}"));
+        let s = std::fs::read_to_string(&space)
+            .unwrap()
+            .replace("build_s = 20", &format!("build_s = {build_s}"))
+            .replace("worker_s = 20", &format!("worker_s = {worker_s}"));
         std::fs::write(&space, s).unwrap();
         dir
     }
@@ -616,26 +937,69 @@ mod supervision {
     #[test]
     fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured() {
         let dir = fault_project(15, 4);
-        let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/faults.toml"]);
+        let out = flashtune(
+            dir.path(),
+            &["tune", "--fake-gpu", "--space", "variants/faults.toml"],
+        );
         assert!(out.status.success(), "{}", text(&out));
         let recs = records(&only_run(dir.path()));
         let is = |v: &str, prefix: &str| v.starts_with(prefix);
         // Builds that cannot work: too much shared memory, a syntax error, and a compile that never ends.
         for fault in ["smem-", "compile_error-"] {
-            assert_eq!(count(&recs, |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, fault) && reason.contains("nvcc failed"))), 4, "{fault}");
+            assert_eq!(
+                count(
+                    &recs,
+                    |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, fault) && reason.contains("nvcc failed"))
+                ),
+                4,
+                "{fault}"
+            );
         }
-        assert_eq!(count(&recs, |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, "slow_compile-") && reason.contains("timed out"))), 4);
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, "slow_compile-") && reason.contains("timed out"))
+            ),
+            4
+        );
         // A hang and a crash are each tried twice, then quarantined.
-        assert_eq!(count(&recs, |r| matches!(r, Record::TimedOut { variant, .. } if is(variant, "hang-"))), 2);
-        assert_eq!(count(&recs, |r| matches!(r, Record::WorkerCrashed { variant, .. } if is(variant, "illegal_address-"))), 2);
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::TimedOut { variant, .. } if is(variant, "hang-"))
+            ),
+            2
+        );
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::WorkerCrashed { variant, .. } if is(variant, "illegal_address-"))
+            ),
+            2
+        );
         assert_eq!(count(&recs, |r| matches!(r, Record::Quarantined { .. })), 2);
         // Wrong answers are final: one record per case, never retried.
         for fault in ["nan-", "wrong-"] {
-            assert_eq!(count(&recs, |r| matches!(r, Record::CheckFailed { variant, .. } if is(variant, fault))), 4, "{fault}");
+            assert_eq!(
+                count(
+                    &recs,
+                    |r| matches!(r, Record::CheckFailed { variant, .. } if is(variant, fault))
+                ),
+                4,
+                "{fault}"
+            );
         }
-        assert!(recs.iter().any(|(_, r)| matches!(r, Record::CheckFailed { reason, .. } if reason.contains("NaN"))));
+        assert!(recs.iter().any(
+            |(_, r)| matches!(r, Record::CheckFailed { reason, .. } if reason.contains("NaN"))
+        ));
         // The good variants: 2 variants x 2 shapes x 2 dtypes, all measured.
-        assert_eq!(count(&recs, |r| matches!(r, Record::Timed { variant, .. } if is(variant, "none-"))), 8);
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::Timed { variant, .. } if is(variant, "none-"))
+            ),
+            8
+        );
         assert_eq!(count(&recs, |r| matches!(r, Record::Timed { .. })), 8);
         assert!(matches!(recs.last(), Some((_, Record::Finished { .. }))));
         assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 9);
@@ -648,7 +1012,10 @@ mod supervision {
             .arg("--root")
             .arg(dir.path())
             .args(["tune", "--fake-gpu", "--space", "variants/faults.toml"])
-            .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -656,11 +1023,25 @@ mod supervision {
         // Kill it the hard way once at least one variant is finished and before the run ends.
         let started = Instant::now();
         let run = loop {
-            assert!(started.elapsed() < Duration::from_secs(120), "no variant finished");
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no variant finished"
+            );
             std::thread::sleep(Duration::from_millis(100));
-            let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else { continue };
-            let Some(run) = entries.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.join("log.jsonl").is_file()) else { continue };
-            if std::fs::read_to_string(run.join("log.jsonl")).unwrap_or_default().contains("\"event\":\"variant_done\"") {
+            let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else {
+                continue;
+            };
+            let Some(run) = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .find(|p| p.join("log.jsonl").is_file())
+            else {
+                continue;
+            };
+            if std::fs::read_to_string(run.join("log.jsonl"))
+                .unwrap_or_default()
+                .contains("\"event\":\"variant_done\"")
+            {
                 break run;
             }
         };
@@ -672,7 +1053,12 @@ mod supervision {
         bytes.extend_from_slice(b"{\"t\":9.0,\"event\":\"timed\",\"vari");
         std::fs::write(&log, bytes).unwrap();
         let before = records(&run);
-        assert!(!before.iter().any(|(_, r)| matches!(r, Record::Finished { .. })), "the kill came too late to test anything");
+        assert!(
+            !before
+                .iter()
+                .any(|(_, r)| matches!(r, Record::Finished { .. })),
+            "the kill came too late to test anything"
+        );
         let done_before: Vec<String> = before
             .iter()
             .filter_map(|(_, r)| match r {
@@ -685,23 +1071,52 @@ mod supervision {
         assert!(out.status.success(), "{}", text(&out));
         let loaded = runlog::read(&log).unwrap();
         assert!(!loaded.torn_tail);
-        let after: Vec<(usize, Record)> = loaded.entries.into_iter().map(|(l, e)| (l, e.record)).collect();
-        let resumed_at = after.iter().position(|(_, r)| matches!(r, Record::Resumed { .. })).expect("a resumed record");
-        let Record::Resumed { finished_variants, overridden, .. } = &after[resumed_at].1 else { unreachable!() };
-        assert_eq!((*finished_variants, overridden.len()), (done_before.len(), 0));
+        let after: Vec<(usize, Record)> = loaded
+            .entries
+            .into_iter()
+            .map(|(l, e)| (l, e.record))
+            .collect();
+        let resumed_at = after
+            .iter()
+            .position(|(_, r)| matches!(r, Record::Resumed { .. }))
+            .expect("a resumed record");
+        let Record::Resumed {
+            finished_variants,
+            overridden,
+            ..
+        } = &after[resumed_at].1
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            (*finished_variants, overridden.len()),
+            (done_before.len(), 0)
+        );
         // Nothing finished before the kill is planned, built or measured again.
         for (_, r) in &after[resumed_at..] {
             let v = match r {
-                Record::Planned { variant, .. } | Record::Built { variant, .. } | Record::Timed { variant, .. } | Record::CheckFailed { variant, .. } => variant,
+                Record::Planned { variant, .. }
+                | Record::Built { variant, .. }
+                | Record::Timed { variant, .. }
+                | Record::CheckFailed { variant, .. } => variant,
                 _ => continue,
             };
-            assert!(!done_before.contains(v), "{v} was finished before the kill but ran again");
+            assert!(
+                !done_before.contains(v),
+                "{v} was finished before the kill but ran again"
+            );
         }
         // And the run as a whole is complete: every variant is done, the good ones measured once each case.
-        assert_eq!(count(&after, |r| matches!(r, Record::VariantDone { .. })), 9);
+        assert_eq!(
+            count(&after, |r| matches!(r, Record::VariantDone { .. })),
+            9
+        );
         assert!(matches!(after.last(), Some((_, Record::Finished { .. }))));
         let report = std::fs::read_to_string(run.join("report.md")).unwrap();
-        assert!(report.contains("| `none-scalar-bm64-bn64-w4-ks4-s1` |"), "{report}");
+        assert!(
+            report.contains("| `none-scalar-bm64-bn64-w4-ks4-s1` |"),
+            "{report}"
+        );
     }
 
     #[test]
@@ -711,18 +1126,28 @@ mod supervision {
         assert!(out.status.success(), "{}", text(&out));
         let run = only_run(dir.path());
         let recs = records(&run);
-        assert!(recs.iter().any(|(_, r)| matches!(r, Record::BudgetReached { .. })));
+        assert!(recs
+            .iter()
+            .any(|(_, r)| matches!(r, Record::BudgetReached { .. })));
         assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 1);
 
         let policies = dir.path().join("policies.toml");
-        let changed = std::fs::read_to_string(&policies).unwrap().replace("samples = 30", "samples = 31");
+        let changed = std::fs::read_to_string(&policies)
+            .unwrap()
+            .replace("samples = 30", "samples = 31");
         std::fs::write(&policies, changed).unwrap();
         let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");
-        assert!(t.contains("policies.toml: was") && t.contains("--force"), "{t}");
+        assert!(
+            t.contains("policies.toml: was") && t.contains("--force"),
+            "{t}"
+        );
 
-        let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu", "--force"]);
+        let out = flashtune(
+            dir.path(),
+            &["resume", run.to_str().unwrap(), "--fake-gpu", "--force"],
+        );
         assert!(out.status.success(), "{}", text(&out));
         let recs = records(&run);
         assert!(recs.iter().any(|(_, r)| matches!(r, Record::Resumed { overridden, .. } if overridden.iter().any(|o| o.starts_with("policies.toml")))));
@@ -732,21 +1157,39 @@ mod supervision {
     #[test]
     fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
         let dir = fault_project(15, 3);
-        let mut child = Command::new(binary())
+        let child = Command::new(binary())
             .arg("--root")
             .arg(dir.path())
-            .args(["tune", "--fake-gpu", "--space", "variants/faults.toml", "--json"])
-            .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+            .args([
+                "tune",
+                "--fake-gpu",
+                "--space",
+                "variants/faults.toml",
+                "--json",
+            ])
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         let started = Instant::now();
         loop {
-            assert!(started.elapsed() < Duration::from_secs(120), "no build finished");
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no build finished"
+            );
             std::thread::sleep(Duration::from_millis(100));
-            let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else { continue };
-            if entries.filter_map(|e| e.ok()).any(|e| std::fs::read_to_string(e.path().join("log.jsonl")).unwrap_or_default().contains("\"event\":\"built\"")) {
+            let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else {
+                continue;
+            };
+            if entries.filter_map(|e| e.ok()).any(|e| {
+                std::fs::read_to_string(e.path().join("log.jsonl"))
+                    .unwrap_or_default()
+                    .contains("\"event\":\"built\"")
+            }) {
                 break;
             }
         }
@@ -754,7 +1197,11 @@ mod supervision {
         let out = child.wait_with_output().unwrap();
         assert_eq!(out.status.code(), Some(130));
         let recs = records(&only_run(dir.path()));
-        assert!(matches!(recs.last(), Some((_, Record::Interrupted { .. }))), "{:?}", recs.last());
+        assert!(
+            matches!(recs.last(), Some((_, Record::Interrupted { .. }))),
+            "{:?}",
+            recs.last()
+        );
         // --json streamed the same records that are in the log.
         let streamed = String::from_utf8_lossy(&out.stdout).lines().count();
         assert_eq!(streamed, recs.len());
@@ -771,16 +1218,26 @@ mod git {
         let repo = git2::Repository::init(dir.path()).unwrap();
         std::fs::write(dir.path().join(".gitignore"), "runs/\n").unwrap();
         let mut index = repo.index().unwrap();
-        index.add_all(["*"], git2::IndexAddOption::DEFAULT, None).unwrap();
+        index
+            .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+            .unwrap();
         index.write().unwrap();
         let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
         let sig = git2::Signature::now("test", "test@localhost").unwrap();
-        repo.commit(Some("HEAD"), &sig, &sig, "initial", &tree, &[]).unwrap();
+        repo.commit(Some("HEAD"), &sig, &sig, "initial", &tree, &[])
+            .unwrap();
         dir
     }
 
     fn head(dir: &Path) -> String {
-        git2::Repository::open(dir).unwrap().head().unwrap().peel_to_commit().unwrap().id().to_string()
+        git2::Repository::open(dir)
+            .unwrap()
+            .head()
+            .unwrap()
+            .peel_to_commit()
+            .unwrap()
+            .id()
+            .to_string()
     }
 
     #[test]
@@ -791,15 +1248,48 @@ mod git {
         assert!(out.status.success(), "{}", text(&out));
         let repo = git2::Repository::open(dir.path()).unwrap();
         assert_eq!(head(dir.path()), before, "HEAD must not move");
-        assert!(!dir.path().join("kernels/attention/tuned.toml").exists(), "the working tree must not change");
-        let branch = repo.branches(Some(git2::BranchType::Local)).unwrap().filter_map(|b| b.ok()).find_map(|(b, _)| b.name().ok().flatten().filter(|n| n.starts_with("flashtune/")).map(str::to_owned)).expect("a flashtune/<run-id> branch");
-        let commit = repo.revparse_single(&branch).unwrap().peel_to_commit().unwrap();
+        assert!(
+            !dir.path().join("kernels/attention/tuned.toml").exists(),
+            "the working tree must not change"
+        );
+        let branch = repo
+            .branches(Some(git2::BranchType::Local))
+            .unwrap()
+            .filter_map(|b| b.ok())
+            .find_map(|(b, _)| {
+                b.name()
+                    .ok()
+                    .flatten()
+                    .filter(|n| n.starts_with("flashtune/"))
+                    .map(str::to_owned)
+            })
+            .expect("a flashtune/<run-id> branch");
+        let commit = repo
+            .revparse_single(&branch)
+            .unwrap()
+            .peel_to_commit()
+            .unwrap();
         let message = commit.message().unwrap();
-        assert!(message.contains("Flashtune-Run: ") && message.contains("Flashtune-Speedup: "), "{message}");
-        let blob = commit.tree().unwrap().get_path(Path::new("kernels/attention/tuned.toml")).unwrap().to_object(&repo).unwrap().peel_to_blob().unwrap();
-        let table: flashtune::champions::Table = toml::from_str(std::str::from_utf8(blob.content()).unwrap()).unwrap();
+        assert!(
+            message.contains("Flashtune-Run: ") && message.contains("Flashtune-Speedup: "),
+            "{message}"
+        );
+        let blob = commit
+            .tree()
+            .unwrap()
+            .get_path(Path::new("kernels/attention/tuned.toml"))
+            .unwrap()
+            .to_object(&repo)
+            .unwrap()
+            .peel_to_blob()
+            .unwrap();
+        let table: flashtune::champions::Table =
+            toml::from_str(std::str::from_utf8(blob.content()).unwrap()).unwrap();
         assert_eq!(table.champion.len(), 12, "6 shapes x 2 dtypes");
-        assert!(table.champion.iter().all(|c| c.log_line > 0 && branch.ends_with(&c.run)));
+        assert!(table
+            .champion
+            .iter()
+            .all(|c| c.log_line > 0 && branch.ends_with(&c.run)));
     }
 
     #[test]
@@ -808,13 +1298,20 @@ mod git {
         std::fs::write(dir.path().join("kernels/attention/tuned.toml"), "# mine\n").unwrap();
         let repo = git2::Repository::open(dir.path()).unwrap();
         let mut index = repo.index().unwrap();
-        index.add_path(Path::new("kernels/attention/tuned.toml")).unwrap();
+        index
+            .add_path(Path::new("kernels/attention/tuned.toml"))
+            .unwrap();
         index.write().unwrap();
         let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
         let sig = git2::Signature::now("test", "test@localhost").unwrap();
         let parent = repo.head().unwrap().peel_to_commit().unwrap();
-        repo.commit(Some("HEAD"), &sig, &sig, "table", &tree, &[&parent]).unwrap();
-        std::fs::write(dir.path().join("kernels/attention/tuned.toml"), "# edited by hand\n").unwrap();
+        repo.commit(Some("HEAD"), &sig, &sig, "table", &tree, &[&parent])
+            .unwrap();
+        std::fs::write(
+            dir.path().join("kernels/attention/tuned.toml"),
+            "# edited by hand\n",
+        )
+        .unwrap();
         let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--commit"]);
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");
@@ -827,8 +1324,16 @@ mod git {
         let fwd = dir.path().join("kernels/attention/forward.cu");
         let original = std::fs::read_to_string(&fwd).unwrap();
         std::fs::write(&fwd, format!("{original}\n// slower\n")).unwrap();
-        std::fs::write(dir.path().join("kernels/attention/new.cuh"), "// new file\n").unwrap();
-        let changed: Vec<String> = vcs::changed_against_head(dir.path()).unwrap().into_iter().filter(|p| p.starts_with("kernels/")).collect();
+        std::fs::write(
+            dir.path().join("kernels/attention/new.cuh"),
+            "// new file\n",
+        )
+        .unwrap();
+        let changed: Vec<String> = vcs::changed_against_head(dir.path())
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.starts_with("kernels/"))
+            .collect();
         assert_eq!(changed.len(), 2, "{changed:?}");
         vcs::restore_paths(dir.path(), &changed).unwrap();
         assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
@@ -837,7 +1342,12 @@ mod git {
 
         let before = head(dir.path());
         std::fs::write(&fwd, format!("{original}\n// faster\n")).unwrap();
-        vcs::commit_paths(dir.path(), &["kernels/attention/forward.cu".into()], "faster\n\nFlashtune-Speedup: 1.10x").unwrap();
+        vcs::commit_paths(
+            dir.path(),
+            &["kernels/attention/forward.cu".into()],
+            "faster\n\nFlashtune-Speedup: 1.10x",
+        )
+        .unwrap();
         assert_ne!(head(dir.path()), before);
         assert!(vcs::changed_against_head(dir.path()).unwrap().is_empty());
         let _ = decide::judge; // acceptance is unit-tested in src/decide.rs
@@ -856,17 +1366,35 @@ mod gpu {
         let t = text(&out);
         assert!(out.status.success(), "{t}");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let run = PathBuf::from(stdout.lines().find_map(|l| l.strip_prefix("Run log: ")).unwrap());
+        let run = PathBuf::from(
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("Run log: "))
+                .unwrap(),
+        );
         let log = runlog::read(&run).unwrap();
         let failures: Vec<String> = log
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e.record, Record::CheckFailed { .. } | Record::WorkerCrashed { .. } | Record::TimedOut { .. } | Record::BuildFailed { .. }))
+            .filter(|(_, e)| {
+                matches!(
+                    e.record,
+                    Record::CheckFailed { .. }
+                        | Record::WorkerCrashed { .. }
+                        | Record::TimedOut { .. }
+                        | Record::BuildFailed { .. }
+                )
+            })
             .map(|(l, e)| format!("line {l}: {:?}", e.record))
             .collect();
         assert!(failures.is_empty(), "{failures:#?}");
         assert!(log.header().unwrap().device.name.contains("NVIDIA"));
         // PyTorch is installed on the GPU machines this runs on: its timings land in the same log.
-        assert!(log.entries.iter().any(|(_, e)| matches!(e.record, Record::BaselineTimed { .. })), "no PyTorch timings in the log");
+        assert!(
+            log.entries
+                .iter()
+                .any(|(_, e)| matches!(e.record, Record::BaselineTimed { .. })),
+            "no PyTorch timings in the log"
+        );
     }
 }
