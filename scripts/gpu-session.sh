@@ -37,6 +37,6 @@ for stage in "$@"; do
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
     attention) ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
-    ablation) ft tune --space variants/ablation.toml 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
+    ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done
