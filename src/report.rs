@@ -17,6 +17,8 @@ struct Row {
     cells: BTreeMap<String, Cell>,
     max_abs: f64,
     max_rel_l2: f64,
+    /// Whether any case passed its check (otherwise the error columns have nothing to show).
+    checked: bool,
     registers: u32,
     spills: u64,
     problems: Vec<String>,
@@ -144,6 +146,7 @@ pub fn markdown(log: &LoadedLog) -> String {
             } => {
                 let k = row(&mut rows, variant, *dtype);
                 let r = rows.get_mut(&k).expect("row exists");
+                r.checked = true;
                 r.max_abs = r.max_abs.max(check.max_abs);
                 r.max_rel_l2 = r.max_rel_l2.max(check.rel_l2);
             }
@@ -235,6 +238,11 @@ pub fn markdown(log: &LoadedLog) -> String {
             }
             Record::BaselineUnavailable { reason, .. } => torch_missing = Some(reason.clone()),
             Record::Interrupted { reason } => interrupted = Some(reason.clone()),
+            Record::BudgetReached { reason, variants_not_measured } => {
+                worker_problems.push(format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")));
+            }
+            Record::Quarantined { variant, reason, .. } => worker_problems.push(format!("`{variant}` quarantined: {reason} (log line {line})")),
+            Record::GpuUnhealthy { device, reason } => worker_problems.push(format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})")),
             Record::Finished {
                 seconds,
                 variants,
@@ -300,10 +308,18 @@ pub fn markdown(log: &LoadedLog) -> String {
         let speedup = baseline
             .and_then(|b| geomean_speedup(b, r, header.shapes.iter().map(|s| s.name.as_str())));
         let speedup = speedup.map_or("—".into(), |x| format!("{x:.2}×"));
+        let (abs, rel) = if r.checked {
+            (
+                format!("{:.2e}", r.max_abs),
+                format!("{:.2e}", r.max_rel_l2),
+            )
+        } else {
+            ("—".into(), "—".into())
+        };
         let _ = writeln!(
             md,
-            " {speedup} | {:.2e} | {:.2e} | {} | {} |",
-            r.max_abs, r.max_rel_l2, r.registers, r.spills
+            " {speedup} | {abs} | {rel} | {} | {} |",
+            r.registers, r.spills
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
