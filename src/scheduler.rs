@@ -128,6 +128,9 @@ impl Scheduler<'_> {
         let mut ready: Vec<String> = Vec::new();
         let mut in_flight = 0usize;
         let mut dispatched = 0usize;
+        // One listener for the whole run: a Ctrl-C that lands while the loop is busy is kept, not lost.
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for Ctrl-C: {e}")))?;
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut interrupted = false;
@@ -216,7 +219,7 @@ impl Scheduler<'_> {
                         return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
                     }
                 }
-                _ = tokio::signal::ctrl_c() => {
+                _ = sigint.recv() => {
                     if interrupted {
                         // Second Ctrl-C: stop now; dropping the tasks kills the workers.
                         for t in &gpu_tasks {
