@@ -936,7 +936,7 @@ mod supervision {
 
     #[test]
     fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured() {
-        let dir = fault_project(15, 4);
+        let dir = fault_project(30, 4);
         let out = flashtune(
             dir.path(),
             &["tune", "--fake-gpu", "--space", "variants/faults.toml"],
@@ -1007,7 +1007,7 @@ mod supervision {
 
     #[test]
     fn resume_after_sigkill_redoes_at_most_the_variant_in_flight() {
-        let dir = fault_project(15, 3);
+        let dir = fault_project(30, 3);
         let mut child = Command::new(binary())
             .arg("--root")
             .arg(dir.path())
@@ -1156,7 +1156,7 @@ mod supervision {
 
     #[test]
     fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
-        let dir = fault_project(15, 3);
+        let dir = fault_project(30, 3);
         let child = Command::new(binary())
             .arg("--root")
             .arg(dir.path())
