@@ -53,7 +53,7 @@ enum Command {
         #[arg(long)]
         arch: Option<String>,
     },
-    /// Print the Markdown report of a run from its log.
+    /// Rebuild a run's reports from its log (report.md, .csv, .json, .t4.json) and print the Markdown.
     Report {
         /// The run folder, e.g. runs/20261122-031500-ab12.
         run: PathBuf,
@@ -215,9 +215,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { run } => {
-            let log = crate::runlog::read(&run.join("log.jsonl"))?;
-            let md = crate::report::markdown(&log);
+            let log = crate::runlog::read(&run.join("log.jsonl"))
+                .map_err(|e| Error::BadInput(format!("{e:#}")))?;
+            let md = crate::export::write_all(&run, &log).map_err(|e| {
+                Error::Other(anyhow::anyhow!(
+                    "cannot write the reports in {}: {e}",
+                    run.display()
+                ))
+            })?;
             println!("{md}");
+            println!(
+                "Wrote report.md, report.csv, report.json and report.t4.json in {}",
+                run.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor => {

@@ -480,9 +480,8 @@ async fn drive(
         })?;
     }
     let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
-    let report_markdown = crate::report::markdown(&loaded);
-    std::fs::write(run_dir.join("report.md"), &report_markdown)
-        .with_context(|| format!("cannot write report in {}", run_dir.display()))?;
+    let report_markdown = crate::export::write_all(&run_dir, &loaded)
+        .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
     Ok(TuneOutcome {
         run_dir,
         report_markdown,

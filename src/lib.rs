@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod executor;
+pub mod export;
 pub mod fakegpu;
 pub mod profile;
 pub mod progress;
