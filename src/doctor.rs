@@ -2,7 +2,6 @@
 use crate::config::ProjectPaths;
 use crate::executor::Executor;
 use crate::protocol::{DeviceInfo, WorkerRequest};
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -99,18 +98,8 @@ async fn gpu() -> Result<DeviceInfo, String> {
     exe.probe(0).await
 }
 
-fn find_ncu() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.push("/usr/local/cuda/bin".into());
-    dirs.into_iter()
-        .map(|d| d.join("ncu"))
-        .find(|p| p.is_file())
-}
-
 async fn ncu(device: Option<&DeviceInfo>) -> Check {
-    let Some(ncu) = find_ncu() else {
+    let Some(ncu) = crate::profile::find_ncu() else {
         return check(
             "ncu",
             Status::Fail,
