@@ -134,21 +134,6 @@ pub fn markdown(log: &LoadedLog) -> String {
                 let r = rows.get_mut(&k).expect("row exists");
                 r.problems
                     .push(format!("d={head_dim}: {reason} (log line {line})"));
-                for s in header.shapes.iter().filter(|s| s.d == *head_dim) {
-                    r.cells.insert(s.name.clone(), Cell::Failed("build".into()));
-                }
-            }
-            Record::Checked {
-                variant,
-                dtype,
-                check,
-                ..
-            } => {
-                let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
-                r.checked = true;
-                r.max_abs = r.max_abs.max(check.max_abs);
-                r.max_rel_l2 = r.max_rel_l2.max(check.rel_l2);
             }
             Record::CheckFailed {
                 variant,
@@ -158,26 +143,10 @@ pub fn markdown(log: &LoadedLog) -> String {
                 ..
             } => {
                 let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
-                r.cells.insert(shape.clone(), Cell::Failed("wrong".into()));
-                r.problems
+                rows.get_mut(&k)
+                    .expect("row exists")
+                    .problems
                     .push(format!("{shape}: {reason} (log line {line})"));
-            }
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => {
-                let k = row(&mut rows, variant, *dtype);
-                rows.get_mut(&k).expect("row exists").cells.insert(
-                    shape.clone(),
-                    Cell::Timed {
-                        median_us: timing.median_us,
-                        tflops: timing.tflops,
-                    },
-                );
             }
             Record::WorkerCrashed {
                 variant,
@@ -251,6 +220,24 @@ pub fn markdown(log: &LoadedLog) -> String {
             } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
             _ => {}
         }
+    }
+    // Each case's outcome is decided once, in export::cases; the table only lays it out.
+    for case in crate::export::cases(log) {
+        let k = row(&mut rows, &case.variant, case.dtype);
+        let r = rows.get_mut(&k).expect("row exists");
+        let cell = match (case.status.as_str(), case.median_us, case.tflops) {
+            ("timed", Some(median_us), Some(tflops)) => {
+                r.checked = true;
+                r.max_abs = r.max_abs.max(case.max_abs.unwrap_or(0.0));
+                r.max_rel_l2 = r.max_rel_l2.max(case.rel_l2.unwrap_or(0.0));
+                Cell::Timed { median_us, tflops }
+            }
+            ("not_run", ..) => continue,
+            ("build_failed", ..) => Cell::Failed("build".into()),
+            ("timed_out", ..) => Cell::Failed("timed out".into()),
+            (status, ..) => Cell::Failed(status.into()),
+        };
+        r.cells.insert(case.shape, cell);
     }
     for ((variant, _), r) in rows.iter_mut() {
         r.params = params_of.get(variant).cloned().unwrap_or_default();
