@@ -571,6 +571,19 @@ mod tests {
     }
 
     #[test]
+    fn moves_step_along_the_listed_values() {
+        let values = [ParamValue::Int(1), ParamValue::Int(2), ParamValue::Name("auto".into())];
+        let up = ParamValue::Name("up".into());
+        let down = ParamValue::Name("down".into());
+        assert_eq!(moved(&values, &values[0], &up), Some(values[1].clone()));
+        assert_eq!(moved(&values, &values[2], &up), None, "no value past the last");
+        assert_eq!(moved(&values, &values[0], &down), None, "no value before the first");
+        assert_eq!(moved(&values, &values[0], &values[2]), Some(values[2].clone()));
+        assert_eq!(moved(&values, &values[2], &values[2]), None, "a move that changes nothing");
+        assert_eq!(moved(&values, &values[0], &ParamValue::Int(4)), None, "only listed values");
+    }
+
+    #[test]
     fn names_become_prefixed_tokens() {
         assert_eq!(ParamValue::Name("wmma".into()).define("MMA"), "MMA_WMMA");
         assert_eq!(ParamValue::Int(3).define("STAGES"), "3");
