@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults resume attention ablation
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults resume attention ablation ablate profile guided step-demo
 # BIN_DIR holds `flashtune` (and `flashtune-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,18 @@ for stage in "$@"; do
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
     attention) ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
+    guided) ft tune --space variants/guided.toml --strategy guided ${GUIDED_TIME_LIMIT:+--time-limit $GUIDED_TIME_LIMIT} 2>"$out/guided.err" | tee "$out/guided.txt"; keep guided ;;
+    guided-resume) ft resume "$(sed -n 's/^Run log: //p' "$out/guided.txt" | tail -1 | xargs dirname)" 2>"$out/guided-resume.err" | tee "$out/guided-resume.txt"; keep guided-resume ;;
+    ablate)
+      # Report the ablation run again (as a person would next morning), then ablate around its champion.
+      run=$(dirname "$(sed -n 's/^Run log: //p' "$out/ablation.txt" | tail -1)")
+      ft report "$run" > "$out/ablation-report.txt" 2>&1; cp "$run"/report.* "$out/" 2>/dev/null
+      ft ablate "$run" 2>"$out/ablate.err" | tee "$out/ablate.txt"; keep ablate ;;
+    profile)
+      # On demand: the ablation run's last step on two shapes.
+      run=$(dirname "$(sed -n 's/^Run log: //p' "$out/ablation.txt" | tail -1)")
+      ft profile "$run" mma-bm64-bn64-w4-auto-s1 --shape seed,decode-128 2>&1 | tee "$out/profile.txt" ;;
+    step-demo) bash scripts/step-demo.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-demo.txt" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done

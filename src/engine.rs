@@ -712,14 +712,20 @@ pub async fn profile_case(
         // A split variant launches forward + combine; otherwise the first forward is enough.
         let launches = if launch.kv_splits == 1 { 1 } else { 2 };
         let policy = &project.policies.profile;
-        crate::profile::profile(
+        let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
+        let outcome = crate::profile::profile(
             policy,
             &json,
-            &profiles.join(format!("{variant}-{}-{dtype}", shape.name)),
+            &base,
             launches,
             Duration::from_secs(policy.timeout_s),
         )
-        .await
+        .await;
+        // The parsed metrics beside ncu's own report, for tools that read JSON rather than the log.
+        let parsed = serde_json::to_vec_pretty(&outcome).expect("profiles serialize");
+        std::fs::write(base.with_extension("json"), parsed)
+            .with_context(|| format!("cannot write {}", base.with_extension("json").display()))?;
+        outcome
     };
     events.emit(Record::Profiled {
         variant: variant.to_owned(),
