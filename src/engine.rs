@@ -517,7 +517,7 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
     }
 }
 
-/// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time.
+/// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain with `chain_steps`) under ncu, one at a time.
 async fn profile_stage(
     project: &Project,
     device: &DeviceInfo,
@@ -585,7 +585,10 @@ async fn profile_stage(
             let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
             for (variant, _) in results
                 .iter()
-                .filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0))
+                .filter(|r| {
+                    r.1 <= best * (1.0 + policy.within_pct / 100.0)
+                        || (policy.chain_steps && project.space.chain.is_some())
+                })
             {
                 let (Some(key), Some(ref_key), Some((params, launch))) = (
                     built.get(&(variant.clone(), dtype, shape.d)),
@@ -672,9 +675,14 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
             "baseline.command is empty in policies.toml".into(),
         ));
     }
-    match crate::baseline::measure(&project.paths.root, &project.policies, &project.shapes).await {
+    let measured = crate::baseline::measure_with_ceilings(
+        &project.paths.root,
+        &project.policies,
+        &project.shapes,
+    );
+    match measured.await {
         Err(reason) => events.emit(unavailable(reason)),
-        Ok(rows) => {
+        Ok((rows, ceilings)) => {
             for row in rows {
                 let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
                 events.emit(match row.outcome {
@@ -690,6 +698,14 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                         dtype: Some(dtype),
                         reason,
                     },
+                })?;
+            }
+            for c in ceilings {
+                events.emit(Record::CeilingMeasured {
+                    name: c.name,
+                    dtype: c.dtype,
+                    value: c.value,
+                    unit: c.unit,
                 })?;
             }
             Ok(())
