@@ -242,7 +242,8 @@ pub struct ChainRow {
     pub median_us: Option<f64>,
     pub tflops: Option<f64>,
     pub vs_previous: Option<f64>,
-    pub vs_first: Option<f64>,
+    /// Against the space's baseline variant on the same (shape, dtype).
+    pub vs_baseline: Option<f64>,
     pub max_abs: Option<f64>,
     pub registers: Option<u32>,
     pub spill_bytes: Option<u64>,
@@ -296,7 +297,10 @@ pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<Chain
     for shape in &header.shapes {
         let mut rows = Vec::new();
         for &dtype in &header.dtypes {
-            let mut first_us: Option<f64> = None;
+            let baseline_us = cases
+                .iter()
+                .find(|c| c.variant == header.baseline && c.shape == shape.name && c.dtype == dtype)
+                .and_then(|c| c.median_us);
             let mut previous_us: Option<f64> = None;
             for (i, (step, variant, params)) in steps.iter().enumerate() {
                 let case = cases
@@ -329,7 +333,7 @@ pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<Chain
                     median_us: us,
                     tflops: case.tflops,
                     vs_previous: ratio(previous_us),
-                    vs_first: ratio(first_us),
+                    vs_baseline: ratio(baseline_us),
                     max_abs: case.max_abs,
                     registers,
                     spill_bytes,
@@ -337,9 +341,6 @@ pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<Chain
                         .get(&(variant.clone(), shape.name.clone(), dtype))
                         .cloned(),
                 });
-                if i == 0 {
-                    first_us = us;
-                }
                 previous_us = us;
             }
         }
@@ -357,10 +358,12 @@ pub struct ChampionTrace {
     pub points: Vec<(f64, f64)>,
 }
 
-pub fn champion_traces(log: &LoadedLog) -> Vec<ChampionTrace> {
+/// Every (shape, dtype)'s trace, and the clock of the last timing (after it no champion can change).
+pub fn champion_traces(log: &LoadedLog) -> (Vec<ChampionTrace>, f64) {
     let Some(header) = log.header() else {
-        return Vec::new();
+        return (Vec::new(), 0.0);
     };
+    let mut last_timed = 0.0f64;
     let mut traces: BTreeMap<(usize, usize), Vec<(f64, f64)>> = BTreeMap::new();
     for (_, e) in &log.entries {
         let Record::Timed {
@@ -378,17 +381,19 @@ pub fn champion_traces(log: &LoadedLog) -> Vec<ChampionTrace> {
         ) else {
             continue;
         };
+        last_timed = last_timed.max(e.t);
         let points = traces.entry((s, d)).or_default();
         if points.last().is_none_or(|p| timing.median_us < p.1) {
             points.push((e.t, timing.median_us));
         }
     }
-    traces
+    let traces = traces
         .into_iter()
         .map(|((s, d), points)| ChampionTrace {
             shape: header.shapes[s].name.clone(),
             dtype: header.dtypes[d],
             points,
         })
-        .collect()
+        .collect();
+    (traces, last_timed)
 }

@@ -1,15 +1,16 @@
 //! `report.html`: the Markdown report as one self-contained page (no network: inline CSS, inline SVG plots).
 use crate::runlog::LoadedLog;
+use plotters::style::RGBColor;
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1600px}\
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222}\
 h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ccc}\
 .wide{overflow-x:auto}table{border-collapse:collapse;font-size:13px;margin:8px 0}\
 th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f3f3f3;position:sticky;top:0}\
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}tr:nth-child(even) td{background:#fafafa}\
-code{font-size:12px}blockquote{border-left:4px solid #d62728;margin:0;padding:4px 12px;background:#fff4f4}\
+code{font-size:12px}td code{white-space:nowrap}figcaption{font-size:13px;margin-left:80px}blockquote{border-left:4px solid #d62728;margin:0;padding:4px 12px;background:#fff4f4}\
 figure{margin:12px 0}svg{max-width:100%;height:auto}.missing{color:#666;font-style:italic}";
 
-/// The whole page: the report's sections as HTML, with the plots after the first table.
+/// The whole page: the report's sections as HTML, with the plots after the main table and its note.
 pub fn page(log: &LoadedLog) -> String {
     let md = crate::report::markdown(log);
     let title = md
@@ -21,8 +22,8 @@ pub fn page(log: &LoadedLog) -> String {
     let plots = plots(log);
     let at = blocks
         .iter()
-        .position(|b| b.starts_with("<div class=\"wide\"><table>"))
-        .map_or(blocks.len(), |i| i + 1);
+        .position(|b| b.starts_with("<h2>"))
+        .unwrap_or(blocks.len());
     blocks.insert(at, plots);
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{}\n</body>\n</html>\n",
@@ -34,16 +35,20 @@ pub fn page(log: &LoadedLog) -> String {
 fn plots(log: &LoadedLog) -> String {
     let cases = crate::export::cases(log);
     let found = crate::findings::best_per_shape(log, &cases);
-    let end_t = log.entries.last().map_or(0.0, |(_, e)| e.t);
+    let (traces, last_timed) = crate::findings::champion_traces(log);
+    let key = dtype_key(log);
     let figures = [
         crate::plots::speedup(&found, "Best variant vs the fastest PyTorch SDPA backend (time ratio)", |r| {
             Some(r.fastest_torch_us? / r.best.as_ref()?.1)
-        }),
+        })
+        .map(|f| (f, key.clone())),
         crate::plots::speedup(&found, "Best variant vs the space's baseline variant (time ratio)", |r| {
             Some(r.baseline_us? / r.best.as_ref()?.1)
-        }),
-        crate::plots::roofline(log, &cases, &found.ceilings),
-        crate::plots::champions_over_time(&crate::findings::champion_traces(log), end_t),
+        })
+        .map(|f| (f, key.clone())),
+        crate::plots::roofline(log, &cases, &found.ceilings).map(|f| (f, String::new())),
+        crate::plots::champions_over_time(&traces, last_timed)
+            .map(|f| (f, String::new())),
     ];
     let mut html = String::from("<h2>Plots</h2>\n");
     if figures.iter().all(Option::is_none) {
@@ -56,9 +61,9 @@ fn plots(log: &LoadedLog) -> String {
     if found.ceilings.is_empty() {
         html.push_str("<p class=\"missing\">Ceilings not measured in this run: the roofline has no roof.</p>\n");
     }
-    for figure in figures.into_iter().flatten() {
+    for (figure, caption) in figures.into_iter().flatten() {
         match figure {
-            Ok(svg) => html.push_str(&format!("<figure>{svg}</figure>\n")),
+            Ok(svg) => html.push_str(&format!("<figure>{svg}{caption}</figure>\n")),
             Err(why) => html.push_str(&format!(
                 "<p class=\"missing\">A plot could not be drawn: {}</p>\n",
                 escape(&why)
@@ -66,6 +71,19 @@ fn plots(log: &LoadedLog) -> String {
         }
     }
     html
+}
+
+/// The dtype colours of the bar charts, as a caption (a legend inside would cover bars).
+fn dtype_key(log: &LoadedLog) -> String {
+    let dtypes = log.header().map(|h| h.dtypes.clone()).unwrap_or_default();
+    let items: Vec<String> = dtypes
+        .iter()
+        .map(|&d| {
+            let RGBColor(r, g, b) = crate::plots::dtype_color(d);
+            format!("<span style=\"color:rgb({r},{g},{b})\">&#9632;</span> {d}")
+        })
+        .collect();
+    format!("<figcaption>{}; bars start at 1.0 (as fast); the label is the ratio.</figcaption>", items.join(" &nbsp; "))
 }
 
 /// Our Markdown subset, block by block: headings, tables, lists, quotes, paragraphs.

@@ -12,7 +12,7 @@ const HEIGHT: u32 = 480;
 const FONT: &str = "sans-serif";
 
 /// One colour per dtype, so f16 and bf16 read the same way on every plot.
-fn dtype_color(d: Dtype) -> RGBColor {
+pub fn dtype_color(d: Dtype) -> RGBColor {
     match d {
         Dtype::F16 => RGBColor(31, 119, 180),
         Dtype::Bf16 => RGBColor(214, 39, 40),
@@ -67,6 +67,7 @@ pub fn speedup(
     if bars.is_empty() {
         return None;
     }
+    // Drawn in log10 space on a linear axis: plotters' log axis labels no tick below 1.0.
     let (lo, hi) = ratio_range(bars.iter().map(|b| b.2));
     let width = 0.8 / dtypes.len() as f64;
     Some(svg(|root| {
@@ -75,7 +76,7 @@ pub fn speedup(
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d(-0.5..shapes.len() as f64 - 0.5, (lo..hi).log_scale())
+            .build_cartesian_2d(-0.5..shapes.len() as f64 - 0.5, lo.log10()..hi.log10())
             .map_err(|e| e.to_string())?;
         let name_at = |x: &f64| {
             let i = x.round();
@@ -90,9 +91,12 @@ pub fn speedup(
             .disable_x_mesh()
             .x_labels(shapes.len() + 1)
             .x_label_formatter(&name_at)
-            .y_desc("speedup (×, higher is faster)")
-            .y_label_formatter(&|y| format!("{y:.2}"))
+            .y_labels(12)
+            .y_desc("speedup (×, log scale, higher is faster)")
+            .y_label_formatter(&|y| format!("{:.2}", 10f64.powf(*y)))
             .label_style((FONT, 14))
+            .light_line_style(BLACK.mix(0.04))
+            .bold_line_style(BLACK.mix(0.15))
             .draw()
             .map_err(|e| e.to_string())?;
         for (di, &dtype) in dtypes.iter().enumerate() {
@@ -100,15 +104,13 @@ pub fn speedup(
             chart
                 .draw_series(bars.iter().filter(|b| b.1 == di).map(|&(s, d, r)| {
                     let x0 = s as f64 - 0.4 + d as f64 * width;
-                    Rectangle::new([(x0, 1.0), (x0 + width * 0.9, r)], color.filled())
+                    Rectangle::new([(x0, 0.0), (x0 + width * 0.9, r.log10())], color.filled())
                 }))
-                .map_err(|e| e.to_string())?
-                .label(dtype.name())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+                .map_err(|e| e.to_string())?;
             chart
                 .draw_series(bars.iter().filter(|b| b.1 == di).map(|&(s, d, r)| {
                     let x = s as f64 - 0.4 + (d as f64 + 0.45) * width;
-                    let y = if r >= 1.0 { r * 1.04 } else { r / 1.04 };
+                    let y = if r >= 1.0 { (r * 1.02).log10() } else { (r / 1.02).log10() };
                     Text::new(
                         format!("{r:.2}"),
                         (x, y),
@@ -122,16 +124,17 @@ pub fn speedup(
         }
         chart
             .draw_series(LineSeries::new(
-                [(-0.5, 1.0), (shapes.len() as f64 - 0.5, 1.0)],
+                [(-0.5, 0.0), (shapes.len() as f64 - 0.5, 0.0)],
                 BLACK.stroke_width(1),
             ))
             .map_err(|e| e.to_string())?;
-        legend(&mut chart)
+        Ok(())
     }))
 }
 
 fn legend<'a, X, Y>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    position: SeriesLabelPosition,
 ) -> Result<(), String>
 where
     X: Ranged,
@@ -139,7 +142,7 @@ where
 {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(position)
         .label_font((FONT, 14))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.4))
@@ -180,6 +183,8 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| crate::report::three_digits(*y))
             .label_style((FONT, 14))
+            .light_line_style(BLACK.mix(0.04))
+            .bold_line_style(BLACK.mix(0.15))
             .draw()
             .map_err(|e| e.to_string())?;
         // The roof: the copy bandwidth slope up to each dtype's matmul ceiling (only what was measured).
@@ -187,14 +192,19 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
             .map(|i| x_lo * (x_hi / x_lo).powf(i as f64 / 200.0))
             .collect();
         let slope = |x: f64| ceilings.copy_gbs.map(|m| m.value * x / 1e3);
-        for (dtype, roof) in &ceilings.matmul_tflops {
+        for (i, (dtype, roof)) in ceilings.matmul_tflops.iter().enumerate() {
             let color = dtype_color(*dtype);
             let line: Vec<(f64, f64)> = xs
                 .iter()
                 .map(|&x| (x, slope(x).map_or(roof.value, |s| s.min(roof.value))))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(line, color.stroke_width(2)))
+            // The dtypes' roofs nearly coincide; dashes keep the one drawn first visible under the next.
+            let drawn = if i == 0 {
+                chart.draw_series(LineSeries::new(line, color.stroke_width(2)))
+            } else {
+                chart.draw_series(DashedLineSeries::new(line, 10, 8, color.stroke_width(2)))
+            };
+            drawn
                 .map_err(|e| e.to_string())?
                 .label(format!("{dtype} roof: matmul {} TFLOP/s (log line {})", crate::report::three_digits(roof.value), roof.line))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
@@ -229,7 +239,8 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
                 .label(format!("{dtype} cases"))
                 .legend(move |(x, y)| Circle::new((x + 8, y), 4, color.filled()));
         }
-        legend(&mut chart)
+        // Slow cases sit low at low intensity, fast ones high at high intensity: the lower right stays free.
+        legend(&mut chart, SeriesLabelPosition::LowerRight)
     }))
 }
 
@@ -269,6 +280,8 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
             .y_desc("best so far ÷ final best (1 = final)")
             .y_label_formatter(&|y| format!("{y:.2}"))
             .label_style((FONT, 14))
+            .light_line_style(BLACK.mix(0.04))
+            .bold_line_style(BLACK.mix(0.15))
             .draw()
             .map_err(|e| e.to_string())?;
         for (i, (name, steps)) in normalized.iter().enumerate() {
@@ -279,13 +292,6 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.4))
-            .draw()
-            .map_err(|e| e.to_string())
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
     }))
 }

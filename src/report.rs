@@ -440,11 +440,11 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.
 fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow>)]) -> String {
-    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. × previous and × first: time ratios (higher is faster). ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
+    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. × previous and × baseline (the space's baseline variant): time ratios (higher is faster). ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
     let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("—".into(), f);
     for (shape, rows) in blocks {
         let _ = writeln!(md, "\n### {}\n", shape.label());
-        md.push_str("| step | what changed | dtype | µs | TF/s | × previous | × first | max abs err | regs | spill B | SM % | DRAM % | occupancy % | tensor % | waves | limited by |\n");
+        md.push_str("| step | what changed | dtype | µs | TF/s | × previous | × baseline | max abs err | regs | spill B | SM % | DRAM % | occupancy % | tensor % | waves | limited by |\n");
         md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
         for r in rows {
             let us = match r.median_us {
@@ -461,7 +461,7 @@ fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow
                 r.dtype,
                 opt(r.tflops, &three_digits),
                 opt(r.vs_previous, &|v| format!("{v:.2}×")),
-                opt(r.vs_first, &|v| format!("{v:.2}×")),
+                opt(r.vs_baseline, &|v| format!("{v:.2}×")),
                 opt(r.max_abs, &|v| format!("{v:.2e}")),
                 r.registers.map_or("—".into(), |v| v.to_string()),
                 r.spill_bytes.map_or("—".into(), |v| v.to_string()),
