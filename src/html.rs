@@ -58,6 +58,9 @@ fn plots(log: &LoadedLog) -> String {
     if found.rows.iter().all(|r| r.fastest_torch_us.is_none()) {
         html.push_str("<p class=\"missing\">PyTorch SDPA was not measured in this run: no speedup against it.</p>\n");
     }
+    if !traces.is_empty() && traces.iter().all(|t| t.points.len() < 2) {
+        html.push_str("<p class=\"missing\">No champion changed during the run (each shape's first timing stayed the best): no plot over time.</p>\n");
+    }
     if found.ceilings.is_empty() {
         html.push_str("<p class=\"missing\">Ceilings not measured in this run: the roofline has no roof.</p>\n");
     }

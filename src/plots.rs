@@ -244,9 +244,10 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
     }))
 }
 
-/// Best-so-far time of each (shape, dtype) over the run clock, as a multiple of its final champion.
+/// Best-so-far time of each (shape, dtype) over the run clock, as a multiple of its final champion;
+/// `None` when no champion ever changed (a flat line per shape says nothing).
 pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Result<String, String>> {
-    if traces.is_empty() {
+    if traces.iter().all(|t| t.points.len() < 2) {
         return None;
     }
     let normalized: Vec<(String, Vec<(f64, f64)>)> = traces
@@ -260,11 +261,10 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
                 }
                 steps.push((t, us / last));
             }
-            steps.push((end_t, 1.0));
+            steps.push((end_t * 1.04, 1.0));
             (format!("{} {}", tr.shape, tr.dtype), steps)
         })
         .collect();
-    let t_lo = normalized.iter().map(|n| n.1[0].0).fold(f64::INFINITY, f64::min);
     let (_, hi) = ratio_range(normalized.iter().flat_map(|n| n.1.iter().map(|p| p.1)));
     Some(svg(|root| {
         let mut chart = ChartBuilder::on(root)
@@ -272,7 +272,7 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
             .margin(12)
             .x_label_area_size(50)
             .y_label_area_size(70)
-            .build_cartesian_2d(t_lo.min(end_t)..end_t.max(t_lo + 1e-3), (0.9..hi).log_scale())
+            .build_cartesian_2d(0.0..(end_t * 1.05).max(1e-3), (0.95..hi).log_scale())
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
@@ -292,6 +292,7 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
                 .label(name.as_str())
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
         }
-        legend(&mut chart, SeriesLabelPosition::UpperRight)
+        // Nothing is timed before the first builds land, so the upper left stays free; the right edge is where champions change.
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }))
 }
