@@ -573,6 +573,8 @@ async fn profile_stage(
     std::fs::create_dir_all(&profiles)
         .with_context(|| format!("cannot create {}", profiles.display()))?;
     let family = &project.space.family;
+    // An ablation explains each step only if each step has its own profile.
+    let every_step = policy.chain_steps && project.space.chain.is_some();
     for shape in &project.shapes {
         for &dtype in policy
             .dtypes
@@ -585,10 +587,7 @@ async fn profile_stage(
             let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
             for (variant, _) in results
                 .iter()
-                .filter(|r| {
-                    r.1 <= best * (1.0 + policy.within_pct / 100.0)
-                        || (policy.chain_steps && project.space.chain.is_some())
-                })
+                .filter(|r| every_step || r.1 <= best * (1.0 + policy.within_pct / 100.0))
             {
                 let (Some(key), Some(ref_key), Some((params, launch))) = (
                     built.get(&(variant.clone(), dtype, shape.d)),

@@ -221,8 +221,7 @@ fn ncu_figures(profile: &ProfileOutcome, line: usize) -> Option<NcuFigures> {
         sm_pct: k.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
         dram_pct: k.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
         occupancy_pct: k.get("sm__warps_active.avg.pct_of_peak_sustained_active"),
-        tensor_pct: k
-            .get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
+        tensor_pct: k.get("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"),
         waves: k.get("launch__waves_per_multiprocessor"),
         bottlenecks: bottlenecks.clone(),
         line,

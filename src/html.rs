@@ -38,17 +38,20 @@ fn plots(log: &LoadedLog) -> String {
     let (traces, last_timed) = crate::findings::champion_traces(log);
     let key = dtype_key(log);
     let figures = [
-        crate::plots::speedup(&found, "Best variant vs the fastest PyTorch SDPA backend (time ratio)", |r| {
-            Some(r.fastest_torch_us? / r.best.as_ref()?.1)
-        })
+        crate::plots::speedup(
+            &found,
+            "Best variant vs the fastest PyTorch SDPA backend (time ratio)",
+            |r| Some(r.fastest_torch_us? / r.best.as_ref()?.1),
+        )
         .map(|f| (f, key.clone())),
-        crate::plots::speedup(&found, "Best variant vs the space's baseline variant (time ratio)", |r| {
-            Some(r.baseline_us? / r.best.as_ref()?.1)
-        })
+        crate::plots::speedup(
+            &found,
+            "Best variant vs the space's baseline variant (time ratio)",
+            |r| Some(r.baseline_us? / r.best.as_ref()?.1),
+        )
         .map(|f| (f, key.clone())),
         crate::plots::roofline(log, &cases, &found.ceilings).map(|f| (f, String::new())),
-        crate::plots::champions_over_time(&traces, last_timed)
-            .map(|f| (f, String::new())),
+        crate::plots::champions_over_time(&traces, last_timed).map(|f| (f, String::new())),
     ];
     let mut html = String::from("<h2>Plots</h2>\n");
     if figures.iter().all(Option::is_none) {
@@ -86,7 +89,10 @@ fn dtype_key(log: &LoadedLog) -> String {
             format!("<span style=\"color:rgb({r},{g},{b})\">&#9632;</span> {d}")
         })
         .collect();
-    format!("<figcaption>{}; bars start at 1.0 (as fast); the label is the ratio.</figcaption>", items.join(" &nbsp; "))
+    format!(
+        "<figcaption>{}; bars start at 1.0 (as fast); the label is the ratio.</figcaption>",
+        items.join(" &nbsp; ")
+    )
 }
 
 /// Our Markdown subset, block by block: headings, tables, lists, quotes, paragraphs.
@@ -128,7 +134,9 @@ fn blocks(md: &str) -> Vec<String> {
             let n = lines[i..]
                 .iter()
                 .take_while(|l| {
-                    !l.trim().is_empty() && heading(l).is_none() && !l.starts_with(['|', '>'])
+                    !l.trim().is_empty()
+                        && heading(l).is_none()
+                        && !l.starts_with(['|', '>'])
                         && !l.starts_with("- ")
                 })
                 .count()
@@ -143,7 +151,11 @@ fn blocks(md: &str) -> Vec<String> {
 
 fn heading(line: &str) -> Option<(usize, &str)> {
     let level = line.chars().take_while(|&c| c == '#').count();
-    (1..=4).contains(&level).then(|| line[level..].strip_prefix(' ')).flatten().map(|t| (level, t))
+    (1..=4)
+        .contains(&level)
+        .then(|| line[level..].strip_prefix(' '))
+        .flatten()
+        .map(|t| (level, t))
 }
 
 /// A pipe table: header row, alignment row (`---:` is right-aligned), body rows.
@@ -161,7 +173,11 @@ fn table(rows: &[&str]) -> String {
     for row in cells.iter().skip(2) {
         html.push_str("<tr>");
         for (j, c) in row.iter().enumerate() {
-            let class = if right.get(j).copied().unwrap_or(false) { " class=\"num\"" } else { "" };
+            let class = if right.get(j).copied().unwrap_or(false) {
+                " class=\"num\""
+            } else {
+                ""
+            };
             html.push_str(&format!("<td{class}>{}</td>", inline(c)));
         }
         html.push_str("</tr>\n");

@@ -110,14 +110,25 @@ pub fn speedup(
             chart
                 .draw_series(bars.iter().filter(|b| b.1 == di).map(|&(s, d, r)| {
                     let x = s as f64 - 0.4 + (d as f64 + 0.45) * width;
-                    let y = if r >= 1.0 { (r * 1.02).log10() } else { (r / 1.02).log10() };
+                    let y = if r >= 1.0 {
+                        (r * 1.02).log10()
+                    } else {
+                        (r / 1.02).log10()
+                    };
                     Text::new(
                         format!("{r:.2}"),
                         (x, y),
-                        (FONT, 12).into_font().color(&BLACK).pos(text_anchor::Pos::new(
-                            text_anchor::HPos::Center,
-                            if r >= 1.0 { text_anchor::VPos::Bottom } else { text_anchor::VPos::Top },
-                        )),
+                        (FONT, 12)
+                            .into_font()
+                            .color(&BLACK)
+                            .pos(text_anchor::Pos::new(
+                                text_anchor::HPos::Center,
+                                if r >= 1.0 {
+                                    text_anchor::VPos::Bottom
+                                } else {
+                                    text_anchor::VPos::Top
+                                },
+                            )),
                     )
                 }))
                 .map_err(|e| e.to_string())?;
@@ -151,13 +162,21 @@ where
 }
 
 /// Achieved TFLOP/s against arithmetic intensity for every timed case, under the measured roofs.
-pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Option<Result<String, String>> {
+pub fn roofline(
+    log: &LoadedLog,
+    cases: &[CaseRow],
+    ceilings: &Ceilings,
+) -> Option<Result<String, String>> {
     let header = log.header()?;
     let points: Vec<(Dtype, f64, f64)> = cases
         .iter()
         .filter_map(|c| {
             let shape = header.shapes.iter().find(|s| s.name == c.shape)?;
-            Some((c.dtype, findings::arithmetic_intensity(shape, c.dtype), c.tflops?))
+            Some((
+                c.dtype,
+                findings::arithmetic_intensity(shape, c.dtype),
+                c.tflops?,
+            ))
         })
         .collect();
     if points.is_empty() {
@@ -167,10 +186,18 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
     let x_lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min) / 2.0;
     let x_hi = points.iter().map(|p| p.1).fold(0.0, f64::max) * 2.0;
     let y_lo = points.iter().map(|p| p.2).fold(f64::INFINITY, f64::min) / 2.0;
-    let y_hi = points.iter().map(|p| p.2).chain(roofs.iter().copied()).fold(0.0, f64::max) * 2.0;
+    let y_hi = points
+        .iter()
+        .map(|p| p.2)
+        .chain(roofs.iter().copied())
+        .fold(0.0, f64::max)
+        * 2.0;
     Some(svg(|root| {
         let mut chart = ChartBuilder::on(root)
-            .caption("Roofline: every timed case (minimal traffic Q+K+V+O)", (FONT, 20))
+            .caption(
+                "Roofline: every timed case (minimal traffic Q+K+V+O)",
+                (FONT, 20),
+            )
             .margin(12)
             .x_label_area_size(50)
             .y_label_area_size(70)
@@ -206,8 +233,14 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
             };
             drawn
                 .map_err(|e| e.to_string())?
-                .label(format!("{dtype} roof: matmul {} TFLOP/s (log line {})", crate::report::three_digits(roof.value), roof.line))
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+                .label(format!(
+                    "{dtype} roof: matmul {} TFLOP/s (log line {})",
+                    crate::report::three_digits(roof.value),
+                    roof.line
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         if let (Some(copy), true) = (ceilings.copy_gbs, ceilings.matmul_tflops.is_empty()) {
             let line: Vec<(f64, f64)> = xs.iter().map(|&x| (x, copy.value * x / 1e3)).collect();
@@ -219,8 +252,13 @@ pub fn roofline(log: &LoadedLog, cases: &[CaseRow], ceilings: &Ceilings) -> Opti
             chart
                 .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
                 .map_err(|e| e.to_string())?
-                .label(format!("slope: copy {:.0} GB/s (log line {})", copy.value, copy.line))
-                .legend(|(x, y)| PathElement::new([(x, y + 4), (x + 16, y - 4)], BLACK.stroke_width(2)));
+                .label(format!(
+                    "slope: copy {:.0} GB/s (log line {})",
+                    copy.value, copy.line
+                ))
+                .legend(|(x, y)| {
+                    PathElement::new([(x, y + 4), (x + 16, y - 4)], BLACK.stroke_width(2))
+                });
         }
         let mut dtypes: Vec<Dtype> = points.iter().map(|p| p.0).collect();
         dtypes.dedup();
@@ -268,7 +306,10 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
     let (_, hi) = ratio_range(normalized.iter().flat_map(|n| n.1.iter().map(|p| p.1)));
     Some(svg(|root| {
         let mut chart = ChartBuilder::on(root)
-            .caption("Champion over the run: best-so-far time ÷ final best", (FONT, 20))
+            .caption(
+                "Champion over the run: best-so-far time ÷ final best",
+                (FONT, 20),
+            )
             .margin(12)
             .x_label_area_size(50)
             .y_label_area_size(70)
@@ -287,10 +328,15 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
         for (i, (name, steps)) in normalized.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
             chart
-                .draw_series(LineSeries::new(steps.iter().copied(), color.stroke_width(2)))
+                .draw_series(LineSeries::new(
+                    steps.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(|e| e.to_string())?
                 .label(name.as_str())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         // Nothing is timed before the first builds land, so the upper left stays free; the right edge is where champions change.
         legend(&mut chart, SeriesLabelPosition::UpperLeft)

@@ -279,7 +279,9 @@ pub fn markdown(log: &LoadedLog) -> String {
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
-    md.push_str(&best_per_shape(&crate::findings::best_per_shape(log, &cases)));
+    md.push_str(&best_per_shape(&crate::findings::best_per_shape(
+        log, &cases,
+    )));
     if let Some(chain) = crate::findings::chain(log, &cases) {
         md.push_str(&ablation_chain(&chain));
     }
@@ -384,7 +386,12 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
             None => ("none passed".into(), "—".into(), "—".into()),
         };
-        let _ = write!(md, "| {} | {} | {name} | {us} | {tf} |", row.shape.label(), row.dtype);
+        let _ = write!(
+            md,
+            "| {} | {} | {name} | {us} | {tf} |",
+            row.shape.label(),
+            row.dtype
+        );
         for cell in &row.torch {
             let cell = match cell {
                 Some(Ok(t)) => format!("{t:.1}"),
@@ -430,10 +437,19 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
     let mut parts: Vec<String> = c
         .matmul_tflops
         .iter()
-        .map(|(d, m)| format!("{d} matmul {} TFLOP/s (log line {})", three_digits(m.value), m.line))
+        .map(|(d, m)| {
+            format!(
+                "{d} matmul {} TFLOP/s (log line {})",
+                three_digits(m.value),
+                m.line
+            )
+        })
         .collect();
     if let Some(m) = c.copy_gbs {
-        parts.push(format!("copy {:.0} GB/s read + written (log line {})", m.value, m.line));
+        parts.push(format!(
+            "copy {:.0} GB/s read + written (log line {})",
+            m.value, m.line
+        ));
     }
     format!("\nMeasured ceilings: {}. % of copy bandwidth counts only the least traffic (Q, K, V read once, O written once).\n", parts.join(", "))
 }
@@ -445,7 +461,9 @@ fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow
     for (shape, rows) in blocks {
         let _ = writeln!(md, "\n### {}\n", shape.label());
         md.push_str("| step | what changed | dtype | µs | TF/s | × previous | × baseline | max abs err | regs | spill B | SM % | DRAM % | occupancy % | tensor % | waves | limited by |\n");
-        md.push_str("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        md.push_str(
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
         for r in rows {
             let us = match r.median_us {
                 Some(us) => format!("{us:.1}"),

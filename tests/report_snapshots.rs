@@ -24,7 +24,11 @@ fn fixture_logs() -> Vec<(String, LoadedLog)> {
         .filter(|n| n.ends_with(".log.jsonl"))
         .collect();
     names.sort();
-    assert!(names.len() >= 3, "fixture logs missing in {}", dir.display());
+    assert!(
+        names.len() >= 3,
+        "fixture logs missing in {}",
+        dir.display()
+    );
     names
         .into_iter()
         .map(|n| {
@@ -55,8 +59,16 @@ fn every_format_of_every_fixture_log_matches_its_snapshot() {
 #[test]
 fn reports_are_deterministic() {
     for (name, log) in fixture_logs() {
-        assert_eq!(flashtune::html::page(&log), flashtune::html::page(&log), "{name}");
-        assert_eq!(flashtune::report::markdown(&log), flashtune::report::markdown(&log), "{name}");
+        assert_eq!(
+            flashtune::html::page(&log),
+            flashtune::html::page(&log),
+            "{name}"
+        );
+        assert_eq!(
+            flashtune::report::markdown(&log),
+            flashtune::report::markdown(&log),
+            "{name}"
+        );
     }
 }
 
@@ -124,8 +136,10 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         },
     };
     let n = log.entries.len();
-    log.entries.push((n + 1, ceiling("matmul", Some(Dtype::F16), 500.0, "TFLOP/s")));
-    log.entries.push((n + 2, ceiling("copy", None, 4000.0, "GB/s")));
+    log.entries
+        .push((n + 1, ceiling("matmul", Some(Dtype::F16), 500.0, "TFLOP/s")));
+    log.entries
+        .push((n + 2, ceiling("copy", None, 4000.0, "GB/s")));
     let cases = export::cases(&log);
     let found = flashtune::findings::best_per_shape(&log, &cases);
     let seed_f16 = found
@@ -146,7 +160,10 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .unwrap();
     assert!(seed_bf16.pct_of_matmul.is_none() && seed_bf16.pct_of_copy.is_some());
     let md = flashtune::report::markdown(&log);
-    assert!(md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)), "{md}");
+    assert!(
+        md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)),
+        "{md}"
+    );
 }
 
 #[tokio::test]
@@ -166,7 +183,12 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": [], "ceilings": [
     .unwrap();
     let (mut p, _) = flashtune::config::Policies::load(&repo().join("policies.toml")).unwrap();
     p.baseline.command = vec!["python3".into(), script.display().to_string()];
-    let shapes: Vec<_> = p.shapes.iter().filter(|s| s.name == "small").cloned().collect();
+    let shapes: Vec<_> = p
+        .shapes
+        .iter()
+        .filter(|s| s.name == "small")
+        .cloned()
+        .collect();
     let (rows, ceilings) = flashtune::baseline::measure_with_ceilings(&repo(), &p, &shapes)
         .await
         .unwrap();
