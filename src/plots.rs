@@ -3,6 +3,7 @@ use crate::config::Dtype;
 use crate::export::CaseRow;
 use crate::findings::{self, BestPerShape, Ceilings, ChampionTrace};
 use crate::runlog::LoadedLog;
+use plotters::coord::ranged1d::AsRangedCoord;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor;
@@ -31,6 +32,23 @@ fn svg(draw: impl FnOnce(&Area) -> Result<(), String>) -> Result<String, String>
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(out)
+}
+
+/// Every plot's frame: title, margins, room for the axis labels.
+fn chart<'a, 'b, X: AsRangedCoord, Y: AsRangedCoord>(
+    root: &'a Area<'b>,
+    title: &str,
+    x: X,
+    y: Y,
+) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<X::CoordDescType, Y::CoordDescType>>, String>
+{
+    ChartBuilder::on(root)
+        .caption(title, (FONT, 20))
+        .margin(12)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x, y)
+        .map_err(|e| e.to_string())
 }
 
 /// A log-scale range around `values` that always shows 1.0.
@@ -71,13 +89,8 @@ pub fn speedup(
     let (lo, hi) = ratio_range(bars.iter().map(|b| b.2));
     let width = 0.8 / dtypes.len() as f64;
     Some(svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(title, (FONT, 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(70)
-            .build_cartesian_2d(-0.5..shapes.len() as f64 - 0.5, lo.log10()..hi.log10())
-            .map_err(|e| e.to_string())?;
+        let x = -0.5..shapes.len() as f64 - 0.5;
+        let mut chart = chart(root, title, x, lo.log10()..hi.log10())?;
         let name_at = |x: &f64| {
             let i = x.round();
             if (x - i).abs() < 1e-6 && i >= 0.0 {
@@ -143,8 +156,8 @@ pub fn speedup(
     }))
 }
 
-fn legend<'a, X, Y>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+fn legend<'a, 'b: 'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>,
     position: SeriesLabelPosition,
 ) -> Result<(), String>
 where
@@ -193,16 +206,9 @@ pub fn roofline(
         .fold(0.0, f64::max)
         * 2.0;
     Some(svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(
-                "Roofline: every timed case (minimal traffic Q+K+V+O)",
-                (FONT, 20),
-            )
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())
-            .map_err(|e| e.to_string())?;
+        let title = "Roofline: every timed case (minimal traffic Q+K+V+O)";
+        let (x, y) = ((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale());
+        let mut chart = chart(root, title, x, y)?;
         chart
             .configure_mesh()
             .x_desc("arithmetic intensity (FLOP per byte of Q, K, V, O)")
@@ -305,16 +311,9 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
         .collect();
     let (_, hi) = ratio_range(normalized.iter().flat_map(|n| n.1.iter().map(|p| p.1)));
     Some(svg(|root| {
-        let mut chart = ChartBuilder::on(root)
-            .caption(
-                "Champion over the run: best-so-far time ÷ final best",
-                (FONT, 20),
-            )
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.0..(end_t * 1.05).max(1e-3), (0.95..hi).log_scale())
-            .map_err(|e| e.to_string())?;
+        let title = "Champion over the run: best-so-far time ÷ final best";
+        let x = 0.0..(end_t * 1.05).max(1e-3);
+        let mut chart = chart(root, title, x, (0.95..hi).log_scale())?;
         chart
             .configure_mesh()
             .x_desc("run clock (s)")
