@@ -34,14 +34,15 @@ fn svg(draw: impl FnOnce(&Area) -> Result<(), String>) -> Result<String, String>
     Ok(out)
 }
 
+type Chart<'a, 'b, X, Y> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<X, Y>>;
+
 /// Every plot's frame: title, margins, room for the axis labels.
 fn chart<'a, 'b, X: AsRangedCoord, Y: AsRangedCoord>(
     root: &'a Area<'b>,
     title: &str,
     x: X,
     y: Y,
-) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<X::CoordDescType, Y::CoordDescType>>, String>
-{
+) -> Result<Chart<'a, 'b, X::CoordDescType, Y::CoordDescType>, String> {
     ChartBuilder::on(root)
         .caption(title, (FONT, 20))
         .margin(12)
