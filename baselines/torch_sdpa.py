@@ -5,12 +5,16 @@ its own kernels: CUDA-graph replay of back-to-back calls, timed with CUDA events
 Reads one JSON request on stdin:
   {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal"}], "dtypes": ["f16", "bf16"],
    "backends": ["flash", "cudnn"], "warmup_ms": 20, "samples": 30, "min_sample_us": 500, "seed": 1}
-Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...]}; a row holds either
-"samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
+Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [...]}; a row holds
+either "samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
+The ceilings are the GPU's roofs measured in the same session and timed the same way: dense matmul
+{"name": "matmul", "dtype", "value" (TFLOP/s), "unit"} per dtype, and device copy bandwidth
+{"name": "copy", "dtype": null, "value" (GB/s, bytes read + written), "unit"}; or "error" instead.
 Exit code 3 when PyTorch or a GPU is missing, with the reason on stderr.
 """
 import json
 import math
+import statistics
 import sys
 
 
@@ -42,7 +46,9 @@ def main() -> int:
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                     torch.cuda.synchronize()
                 rows.append(row)
-    json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, sys.stdout)
+    ceilings = measure_ceilings(torch, dtypes, request, gen)
+    json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows,
+               "ceilings": ceilings}, sys.stdout)
     print()
     return 0
 
@@ -56,26 +62,67 @@ def time_one(torch, sdpa_kernel, backend, dtype, shape, request, gen):
     causal = bool(shape.get("causal", False))
     f = torch.nn.functional.scaled_dot_product_attention
     with sdpa_kernel(backend):
-        out = f(q, k, v, is_causal=causal)  # raises if the backend cannot run this shape
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = f(q, k, v, is_causal=causal)
-        end.record()
-        torch.cuda.synchronize()
-        single_us = max(start.elapsed_time(end) * 1000.0, 0.5)
-        launches = max(1, min(1000, math.ceil(request["min_sample_us"] / single_us)))
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):  # warm the backend's own workspace before capture
-                out = f(q, k, v, is_causal=causal)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(launches):
-                out = f(q, k, v, is_causal=causal)
-    del out
+        f(q, k, v, is_causal=causal)  # raises if the backend cannot run this shape
+        return graph_samples(torch, lambda: f(q, k, v, is_causal=causal), request)
+
+
+# A matmul this size runs long enough on any datacenter GPU to reach its sustained clock.
+MATMUL_N = 8192
+# Far beyond any L2, so the copy streams from and to DRAM.
+COPY_BYTES = 1 << 30
+
+
+def measure_ceilings(torch, dtypes, request, gen):
+    ceilings = []
+    for name in request["dtypes"]:
+        entry = {"name": "matmul", "dtype": name}
+        try:
+            n = MATMUL_N
+            a = torch.randn(n, n, device="cuda", dtype=dtypes[name], generator=gen)
+            b = torch.randn(n, n, device="cuda", dtype=dtypes[name], generator=gen)
+            c = torch.empty(n, n, device="cuda", dtype=dtypes[name])
+            samples, _ = graph_samples(torch, lambda: torch.matmul(a, b, out=c), request)
+            entry.update(value=2.0 * n ** 3 / statistics.median(samples) / 1e6, unit="TFLOP/s")
+            del a, b, c
+        except Exception as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        ceilings.append(entry)
+    entry = {"name": "copy", "dtype": None}
+    try:
+        src = torch.randint(0, 256, (COPY_BYTES,), device="cuda", dtype=torch.uint8, generator=gen)
+        dst = torch.empty_like(src)
+        samples, _ = graph_samples(torch, lambda: dst.copy_(src), request)
+        entry.update(value=2.0 * COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
+        del src, dst
+    except Exception as exc:
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    ceilings.append(entry)
+    torch.cuda.synchronize()
+    return ceilings
+
+
+def graph_samples(torch, call, request):
+    """Per-call microseconds of `call`: enough calls per CUDA graph that a replay lasts at least
+    min_sample_us, a warm-up, then one sample per replay."""
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    torch.cuda.synchronize()
+    single_us = max(start.elapsed_time(end) * 1000.0, 0.5)
+    launches = max(1, min(1000, math.ceil(request["min_sample_us"] / single_us)))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm the library's own workspace before capture
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            call()
     warm_us = 0.0
     while warm_us < request["warmup_ms"] * 1000.0:
         warm_us += replay_us(torch, graph, start, end)

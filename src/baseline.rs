@@ -16,9 +16,29 @@ pub struct BaselineRow {
     pub outcome: Result<TimingStats, String>,
 }
 
+/// A roof of the GPU the adapter measured in the same session (dense matmul, device copy).
+pub struct Ceiling {
+    pub name: String,
+    pub dtype: Option<Dtype>,
+    pub value: f64,
+    pub unit: String,
+}
+
 #[derive(Deserialize)]
 struct AdapterReply {
     rows: Vec<AdapterRow>,
+    /// Absent from adapters that measure no ceilings.
+    #[serde(default)]
+    ceilings: Vec<AdapterCeiling>,
+}
+
+#[derive(Deserialize)]
+struct AdapterCeiling {
+    name: String,
+    dtype: Option<Dtype>,
+    value: Option<f64>,
+    unit: Option<String>,
+    error: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +57,17 @@ pub async fn measure(
     policies: &Policies,
     shapes: &[Shape],
 ) -> Result<Vec<BaselineRow>, String> {
+    measure_with_ceilings(root, policies, shapes)
+        .await
+        .map(|(rows, _)| rows)
+}
+
+/// As `measure`, plus the ceilings the adapter measured; a ceiling it could not measure is left out.
+pub async fn measure_with_ceilings(
+    root: &Path,
+    policies: &Policies,
+    shapes: &[Shape],
+) -> Result<(Vec<BaselineRow>, Vec<Ceiling>), String> {
     let cfg = &policies.baseline;
     let (program, args) = cfg
         .command
@@ -89,7 +120,23 @@ pub async fn measure(
             .find(|s| s.name == name)
             .map_or(0.0, Shape::flops)
     };
-    Ok(reply
+    let ceilings = reply
+        .ceilings
+        .into_iter()
+        .filter_map(|c| match (c.value, c.unit, c.error) {
+            (Some(value), Some(unit), None) if value.is_finite() && value > 0.0 => Some(Ceiling {
+                name: c.name,
+                dtype: c.dtype,
+                value,
+                unit,
+            }),
+            (_, _, error) => {
+                tracing::warn!(ceiling = %c.name, ?error, "ceiling not measured");
+                None
+            }
+        })
+        .collect();
+    let rows = reply
         .rows
         .into_iter()
         .map(|r| {
@@ -109,5 +156,6 @@ pub async fn measure(
                 outcome,
             }
         })
-        .collect())
+        .collect();
+    Ok((rows, ceilings))
 }

@@ -350,7 +350,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             })?;
             println!("{md}");
             println!(
-                "Wrote report.md, report.csv, report.json and report.t4.json in {}",
+                "Wrote report.md, report.html, report.csv, report.json and report.t4.json in {}",
                 run.display()
             );
             Ok(ExitCode::SUCCESS)

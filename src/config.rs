@@ -92,6 +92,8 @@ pub struct ProfilePolicy {
     pub enabled: bool,
     /// Profile every variant within this many percent of a shape's champion (0: champions only).
     pub within_pct: f64,
+    /// In a chain space, profile every step on every shape, so the ablation table explains each step.
+    pub chain_steps: bool,
     /// Only these dtypes are profiled (profiling is slow and the dtypes rarely differ in kind).
     pub dtypes: Vec<Dtype>,
     /// Kernels of the variant (not the reference) by name.
@@ -197,6 +199,11 @@ impl Shape {
         } else {
             full
         }
+    }
+    /// The least DRAM traffic a forward pass can make: read Q, K, V once and write O once.
+    pub fn min_dram_bytes(&self, dtype: Dtype) -> f64 {
+        let rows = self.b as f64 * self.h as f64 * (2.0 * self.sq as f64 + 2.0 * self.sk as f64);
+        rows * self.d as f64 * dtype.bytes() as f64
     }
     /// Multiply-adds of a naive implementation, to size the CPU oracle.
     pub fn macs(&self) -> f64 {

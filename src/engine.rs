@@ -566,7 +566,7 @@ fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strat
     }
 }
 
-/// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time; cases already profiled in this run are not redone.
+/// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain with `chain_steps`) under ncu, one at a time; cases already profiled in this run are not redone.
 async fn profile_stage(
     project: &Project,
     device: &DeviceInfo,
@@ -594,6 +594,8 @@ async fn profile_stage(
                 .push((variant.clone(), timing.median_us));
         }
     }
+    // An ablation explains each step only if each step has its own profile.
+    let every_step = policy.chain_steps && project.space.chain.is_some();
     for shape in &project.shapes {
         for &dtype in policy
             .dtypes
@@ -606,7 +608,7 @@ async fn profile_stage(
             let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
             for (variant, _) in results
                 .iter()
-                .filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0))
+                .filter(|r| every_step || r.1 <= best * (1.0 + policy.within_pct / 100.0))
             {
                 profile_case(project, device, events, run_dir, variant, shape, dtype).await?;
             }
@@ -754,9 +756,14 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
             "baseline.command is empty in policies.toml".into(),
         ));
     }
-    match crate::baseline::measure(&project.paths.root, &project.policies, &project.shapes).await {
+    let measured = crate::baseline::measure_with_ceilings(
+        &project.paths.root,
+        &project.policies,
+        &project.shapes,
+    );
+    match measured.await {
         Err(reason) => events.emit(unavailable(reason)),
-        Ok(rows) => {
+        Ok((rows, ceilings)) => {
             for row in rows {
                 let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
                 events.emit(match row.outcome {
@@ -772,6 +779,14 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                         dtype: Some(dtype),
                         reason,
                     },
+                })?;
+            }
+            for c in ceilings {
+                events.emit(Record::CeilingMeasured {
+                    name: c.name,
+                    dtype: c.dtype,
+                    value: c.value,
+                    unit: c.unit,
                 })?;
             }
             Ok(())

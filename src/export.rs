@@ -321,5 +321,6 @@ pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<
         run_dir.join("report.t4.json"),
         serde_json::to_string_pretty(&t4(log)).expect("JSON values serialize"),
     )?;
+    std::fs::write(run_dir.join("report.html"), crate::html::page(log))?;
     Ok(md)
 }

@@ -54,9 +54,6 @@ pub fn markdown(log: &LoadedLog) -> String {
     let mut invalid: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
     let mut worker_problems: Vec<String> = Vec::new();
     let mut profiles: BTreeMap<(String, String, Dtype), String> = BTreeMap::new();
-    let mut torch: BTreeMap<(String, Dtype, String), Result<f64, String>> = BTreeMap::new();
-    let mut torch_backends: Vec<String> = Vec::new();
-    let mut torch_missing: Option<String> = None;
     let mut finished = None;
     let mut interrupted = None;
     let mut row =
@@ -178,35 +175,6 @@ pub fn markdown(log: &LoadedLog) -> String {
                     profile_summary(profile, *line),
                 );
             }
-            Record::BaselineTimed {
-                backend,
-                shape,
-                dtype,
-                timing,
-            } => {
-                if !torch_backends.contains(backend) {
-                    torch_backends.push(backend.clone());
-                }
-                torch.insert(
-                    (shape.clone(), *dtype, backend.clone()),
-                    Ok(timing.median_us),
-                );
-            }
-            Record::BaselineUnavailable {
-                backend: Some(backend),
-                shape: Some(shape),
-                dtype: Some(dtype),
-                reason,
-            } => {
-                if !torch_backends.contains(backend) {
-                    torch_backends.push(backend.clone());
-                }
-                torch.insert(
-                    (shape.clone(), *dtype, backend.clone()),
-                    Err(reason.clone()),
-                );
-            }
-            Record::BaselineUnavailable { reason, .. } => torch_missing = Some(reason.clone()),
             Record::Interrupted { reason } => interrupted = Some(reason.clone()),
             Record::BudgetReached { reason, variants_not_measured } => {
                 worker_problems.push(format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")));
@@ -223,7 +191,8 @@ pub fn markdown(log: &LoadedLog) -> String {
         }
     }
     // Each case's outcome is decided once, in export::cases; the table only lays it out.
-    for case in crate::export::cases(log) {
+    let cases = crate::export::cases(log);
+    for case in cases.iter().cloned() {
         let k = row(&mut rows, &case.variant, case.dtype);
         let r = rows.get_mut(&k).expect("row exists");
         let cell = match (case.status.as_str(), case.median_us, case.tflops) {
@@ -311,14 +280,12 @@ pub fn markdown(log: &LoadedLog) -> String {
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
-    md.push_str(&best_per_shape(
-        header,
-        &order,
-        &rows,
-        &torch,
-        &torch_backends,
-        torch_missing.as_deref(),
-    ));
+    md.push_str(&best_per_shape(&crate::findings::best_per_shape(
+        log, &cases,
+    )));
+    if let Some(chain) = crate::findings::chain(log, &cases) {
+        md.push_str(&ablation_chain(&chain));
+    }
     for section in [crate::ablate::factors_section(log), crate::search::proposals_section(log)]
         .into_iter()
         .flatten()
@@ -394,7 +361,7 @@ fn geomean_speedup<'a>(
 }
 
 /// Three significant digits at most, so tiny decode figures do not print as 0.0.
-fn three_digits(x: f64) -> String {
+pub fn three_digits(x: f64) -> String {
     if x >= 100.0 {
         format!("{x:.0}")
     } else if x >= 10.0 {
@@ -406,15 +373,9 @@ fn three_digits(x: f64) -> String {
     }
 }
 
-/// Per (shape, dtype): the fastest correct variant beside the reference library, as a time ratio.
-fn best_per_shape(
-    header: &crate::runlog::Header,
-    order: &[(String, Dtype)],
-    rows: &BTreeMap<(String, Dtype), Row>,
-    torch: &BTreeMap<(String, Dtype, String), Result<f64, String>>,
-    backends: &[String],
-    missing: Option<&str>,
-) -> String {
+/// Per (shape, dtype): the fastest correct variant beside the reference library (a time ratio) and the measured ceilings.
+fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
+    let backends = &found.backends;
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
     let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
     for b in backends {
@@ -423,52 +384,124 @@ fn best_per_shape(
     if backends.is_empty() {
         md.push_str(" PyTorch |");
     }
-    md.push_str(" best ÷ fastest PyTorch (time) |\n|---|---|---|---:|---:|");
+    md.push_str(" best ÷ fastest PyTorch (time) | % of matmul ceiling | % of copy bandwidth |\n|---|---|---|---:|---:|");
     for _ in 0..backends.len().max(1) {
         md.push_str("---:|");
     }
-    md.push_str("---:|\n");
-    for shape in &header.shapes {
-        for &dtype in &header.dtypes {
-            let best = order
-                .iter()
-                .filter(|k| k.1 == dtype)
-                .filter_map(|k| match rows[k].cells.get(&shape.name) {
-                    Some(Cell::Timed { median_us, tflops }) => Some((&k.0, *median_us, *tflops)),
-                    _ => None,
-                })
-                .min_by(|a, b| a.1.total_cmp(&b.1));
-            let (name, us, tf) = match best {
-                Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(tf)),
-                None => ("none passed".into(), "—".into(), "—".into()),
+    md.push_str("---:|---:|---:|\n");
+    for row in &found.rows {
+        let (name, us, tf) = match &row.best {
+            Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
+            None => ("none passed".into(), "—".into(), "—".into()),
+        };
+        let _ = write!(
+            md,
+            "| {} | {} | {name} | {us} | {tf} |",
+            row.shape.label(),
+            row.dtype
+        );
+        for cell in &row.torch {
+            let cell = match cell {
+                Some(Ok(t)) => format!("{t:.1}"),
+                Some(Err(e)) => {
+                    format!("unsupported ({})", e.chars().take(60).collect::<String>())
+                }
+                None => "not measured".into(),
             };
-            let _ = write!(md, "| {} | {dtype} | {name} | {us} | {tf} |", shape.label());
-            let mut fastest: Option<f64> = None;
-            for b in backends {
-                let cell = match torch.get(&(shape.name.clone(), dtype, b.clone())) {
-                    Some(Ok(t)) => {
-                        fastest = Some(fastest.map_or(*t, |f: f64| f.min(*t)));
-                        format!("{t:.1}")
-                    }
-                    Some(Err(e)) => {
-                        format!("unsupported ({})", e.chars().take(60).collect::<String>())
-                    }
-                    None => "not measured".into(),
-                };
-                let _ = write!(md, " {cell} |");
-            }
-            if backends.is_empty() {
-                md.push_str(" not measured |");
-            }
-            let ratio = match (best, fastest) {
-                (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
-                _ => "—".into(),
-            };
-            let _ = writeln!(md, " {ratio} |");
+            let _ = write!(md, " {cell} |");
         }
+        if backends.is_empty() {
+            md.push_str(" not measured |");
+        }
+        let ratio = match (&row.best, row.fastest_torch_us) {
+            (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
+            _ => "—".into(),
+        };
+        let pct = |p: Option<f64>, roof_known: bool| match p {
+            Some(p) => format!("{p:.1}%"),
+            None if roof_known => "—".into(),
+            None => "not measured".into(),
+        };
+        let c = &found.ceilings;
+        let _ = writeln!(
+            md,
+            " {ratio} | {} | {} |",
+            pct(row.pct_of_matmul, c.matmul_tflops.contains_key(&row.dtype)),
+            pct(row.pct_of_copy, c.copy_gbs.is_some())
+        );
     }
-    if let Some(why) = missing {
+    md.push_str(&ceilings_note(&found.ceilings));
+    if let Some(why) = &found.torch_missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
+}
+
+/// Where the ceilings came from, or that there are none.
+fn ceilings_note(c: &crate::findings::Ceilings) -> String {
+    if c.is_empty() {
+        return "\nCeilings not measured in this run (the PyTorch adapter measures them beside SDPA).\n".into();
+    }
+    let mut parts: Vec<String> = c
+        .matmul_tflops
+        .iter()
+        .map(|(d, m)| {
+            format!(
+                "{d} matmul {} TFLOP/s (log line {})",
+                three_digits(m.value),
+                m.line
+            )
+        })
+        .collect();
+    if let Some(m) = c.copy_gbs {
+        parts.push(format!(
+            "copy {:.0} GB/s read + written (log line {})",
+            m.value, m.line
+        ));
+    }
+    format!("\nMeasured ceilings: {}. % of copy bandwidth counts only the least traffic (Q, K, V read once, O written once).\n", parts.join(", "))
+}
+
+/// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.
+fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow>)]) -> String {
+    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. × previous and × baseline (the space's baseline variant): time ratios (higher is faster). ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
+    let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("—".into(), f);
+    for (shape, rows) in blocks {
+        let _ = writeln!(md, "\n### {}\n", shape.label());
+        md.push_str("| step | what changed | dtype | µs | TF/s | × previous | × baseline | max abs err | regs | spill B | SM % | DRAM % | occupancy % | tensor % | waves | limited by |\n");
+        md.push_str(
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        );
+        for r in rows {
+            let us = match r.median_us {
+                Some(us) => format!("{us:.1}"),
+                None => format!("**{}**", r.status.replace('_', " ")),
+            };
+            let pct = |x: Option<f64>| opt(x, &|v| format!("{v:.0}"));
+            let ncu = r.ncu.as_ref();
+            let _ = writeln!(
+                md,
+                "| **{}** | {} | {} | {us} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.step,
+                if r.changed.is_empty() { "—" } else { &r.changed },
+                r.dtype,
+                opt(r.tflops, &three_digits),
+                opt(r.vs_previous, &|v| format!("{v:.2}×")),
+                opt(r.vs_baseline, &|v| format!("{v:.2}×")),
+                opt(r.max_abs, &|v| format!("{v:.2e}")),
+                r.registers.map_or("—".into(), |v| v.to_string()),
+                r.spill_bytes.map_or("—".into(), |v| v.to_string()),
+                pct(ncu.and_then(|n| n.sm_pct)),
+                pct(ncu.and_then(|n| n.dram_pct)),
+                pct(ncu.and_then(|n| n.occupancy_pct)),
+                pct(ncu.and_then(|n| n.tensor_pct)),
+                opt(ncu.and_then(|n| n.waves), &|v| format!("{v:.2}")),
+                ncu.map_or("—".into(), |n| {
+                    let named = if n.bottlenecks.is_empty() { "no rule matched".to_owned() } else { n.bottlenecks.join(", ") };
+                    format!("{named} (log line {})", n.line)
+                }),
+            );
+        }
     }
     md
 }

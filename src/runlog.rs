@@ -197,6 +197,14 @@ pub enum Record {
     SearchStopped {
         reason: String,
     },
+    /// A roof of the GPU measured beside the reference library: dense matmul TFLOP/s per dtype, copy GB/s.
+    CeilingMeasured {
+        /// `matmul` or `copy`.
+        name: String,
+        dtype: Option<Dtype>,
+        value: f64,
+        unit: String,
+    },
 }
 
 pub struct RunLog {
