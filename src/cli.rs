@@ -89,7 +89,7 @@ enum Command {
         #[arg(long)]
         arch: Option<String>,
     },
-    /// Rebuild a run's reports from its log (report.md, .csv, .json, .t4.json) and print the Markdown.
+    /// Rebuild a run's reports from its log (report.md, .html, .csv, .json, .t4.json) and print the Markdown.
     Report {
         /// The run folder, e.g. runs/20261122-031500-ab12.
         run: PathBuf,
@@ -169,7 +169,11 @@ impl RunArgs {
 
     fn finish(&self, outcome: engine::TuneOutcome) -> ExitCode {
         if !self.json {
-            println!("{}", outcome.report_markdown);
+            println!("{}", outcome.summary);
+            println!(
+                "Full report: {} (and report.html, .csv, .json, .t4.json beside it)",
+                outcome.run_dir.join("report.md").display()
+            );
             println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
         }
         if outcome.interrupted {

@@ -52,7 +52,8 @@ pub struct TuneOptions {
 
 pub struct TuneOutcome {
     pub run_dir: PathBuf,
-    pub report_markdown: String,
+    /// The short form of the report, for the terminal.
+    pub summary: String,
     pub interrupted: bool,
 }
 
@@ -494,11 +495,12 @@ async fn drive(
         })?;
     }
     let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
-    let report_markdown = crate::export::write_all(&run_dir, &loaded)
+    crate::export::write_all(&run_dir, &loaded)
         .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
+    let summary = crate::report::summary(&loaded);
     Ok(TuneOutcome {
         run_dir,
-        report_markdown,
+        summary,
         interrupted,
     })
 }

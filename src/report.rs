@@ -24,6 +24,32 @@ struct Row {
     problems: Vec<String>,
 }
 
+/// What `tune` prints when it ends: the run line, the best per shape (and an ablation's factor ranking), failures
+/// in one line, and how the run ended. The whole report is in the run folder.
+pub fn summary(log: &LoadedLog) -> String {
+    let md = markdown(log);
+    let mut parts = md.split("\n## ");
+    let preamble = parts.next().unwrap_or("");
+    let mut out: String = preamble
+        .lines()
+        .take_while(|l| !l.starts_with('|'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    for section in parts {
+        let title = section.lines().next().unwrap_or("");
+        let keep = ["Best per shape", "Factor ablation", "Run statistics"];
+        if keep.iter().any(|k| title.starts_with(k)) {
+            out.push_str("\n## ");
+            out.push_str(section.trim_end());
+            out.push('\n');
+        } else if title.starts_with("Failures") {
+            let count = section.lines().filter(|l| l.starts_with("- ")).count();
+            let _ = writeln!(out, "\n{count} failure(s): see the Failures section of report.md.");
+        }
+    }
+    out
+}
+
 pub fn markdown(log: &LoadedLog) -> String {
     let mut md = String::new();
     let Some(header) = log.header() else {
