@@ -8,7 +8,7 @@ h1{font-size:1.5em}h2{margin-top:1.6em;border-bottom:1px solid #ccc}\
 th,td{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f3f3f3;position:sticky;top:0}\
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}tr:nth-child(even) td{background:#fafafa}\
 code{font-size:12px}td code{white-space:nowrap}figcaption{font-size:13px;margin-left:80px}blockquote{border-left:4px solid #d62728;margin:0;padding:4px 12px;background:#fff4f4}\
-figure{margin:12px 0}svg{max-width:100%;height:auto}.missing{color:#666;font-style:italic}";
+table.variants td:nth-child(2){white-space:nowrap;font-size:11px}figure{margin:12px 0}svg{max-width:100%;height:auto}.missing{color:#666;font-style:italic}";
 
 /// The whole page: the report's sections as HTML, with the plots after the main table and its note.
 pub fn page(log: &LoadedLog) -> String {
@@ -19,12 +19,32 @@ pub fn page(log: &LoadedLog) -> String {
         .and_then(|l| l.strip_prefix("# "))
         .unwrap_or("flashtune report");
     let mut blocks = blocks(&md);
-    let plots = plots(log);
-    let at = blocks
-        .iter()
-        .position(|b| b.starts_with("<h2>"))
-        .unwrap_or(blocks.len());
-    blocks.insert(at, plots);
+    // The morning reader wants the answer first: best per shape and the plots go above the table
+    // of every variant, which in a big run is hundreds of rows long.
+    let first_table = blocks.iter().position(|b| b.starts_with("<div class=\"wide\"><table>"));
+    let first_h2 = blocks.iter().position(|b| b.starts_with("<h2>")).unwrap_or(blocks.len());
+    let best = blocks.iter().position(|b| b.starts_with("<h2>Best per shape"));
+    let mut lead: Vec<String> = Vec::new();
+    if let Some(best) = best {
+        let end = blocks[best + 1..]
+            .iter()
+            .position(|b| b.starts_with("<h2>"))
+            .map_or(blocks.len(), |i| best + 1 + i);
+        lead.extend(blocks.drain(best..end));
+    }
+    lead.push(plots(log));
+    match first_table.filter(|&t| t < first_h2) {
+        Some(t) => {
+            // One line per variant: its id already names the parameters, so that cell need not wrap.
+            blocks[t] = blocks[t].replacen("<table>", "<table class=\"variants\">", 1);
+            blocks.insert(t, "<h2>Every variant</h2>".into());
+            blocks.splice(t..t, lead);
+        }
+        None => {
+            let at = first_h2.min(blocks.len());
+            blocks.splice(at..at, lead);
+        }
+    }
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{}\n</body>\n</html>\n",
         escape(title),

@@ -314,7 +314,12 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
     Some(svg(|root| {
         let title = "Champion over the run: best-so-far time ÷ final best";
         let x = 0.0..(end_t * 1.05).max(1e-3);
-        let mut chart = chart(root, title, x, (0.95..hi).log_scale())?;
+        // A log axis over less than a decade gets one plotters tick (1.00); name the ticks instead.
+        let ticks: Vec<f64> = [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+            .into_iter()
+            .filter(|t| *t <= hi)
+            .collect();
+        let mut chart = chart(root, title, x, (0.95..hi).log_scale().with_key_points(ticks))?;
         chart
             .configure_mesh()
             .x_desc("run clock (s)")
