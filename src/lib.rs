@@ -20,6 +20,7 @@ pub mod report;
 pub mod runlog;
 pub mod scheduler;
 pub mod space;
+pub mod step;
 pub mod vcs;
 pub mod worker;
 
