@@ -71,13 +71,6 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
     let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake())?;
     let run_id = engine::new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
-    let log = RunLog::create(&run_dir.join("log.jsonl"))?;
-    let mut events = Events::new(log, Vec::new());
-    events.emit(Record::Header(Box::new(engine::header(
-        &project, &device, &run_id,
-    ))))?;
     let session = Session {
         project: &project,
         root: &root,
@@ -86,6 +79,16 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         run_dir: &run_dir,
         run_id: &run_id,
     };
+    // A champion that cannot be found is a usage error, reported before any run folder exists.
+    let repo = git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+    session.champions(&repo)?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let log = RunLog::create(&run_dir.join("log.jsonl"))?;
+    let mut events = Events::new(log, Vec::new());
+    events.emit(Record::Header(Box::new(engine::header(
+        &project, &device, &run_id,
+    ))))?;
     let started = Instant::now();
     let mut last: Option<Decided> = None;
     let mut report = String::new();
@@ -414,14 +417,19 @@ impl Session<'_> {
                     .iter()
                     .find(|p| p.variant.id == variant && p.head_dim == shape.d)
                     .ok_or_else(|| {
+                        let known: BTreeSet<&str> =
+                            planned.iter().map(|p| p.variant.id.as_str()).collect();
                         Error::BadInput(format!(
-                            "champion `{variant}` ({}) is not a point of space `{}`; pass --space or --variant",
+                            "champion `{variant}` ({}) is not a point of space `{}` (its points: {}); pass --space or --variant",
                             if named.is_some() {
-                                format!("from {} at HEAD", project.champion_table())
+                                format!("named by {} at HEAD", project.champion_table())
+                            } else if self.opts.variant.is_some() {
+                                "from --variant".to_owned()
                             } else {
-                                "the default".to_owned()
+                                "the space's default".to_owned()
                             },
-                            project.space.name
+                            project.space.name,
+                            known.into_iter().collect::<Vec<_>>().join(", ")
                         ))
                     })?;
                 if let Some(why) = &point.invalid {
@@ -713,11 +721,10 @@ impl Session<'_> {
         }
         let _ = write!(
             m,
-            "\nFlashtune-Step: {}/{n}\nFlashtune-Speedup: {:.3}x geomean vs HEAD's champion, interleaved re-timing\nFlashtune-GPU: {}{}\n",
+            "\nFlashtune-Step: {}/{n}\nFlashtune-Speedup: {:.3}x geomean vs HEAD's champion, interleaved re-timing\nFlashtune-GPU: {}\n",
             self.run_id,
             1.0 + overall.geomean_gain,
             self.device.name,
-            if self.device.fake { " (synthetic figures)" } else { "" }
         );
         m
     }
