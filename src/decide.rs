@@ -120,10 +120,7 @@ pub fn judge_overall(cases: &[(String, Verdict)], threshold: f64) -> Overall {
     let (accept, reason) = if !regressions.is_empty() {
         (
             false,
-            format!(
-                "slower beyond noise on {}",
-                regressions.join(", ")
-            ),
+            format!("slower beyond noise on {}", regressions.join(", ")),
         )
     } else if geomean_gain <= threshold {
         (

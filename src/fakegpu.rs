@@ -123,8 +123,16 @@ fn fake_duel(pair: &DuelPair, rounds: usize) -> DuelResult {
         dtype: pair.challenger.dtype,
         champion_check: champion.check,
         challenger_check: challenger.check,
-        champion_us: if timed { samples(&pair.champion.forward) } else { Vec::new() },
-        challenger_us: if timed { samples(&pair.challenger.forward) } else { Vec::new() },
+        champion_us: if timed {
+            samples(&pair.champion.forward)
+        } else {
+            Vec::new()
+        },
+        challenger_us: if timed {
+            samples(&pair.challenger.forward)
+        } else {
+            Vec::new()
+        },
         launches_per_sample: 1,
         error: None,
     }

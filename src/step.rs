@@ -80,7 +80,8 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         run_id: &run_id,
     };
     // A champion that cannot be found is a usage error, reported before any run folder exists.
-    let repo = git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+    let repo =
+        git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
     session.champions(&repo)?;
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
@@ -94,7 +95,10 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
     let mut report = String::new();
     let (mut accepted, mut rejected) = (0, 0);
     for n in 1..=opts.steps {
-        if opts.time_limit.is_some_and(|limit| started.elapsed() >= limit) {
+        if opts
+            .time_limit
+            .is_some_and(|limit| started.elapsed() >= limit)
+        {
             let _ = writeln!(report, "Time limit reached before step {n}.\n");
             break;
         }
@@ -311,7 +315,13 @@ impl Session<'_> {
                 all,
             ))
         } else if inside.is_empty() {
-            Some((false, "no edits under kernels/ to judge".into(), None, None, Vec::new()))
+            Some((
+                false,
+                "no edits under kernels/ to judge".into(),
+                None,
+                None,
+                Vec::new(),
+            ))
         } else {
             None
         };
@@ -319,7 +329,14 @@ impl Session<'_> {
             Some(d) => d,
             None => {
                 let judged = self
-                    .judge_edit(n, &pairings, &head_cubins, &step_dir, events, &mut decisions)
+                    .judge_edit(
+                        n,
+                        &pairings,
+                        &head_cubins,
+                        &step_dir,
+                        events,
+                        &mut decisions,
+                    )
                     .await?;
                 match judged {
                     Ok(overall) if overall.accept => {
@@ -338,7 +355,13 @@ impl Session<'_> {
                     }
                     Ok(overall) => {
                         restore(self.root, &inside)?;
-                        (false, overall.reason, Some(overall.geomean_gain), None, inside.clone())
+                        (
+                            false,
+                            overall.reason,
+                            Some(overall.geomean_gain),
+                            None,
+                            inside.clone(),
+                        )
                     }
                     Err(why) => {
                         restore(self.root, &inside)?;
@@ -507,12 +530,7 @@ impl Session<'_> {
         files
     }
 
-    async fn run_proposer(
-        &self,
-        n: u32,
-        command: &str,
-        last: Option<&Decided>,
-    ) -> Result<Record> {
+    async fn run_proposer(&self, n: u32, command: &str, last: Option<&Decided>) -> Result<Record> {
         let timeout = Duration::from_secs(self.project.policies.step.proposer_timeout_s);
         let mut cmd = tokio::process::Command::new("sh");
         cmd.arg("-c")
@@ -523,12 +541,18 @@ impl Session<'_> {
             .env("FLASHTUNE_RUN_DIR", self.run_dir)
             .env("FLASHTUNE_EDIT_SCOPE", EDIT_SCOPE)
             .env("FLASHTUNE_PROTECTED", protected(self.project).join(" "))
-            .env("FLASHTUNE_THRESHOLD", self.project.policies.step.threshold.to_string())
+            .env(
+                "FLASHTUNE_THRESHOLD",
+                self.project.policies.step.threshold.to_string(),
+            )
             .env(
                 "FLASHTUNE_LAST_VERDICT",
                 last.map_or("none", |d| if d.accepted { "accepted" } else { "rejected" }),
             )
-            .env("FLASHTUNE_LAST_REASON", last.map_or("", |d| d.reason.as_str()))
+            .env(
+                "FLASHTUNE_LAST_REASON",
+                last.map_or("", |d| d.reason.as_str()),
+            )
             .env(
                 "FLASHTUNE_LAST_REPORT",
                 last.map_or(PathBuf::new(), |d| d.report.clone()),
@@ -549,7 +573,11 @@ impl Session<'_> {
         // Nothing it left running in the background may edit files while the step is judged.
         drop(group);
         let (status, timed_out, output) = match waited {
-            Err(_) => (format!("killed after {} s", timeout.as_secs()), true, String::new()),
+            Err(_) => (
+                format!("killed after {} s", timeout.as_secs()),
+                true,
+                String::new(),
+            ),
             Ok(Err(e)) => (format!("wait failed: {e}"), false, String::new()),
             Ok(Ok(out)) => (
                 out.status.to_string(),
@@ -592,7 +620,12 @@ impl Session<'_> {
         let mut edit_cubins = BTreeMap::new();
         for (key, result) in built {
             match result {
-                Err(why) => return Ok(Err(format!("the edit does not build ({}, {}, d={}): {why}", key.0, key.1, key.2))),
+                Err(why) => {
+                    return Ok(Err(format!(
+                        "the edit does not build ({}, {}, d={}): {why}",
+                        key.0, key.1, key.2
+                    )))
+                }
                 Ok(out) => {
                     if let Some(why) = project.gate(&out) {
                         return Ok(Err(format!("the edit is rejected by the gates: {why}")));
@@ -628,7 +661,12 @@ impl Session<'_> {
         for p in pairings {
             let id = &p.point.variant.id;
             // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
-            let seed = engine::case_seed(policy.seed, &format!("{}/{n}/{id}", self.run_id), &p.shape, p.dtype);
+            let seed = engine::case_seed(
+                policy.seed,
+                &format!("{}/{n}/{id}", self.run_id),
+                &p.shape,
+                p.dtype,
+            );
             seeds.push(seed);
             let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
             pairs.push(DuelPair {
@@ -659,7 +697,9 @@ impl Session<'_> {
                 verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
             }
             if failure.is_none() {
-                failure = why.clone().map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
+                failure = why
+                    .clone()
+                    .map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
             }
             decisions.push(DuelRow {
                 shape: p.shape.name.clone(),
@@ -748,7 +788,10 @@ fn judge_pair(
         let why = match end {
             WorkerEnd::Clean => "the worker did not answer for this case".to_owned(),
             WorkerEnd::Fatal(m) => format!("worker: {m}"),
-            WorkerEnd::Crashed { status, stderr_tail } => {
+            WorkerEnd::Crashed {
+                status,
+                stderr_tail,
+            } => {
                 format!("worker crashed ({status}): {stderr_tail}")
             }
             WorkerEnd::TimedOut { seconds } => format!("worker timed out after {seconds} s"),
@@ -764,10 +807,24 @@ fn judge_pair(
         return (None, None, check, None, Some(format!("CUDA: {e}")));
     }
     if let Some(why) = failed(&r.challenger_check) {
-        return (None, None, check, None, Some(format!("the edit computes wrong answers: {why}")));
+        return (
+            None,
+            None,
+            check,
+            None,
+            Some(format!("the edit computes wrong answers: {why}")),
+        );
     }
     if let Some(why) = failed(&r.champion_check) {
-        return (None, None, check, None, Some(format!("HEAD's champion failed its check on these inputs: {why}")));
+        return (
+            None,
+            None,
+            check,
+            None,
+            Some(format!(
+                "HEAD's champion failed its check on these inputs: {why}"
+            )),
+        );
     }
     if r.champion_us.is_empty() || r.challenger_us.is_empty() {
         return (None, None, check, None, Some("no samples came back".into()));
@@ -949,8 +1006,13 @@ fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Resu
 }
 
 fn restore(root: &Path, paths: &[String]) -> Result<()> {
-    crate::vcs::restore_paths(root, paths)
-        .map_err(|e| Error::Other(anyhow!("cannot restore {}: {}", paths.join(", "), e.message())))
+    crate::vcs::restore_paths(root, paths).map_err(|e| {
+        Error::Other(anyhow!(
+            "cannot restore {}: {}",
+            paths.join(", "),
+            e.message()
+        ))
+    })
 }
 
 /// The champion table as HEAD has it; none when HEAD has no table.
@@ -972,7 +1034,8 @@ fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champion
 
 /// Write `commit`'s files under `prefix` into `dest`, keeping their repository-relative paths.
 fn extract_tree(repo: &git2::Repository, commit: &str, prefix: &str, dest: &Path) -> Result<()> {
-    let git = |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
+    let git =
+        |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
     let id = git2::Oid::from_str(commit).map_err(git)?;
     let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
     let mut failed: Option<String> = None;
@@ -1028,12 +1091,26 @@ fn fingerprint(files: &[PathBuf]) -> Fingerprint {
         if let Ok(m) = std::fs::symlink_metadata(f) {
             let content = if m.is_file() && m.len() < 1 << 24 {
                 std::fs::read(f)
-                    .map(|b| i64::from_le_bytes(blake3::hash(&b).as_bytes()[..8].try_into().expect("8 bytes")))
+                    .map(|b| {
+                        i64::from_le_bytes(
+                            blake3::hash(&b).as_bytes()[..8]
+                                .try_into()
+                                .expect("8 bytes"),
+                        )
+                    })
                     .unwrap_or(0)
             } else {
                 0
             };
-            fp.insert(f.clone(), (m.len(), m.mtime_nsec() + m.mtime() * 1_000_000_000, m.ctime() * 1_000_000_000 + m.ctime_nsec(), content));
+            fp.insert(
+                f.clone(),
+                (
+                    m.len(),
+                    m.mtime_nsec() + m.mtime() * 1_000_000_000,
+                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                    content,
+                ),
+            );
         }
     }
     fp

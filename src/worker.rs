@@ -6,8 +6,8 @@ use crate::space::LaunchShape;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -557,7 +557,12 @@ impl Gpu {
     }
 
     /// Enough back-to-back launches that one sample lasts `min_sample_us`.
-    fn launches_per_sample(&self, k: &Checked, shape: &Shape, measure: &MeasureSpec) -> Result<u32> {
+    fn launches_per_sample(
+        &self,
+        k: &Checked,
+        shape: &Shape,
+        measure: &MeasureSpec,
+    ) -> Result<u32> {
         let single_us = self.timed(&|| self.launch_checked(k, shape))?.max(0.5);
         Ok(((measure.min_sample_us / single_us).ceil() as u32).clamp(1, 1000))
     }

@@ -158,7 +158,9 @@ fn mark_forward(dir: &Path, marker: &str) -> String {
     let name = marker.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
     std::fs::write(
         &path,
-        format!("{original}\n__device__ char flashtune_fake_{name}[] = \"flashtune-fake: {marker}\";\n"),
+        format!(
+            "{original}\n__device__ char flashtune_fake_{name}[] = \"flashtune-fake: {marker}\";\n"
+        ),
     )
     .unwrap();
     original
@@ -172,17 +174,26 @@ fn a_slower_edit_is_reverted_and_the_log_says_why() {
     let out = step(dir.path(), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    assert_eq!(std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(), original);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
     assert_eq!(head(dir.path()).0, before);
     assert!(dirty(dir.path()).is_empty());
     let records = records(dir.path());
     let (accepted, reason, restored) = decision(&records);
     assert!(!accepted);
-    assert!(reason.contains("slower beyond noise on small f16 -23"), "{reason}");
+    assert!(
+        reason.contains("slower beyond noise on small f16 -23"),
+        "{reason}"
+    );
     assert_eq!(restored, [FORWARD]);
     assert!(records.iter().any(|r| matches!(r,
         Record::Duel { verdict: Some(v), challenger: Some(_), champion: Some(_), .. } if v.gain < -0.2)));
-    assert!(t.contains("## Step 1 — rejected") && t.contains("synthetic figures"), "{t}");
+    assert!(
+        t.contains("## Step 1 — rejected") && t.contains("synthetic figures"),
+        "{t}"
+    );
 }
 
 #[test]
@@ -201,10 +212,16 @@ fn a_faster_edit_is_committed_with_trailers() {
         "Flashtune-Speedup: 1.250x",
         "Flashtune-GPU: fake GPU",
     ] {
-        assert!(message.contains(trailer), "{trailer} missing in:\n{message}");
+        assert!(
+            message.contains(trailer),
+            "{trailer} missing in:\n{message}"
+        );
     }
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
-    assert_eq!(std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(), edited);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        edited
+    );
     let (accepted, reason, _) = decision(&records(dir.path()));
     assert!(accepted, "{reason}");
     assert!(records(dir.path()).iter().any(|r| matches!(r,
@@ -244,16 +261,30 @@ fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
     let out = step(dir.path(), &["--proposer", proposer]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    assert_eq!(std::fs::read_to_string(dir.path().join("policies.toml")).unwrap(), policies);
-    assert_eq!(std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(), fwd_original);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("policies.toml")).unwrap(),
+        policies
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        fwd_original
+    );
     assert!(!dir.path().join("stray.txt").exists());
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
     let records = records(dir.path());
     let (accepted, reason, _) = decision(&records);
     assert!(!accepted);
-    assert!(reason.contains("policies.toml") && reason.contains("stray.txt"), "{reason}");
-    assert!(records.iter().any(|r| matches!(r, Record::ProposerRan { status, .. } if status.contains('0'))));
-    assert!(!records.iter().any(|r| matches!(r, Record::Duel { .. })), "nothing is timed");
+    assert!(
+        reason.contains("policies.toml") && reason.contains("stray.txt"),
+        "{reason}"
+    );
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::ProposerRan { status, .. } if status.contains('0'))));
+    assert!(
+        !records.iter().any(|r| matches!(r, Record::Duel { .. })),
+        "nothing is timed"
+    );
 }
 
 #[test]
@@ -276,7 +307,10 @@ fn a_proposer_that_touches_the_run_folder_stops_the_run() {
     let dir = repo_project();
     let out = step(
         dir.path(),
-        &["--proposer", "echo '{}' >> \"$FLASHTUNE_RUN_DIR/log.jsonl\""],
+        &[
+            "--proposer",
+            "echo '{}' >> \"$FLASHTUNE_RUN_DIR/log.jsonl\"",
+        ],
     );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
@@ -294,13 +328,24 @@ fn proposer_steps_see_the_last_verdict_and_uncommitted_policies_are_refused() {
     assert!(t.contains("1 accepted, 1 rejected"), "{t}");
     let records = records(dir.path());
     let seen = records.iter().find_map(|r| match r {
-        Record::StepStarted { step: 2, changed_files, .. } => Some(changed_files.clone()),
+        Record::StepStarted {
+            step: 2,
+            changed_files,
+            ..
+        } => Some(changed_files.clone()),
         _ => None,
     });
     assert_eq!(seen, Some(vec!["kernels/attention/seen.txt".to_owned()]));
-    assert!(!dir.path().join("kernels/attention/seen.txt").exists(), "an edit with no effect is not kept");
+    assert!(
+        !dir.path().join("kernels/attention/seen.txt").exists(),
+        "an edit with no effect is not kept"
+    );
 
-    std::fs::write(dir.path().join("variants/step-ci.toml"), format!("{SPACE}\n# edited\n")).unwrap();
+    std::fs::write(
+        dir.path().join("variants/step-ci.toml"),
+        format!("{SPACE}\n# edited\n"),
+    )
+    .unwrap();
     let out = step(dir.path(), &[]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
