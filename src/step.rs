@@ -249,7 +249,7 @@ impl Session<'_> {
         let head_tree = step_dir.join("head");
         extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
         let head_cubins = self.build_head(&pairings, &head_tree, events).await?;
-        let mut decisions = Vec::new();
+        let mut duels = Vec::new();
         if let Some(command) = &self.opts.proposer {
             let guarded = self.guarded_files(&head_cubins);
             let before = fingerprint(&guarded);
@@ -300,105 +300,71 @@ impl Session<'_> {
             base_commit: base.clone(),
             changed_files: inside.iter().chain(&stray).cloned().collect(),
         })?;
-        let decided = if !stray.is_empty() {
+        let outcome = if !stray.is_empty() {
             // The proposer stepped outside its scope: undo all of it, judge nothing.
             let all: Vec<String> = inside.iter().chain(&stray).cloned().collect();
             restore(self.root, &all)?;
-            Some((
-                false,
+            Outcome::rejected(
                 format!(
                     "the proposer changed files outside the edit scope: {}; all its changes were restored",
                     stray.join(", ")
                 ),
                 None,
-                None,
                 all,
-            ))
+            )
         } else if inside.is_empty() {
-            Some((
-                false,
-                "no edits under kernels/ to judge".into(),
-                None,
-                None,
-                Vec::new(),
-            ))
+            Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())
         } else {
-            None
-        };
-        let decided = match decided {
-            Some(d) => d,
-            None => {
-                let judged = self
-                    .judge_edit(
-                        n,
-                        &pairings,
-                        &head_cubins,
-                        &step_dir,
-                        events,
-                        &mut decisions,
-                    )
-                    .await?;
-                match judged {
-                    Ok(overall) if overall.accept => {
-                        let message = self.commit_message(n, &inside, &overall, &decisions);
-                        let commit = crate::vcs::commit_paths(self.root, &inside, &message)
-                            .map_err(|e| {
-                                Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
-                            })?;
-                        (
-                            true,
-                            overall.reason,
-                            Some(overall.geomean_gain),
-                            Some(commit),
-                            Vec::new(),
-                        )
+            let judged = self
+                .judge_edit(n, &pairings, &head_cubins, &step_dir, events, &mut duels)
+                .await?;
+            match judged {
+                Ok(overall) if overall.accept => {
+                    let message = self.commit_message(n, &inside, &overall, &duels);
+                    let commit =
+                        crate::vcs::commit_paths(self.root, &inside, &message).map_err(|e| {
+                            Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
+                        })?;
+                    Outcome {
+                        accepted: true,
+                        reason: overall.reason,
+                        geomean_gain: Some(overall.geomean_gain),
+                        commit: Some(commit),
+                        restored: Vec::new(),
                     }
-                    Ok(overall) => {
-                        restore(self.root, &inside)?;
-                        (
-                            false,
-                            overall.reason,
-                            Some(overall.geomean_gain),
-                            None,
-                            inside.clone(),
-                        )
-                    }
-                    Err(why) => {
-                        restore(self.root, &inside)?;
-                        (false, why, None, None, inside.clone())
-                    }
+                }
+                Ok(overall) => {
+                    restore(self.root, &inside)?;
+                    Outcome::rejected(overall.reason, Some(overall.geomean_gain), inside.clone())
+                }
+                Err(why) => {
+                    restore(self.root, &inside)?;
+                    Outcome::rejected(why, None, inside.clone())
                 }
             }
         };
-        let (accepted, reason, geomean_gain, commit, restored) = decided;
-        let record = Record::StepDecided {
+        events.emit(Record::StepDecided {
             step: n,
-            accepted,
-            reason: reason.clone(),
-            geomean_gain,
-            commit: commit.clone(),
-            restored: restored.clone(),
-        };
-        events.emit(record)?;
+            accepted: outcome.accepted,
+            reason: outcome.reason.clone(),
+            geomean_gain: outcome.geomean_gain,
+            commit: outcome.commit.clone(),
+            restored: outcome.restored.clone(),
+        })?;
         let markdown = step_markdown(&StepSummary {
             step: n,
             base: &base,
-            device: &self.device.name,
-            fake: self.device.fake,
+            device: self.device,
             files: &inside,
-            accepted,
-            reason: &reason,
-            geomean_gain,
-            commit: commit.as_deref(),
-            restored: &restored,
-            duels: &decisions,
+            outcome: &outcome,
+            duels: &duels,
         });
         std::fs::write(&report_path, &markdown)
             .with_context(|| format!("cannot write {}", report_path.display()))?;
         Ok((
             Decided {
-                accepted,
-                reason,
+                accepted: outcome.accepted,
+                reason: outcome.reason,
                 report: report_path,
             },
             markdown,
@@ -607,7 +573,7 @@ impl Session<'_> {
         head_cubins: &BTreeMap<UnitKey, PathBuf>,
         step_dir: &Path,
         events: &mut Events,
-        decisions: &mut Vec<DuelRow>,
+        duels: &mut Vec<DuelRow>,
     ) -> Result<std::result::Result<decide::Overall, String>> {
         let project = self.project;
         // A cache of its own: a cubin the proposer planted in the shared cache is never used.
@@ -691,24 +657,24 @@ impl Session<'_> {
         let mut failure: Option<String> = None;
         for (i, p) in pairings.iter().enumerate() {
             let result = outcome.duels.get(i);
-            let (champion, challenger, check, verdict, why) =
-                judge_pair(result, &outcome.end, threshold, p.shape.flops());
-            if let Some(v) = &verdict {
+            let judged = judge_pair(result, &outcome.end, threshold, p.shape.flops());
+            if let Some(v) = &judged.verdict {
                 verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
             }
             if failure.is_none() {
-                failure = why
-                    .clone()
+                failure = judged
+                    .failure
+                    .as_ref()
                     .map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
             }
-            decisions.push(DuelRow {
+            duels.push(DuelRow {
                 shape: p.shape.name.clone(),
                 dtype: p.dtype,
                 variant: p.point.variant.id.clone(),
-                champion_us: champion.as_ref().map(|t| t.median_us),
-                challenger_us: challenger.as_ref().map(|t| t.median_us),
-                verdict: verdict.clone(),
-                failure: why.clone(),
+                champion_us: judged.champion.as_ref().map(|t| t.median_us),
+                challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
+                verdict: judged.verdict.clone(),
+                failure: judged.failure.clone(),
             });
             events.emit(Record::Duel {
                 step: n,
@@ -716,11 +682,11 @@ impl Session<'_> {
                 dtype: p.dtype,
                 variant: p.point.variant.id.clone(),
                 seed: seeds[i],
-                champion,
-                challenger,
-                challenger_check: check,
-                verdict,
-                failure: why,
+                champion: judged.champion,
+                challenger: judged.challenger,
+                challenger_check: judged.challenger_check,
+                verdict: judged.verdict,
+                failure: judged.failure,
             })?;
         }
         if let Some(why) = failure {
@@ -771,19 +737,21 @@ impl Session<'_> {
 }
 
 /// One pair's figures, or why it could not be judged.
-#[allow(clippy::type_complexity)]
+#[derive(Default)]
+struct PairOutcome {
+    champion: Option<TimingStats>,
+    challenger: Option<TimingStats>,
+    challenger_check: Option<CheckStats>,
+    verdict: Option<Verdict>,
+    failure: Option<String>,
+}
+
 fn judge_pair(
     result: Option<&DuelResult>,
     end: &WorkerEnd,
     threshold: f64,
     flops: f64,
-) -> (
-    Option<TimingStats>,
-    Option<TimingStats>,
-    Option<CheckStats>,
-    Option<Verdict>,
-    Option<String>,
-) {
+) -> PairOutcome {
     let Some(r) = result else {
         let why = match end {
             WorkerEnd::Clean => "the worker did not answer for this case".to_owned(),
@@ -791,57 +759,50 @@ fn judge_pair(
             WorkerEnd::Crashed {
                 status,
                 stderr_tail,
-            } => {
-                format!("worker crashed ({status}): {stderr_tail}")
-            }
+            } => format!("worker crashed ({status}): {stderr_tail}"),
             WorkerEnd::TimedOut { seconds } => format!("worker timed out after {seconds} s"),
         };
-        return (None, None, None, None, Some(why));
+        return PairOutcome {
+            failure: Some(why),
+            ..Default::default()
+        };
     };
-    let check = r.challenger_check.clone();
     let failed = |c: &Option<CheckStats>| match c {
         Some(c) if !c.passed() => Some(c.failures.join("; ")),
         _ => None,
     };
-    if let Some(e) = &r.error {
-        return (None, None, check, None, Some(format!("CUDA: {e}")));
-    }
-    if let Some(why) = failed(&r.challenger_check) {
-        return (
-            None,
-            None,
-            check,
-            None,
-            Some(format!("the edit computes wrong answers: {why}")),
-        );
-    }
-    if let Some(why) = failed(&r.champion_check) {
-        return (
-            None,
-            None,
-            check,
-            None,
-            Some(format!(
-                "HEAD's champion failed its check on these inputs: {why}"
-            )),
-        );
-    }
-    if r.champion_us.is_empty() || r.challenger_us.is_empty() {
-        return (None, None, check, None, Some("no samples came back".into()));
+    let failure = if let Some(e) = &r.error {
+        Some(format!("CUDA: {e}"))
+    } else if let Some(why) = failed(&r.challenger_check) {
+        Some(format!("the edit computes wrong answers: {why}"))
+    } else if let Some(why) = failed(&r.champion_check) {
+        Some(format!(
+            "HEAD's champion failed its check on these inputs: {why}"
+        ))
+    } else if r.champion_us.is_empty() || r.challenger_us.is_empty() {
+        Some("no samples came back".into())
+    } else {
+        None
+    };
+    if failure.is_some() {
+        return PairOutcome {
+            challenger_check: r.challenger_check.clone(),
+            failure,
+            ..Default::default()
+        };
     }
     let duel = Duel {
         champion_us: r.champion_us.clone(),
         challenger_us: r.challenger_us.clone(),
     };
-    let verdict = decide::judge(&duel, threshold);
     let stats = |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, flops);
-    (
-        Some(stats(&r.champion_us)),
-        Some(stats(&r.challenger_us)),
-        check,
-        Some(verdict),
-        None,
-    )
+    PairOutcome {
+        champion: Some(stats(&r.champion_us)),
+        challenger: Some(stats(&r.challenger_us)),
+        challenger_check: r.challenger_check.clone(),
+        verdict: Some(decide::judge(&duel, threshold)),
+        failure: None,
+    }
 }
 
 /// A duel as the step report shows it.
@@ -856,17 +817,34 @@ struct DuelRow {
     failure: Option<String>,
 }
 
+/// How a step ended.
+struct Outcome {
+    accepted: bool,
+    reason: String,
+    geomean_gain: Option<f64>,
+    commit: Option<String>,
+    /// Files put back as HEAD has them.
+    restored: Vec<String>,
+}
+
+impl Outcome {
+    fn rejected(reason: String, geomean_gain: Option<f64>, restored: Vec<String>) -> Self {
+        Outcome {
+            accepted: false,
+            reason,
+            geomean_gain,
+            commit: None,
+            restored,
+        }
+    }
+}
+
 struct StepSummary<'a> {
     step: u32,
     base: &'a str,
-    device: &'a str,
-    fake: bool,
+    device: &'a DeviceInfo,
     files: &'a [String],
-    accepted: bool,
-    reason: &'a str,
-    geomean_gain: Option<f64>,
-    commit: Option<&'a str>,
-    restored: &'a [String],
+    outcome: &'a Outcome,
     duels: &'a [DuelRow],
 }
 
@@ -877,14 +855,18 @@ fn step_markdown(s: &StepSummary) -> String {
         m,
         "## Step {} — {}\n",
         s.step,
-        if s.accepted { "accepted" } else { "rejected" }
+        if s.outcome.accepted {
+            "accepted"
+        } else {
+            "rejected"
+        }
     );
     let _ = writeln!(m, "- base: `{}`", short(s.base));
     let _ = writeln!(
         m,
         "- GPU: {}{}",
-        s.device,
-        if s.fake {
+        s.device.name,
+        if s.device.fake {
             " — synthetic figures, nothing here was measured"
         } else {
             ""
@@ -893,16 +875,16 @@ fn step_markdown(s: &StepSummary) -> String {
     if !s.files.is_empty() {
         let _ = writeln!(m, "- edit: {}", s.files.join(", "));
     }
-    let _ = writeln!(m, "- why: {}", s.reason);
-    if let Some(g) = s.geomean_gain {
+    let _ = writeln!(m, "- why: {}", s.outcome.reason);
+    if let Some(g) = s.outcome.geomean_gain {
         let _ = writeln!(m, "- geomean gain: {:+.2}%", g * 100.0);
     }
-    match s.commit {
+    match &s.outcome.commit {
         Some(c) => {
             let _ = writeln!(m, "- committed: `{}`", short(c));
         }
-        None if !s.restored.is_empty() => {
-            let _ = writeln!(m, "- restored to HEAD: {}", s.restored.join(", "));
+        None if !s.outcome.restored.is_empty() => {
+            let _ = writeln!(m, "- restored to HEAD: {}", s.outcome.restored.join(", "));
         }
         None => {}
     }
