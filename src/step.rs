@@ -250,6 +250,7 @@ impl Session<'_> {
         extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
         let head_cubins = self.build_head(&pairings, &head_tree, events).await?;
         let mut duels = Vec::new();
+        let mut proposer_finished = false;
         if let Some(command) = &self.opts.proposer {
             let guarded = self.guarded_files(&head_cubins);
             let before = fingerprint(&guarded);
@@ -266,6 +267,7 @@ impl Session<'_> {
                     }
                 )));
             }
+            proposer_finished = matches!(&ran, Record::ProposerRan { status, timed_out: false, .. } if status == "exit status: 0");
             events.emit(ran)?;
             let (now, now_ref) = head_of(&repo)?;
             if now != base || now_ref != base_ref {
@@ -276,15 +278,16 @@ impl Session<'_> {
                     short(&now)
                 );
                 put_head_back(&repo, &base_ref, &base)?;
-                let (inside, _) = changes(project, self.root)?;
-                restore(self.root, &inside)?;
+                let (inside, outside) = changes(project, self.root)?;
+                let left: Vec<String> = inside.into_iter().chain(outside).collect();
+                restore(self.root, &left)?;
                 events.emit(Record::StepDecided {
                     step: n,
                     accepted: false,
                     reason: reason.clone(),
                     geomean_gain: None,
                     commit: None,
-                    restored: inside,
+                    restored: left,
                 })?;
                 return Err(Error::Other(anyhow!("{reason}")));
             }
@@ -295,6 +298,7 @@ impl Session<'_> {
         } else {
             Vec::new()
         };
+        let proposer_failed = self.opts.proposer.is_some() && !proposer_finished;
         events.emit(Record::StepStarted {
             step: n,
             base_commit: base.clone(),
@@ -311,6 +315,14 @@ impl Session<'_> {
                 ),
                 None,
                 all,
+            )
+        } else if proposer_failed {
+            // A proposer that failed or ran out of time may have left half an edit.
+            restore(self.root, &inside)?;
+            Outcome::rejected(
+                "the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged".into(),
+                None,
+                inside.clone(),
             )
         } else if inside.is_empty() {
             Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())

@@ -51,6 +51,10 @@ STAGES = [1]
 
 /// A scratch copy of the project (f16 only, plus the small space) as a git repository with one commit.
 fn repo_project() -> tempfile::TempDir {
+    repo_project_with(|p| p)
+}
+
+fn repo_project_with(edit_policies: impl Fn(String) -> String) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     for sub in ["variants", "kernels/attention"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
@@ -64,6 +68,7 @@ fn repo_project() -> tempfile::TempDir {
     let policies = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
     let policies = policies.replace(r#"dtypes = ["f16", "bf16"]"#, r#"dtypes = ["f16"]"#);
     assert!(policies.contains(r#"dtypes = ["f16"]"#));
+    let policies = edit_policies(policies);
     std::fs::write(dir.path().join("policies.toml"), policies).unwrap();
     std::fs::write(dir.path().join("variants/step-ci.toml"), SPACE).unwrap();
     std::fs::write(dir.path().join(".gitignore"), "runs/\n").unwrap();
@@ -350,4 +355,115 @@ fn proposer_steps_see_the_last_verdict_and_uncommitted_policies_are_refused() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("variants/step-ci.toml"), "{t}");
+}
+
+#[test]
+fn a_proposer_that_fails_or_times_out_has_its_edit_restored_unjudged() {
+    let dir =
+        repo_project_with(|p| p.replace("proposer_timeout_s = 1800", "proposer_timeout_s = 2"));
+    let original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let proposer = r#"echo '// half an edit' >> kernels/attention/forward.cu; if [ "$FLASHTUNE_STEP" = 1 ]; then exit 3; else sleep 30; fi"#;
+    let started = std::time::Instant::now();
+    let out = step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        started.elapsed().as_secs() < 25,
+        "the timeout must kill the proposer"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    let records = records(dir.path());
+    let ran: Vec<(String, bool)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ProposerRan {
+                status, timed_out, ..
+            } => Some((status.clone(), *timed_out)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert!(ran[0].0.contains('3') && !ran[0].1 && ran[1].1, "{ran:?}");
+    let reasons: Vec<&str> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::StepDecided {
+                reason,
+                accepted: false,
+                ..
+            } => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2);
+    assert!(
+        reasons.iter().all(|r| r.contains("did not finish")),
+        "{reasons:?}"
+    );
+}
+
+/// The real worker's duel: `FLASHTUNE_GPU_TESTS=1 scripts/test.sh` on a GPU machine.
+#[test]
+#[ignore = "needs an NVIDIA GPU: FLASHTUNE_GPU_TESTS=1 scripts/test.sh"]
+fn gpu_a_slower_edit_is_rejected_and_a_faster_one_committed() {
+    let run = |dir: &Path| {
+        Command::new(binary())
+            .arg("--root")
+            .arg(dir)
+            .args(["step", "--space", "variants/step-ci.toml"])
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
+            .output()
+            .expect("flashtune runs")
+    };
+    let anchor = "        path.step(cur, ctx, blk * kBlockN);";
+    let sleepy =
+        |src: &str| src.replacen(anchor, &format!("        __nanosleep(4000);\n{anchor}"), 1);
+    let dir = repo_project();
+    let fwd = dir.path().join(FORWARD);
+    let original = std::fs::read_to_string(&fwd).unwrap();
+    assert!(original.contains(anchor));
+    std::fs::write(&fwd, sleepy(&original)).unwrap();
+    let out = run(dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&fwd).unwrap(),
+        original,
+        "{}",
+        text(&out)
+    );
+    let (accepted, reason, _) = decision(&records(dir.path()));
+    assert!(!accepted, "{reason}");
+    assert!(records(dir.path())
+        .iter()
+        .any(|r| matches!(r, Record::Duel { verdict: Some(v), .. } if v.gain < 0.0)));
+
+    // A deliberately pessimized HEAD, and the edit that takes the pessimization out again.
+    let slow_head = repo_project();
+    let fwd = slow_head.path().join(FORWARD);
+    std::fs::write(&fwd, sleepy(&original)).unwrap();
+    Command::new("git")
+        .current_dir(slow_head.path())
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@localhost",
+            "commit",
+            "-qam",
+            "pessimized",
+        ])
+        .status()
+        .unwrap();
+    std::fs::write(&fwd, &original).unwrap();
+    let out = run(slow_head.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let (accepted, reason, _) = decision(&records(slow_head.path()));
+    assert!(accepted, "{reason}\n{}", text(&out));
+    assert!(head(slow_head.path()).1.contains("Flashtune-Speedup: "));
 }
