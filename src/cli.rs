@@ -70,6 +70,7 @@ enum Command {
     /// threshold; otherwise its files are restored to HEAD. The reference kernel and tuned.toml are
     /// not editable. Writes runs/<id>/log.jsonl and a Markdown report per step.
     Step {
+        /// Variant space (default: `default_space` in policies.toml); its shapes are the cases judged.
         #[arg(long)]
         space: Option<PathBuf>,
         /// The champion variant where HEAD's champion table names none.
@@ -77,7 +78,10 @@ enum Command {
         variant: Option<String>,
         /// Shell command run before each step to edit kernels/ (e.g. an agent). It gets FLASHTUNE_STEP,
         /// FLASHTUNE_LAST_VERDICT, FLASHTUNE_LAST_REASON, FLASHTUNE_LAST_REPORT, FLASHTUNE_RUN_DIR.
-        /// Its changes outside kernels/ are undone and reject the step; a commit of its own stops the run.
+        /// Its changes outside kernels/ are undone and reject the step; an edit it leaves after a non-zero
+        /// exit or a timeout ([step] proposer_timeout_s) is restored unjudged; a commit of its own is
+        /// undone and stops the run, as does any change to the run folder. Exit code 0 whether edits
+        /// were kept or not.
         #[arg(long)]
         proposer: Option<String>,
         /// Steps to run (needs --proposer above 1).

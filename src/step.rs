@@ -614,12 +614,13 @@ impl Session<'_> {
         }
         let family = &project.space.family;
         let policy = &project.policies.measure;
-        let case = |p: &Pairing, cubin: &Path, seed: u64| CaseSpec {
+        // The reference is one cubin for both sides: the CPU oracle checks it once, with the edit.
+        let case = |p: &Pairing, cubin: &Path, seed: u64, cpu_oracle: bool| CaseSpec {
             shape: p.shape.clone(),
             dtype: p.dtype,
             seed,
             tolerance: project.policies.tolerance_for(p.dtype),
-            cpu_oracle: p.shape.macs() <= policy.cpu_reference_max_macs,
+            cpu_oracle: cpu_oracle && p.shape.macs() <= policy.cpu_reference_max_macs,
             forward: ForwardKernel {
                 cubin: cubin.to_path_buf(),
                 entry: family.forward_entry.clone(),
@@ -648,8 +649,8 @@ impl Session<'_> {
             seeds.push(seed);
             let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
             pairs.push(DuelPair {
-                champion: case(p, &head_cubins[&key("head")], seed),
-                challenger: case(p, &edit_cubins[&key("edit")], seed),
+                champion: case(p, &head_cubins[&key("head")], seed, false),
+                challenger: case(p, &edit_cubins[&key("edit")], seed, true),
             });
         }
         let request = DuelRequest {
