@@ -5,6 +5,7 @@ use crate::error::{exit_code, Error, Result};
 use crate::executor::Executor;
 use crate::progress::ProgressReporter;
 use crate::scheduler::Budget;
+use crate::search::Strategy;
 use clap::{Parser, Subcommand};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -32,6 +33,41 @@ enum Command {
         /// Variant space (default: `default_space` in policies.toml).
         #[arg(long)]
         space: Option<PathBuf>,
+        /// exhaustive: every valid point; random: --sample points; guided: start point, then the
+        /// neighbours policies.toml's [guided] rules propose from each champion's ncu bottleneck.
+        #[arg(long, value_enum, default_value_t = StrategyArg::Exhaustive)]
+        strategy: StrategyArg,
+        /// Points drawn by --strategy random.
+        #[arg(long, default_value_t = 16)]
+        sample: usize,
+        /// Seed of --strategy random.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// One factor at a time around a run's champion: reset each parameter to the baseline's value, measure, rank.
+    Ablate {
+        /// The run whose champion is ablated, e.g. runs/20261122-031500-ab12.
+        run_dir: PathBuf,
+        /// Ablate around this variant instead of the best geometric mean over the run's shapes.
+        #[arg(long)]
+        variant: Option<String>,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Profile one variant of a run under Nsight Compute now; the result joins the run's log.
+    Profile {
+        /// The run folder the variant was built and timed in.
+        run_dir: PathBuf,
+        /// Variant id, as in the report (e.g. mma-bm128-bn64-w4-auto-s2).
+        variant: String,
+        /// Only these shapes (default: every shape of the run).
+        #[arg(long, value_delimiter = ',')]
+        shape: Vec<String>,
+        /// Only these dtypes (default: [profile] dtypes).
+        #[arg(long, value_delimiter = ',', value_parser = parse_dtype)]
+        dtype: Vec<crate::config::Dtype>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -108,6 +144,13 @@ enum Command {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StrategyArg {
+    Exhaustive,
+    Random,
+    Guided,
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// GPU ordinals to use, one measurement queue each (e.g. 0,1); default: every visible GPU.
@@ -151,6 +194,7 @@ impl RunArgs {
             devices: self.gpus.clone(),
             budget,
             commit: self.commit,
+            strategy: crate::search::Strategy::Exhaustive,
         })
     }
 
@@ -172,6 +216,14 @@ impl RunArgs {
         } else {
             ExitCode::SUCCESS
         }
+    }
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<crate::config::Dtype, String> {
+    match s {
+        "f16" => Ok(crate::config::Dtype::F16),
+        "bf16" => Ok(crate::config::Dtype::Bf16),
+        other => Err(format!("unknown dtype `{other}` (f16 or bf16)")),
     }
 }
 
@@ -229,9 +281,82 @@ pub fn run() -> ExitCode {
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let paths = ProjectPaths::new(cli.root.clone());
     match cli.command {
-        Command::Tune { space, run } => {
-            let outcome = engine::tune(run.options(paths, space)?, run.reporters()).await?;
+        Command::Tune {
+            space,
+            strategy,
+            sample,
+            seed,
+            run,
+        } => {
+            let strategy = match strategy {
+                StrategyArg::Exhaustive => Strategy::Exhaustive,
+                StrategyArg::Random => Strategy::Random {
+                    count: sample,
+                    seed,
+                },
+                StrategyArg::Guided => Strategy::Guided,
+            };
+            let opts = TuneOptions {
+                strategy,
+                ..run.options(paths, space)?
+            };
+            let outcome = engine::tune(opts, run.reporters()).await?;
             Ok(run.finish(outcome))
+        }
+        Command::Ablate {
+            run_dir,
+            variant,
+            run,
+        } => {
+            let outcome = engine::ablate(
+                run.options(paths, None)?,
+                &run_dir,
+                variant.as_deref(),
+                run.reporters(),
+            )
+            .await?;
+            Ok(run.finish(outcome))
+        }
+        Command::Profile {
+            run_dir,
+            variant,
+            shape,
+            dtype,
+            run,
+        } => {
+            let results = engine::profile_on_demand(
+                run.options(paths, None)?,
+                &run_dir,
+                &variant,
+                &shape,
+                &dtype,
+            )
+            .await?;
+            let log = crate::runlog::read(&run_dir.join("log.jsonl"))
+                .map_err(|e| Error::BadInput(format!("{e:#}")))?;
+            let mut profiled = 0;
+            for (shape, dtype, outcome) in &results {
+                let Some(outcome) = outcome else {
+                    println!("{variant} {shape} {dtype}: not built in this run, nothing to profile");
+                    continue;
+                };
+                let line = log.entries.iter().rev().find_map(|(line, e)| match &e.record {
+                    crate::runlog::Record::Profiled { variant: v, shape: s, dtype: d, .. }
+                        if v == &variant && s == shape && d == dtype => Some(*line),
+                    _ => None,
+                });
+                println!(
+                    "{variant} {shape} {dtype}: {}",
+                    crate::report::profile_summary(outcome, line.unwrap_or(0))
+                );
+                profiled += usize::from(matches!(outcome, crate::profile::ProfileOutcome::Profiled { .. }));
+            }
+            println!("Logged in {}", run_dir.join("log.jsonl").display());
+            Ok(if profiled == 0 {
+                ExitCode::from(exit_code::FAILURE)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Resume {
             run_dir,

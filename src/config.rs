@@ -20,6 +20,7 @@ pub struct Policies {
     pub measure: MeasurePolicy,
     pub baseline: BaselinePolicy,
     pub profile: ProfilePolicy,
+    pub guided: GuidedPolicy,
     pub timeouts: Timeouts,
     /// `flashtune step`: when a kernel edit beats HEAD's champion.
     pub step: StepPolicy,
@@ -120,6 +121,29 @@ pub struct BottleneckRule {
     pub name: String,
     /// An evalexpr condition over metric names, dots written as underscores.
     pub when: String,
+}
+
+/// `tune --strategy guided`: which neighbours of a champion each bottleneck suggests.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuidedPolicy {
+    /// Rounds of (profile champions, propose, measure) before the search stops anyway.
+    pub max_rounds: u32,
+    /// A challenger becomes champion only when faster by more than this fraction and its own p10..p90 spread.
+    pub min_gain: f64,
+    pub rules: Vec<GuidedRule>,
+}
+
+/// One move: when a champion shows `bottleneck`, try it with `change` applied.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuidedRule {
+    /// A `[[profile.bottlenecks]]` name.
+    pub bottleneck: String,
+    /// What the report shows as the reason for a proposal.
+    pub name: String,
+    /// Parameter → `"up"` (next value in the space's list), `"down"` (previous), or a value.
+    pub change: indexmap::IndexMap<String, crate::space::ParamValue>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -251,6 +275,17 @@ impl Policies {
                 "rounds",
                 "at least 3 rounds are needed for a median and percentiles".into(),
             );
+        }
+        for rule in &self.guided.rules {
+            if !self.profile.bottlenecks.iter().any(|b| b.name == rule.bottleneck) {
+                return fail(
+                    "bottleneck",
+                    format!(
+                        "guided rule `{}` names bottleneck `{}`, which no [[profile.bottlenecks]] rule defines",
+                        rule.name, rule.bottleneck
+                    ),
+                );
+            }
         }
         if self.measure.samples < 3 {
             return fail(

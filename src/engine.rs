@@ -50,6 +50,8 @@ pub struct TuneOptions {
     pub budget: Budget,
     /// Commit the champion table on `flashtune/<run-id>` when the run finishes.
     pub commit: bool,
+    /// How points are chosen; a resumed run keeps its own.
+    pub strategy: Strategy,
 }
 
 pub struct TuneOutcome {
@@ -59,6 +61,7 @@ pub struct TuneOutcome {
 }
 
 use crate::scheduler::{Budget, Ending, Scheduler, UnitKey};
+use crate::search::Strategy;
 
 /// A project loaded for building: policies, space and compiler.
 pub struct Project {
@@ -254,7 +257,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
-    events.emit(Record::Header(Box::new(header(&project, &device, &run_id))))?;
+    events.emit(Record::Header(Box::new(header(&project, &device, &run_id, &opts.strategy))))?;
     drive(
         &project,
         &device,
@@ -290,8 +293,12 @@ pub async fn resume(
     }
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
     let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
-    let opts = TuneOptions { devices, ..opts };
-    let fresh = header(&project, &device, &old.run_id);
+    let opts = TuneOptions {
+        devices,
+        strategy: old.strategy.clone(),
+        ..opts
+    };
+    let fresh = header(&project, &device, &old.run_id, &old.strategy);
     let mismatches = header_mismatches(&old, &fresh);
     if !mismatches.is_empty() && !force {
         return Err(Error::BadInput(format!(
@@ -416,7 +423,7 @@ pub fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
         .collect()
 }
 
-/// Plan, then the pipelined scheduler, then the reference library; ends the log and writes the report.
+/// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
 async fn drive(
     project: &Project,
     device: &DeviceInfo,
@@ -430,26 +437,33 @@ async fn drive(
         max_threads_per_block: device.max_threads_per_block,
         max_smem_optin_bytes: device.max_smem_optin_bytes,
     };
-    let planned = project.space.plan(&project.head_dims(), &limits)?;
-    for p in planned.iter().filter(|p| !done.contains(&p.variant.id)) {
-        events.emit(Record::Planned {
-            variant: p.variant.id.clone(),
-            step: p.variant.step.clone(),
-            params: p.variant.params.clone(),
-            head_dim: p.head_dim,
-            launch: p.launch.clone(),
-            invalid: p.invalid.clone(),
-        })?;
-    }
-    let scheduler = Scheduler {
-        project,
-        executor: &opts.executor,
-        devices: &opts.devices,
-        arch: &device.arch,
-        budget: &opts.budget,
-        done,
+    let head_dims = project.head_dims();
+    let no_reasons = BTreeMap::new();
+    let ending = match &opts.strategy {
+        Strategy::Exhaustive => {
+            let planned = project.space.plan(&head_dims, &limits)?;
+            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+        }
+        Strategy::Random { count, seed } => {
+            let planned = crate::search::random_sample(&project.space.plan(&head_dims, &limits)?, *count, *seed);
+            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+        }
+        Strategy::Ablate { champion, .. } => {
+            let variants = crate::ablate::variants(&project.space, champion);
+            let planned = project.space.plan_points(&variants, &head_dims, &limits)?;
+            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+        }
+        Strategy::Guided => {
+            let search = crate::search::Guided {
+                project,
+                device,
+                opts,
+                done,
+                run_dir: &run_dir,
+            };
+            search.run(events, &limits).await?
+        }
     };
-    let ending = scheduler.run(&planned, events).await?;
     let interrupted = match ending {
         Ending::Finished(t) => {
             profile_stage(project, device, events, &run_dir).await?;
@@ -493,7 +507,41 @@ async fn drive(
     })
 }
 
-pub fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
+/// Log the points (with the search's reason for each), then build, check and time the valid ones not yet done.
+#[allow(clippy::too_many_arguments)]
+pub async fn measure_points(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+    done: &BTreeSet<String>,
+    planned: &[PlannedPoint],
+    reasons: &BTreeMap<String, crate::search::Proposal>,
+    budget: &Budget,
+) -> Result<Ending> {
+    for p in planned.iter().filter(|p| !done.contains(&p.variant.id)) {
+        events.emit(Record::Planned {
+            variant: p.variant.id.clone(),
+            step: p.variant.step.clone(),
+            params: p.variant.params.clone(),
+            head_dim: p.head_dim,
+            launch: p.launch.clone(),
+            invalid: p.invalid.clone(),
+            proposed_by: reasons.get(&p.variant.id).cloned(),
+        })?;
+    }
+    let scheduler = Scheduler {
+        project,
+        executor: &opts.executor,
+        devices: &opts.devices,
+        arch: &device.arch,
+        budget,
+        done,
+    };
+    scheduler.run(planned, events).await
+}
+
+pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
     let kernel_dir = project.paths.resolve(
         project
             .space
@@ -518,10 +566,11 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str) -> Header {
         baseline: project.space.baseline_id(),
         dtypes: project.policies.dtypes.clone(),
         shapes: project.shapes.clone(),
+        strategy: strategy.clone(),
     }
 }
 
-/// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time.
+/// Profile each shape's champion (and variants within `within_pct` of it) under ncu, one at a time; cases already profiled in this run are not redone.
 async fn profile_stage(
     project: &Project,
     device: &DeviceInfo,
@@ -534,49 +583,21 @@ async fn profile_stage(
     }
     let log = runlog::read(&events.log.path)?;
     let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
-    let mut built: BTreeMap<(String, Dtype, u32), String> = BTreeMap::new();
-    let mut planned: BTreeMap<(String, u32), (crate::space::Params, crate::space::LaunchShape)> =
-        BTreeMap::new();
     for (_, e) in &log.entries {
-        match &e.record {
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => timed
+        if let Record::Timed {
+            variant,
+            shape,
+            dtype,
+            timing,
+            ..
+        } = &e.record
+        {
+            timed
                 .entry((shape.clone(), *dtype))
                 .or_default()
-                .push((variant.clone(), timing.median_us)),
-            Record::Built {
-                variant,
-                dtype,
-                head_dim,
-                key,
-                ..
-            } => {
-                built.insert((variant.clone(), *dtype, *head_dim), key.clone());
-            }
-            Record::Planned {
-                variant,
-                params,
-                head_dim,
-                launch: Some(launch),
-                ..
-            } => {
-                planned.insert(
-                    (variant.clone(), *head_dim),
-                    (params.clone(), launch.clone()),
-                );
-            }
-            _ => {}
+                .push((variant.clone(), timing.median_us));
         }
     }
-    let profiles = run_dir.join("profiles");
-    std::fs::create_dir_all(&profiles)
-        .with_context(|| format!("cannot create {}", profiles.display()))?;
-    let family = &project.space.family;
     for shape in &project.shapes {
         for &dtype in policy
             .dtypes
@@ -591,71 +612,126 @@ async fn profile_stage(
                 .iter()
                 .filter(|r| r.1 <= best * (1.0 + policy.within_pct / 100.0))
             {
-                let (Some(key), Some(ref_key), Some((params, launch))) = (
-                    built.get(&(variant.clone(), dtype, shape.d)),
-                    built.get(&(REFERENCE.to_owned(), dtype, 0)),
-                    planned.get(&(variant.clone(), shape.d)),
-                ) else {
-                    continue;
-                };
-                let point = crate::space::Variant {
-                    id: variant.clone(),
-                    params: params.clone(),
-                    step: None,
-                };
-                let case = CaseSpec {
-                    shape: shape.clone(),
-                    dtype,
-                    seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
-                    tolerance: project.policies.tolerance_for(dtype),
-                    cpu_oracle: false,
-                    forward: ForwardKernel {
-                        cubin: project.paths.build_cache().join(key).join("kernel.cubin"),
-                        entry: family.forward_entry.clone(),
-                        combine_entry: family.combine_entry.clone(),
-                        launch: launch.clone(),
-                        defines: project.space.forward_defines(&point, dtype, shape.d),
-                    },
-                    reference: ReferenceKernel {
-                        cubin: project
-                            .paths
-                            .build_cache()
-                            .join(ref_key)
-                            .join("kernel.cubin"),
-                        entry: family.reference_entry.clone(),
-                    },
-                };
-                let request = WorkerRequest::Run(RunRequest {
-                    device: device.ordinal,
-                    measure: MeasureSpec {
-                        warmup_ms: 0.0,
-                        samples: 0,
-                        min_sample_us: 0.0,
-                    },
-                    cases: vec![case],
-                });
-                let json = serde_json::to_vec(&request).expect("requests serialize");
-                // A split variant launches forward + combine; otherwise the first forward is enough.
-                let launches = if launch.kv_splits == 1 { 1 } else { 2 };
-                let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
-                let outcome = crate::profile::profile(
-                    policy,
-                    &json,
-                    &base,
-                    launches,
-                    Duration::from_secs(policy.timeout_s),
-                )
-                .await;
-                events.emit(Record::Profiled {
-                    variant: variant.clone(),
-                    shape: shape.name.clone(),
-                    dtype,
-                    profile: outcome,
-                })?;
+                profile_case(project, device, events, run_dir, variant, shape, dtype).await?;
             }
         }
     }
     Ok(())
+}
+
+/// The run's earlier profile of one case, else a new one (ncu; synthetic on the fake GPU), logged as `profiled`.
+/// `None` when the case was never built in this run, so there is nothing to profile.
+pub async fn profile_case(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    run_dir: &Path,
+    variant: &str,
+    shape: &Shape,
+    dtype: Dtype,
+) -> Result<Option<crate::profile::ProfileOutcome>> {
+    let log = runlog::read(&events.log.path)?;
+    let mut key = None;
+    let mut ref_key = None;
+    let mut planned = None;
+    for (_, e) in &log.entries {
+        match &e.record {
+            Record::Profiled {
+                variant: v,
+                shape: s,
+                dtype: d,
+                profile,
+            } if v == variant && s == &shape.name && *d == dtype => {
+                return Ok(Some(profile.clone()));
+            }
+            Record::Built {
+                variant: v,
+                dtype: d,
+                head_dim,
+                key: k,
+                ..
+            } if *d == dtype => {
+                if v == variant && *head_dim == shape.d {
+                    key = Some(k.clone());
+                } else if v == REFERENCE {
+                    ref_key = Some(k.clone());
+                }
+            }
+            Record::Planned {
+                variant: v,
+                params,
+                head_dim,
+                launch: Some(launch),
+                ..
+            } if v == variant && *head_dim == shape.d => {
+                planned = Some((params.clone(), launch.clone()));
+            }
+            _ => {}
+        }
+    }
+    let (Some(key), Some(ref_key), Some((params, launch))) = (key, ref_key, planned) else {
+        return Ok(None);
+    };
+    let outcome = if device.fake {
+        crate::fakegpu::profile(&project.policies.profile, &params, &launch, shape, device)
+    } else {
+        let family = &project.space.family;
+        let point = crate::space::Variant {
+            id: variant.to_owned(),
+            params,
+            step: None,
+        };
+        let cache = project.paths.build_cache();
+        let case = CaseSpec {
+            shape: shape.clone(),
+            dtype,
+            seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
+            tolerance: project.policies.tolerance_for(dtype),
+            cpu_oracle: false,
+            forward: ForwardKernel {
+                cubin: cache.join(&key).join("kernel.cubin"),
+                entry: family.forward_entry.clone(),
+                combine_entry: family.combine_entry.clone(),
+                launch: launch.clone(),
+                defines: project.space.forward_defines(&point, dtype, shape.d),
+            },
+            reference: ReferenceKernel {
+                cubin: cache.join(&ref_key).join("kernel.cubin"),
+                entry: family.reference_entry.clone(),
+            },
+        };
+        let request = WorkerRequest::Run(RunRequest {
+            device: device.ordinal,
+            measure: MeasureSpec {
+                warmup_ms: 0.0,
+                samples: 0,
+                min_sample_us: 0.0,
+            },
+            cases: vec![case],
+        });
+        let json = serde_json::to_vec(&request).expect("requests serialize");
+        let profiles = run_dir.join("profiles");
+        std::fs::create_dir_all(&profiles)
+            .with_context(|| format!("cannot create {}", profiles.display()))?;
+        // A split variant launches forward + combine; otherwise the first forward is enough.
+        let launches = if launch.kv_splits == 1 { 1 } else { 2 };
+        let policy = &project.policies.profile;
+        crate::profile::profile(
+            policy,
+            &json,
+            &profiles.join(format!("{variant}-{}-{dtype}", shape.name)),
+            launches,
+            Duration::from_secs(policy.timeout_s),
+        )
+        .await
+    };
+    events.emit(Record::Profiled {
+        variant: variant.to_owned(),
+        shape: shape.name.clone(),
+        dtype,
+        profile: outcome.clone(),
+    })?;
+    Ok(Some(outcome))
 }
 
 /// Time the reference library after the variants, so the two never share the GPU.
@@ -745,4 +821,77 @@ pub async fn build_space(
     }
     let rows = order.into_iter().filter_map(|k| done.remove(&k)).collect();
     Ok((planned, rows))
+}
+
+/// `flashtune ablate`: a new run over the parent run's space, measuring its champion and each one-factor reset.
+pub async fn ablate(
+    opts: TuneOptions,
+    parent_dir: &Path,
+    variant: Option<&str>,
+    reporters: Vec<Box<dyn Reporter>>,
+) -> Result<TuneOutcome> {
+    let log_path = parent_dir.join("log.jsonl");
+    let log = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
+    let header = log.header().ok_or_else(|| {
+        Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display()))
+    })?;
+    let (id, champion) = crate::ablate::choose_champion(&log, variant)
+        .map_err(|e| Error::BadInput(format!("{}: {e}", log_path.display())))?;
+    eprintln!("ablating around `{id}` from run {}", header.run_id);
+    let opts = TuneOptions {
+        space: Some(header.space_path.clone()),
+        strategy: Strategy::Ablate {
+            parent_run: header.run_id.clone(),
+            champion,
+        },
+        ..opts
+    };
+    tune(opts, reporters).await
+}
+
+/// `flashtune profile`: profile one variant of a finished run on demand; the outcomes join that run's log.
+pub async fn profile_on_demand(
+    opts: TuneOptions,
+    run_dir: &Path,
+    variant: &str,
+    shapes: &[String],
+    dtypes: &[Dtype],
+) -> Result<Vec<(String, Dtype, Option<crate::profile::ProfileOutcome>)>> {
+    let log_path = run_dir.join("log.jsonl");
+    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
+    let header = loaded
+        .header()
+        .ok_or_else(|| Error::BadInput(format!("{} has no header record", log_path.display())))?
+        .clone();
+    let project = Project::load(opts.paths.clone(), Some(&header.space_path))?;
+    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
+    let _locks = lock_gpus(&devices[..1], opts.executor.is_fake())?;
+    if device.name != header.device.name {
+        return Err(Error::BadInput(format!(
+            "run {} was timed on {}, this GPU is {}: profile it where it ran",
+            header.run_id, header.device.name, device.name
+        )));
+    }
+    for s in shapes {
+        if !project.shapes.iter().any(|p| &p.name == s) {
+            return Err(Error::BadInput(format!("run {} has no shape `{s}`", header.run_id)));
+        }
+    }
+    let dtypes: Vec<Dtype> = if dtypes.is_empty() {
+        project.policies.profile.dtypes.clone()
+    } else {
+        dtypes.to_vec()
+    };
+    let mut events = Events {
+        log: RunLog::reopen(&log_path, &loaded)?,
+        reporters: Vec::new(),
+    };
+    let mut out = Vec::new();
+    for shape in project.shapes.iter().filter(|s| shapes.is_empty() || shapes.contains(&s.name)) {
+        for &dtype in &dtypes {
+            let outcome = profile_case(&project, &device, &mut events, run_dir, variant, shape, dtype).await?;
+            out.push((shape.name.clone(), dtype, outcome));
+        }
+    }
+    Ok(out)
 }

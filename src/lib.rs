@@ -1,4 +1,5 @@
 //! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
+pub mod ablate;
 pub mod baseline;
 pub mod build;
 pub mod champions;
@@ -19,6 +20,7 @@ pub mod ptxas;
 pub mod report;
 pub mod runlog;
 pub mod scheduler;
+pub mod search;
 pub mod space;
 pub mod step;
 pub mod vcs;

@@ -33,13 +33,14 @@ pub fn markdown(log: &LoadedLog) -> String {
     let d = &header.device;
     let _ = writeln!(
         md,
-        "GPU: {} ({} SMs, {}, driver {}) · {} · space `{}` · baseline `{}` · git {}\n",
+        "GPU: {} ({} SMs, {}, driver {}) · {} · space `{}` ({}) · baseline `{}` · git {}\n",
         d.name,
         d.sm_count,
         d.arch,
         d.driver_version,
         header.toolchain.version,
         header.space,
+        header.strategy.label(),
         header.baseline,
         header.git_head.as_deref().unwrap_or("(no repository)")
     );
@@ -318,6 +319,13 @@ pub fn markdown(log: &LoadedLog) -> String {
         &torch_backends,
         torch_missing.as_deref(),
     ));
+    for section in [crate::ablate::factors_section(log), crate::search::proposals_section(log)]
+        .into_iter()
+        .flatten()
+    {
+        md.push('\n');
+        md.push_str(&section);
+    }
     if !profiles.is_empty() {
         md.push_str("\n## Profiles (Nsight Compute)\n\n| variant | shape | dtype | what limits it |\n|---|---|---|---|\n");
         for ((v, shape, dtype), summary) in &profiles {
@@ -533,7 +541,7 @@ fn run_statistics(log: &LoadedLog) -> String {
 }
 
 /// One line per profile: the bottlenecks, then the figures that show them.
-fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> String {
+pub fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> String {
     use crate::profile::ProfileOutcome as P;
     match p {
         P::Profiled {

@@ -29,6 +29,9 @@ pub struct Header {
     pub baseline: String,
     pub dtypes: Vec<Dtype>,
     pub shapes: Vec<Shape>,
+    /// How the measured points were chosen (logs before strategies existed walked the whole space).
+    #[serde(default)]
+    pub strategy: crate::search::Strategy,
 }
 
 /// One line of the log. `t` is seconds since the run started.
@@ -53,6 +56,9 @@ pub enum Record {
         head_dim: u32,
         launch: Option<LaunchShape>,
         invalid: Option<String>,
+        /// The guided search's reason for trying this point.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        proposed_by: Option<crate::search::Proposal>,
     },
     Built {
         variant: String,
@@ -180,6 +186,16 @@ pub enum Record {
         variants: usize,
         measured_cases: usize,
         failed_cases: usize,
+    },
+    /// A guided-search round: the champions it started from and the points it proposed.
+    SearchRound {
+        round: u32,
+        champions: Vec<crate::search::RoundChampion>,
+        proposed: Vec<String>,
+    },
+    /// Why the guided search ended.
+    SearchStopped {
+        reason: String,
     },
     /// `flashtune step --proposer`: the command that edits kernels/ before a step ended.
     ProposerRan {

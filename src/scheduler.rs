@@ -26,11 +26,13 @@ pub struct Budget {
     pub time_limit: Option<Duration>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Totals {
     pub variants: usize,
     pub measured: usize,
     pub failed: usize,
+    /// The budget that stopped the run early, if one did.
+    pub budget_stop: Option<String>,
 }
 
 /// How the pipeline ended.
@@ -150,6 +152,7 @@ impl Scheduler<'_> {
                             reason: reason.clone(),
                             variants_not_measured: not_measured,
                         })?;
+                        totals.budget_stop = Some(reason.clone());
                         stopping = Some(reason);
                         build_tasks.abort_all();
                         break;

@@ -56,6 +56,8 @@ struct SpaceFile {
     /// Names of `policies.toml` shapes this space is measured on; all of them when absent.
     shapes: Option<Vec<String>>,
     baseline: Params,
+    /// Where `tune --strategy guided` starts (default: the baseline).
+    start: Option<Params>,
     /// Overrides of policies.toml's [timeouts] for this space (fault spaces want short ones).
     timeouts: Option<crate::config::Timeouts>,
     /// Symbolic values with a numeric meaning in expressions, e.g. `auto = 0` for KV_SPLIT.
@@ -126,6 +128,7 @@ pub struct Space {
     constraints: Vec<Expr>,
     symbols: IndexMap<String, i64>,
     pub baseline: Params,
+    pub start: Option<Params>,
 }
 
 /// The limits a launch must respect, read from the GPU (or the policy's default device).
@@ -239,22 +242,29 @@ impl Space {
                 ));
             }
         }
-        for (name, value) in &file.baseline {
-            let known = params.get(name).ok_or_else(|| {
-                config::config_error_at_key(
-                    path,
-                    &text,
-                    "baseline",
-                    format!("baseline sets `{name}`, which is not a parameter of this space"),
-                )
-            })?;
-            if !known.contains(value) {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    "baseline",
-                    format!("baseline value {name} = {value} is not among the listed values"),
-                ));
+        let named_points = std::iter::once(("baseline", &file.baseline))
+            .chain(file.start.iter().map(|s| ("start", s)));
+        for (key, point) in named_points {
+            if point.len() != params.len() {
+                return Err(config::config_error_at_key(path, &text, key, format!("{key} must set every parameter of the space ({})", params.keys().cloned().collect::<Vec<_>>().join(", "))));
+            }
+            for (name, value) in point {
+                let known = params.get(name).ok_or_else(|| {
+                    config::config_error_at_key(
+                        path,
+                        &text,
+                        key,
+                        format!("{key} sets `{name}`, which is not a parameter of this space"),
+                    )
+                })?;
+                if !known.contains(value) {
+                    return Err(config::config_error_at_key(
+                        path,
+                        &text,
+                        key,
+                        format!("{key} value {name} = {value} is not among the listed values"),
+                    ));
+                }
             }
         }
         Ok(Space {
@@ -270,6 +280,7 @@ impl Space {
             constraints,
             symbols: file.symbols,
             baseline: file.baseline,
+            start: file.start,
         })
     }
 
@@ -356,10 +367,20 @@ impl Space {
         head_dims: &BTreeSet<u32>,
         limits: &DeviceLimits,
     ) -> Result<Vec<PlannedPoint>> {
+        self.plan_points(&self.variants()?, head_dims, limits)
+    }
+
+    /// Judge chosen points (a search's proposals, an ablation's one-factor variants) like grid points.
+    pub fn plan_points(
+        &self,
+        variants: &[Variant],
+        head_dims: &BTreeSet<u32>,
+        limits: &DeviceLimits,
+    ) -> Result<Vec<PlannedPoint>> {
         let mut planned = Vec::new();
-        for variant in self.variants()? {
+        for variant in variants {
             for &head_dim in head_dims {
-                planned.push(self.judge(&variant, head_dim, limits)?);
+                planned.push(self.judge(variant, head_dim, limits)?);
             }
         }
         Ok(planned)
@@ -471,6 +492,38 @@ fn expr_context(params: &Params, symbols: &IndexMap<String, i64>, head_dim: u32)
     ctx
 }
 
+/// How a search moves one parameter: along the space's list of values, or to a named value.
+pub fn moved(values: &[ParamValue], current: &ParamValue, to: &ParamValue) -> Option<ParamValue> {
+    let at = values.iter().position(|v| v == current)?;
+    let next = match to {
+        ParamValue::Name(s) if s == "up" => values.get(at + 1)?,
+        ParamValue::Name(s) if s == "down" => values.get(at.checked_sub(1)?)?,
+        value => values.iter().find(|v| *v == value)?,
+    };
+    (next != current).then(|| next.clone())
+}
+
+impl Space {
+    /// `params` with every `change` applied; `None` when a change leaves the space or changes nothing.
+    pub fn neighbour(
+        &self,
+        params: &Params,
+        change: &IndexMap<String, ParamValue>,
+    ) -> Option<Variant> {
+        let mut next = params.clone();
+        for (name, to) in change {
+            let current = params.get(name)?;
+            let value = moved(self.params.get(name)?, current, to)?;
+            next.insert(name.clone(), value);
+        }
+        Some(Variant {
+            id: variant_id(&next),
+            params: next,
+            step: None,
+        })
+    }
+}
+
 /// Each parameter's values over a chain, in first-seen order.
 fn chain_values(chain: &[ChainStep]) -> IndexMap<String, Vec<ParamValue>> {
     let mut values: IndexMap<String, Vec<ParamValue>> = IndexMap::new();
@@ -515,6 +568,19 @@ mod tests {
         p.insert("BLOCK_M".into(), ParamValue::Int(64));
         p.insert("KV_SPLIT".into(), ParamValue::Int(4));
         assert_eq!(variant_id(&p), "wmma-bm64-ks4");
+    }
+
+    #[test]
+    fn moves_step_along_the_listed_values() {
+        let values = [ParamValue::Int(1), ParamValue::Int(2), ParamValue::Name("auto".into())];
+        let up = ParamValue::Name("up".into());
+        let down = ParamValue::Name("down".into());
+        assert_eq!(moved(&values, &values[0], &up), Some(values[1].clone()));
+        assert_eq!(moved(&values, &values[2], &up), None, "no value past the last");
+        assert_eq!(moved(&values, &values[0], &down), None, "no value before the first");
+        assert_eq!(moved(&values, &values[0], &values[2]), Some(values[2].clone()));
+        assert_eq!(moved(&values, &values[2], &values[2]), None, "a move that changes nothing");
+        assert_eq!(moved(&values, &values[0], &ParamValue::Int(4)), None, "only listed values");
     }
 
     #[test]

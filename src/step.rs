@@ -87,8 +87,10 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, Vec::new());
+    // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
+    let strategy = crate::search::Strategy::default();
     events.emit(Record::Header(Box::new(engine::header(
-        &project, &device, &run_id,
+        &project, &device, &run_id, &strategy,
     ))))?;
     let started = Instant::now();
     let mut last: Option<Decided> = None;

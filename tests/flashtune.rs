@@ -1424,6 +1424,169 @@ mod git {
 }
 
 /// Real-GPU tests: run with FLASHTUNE_GPU_TESTS=1 on a machine with an NVIDIA GPU.
+mod search {
+    use super::*;
+    use flashtune::search::{Proposal, Strategy};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn records(run_dir: &Path) -> Vec<Record> {
+        runlog::read(&run_dir.join("log.jsonl"))
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|(_, e)| e.record)
+            .collect()
+    }
+
+    fn run_dir_from(out: &Output) -> PathBuf {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("Run log: "))
+            .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
+        PathBuf::from(line).parent().unwrap().to_path_buf()
+    }
+
+    /// One dtype and head dim 64 only, so each point is one real nvcc build.
+    fn small_project(space: &str, shapes: &str) -> tempfile::TempDir {
+        let dir = scratch_project();
+        let policies = dir.path().join("policies.toml");
+        let p = std::fs::read_to_string(&policies)
+            .unwrap()
+            .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
+        std::fs::write(&policies, p).unwrap();
+        let path = dir.path().join("variants").join(space);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
+        let end = start + text[start..].find('\n').unwrap();
+        std::fs::write(&path, format!("{}shapes = {shapes}{}", &text[..start], &text[end..])).unwrap();
+        dir
+    }
+
+    /// Every proposal names a policy rule for a bottleneck that the profile of the champion it came from showed.
+    #[test]
+    fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
+        let dir = small_project("guided.toml", r#"["seed", "decode"]"#);
+        let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/guided.toml", "--strategy", "guided"]);
+        assert!(out.status.success(), "{}", text(&out));
+        let run = run_dir_from(&out);
+        let recs = records(&run);
+        let Record::Header(h) = &recs[0] else { panic!() };
+        assert_eq!(h.strategy, Strategy::Guided);
+        let (policies, _) = Policies::load(&dir.path().join("policies.toml")).unwrap();
+        let mut bottlenecks: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        let mut proposals: Vec<(String, Proposal)> = Vec::new();
+        let mut planned_first: Option<String> = None;
+        let mut timed_twice = BTreeSet::new();
+        let mut timed = BTreeSet::new();
+        for r in &recs {
+            match r {
+                Record::Profiled { variant, shape, profile: flashtune::profile::ProfileOutcome::Profiled { bottlenecks: b, .. }, .. } => {
+                    bottlenecks.insert((variant.clone(), shape.clone()), b.clone());
+                }
+                Record::Planned { variant, proposed_by: None, .. } => {
+                    planned_first.get_or_insert(variant.clone());
+                }
+                Record::Planned { variant, proposed_by: Some(p), .. } => {
+                    // A proposal is made from a champion that was profiled before it.
+                    let seen = bottlenecks.get(&(p.from_variant.clone(), p.shape.clone())).unwrap_or_else(|| panic!("{variant} proposed from an unprofiled champion: {p:?}"));
+                    assert!(seen.contains(&p.bottleneck), "{p:?} vs {seen:?}");
+                    let rule = policies.guided.rules.iter().find(|r| r.name == p.rule).expect("rule from policies.toml");
+                    assert_eq!(rule.bottleneck, p.bottleneck);
+                    proposals.push((variant.clone(), p.clone()));
+                }
+                Record::Timed { variant, shape, .. } => {
+                    if !timed.insert((variant.clone(), shape.clone())) {
+                        timed_twice.insert(variant.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(planned_first.as_deref(), Some("mma-bm64-bn64-w4-ks1-s1"), "starts at the space's start point");
+        assert!(!proposals.is_empty(), "the fake profile of the start point is grid-limited on decode; rules must fire");
+        assert!(timed_twice.is_empty(), "measured twice: {timed_twice:?}");
+        assert!(recs.iter().any(|r| matches!(r, Record::SearchRound { round: 1, .. })));
+        assert!(recs.iter().any(|r| matches!(r, Record::SearchStopped { .. })), "the search says why it stopped");
+        let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+        assert!(report.contains("## Guided search"), "{report}");
+        for (variant, p) in &proposals {
+            assert!(report.contains(&format!("`{variant}` | {} |", p.rule)), "{variant} / {} missing:\n{report}", p.rule);
+        }
+    }
+
+    #[test]
+    fn random_strategy_measures_the_sample_size_reproducibly() {
+        let dir = small_project("smoke.toml", r#"["small"]"#);
+        let planned = |out: &Output| -> BTreeSet<String> {
+            records(&run_dir_from(out)).into_iter().filter_map(|r| match r {
+                Record::Planned { variant, .. } => Some(variant),
+                _ => None,
+            }).collect()
+        };
+        let args = ["tune", "--fake-gpu", "--strategy", "random", "--sample", "2", "--seed", "7"];
+        let a = flashtune(dir.path(), &args);
+        assert!(a.status.success(), "{}", text(&a));
+        let b = flashtune(dir.path(), &args);
+        assert_eq!(planned(&a).len(), 2);
+        assert_eq!(planned(&a), planned(&b));
+    }
+
+    /// The ablation run measures the champion and, per parameter that differs from the baseline, the champion with that one parameter reset.
+    #[test]
+    fn ablate_resets_one_factor_at_a_time_and_ranks_them() {
+        let dir = small_project("ablation.toml", r#"["seed"]"#);
+        let tuned = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/ablation.toml"]);
+        assert!(tuned.status.success(), "{}", text(&tuned));
+        let parent = run_dir_from(&tuned);
+        let last = "mma-bm128-bn64-w4-auto-s2";
+        let out = flashtune(dir.path(), &["ablate", parent.to_str().unwrap(), "--fake-gpu", "--variant", last]);
+        assert!(out.status.success(), "{}", text(&out));
+        let recs = records(&run_dir_from(&out));
+        let Record::Header(h) = &recs[0] else { panic!() };
+        let Strategy::Ablate { champion, .. } = &h.strategy else { panic!("{:?}", h.strategy) };
+        let space = Space::load(&dir.path().join("variants/ablation.toml")).unwrap();
+        let differing: Vec<&String> = champion.keys().filter(|k| champion[*k] != space.baseline[*k]).collect();
+        assert_eq!(differing.len(), 4, "MMA, BLOCK_M, KV_SPLIT and STAGES differ from the baseline");
+        let mut steps = BTreeMap::new();
+        for r in &recs {
+            if let Record::Planned { params, step: Some(step), .. } = r {
+                steps.insert(step.clone(), params.clone());
+            }
+        }
+        assert_eq!(steps.len(), 1 + differing.len(), "{steps:?}");
+        for (step, params) in &steps {
+            let changed: Vec<&String> = params.keys().filter(|k| params[*k] != champion[*k]).collect();
+            if step == "champion" {
+                assert!(changed.is_empty());
+            } else {
+                assert_eq!(changed.len(), 1, "{step}: {changed:?}");
+                assert_eq!(params[changed[0]], space.baseline[changed[0]]);
+                assert!(step.starts_with(changed[0].as_str()), "{step}");
+            }
+        }
+        let md = String::from_utf8_lossy(&out.stdout);
+        assert!(md.contains(&format!("## Factor ablation around `{last}`")), "{md}");
+        for d in differing {
+            assert!(md.contains(&format!("| {d}: ")), "factor {d} missing:\n{md}");
+        }
+    }
+
+    #[test]
+    fn a_rule_for_an_unknown_bottleneck_is_a_config_error() {
+        let dir = scratch_project();
+        let path = dir.path().join("policies.toml");
+        let p = std::fs::read_to_string(&path).unwrap().replacen(
+            "bottleneck = \"memory bound\"",
+            "bottleneck = \"memory bond\"",
+            1,
+        );
+        std::fs::write(&path, &p).unwrap();
+        let e = Policies::load(&path).unwrap_err().to_string();
+        assert!(e.contains("memory bond") && e.contains("policies.toml:") && e.contains("bottleneck"), "{e}");
+    }
+}
+
 mod gpu {
     use super::*;
 

@@ -1,0 +1,369 @@
+//! How a run chooses what to measure: the whole space, a random sample, the guided search (profile → bottleneck → neighbours), or an ablation.
+use crate::config::{Dtype, Shape};
+use crate::engine::{self, Events, Project};
+use crate::error::Result;
+use crate::protocol::{DeviceInfo, TimingStats};
+use crate::runlog::{LoadedLog, Record};
+use crate::scheduler::{Budget, Ending, Totals};
+use crate::space::{Params, PlannedPoint, Variant};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Strategy {
+    /// Every valid point of the space (or every step of a chain).
+    #[default]
+    Exhaustive,
+    /// `count` valid points drawn without replacement, reproducibly from `seed`.
+    Random { count: usize, seed: u64 },
+    /// Start point, then neighbours proposed by the policy's rules from each champion's bottleneck.
+    Guided,
+    /// One factor at a time around `champion` (taken from run `parent_run`): each parameter set back to the baseline's value.
+    Ablate { parent_run: String, champion: Params },
+}
+
+impl Strategy {
+    pub fn label(&self) -> String {
+        match self {
+            Strategy::Exhaustive => "exhaustive".into(),
+            Strategy::Random { count, seed } => format!("random ({count} points, seed {seed})"),
+            Strategy::Guided => "guided".into(),
+            Strategy::Ablate { parent_run, .. } => format!("ablate (around run {parent_run}'s champion)"),
+        }
+    }
+}
+
+/// Why the guided search tried a point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub round: u32,
+    pub rule: String,
+    pub bottleneck: String,
+    /// The champion it is a neighbour of, and where that champion was champion.
+    pub from_variant: String,
+    pub shape: String,
+    pub dtype: Dtype,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundChampion {
+    pub shape: String,
+    pub dtype: Dtype,
+    pub variant: String,
+    pub median_us: f64,
+}
+
+/// `count` valid variants of `planned`, drawn reproducibly; every head dim of a drawn variant comes along.
+pub fn random_sample(planned: &[PlannedPoint], count: usize, seed: u64) -> Vec<PlannedPoint> {
+    use rand::{seq::SliceRandom, SeedableRng};
+    let mut ids: Vec<&str> = Vec::new();
+    for p in planned.iter().filter(|p| p.invalid.is_none()) {
+        if !ids.contains(&p.variant.id.as_str()) {
+            ids.push(&p.variant.id);
+        }
+    }
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    ids.shuffle(&mut rng);
+    let chosen: BTreeSet<&str> = ids.into_iter().take(count).collect();
+    planned
+        .iter()
+        .filter(|p| chosen.contains(p.variant.id.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The champion of one (shape, dtype) as the guided search sees it.
+#[derive(Debug, Clone)]
+struct Holder {
+    variant: String,
+    timing: TimingStats,
+}
+
+/// Noise-aware: the challenger must be faster by more than `min_gain` and by more than either one's p10..p90 spread.
+pub fn beats(challenger: &TimingStats, champion: &TimingStats, min_gain: f64) -> bool {
+    let spread = |t: &TimingStats| (t.p90_us - t.p10_us) / t.median_us;
+    let gain = champion.median_us / challenger.median_us - 1.0;
+    gain > min_gain && gain > spread(challenger).max(spread(champion))
+}
+
+/// Champions per (shape, dtype) over the log's timed records, in the order they were measured.
+fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder> {
+    let mut out: BTreeMap<(String, Dtype), Holder> = BTreeMap::new();
+    for (_, e) in &log.entries {
+        if let Record::Timed {
+            variant,
+            shape,
+            dtype,
+            timing,
+            ..
+        } = &e.record
+        {
+            let key = (shape.clone(), *dtype);
+            let replace = out
+                .get(&key)
+                .is_none_or(|h| beats(timing, &h.timing, min_gain));
+            if replace {
+                out.insert(
+                    key,
+                    Holder {
+                        variant: variant.clone(),
+                        timing: timing.clone(),
+                    },
+                );
+            }
+        }
+    }
+    out
+}
+
+fn params_of(log: &LoadedLog) -> BTreeMap<String, Params> {
+    log.entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Planned {
+                variant, params, ..
+            } => Some((variant.clone(), params.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The guided search over one run: measures through the engine, profiles champions, proposes neighbours.
+pub struct Guided<'a> {
+    pub project: &'a Project,
+    pub device: &'a DeviceInfo,
+    pub opts: &'a engine::TuneOptions,
+    /// Variants a resumed run already finished: proposed again, never measured again.
+    pub done: &'a BTreeSet<String>,
+    pub run_dir: &'a Path,
+}
+
+impl Guided<'_> {
+    /// Rounds of: champions → their bottlenecks (ncu) → the rules' neighbours → measure; until no neighbour helps.
+    pub async fn run(&self, events: &mut Events, limits: &crate::space::DeviceLimits) -> Result<Ending> {
+        let project = self.project;
+        let policy = &project.policies.guided;
+        let head_dims = project.head_dims();
+        let started = Instant::now();
+        let mut totals = Totals::default();
+        let start = Variant {
+            id: crate::space::variant_id(project.space.start.as_ref().unwrap_or(&project.space.baseline)),
+            params: project.space.start.clone().unwrap_or_else(|| project.space.baseline.clone()),
+            step: None,
+        };
+        let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
+        let points = project.space.plan_points(&[start], &head_dims, limits)?;
+        let mut budget = self.opts.budget.clone();
+        let ending = engine::measure_points(project, self.device, self.opts, events, self.done, &points, &BTreeMap::new(), &budget).await?;
+        if let Some(stop) = self.absorb(ending, &mut totals, events)? {
+            return Ok(stop);
+        }
+        for round in 1..=policy.max_rounds {
+            let log = crate::runlog::read(&events.log.path)?;
+            let before = champions(&log, policy.min_gain);
+            let params = params_of(&log);
+            let mut proposals: BTreeMap<String, (Variant, Proposal)> = BTreeMap::new();
+            let profiled_dtypes: Vec<Dtype> = project.policies.profile.dtypes.clone();
+            for ((shape_name, dtype), holder) in &before {
+                if !profiled_dtypes.contains(dtype) {
+                    continue;
+                }
+                let Some(shape) = shape_named(&project.shapes, shape_name) else { continue };
+                let outcome = engine::profile_case(project, self.device, events, self.run_dir, &holder.variant, shape, *dtype).await?;
+                let bottlenecks = match outcome {
+                    Some(crate::profile::ProfileOutcome::Profiled { bottlenecks, .. }) => bottlenecks,
+                    _ => continue,
+                };
+                let Some(champion_params) = params.get(&holder.variant) else { continue };
+                for rule in policy.rules.iter().filter(|r| bottlenecks.contains(&r.bottleneck)) {
+                    let Some(next) = project.space.neighbour(champion_params, &rule.change) else { continue };
+                    if proposed_ever.contains(&next.id) || proposals.contains_key(&next.id) {
+                        continue;
+                    }
+                    let why = Proposal {
+                        round,
+                        rule: rule.name.clone(),
+                        bottleneck: rule.bottleneck.clone(),
+                        from_variant: holder.variant.clone(),
+                        shape: shape_name.clone(),
+                        dtype: *dtype,
+                    };
+                    proposals.insert(next.id.clone(), (next, why));
+                }
+            }
+            events.emit(Record::SearchRound {
+                round,
+                champions: before
+                    .iter()
+                    .map(|((shape, dtype), h)| RoundChampion {
+                        shape: shape.clone(),
+                        dtype: *dtype,
+                        variant: h.variant.clone(),
+                        median_us: h.timing.median_us,
+                    })
+                    .collect(),
+                proposed: proposals.keys().cloned().collect(),
+            })?;
+            if proposals.is_empty() {
+                events.emit(Record::SearchStopped {
+                    reason: format!("round {round}: the rules propose no untried neighbour of any champion"),
+                })?;
+                return Ok(Ending::Finished(totals));
+            }
+            proposed_ever.extend(proposals.keys().cloned());
+            let variants: Vec<Variant> = proposals.values().map(|(v, _)| v.clone()).collect();
+            let reasons: BTreeMap<String, Proposal> = proposals.into_iter().map(|(id, (_, why))| (id, why)).collect();
+            let points = project.space.plan_points(&variants, &head_dims, limits)?;
+            budget = remaining(&self.opts.budget, totals.variants, started);
+            let ending = engine::measure_points(project, self.device, self.opts, events, self.done, &points, &reasons, &budget).await?;
+            if let Some(stop) = self.absorb(ending, &mut totals, events)? {
+                return Ok(stop);
+            }
+            let after = champions(&crate::runlog::read(&events.log.path)?, policy.min_gain);
+            let changed = after.iter().any(|(k, h)| before.get(k).is_none_or(|b| b.variant != h.variant));
+            if !changed {
+                events.emit(Record::SearchStopped {
+                    reason: format!(
+                        "round {round}: no proposal beat a champion by more than {:.0}% and its noise",
+                        policy.min_gain * 100.0
+                    ),
+                })?;
+                return Ok(Ending::Finished(totals));
+            }
+        }
+        events.emit(Record::SearchStopped {
+            reason: format!("max_rounds = {} reached (policies.toml [guided])", policy.max_rounds),
+        })?;
+        Ok(Ending::Finished(totals))
+    }
+
+    /// Add a round's totals; the ending to return when the round was interrupted or hit the budget.
+    fn absorb(&self, ending: Ending, totals: &mut Totals, events: &mut Events) -> Result<Option<Ending>> {
+        let (t, interrupted) = match ending {
+            Ending::Finished(t) => (t, false),
+            Ending::Interrupted(t) => (t, true),
+        };
+        totals.variants += t.variants;
+        totals.measured += t.measured;
+        totals.failed += t.failed;
+        if interrupted {
+            return Ok(Some(Ending::Interrupted(totals.clone())));
+        }
+        if let Some(reason) = t.budget_stop {
+            totals.budget_stop = Some(reason.clone());
+            events.emit(Record::SearchStopped {
+                reason: format!("budget: {reason}"),
+            })?;
+            return Ok(Some(Ending::Finished(totals.clone())));
+        }
+        Ok(None)
+    }
+}
+
+/// The run's budget less what earlier rounds used.
+fn remaining(budget: &Budget, variants_so_far: usize, started: Instant) -> Budget {
+    Budget {
+        max_variants: budget.max_variants.map(|m| m.saturating_sub(variants_so_far)),
+        time_limit: budget.time_limit.map(|t| t.saturating_sub(started.elapsed())),
+    }
+}
+
+/// Shapes of the run by name.
+pub fn shape_named<'a>(shapes: &'a [Shape], name: &str) -> Option<&'a Shape> {
+    shapes.iter().find(|s| s.name == name)
+}
+
+/// The report's guided-search section: every proposal, the rule behind it, and what it measured.
+pub fn proposals_section(log: &LoadedLog) -> Option<String> {
+    let proposals: Vec<(String, Proposal, Option<String>)> = log
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Planned {
+                variant,
+                proposed_by: Some(p),
+                invalid,
+                ..
+            } => Some((variant.clone(), p.clone(), invalid.clone())),
+            _ => None,
+        })
+        .collect();
+    let rounds: Vec<&Record> = log
+        .entries
+        .iter()
+        .map(|(_, e)| &e.record)
+        .filter(|r| matches!(r, Record::SearchRound { .. } | Record::SearchStopped { .. }))
+        .collect();
+    if proposals.is_empty() && rounds.is_empty() {
+        return None;
+    }
+    let mut best: BTreeMap<(String, String, Dtype), (f64, usize)> = BTreeMap::new();
+    for (line, e) in &log.entries {
+        if let Record::Timed {
+            variant,
+            shape,
+            dtype,
+            timing,
+            ..
+        } = &e.record
+        {
+            best.insert((variant.clone(), shape.clone(), *dtype), (timing.median_us, *line));
+        }
+    }
+    let mut s = String::new();
+    let _ = writeln!(s, "## Guided search\n");
+    for r in &rounds {
+        match r {
+            Record::SearchRound {
+                round,
+                champions,
+                proposed,
+            } => {
+                let from: BTreeSet<&str> = champions.iter().map(|c| c.variant.as_str()).collect();
+                let _ = writeln!(
+                    s,
+                    "- round {round}: champions {} → {} proposal(s)",
+                    from.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "),
+                    proposed.len()
+                );
+            }
+            Record::SearchStopped { reason } => {
+                let _ = writeln!(s, "- stopped: {reason}");
+            }
+            _ => {}
+        }
+    }
+    let _ = writeln!(s, "\n| round | proposed variant | rule | bottleneck seen | from champion | on | its µs | champion's µs there | result |");
+    let _ = writeln!(s, "|---:|---|---|---|---|---|---:|---:|---|");
+    let mut seen = BTreeSet::new();
+    for (variant, p, invalid) in &proposals {
+        if !seen.insert((variant.clone(), p.round)) {
+            continue; // one row per (variant, round), not per head dim
+        }
+        let on = format!("{} {}", p.shape, p.dtype);
+        let mine = best.get(&(variant.clone(), p.shape.clone(), p.dtype));
+        let theirs = best.get(&(p.from_variant.clone(), p.shape.clone(), p.dtype));
+        let (mine_s, result) = match (mine, invalid) {
+            (Some((us, line)), _) => (
+                format!("{us:.1} (line {line})"),
+                match theirs {
+                    Some((t, _)) => format!("{:.2}× vs champion", t / us),
+                    None => "measured".into(),
+                },
+            ),
+            (None, Some(why)) if !why.is_empty() => ("—".into(), format!("not run: {why}")),
+            (None, _) => ("—".into(), "not timed on this shape (see failures)".into()),
+        };
+        let theirs_s = theirs.map_or("—".into(), |(t, line)| format!("{t:.1} (line {line})"));
+        let _ = writeln!(
+            s,
+            "| {} | `{variant}` | {} | {} | `{}` | {on} | {mine_s} | {theirs_s} | {result} |",
+            p.round, p.rule, p.bottleneck, p.from_variant
+        );
+    }
+    Some(s)
+}
