@@ -94,6 +94,45 @@ enum Command {
         /// The run folder, e.g. runs/20261122-031500-ab12.
         run: PathBuf,
     },
+    /// Judge the uncommitted edits under kernels/ against HEAD's champion: commit them if faster, else restore HEAD.
+    ///
+    /// HEAD's champion, per shape and dtype: the variant kernels/attention/tuned.toml names at HEAD;
+    /// where it names none, --variant; else the space's last chain step, or its first variant. The
+    /// edit is built with the same parameters from the working tree, HEAD's side from HEAD's tree.
+    /// Both are checked against HEAD's fp32 reference on fresh inputs with poisoned outputs, then
+    /// timed interleaved (A B A B ...) on every shape of the space and every policy dtype. The edit
+    /// is committed (trailers Flashtune-Step, -Speedup, -GPU) only if its geomean gain beats
+    /// [step] threshold and the median noise, and no case is slower by more than its noise or the
+    /// threshold; otherwise its files are restored to HEAD. The reference kernel and tuned.toml are
+    /// not editable. Writes runs/<id>/log.jsonl and a Markdown report per step.
+    Step {
+        /// Variant space (default: `default_space` in policies.toml); its shapes are the cases judged.
+        #[arg(long)]
+        space: Option<PathBuf>,
+        /// The champion variant where HEAD's champion table names none.
+        #[arg(long)]
+        variant: Option<String>,
+        /// Shell command run before each step to edit kernels/ (e.g. an agent). It gets FLASHTUNE_STEP,
+        /// FLASHTUNE_LAST_VERDICT, FLASHTUNE_LAST_REASON, FLASHTUNE_LAST_REPORT, FLASHTUNE_RUN_DIR.
+        /// Its changes outside kernels/ are undone and reject the step; an edit it leaves after a non-zero
+        /// exit or a timeout ([step] proposer_timeout_s) is restored unjudged; a commit of its own is
+        /// undone and stops the run, as does any change to the run folder. Exit code 0 whether edits
+        /// were kept or not.
+        #[arg(long)]
+        proposer: Option<String>,
+        /// Steps to run (needs --proposer above 1).
+        #[arg(long, default_value_t = 1)]
+        steps: u32,
+        /// Start no new step after this long (e.g. 2h).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        time_limit: Option<Duration>,
+        /// GPU ordinal.
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        /// Use the test double instead of a GPU: synthetic figures, labelled as such.
+        #[arg(long)]
+        fake_gpu: bool,
+    },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
     /// The GPU worker process (used by tune; reads one JSON request on stdin).
@@ -356,6 +395,42 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!(
                 "Wrote report.md, report.html, report.csv, report.json and report.t4.json in {}",
                 run.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Step {
+            space,
+            variant,
+            proposer,
+            steps,
+            time_limit,
+            gpu,
+            fake_gpu,
+        } => {
+            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+            let probe = Duration::from_secs(PROBE_TIMEOUT_S);
+            let executor = if fake_gpu {
+                Executor::fake(probe, &policies.build.default_device.arch)
+            } else {
+                Executor::subprocess(probe)
+            }
+            .map_err(|e| Error::Other(e.into()))?;
+            let outcome = crate::step::step(crate::step::StepOptions {
+                paths,
+                space,
+                variant,
+                proposer,
+                steps,
+                time_limit,
+                device: gpu,
+                executor,
+            })
+            .await?;
+            println!(
+                "{} accepted, {} rejected. Run log: {}",
+                outcome.accepted,
+                outcome.rejected,
+                outcome.run_dir.join("log.jsonl").display()
             );
             Ok(ExitCode::SUCCESS)
         }

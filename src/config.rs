@@ -22,7 +22,20 @@ pub struct Policies {
     pub profile: ProfilePolicy,
     pub guided: GuidedPolicy,
     pub timeouts: Timeouts,
+    /// `flashtune step`: when a kernel edit beats HEAD's champion.
+    pub step: StepPolicy,
     pub shapes: Vec<Shape>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepPolicy {
+    /// Smallest geomean gain (0.02 = 2% faster) an edit must show, beyond the noise, to be kept.
+    pub threshold: f64,
+    /// Interleaved samples per side (champion, challenger) per shape and dtype.
+    pub rounds: usize,
+    /// Seconds a `--proposer` command may run before its process group is killed.
+    pub proposer_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -263,6 +276,12 @@ impl Policies {
                     ),
                 );
             }
+        }
+        if self.step.rounds < 3 {
+            return fail(
+                "rounds",
+                "at least 3 rounds are needed for a median and percentiles".into(),
+            );
         }
         for rule in &self.guided.rules {
             if !self.profile.bottlenecks.iter().any(|b| b.name == rule.bottleneck) {

@@ -83,6 +83,83 @@ pub fn judge(duel: &Duel, threshold: f64) -> Verdict {
     }
 }
 
+/// An edit judged over every (shape, dtype) it was timed on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overall {
+    pub accept: bool,
+    /// exp(mean ln(champion median / challenger median)) - 1.
+    pub geomean_gain: f64,
+    /// The median of the per-case noise figures.
+    pub noise: f64,
+    pub reason: String,
+}
+
+/// Keep an edit only if its geomean gain beats both `threshold` and the median per-case noise,
+/// and no case is slower by more than the larger of its own noise and `threshold`
+/// (a gain on big shapes must not be paid for with a real loss on small ones).
+pub fn judge_overall(cases: &[(String, Verdict)], threshold: f64) -> Overall {
+    if cases.is_empty() {
+        return Overall {
+            accept: false,
+            geomean_gain: 0.0,
+            noise: f64::INFINITY,
+            reason: "no case was timed".into(),
+        };
+    }
+    let geomean_gain =
+        (cases.iter().map(|(_, v)| (1.0 + v.gain).ln()).sum::<f64>() / cases.len() as f64).exp()
+            - 1.0;
+    let mut noises: Vec<f64> = cases.iter().map(|(_, v)| v.noise).collect();
+    noises.sort_by(f64::total_cmp);
+    let noise = percentile(&noises, 50.0);
+    let regressions: Vec<String> = cases
+        .iter()
+        .filter(|(_, v)| -v.gain > v.noise.max(threshold))
+        .map(|(name, v)| format!("{name} {:+.1}%", v.gain * 100.0))
+        .collect();
+    let (accept, reason) = if !regressions.is_empty() {
+        (
+            false,
+            format!("slower beyond noise on {}", regressions.join(", ")),
+        )
+    } else if geomean_gain <= threshold {
+        (
+            false,
+            format!(
+                "geomean gain {:+.1}% is not above the {:.1}% threshold",
+                geomean_gain * 100.0,
+                threshold * 100.0
+            ),
+        )
+    } else if geomean_gain <= noise {
+        (
+            false,
+            format!(
+                "geomean gain {:+.1}% is within the noise (median p10..p90 spread {:.1}%)",
+                geomean_gain * 100.0,
+                noise * 100.0
+            ),
+        )
+    } else {
+        (
+            true,
+            format!(
+                "geomean gain {:+.1}% over {} cases beats the threshold ({:.1}%) and the noise ({:.1}%), no case regresses",
+                geomean_gain * 100.0,
+                cases.len(),
+                threshold * 100.0,
+                noise * 100.0
+            ),
+        )
+    };
+    Overall {
+        accept,
+        geomean_gain,
+        noise,
+        reason,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,5 +227,34 @@ mod tests {
             0.0,
         );
         assert!(!v.accept && v.gain < 0.0);
+    }
+
+    fn verdict(gain: f64, noise: f64) -> (String, Verdict) {
+        let v = Verdict {
+            accept: gain > noise,
+            gain,
+            noise,
+            threshold: 0.02,
+            reason: String::new(),
+        };
+        ("case".into(), v)
+    }
+
+    #[test]
+    fn overall_needs_a_geomean_gain_beyond_threshold_and_noise() {
+        let o = judge_overall(&[verdict(0.10, 0.01), verdict(0.05, 0.01)], 0.02);
+        assert!(o.accept, "{o:?}");
+        assert!((o.geomean_gain - (1.10f64 * 1.05).sqrt() + 1.0).abs() < 1e-9);
+        assert!(!judge_overall(&[verdict(0.01, 0.001)], 0.02).accept);
+        assert!(!judge_overall(&[verdict(0.05, 0.08)], 0.02).accept);
+        assert!(!judge_overall(&[], 0.02).accept);
+    }
+
+    #[test]
+    fn overall_refuses_a_gain_paid_for_by_a_regression() {
+        let o = judge_overall(&[verdict(0.30, 0.01), verdict(-0.05, 0.01)], 0.02);
+        assert!(!o.accept && o.reason.contains("slower"), "{o:?}");
+        // A slowdown inside the threshold is tolerated.
+        assert!(judge_overall(&[verdict(0.30, 0.01), verdict(-0.01, 0.005)], 0.02).accept);
     }
 }

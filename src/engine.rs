@@ -23,6 +23,10 @@ pub struct Events {
 }
 
 impl Events {
+    pub fn new(log: RunLog, reporters: Vec<Box<dyn Reporter>>) -> Self {
+        Events { log, reporters }
+    }
+
     /// Seconds on the run log's clock now.
     pub fn clock(&self) -> f64 {
         self.log.clock()
@@ -398,7 +402,7 @@ fn no_gpu(reason: String) -> Error {
 }
 
 /// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid.
-fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
+pub fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
     if fake {
         return Ok(Vec::new());
     }
@@ -539,7 +543,7 @@ pub async fn measure_points(
     scheduler.run(planned, events).await
 }
 
-fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
+pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
     let kernel_dir = project.paths.resolve(
         project
             .space

@@ -25,6 +25,8 @@ pub enum WorkerEnd {
 pub struct WorkerOutcome {
     pub device: Option<DeviceInfo>,
     pub cases: Vec<CaseResult>,
+    /// Answers to a duel request, one per pair finished.
+    pub duels: Vec<DuelResult>,
     pub end: WorkerEnd,
 }
 
@@ -85,11 +87,16 @@ impl Executor {
         self.exchange(&WorkerRequest::Run(request), timeout).await
     }
 
+    pub async fn duel(&self, request: DuelRequest, timeout: Duration) -> WorkerOutcome {
+        self.exchange(&WorkerRequest::Duel(request), timeout).await
+    }
+
     async fn exchange(&self, request: &WorkerRequest, timeout: Duration) -> WorkerOutcome {
         let exe = &self.exe;
         let mut outcome = WorkerOutcome {
             device: None,
             cases: Vec::new(),
+            duels: Vec::new(),
             end: WorkerEnd::Clean,
         };
         let mut cmd = tokio::process::Command::new(exe);
@@ -136,6 +143,7 @@ impl Executor {
                 match serde_json::from_str::<WorkerMessage>(&line) {
                     Ok(WorkerMessage::Device(d)) => outcome.device = Some(d),
                     Ok(WorkerMessage::Case(c)) => outcome.cases.push(*c),
+                    Ok(WorkerMessage::Duel(d)) => outcome.duels.push(*d),
                     Ok(WorkerMessage::Fatal { message }) => fatal = Some(message),
                     Ok(WorkerMessage::Done) => done = true,
                     // Kernels and drivers may print; only protocol lines count.

@@ -1,5 +1,7 @@
 //! `flashtune worker --fake`: a GPU-less test double behind the real worker protocol, so CI drives the real supervision.
-//! Its figures are synthetic and its device says so. A `FAULT` define in a case makes it misbehave like a bad kernel.
+//! Its figures are synthetic and its device says so. A `FAULT` define in a case makes it misbehave like a bad kernel;
+//! so does a marker string compiled into the cubin (`flashtune-fake: fault FAULT_WRONG`), which also scales
+//! its duel times (`flashtune-fake: time x1.50`), so tests can make a source edit wrong, slower or faster.
 use crate::check;
 use crate::protocol::*;
 use std::io::Read;
@@ -42,14 +44,8 @@ pub fn serve(arch: &str) -> std::process::ExitCode {
         WorkerRequest::Run(req) => {
             crate::worker::emit(&WorkerMessage::Device(device(arch, req.device)));
             for case in &req.cases {
-                let fault = case
-                    .forward
-                    .defines
-                    .iter()
-                    .find(|(k, _)| k == "FAULT")
-                    .map(|(_, v)| v.as_str())
-                    .unwrap_or("FAULT_NONE");
-                match fault {
+                let fault = fault_of(&case.forward);
+                match fault.as_str() {
                     // A kernel that never returns: the supervisor's timeout must kill us.
                     "FAULT_HANG" => loop {
                         std::thread::sleep(std::time::Duration::from_secs(3600));
@@ -58,15 +54,88 @@ pub fn serve(arch: &str) -> std::process::ExitCode {
                     "FAULT_ILLEGAL_ADDRESS" => std::process::abort(),
                     _ => crate::worker::emit(&WorkerMessage::Case(Box::new(fake_case(
                         case,
-                        fault,
+                        &fault,
                         req.measure.samples,
                     )))),
                 }
             }
         }
+        WorkerRequest::Duel(req) => {
+            crate::worker::emit(&WorkerMessage::Device(device(arch, req.device)));
+            for pair in &req.pairs {
+                crate::worker::emit(&WorkerMessage::Duel(Box::new(fake_duel(pair, req.rounds))));
+            }
+        }
     }
     crate::worker::emit(&WorkerMessage::Done);
     std::process::ExitCode::SUCCESS
+}
+
+/// The kernel's injected fault: a `FAULT` define, else a marker in the cubin, else none.
+fn fault_of(forward: &ForwardKernel) -> String {
+    if let Some((_, v)) = forward.defines.iter().find(|(k, _)| k == "FAULT") {
+        return v.clone();
+    }
+    cubin_marker(forward, "fault ").unwrap_or_else(|| "FAULT_NONE".into())
+}
+
+/// The word after `flashtune-fake: <what>` in the cubin's bytes (string constants survive compilation).
+fn cubin_marker(forward: &ForwardKernel, what: &str) -> Option<String> {
+    let bytes = std::fs::read(&forward.cubin).ok()?;
+    let needle = format!("flashtune-fake: {what}");
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes())?
+        + needle.len();
+    let word: String = bytes[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_graphic())
+        .map(|&b| b as char)
+        .collect();
+    Some(word)
+}
+
+/// Multiplier on the fake time: `flashtune-fake: time x1.50` in the cubin, else 1.
+fn time_scale(forward: &ForwardKernel) -> f64 {
+    cubin_marker(forward, "time x")
+        .and_then(|w| w.parse::<f64>().ok())
+        .filter(|x| *x > 0.0)
+        .unwrap_or(1.0)
+}
+
+/// Both sides checked as the fake checks any case; times from the shape alone (no per-cubin jitter,
+/// so an unmarked edit ties) scaled by each cubin's marker, with a small deterministic wobble.
+fn fake_duel(pair: &DuelPair, rounds: usize) -> DuelResult {
+    let side = |case: &CaseSpec| fake_case(case, &fault_of(&case.forward), 0);
+    let (champion, challenger) = (side(&pair.champion), side(&pair.challenger));
+    let passed = |r: &CaseResult| r.check.as_ref().is_some_and(|c| c.passed());
+    let timed = passed(&champion) && passed(&challenger);
+    let shape = &pair.challenger.shape;
+    let base_us = 5.0 + shape.flops() / 50e12 * 1e6;
+    let samples = |forward: &ForwardKernel| -> Vec<f64> {
+        let scale = time_scale(forward);
+        (0..rounds)
+            .map(|i| base_us * scale * (1.0 + 0.001 * (i % 3) as f64))
+            .collect()
+    };
+    DuelResult {
+        shape: shape.name.clone(),
+        dtype: pair.challenger.dtype,
+        champion_check: champion.check,
+        challenger_check: challenger.check,
+        champion_us: if timed {
+            samples(&pair.champion.forward)
+        } else {
+            Vec::new()
+        },
+        challenger_us: if timed {
+            samples(&pair.challenger.forward)
+        } else {
+            Vec::new()
+        },
+        launches_per_sample: 1,
+        error: None,
+    }
 }
 
 /// Deterministic synthetic results: exact outputs unless the fault says otherwise; a time from the cubin and shape.
@@ -93,7 +162,7 @@ fn fake_case(case: &CaseSpec, fault: &str, samples: usize) -> CaseResult {
     let key = format!("{}|{:?}", case.forward.cubin.display(), case.shape);
     let jitter = 1.0 + blake3::hash(key.as_bytes()).as_bytes()[0] as f64 / 255.0;
     let base_us = 5.0 + case.shape.flops() / 50e12 * 1e6;
-    let timing = stats.passed().then(|| {
+    let timing = (stats.passed() && samples > 0).then(|| {
         let samples_us: Vec<f64> = (0..samples)
             .map(|i| base_us * jitter * (1.0 + 0.001 * (i % 5) as f64))
             .collect();

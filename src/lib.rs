@@ -25,6 +25,7 @@ pub mod runlog;
 pub mod scheduler;
 pub mod search;
 pub mod space;
+pub mod step;
 pub mod vcs;
 pub mod worker;
 

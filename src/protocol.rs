@@ -11,6 +11,38 @@ pub enum WorkerRequest {
     Probe { device: u32 },
     /// Check and time every case of one variant.
     Run(RunRequest),
+    /// Re-time a champion and a challenger interleaved, after checking both on fresh inputs.
+    Duel(DuelRequest),
+}
+
+/// Per pair (one shape and dtype): both kernels loaded in one process, on the same inputs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DuelRequest {
+    pub device: u32,
+    pub measure: MeasureSpec,
+    /// Samples per side, taken alternately: champion, challenger, champion, ...
+    pub rounds: usize,
+    pub pairs: Vec<DuelPair>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DuelPair {
+    pub champion: CaseSpec,
+    pub challenger: CaseSpec,
+}
+
+/// One pair's answer. Samples are empty when either side failed its check or CUDA failed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DuelResult {
+    pub shape: String,
+    pub dtype: Dtype,
+    pub champion_check: Option<CheckStats>,
+    pub challenger_check: Option<CheckStats>,
+    /// Per-launch microseconds, in the order taken (sample i of each side belongs to round i).
+    pub champion_us: Vec<f64>,
+    pub challenger_us: Vec<f64>,
+    pub launches_per_sample: u32,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +93,7 @@ pub struct ReferenceKernel {
 pub enum WorkerMessage {
     Device(DeviceInfo),
     Case(Box<CaseResult>),
+    Duel(Box<DuelResult>),
     /// The worker cannot go on (no GPU, a sticky CUDA error); remaining cases were not run.
     Fatal {
         message: String,

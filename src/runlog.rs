@@ -205,6 +205,46 @@ pub enum Record {
         value: f64,
         unit: String,
     },
+    /// `flashtune step --proposer`: the command that edits kernels/ before a step ended.
+    ProposerRan {
+        step: u32,
+        command: String,
+        seconds: f64,
+        status: String,
+        timed_out: bool,
+        output_tail: String,
+    },
+    /// `flashtune step`: the uncommitted edits under kernels/ about to be judged against HEAD.
+    StepStarted {
+        step: u32,
+        base_commit: String,
+        changed_files: Vec<String>,
+    },
+    /// HEAD's champion and the edit re-timed interleaved on one (shape, dtype), same inputs.
+    Duel {
+        step: u32,
+        shape: String,
+        dtype: Dtype,
+        /// HEAD's champion variant (the edit is built with the same parameters).
+        variant: String,
+        seed: u64,
+        champion: Option<TimingStats>,
+        challenger: Option<TimingStats>,
+        challenger_check: Option<CheckStats>,
+        verdict: Option<crate::decide::Verdict>,
+        /// Why there is no verdict: a failed check, a CUDA error, a worker that died.
+        failure: Option<String>,
+    },
+    /// The step's outcome: the edit committed, or restored to HEAD, and why.
+    StepDecided {
+        step: u32,
+        accepted: bool,
+        reason: String,
+        /// Geomean over cases of champion median / challenger median - 1.
+        geomean_gain: Option<f64>,
+        commit: Option<String>,
+        restored: Vec<String>,
+    },
 }
 
 pub struct RunLog {

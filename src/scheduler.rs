@@ -425,9 +425,21 @@ pub fn spawn_builds(
     tokio::task::JoinSet<()>,
     mpsc::UnboundedReceiver<BuildResult>,
 ) {
+    spawn_builds_with(project.builder(), project.jobs(), specs)
+}
+
+/// [`spawn_builds`] with another builder (another cache folder).
+pub fn spawn_builds_with(
+    builder: crate::build::Builder,
+    jobs: usize,
+    specs: Vec<(UnitKey, BuildSpec)>,
+) -> (
+    tokio::task::JoinSet<()>,
+    mpsc::UnboundedReceiver<BuildResult>,
+) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let slots = Arc::new(tokio::sync::Semaphore::new(project.jobs().max(1)));
-    let builder = Arc::new(project.builder());
+    let slots = Arc::new(tokio::sync::Semaphore::new(jobs.max(1)));
+    let builder = Arc::new(builder);
     let mut tasks = tokio::task::JoinSet::new();
     for (key, spec) in specs {
         let (builder, slots, tx) = (builder.clone(), slots.clone(), tx.clone());

@@ -6,8 +6,8 @@ use crate::space::LaunchShape;
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -103,6 +103,20 @@ fn handle(request: WorkerRequest) -> Result<()> {
             }
             Ok(())
         }
+        WorkerRequest::Duel(req) => {
+            let mut gpu = Gpu::open(req.device)?;
+            emit(&WorkerMessage::Device(gpu.info.clone()));
+            for pair in &req.pairs {
+                let result = gpu.duel(pair, &req.measure, req.rounds);
+                let failed_in_cuda = result.error.is_some();
+                emit(&WorkerMessage::Duel(Box::new(result)));
+                if failed_in_cuda {
+                    gpu.health_check()
+                        .context("GPU failed its health check after a kernel error")?;
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -128,6 +142,16 @@ struct Gpu {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: HashMap<PathBuf, Arc<CudaModule>>,
+}
+
+/// A forward kernel loaded and checked, with the buffers it ran on, ready to be timed.
+struct Checked {
+    forward: CudaFunction,
+    combine: Option<CudaFunction>,
+    launch: LaunchShape,
+    bufs: Buffers,
+    scale: f32,
+    passed: bool,
 }
 
 struct Buffers {
@@ -255,6 +279,16 @@ impl Gpu {
         measure: &MeasureSpec,
         result: &mut CaseResult,
     ) -> Result<()> {
+        let checked = self.check(case, result)?;
+        // A profiling request asks for no samples: ncu only needs the launches of the check.
+        if checked.passed && measure.samples > 0 {
+            result.timing = Some(self.time(&checked, &case.shape, measure)?);
+        }
+        Ok(())
+    }
+
+    /// Load the variant, run it twice on fresh poisoned buffers and judge it against the reference.
+    fn check(&mut self, case: &CaseSpec, result: &mut CaseResult) -> Result<Checked> {
         let s = &case.shape;
         let (heads, sq, sk, d) = (
             (s.b * s.h) as usize,
@@ -415,19 +449,14 @@ impl Gpu {
         check::judge(&mut stats, &case.tolerance, REFERENCE_VS_CPU_LIMIT);
         let passed = stats.passed();
         result.check = Some(stats);
-        // A profiling request asks for no samples: ncu only needs the launches above.
-        if passed && measure.samples > 0 {
-            result.timing = Some(self.time(
-                &forward,
-                combine.as_ref(),
-                &case.shape,
-                launch,
-                &bufs,
-                scale,
-                measure,
-            )?);
-        }
-        Ok(())
+        Ok(Checked {
+            forward,
+            combine,
+            launch: launch.clone(),
+            bufs,
+            scale,
+            passed,
+        })
     }
 
     fn launch_forward(
@@ -502,51 +531,141 @@ impl Gpu {
     }
 
     /// CUDA-graph replay of back-to-back launches, timed with events: launch gaps stay out of the figure.
-    #[allow(clippy::too_many_arguments)]
-    fn time(
-        &self,
-        forward: &CudaFunction,
-        combine: Option<&CudaFunction>,
-        shape: &Shape,
-        launch: &LaunchShape,
-        bufs: &Buffers,
-        scale: f32,
-        measure: &MeasureSpec,
-    ) -> Result<TimingStats> {
+    fn time(&self, k: &Checked, shape: &Shape, measure: &MeasureSpec) -> Result<TimingStats> {
+        let launches = self.launches_per_sample(k, shape, measure)?;
+        let graph = self.capture(k, shape, launches)?;
+        self.warm_up(&graph, measure)?;
+        let mut samples = Vec::with_capacity(measure.samples);
+        for _ in 0..measure.samples {
+            samples.push(self.time_replay(&graph)? / launches as f64);
+        }
+        Ok(check::summarize(samples, launches, shape.flops()))
+    }
+
+    /// Microseconds the work `f` puts on the stream takes, between two events.
+    fn timed(&self, f: &dyn Fn() -> Result<()>) -> Result<f64> {
         let st = &self.stream;
         let cuda = |e: cudarc::driver::DriverError| anyhow!("{e:?}");
-        let timed = |f: &dyn Fn() -> Result<()>| -> Result<f64> {
-            let start = st
-                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(cuda)?;
-            f()?;
-            let end = st
-                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(cuda)?;
-            Ok(start.elapsed_ms(&end).map_err(cuda)? as f64 * 1000.0)
-        };
-        let single_us =
-            timed(&|| self.launch_forward(forward, combine, shape, launch, bufs, scale))?.max(0.5);
-        let launches = ((measure.min_sample_us / single_us).ceil() as u32).clamp(1, 1000);
+        let start = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda)?;
+        f()?;
+        let end = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda)?;
+        Ok(start.elapsed_ms(&end).map_err(cuda)? as f64 * 1000.0)
+    }
+
+    /// Enough back-to-back launches that one sample lasts `min_sample_us`.
+    fn launches_per_sample(
+        &self,
+        k: &Checked,
+        shape: &Shape,
+        measure: &MeasureSpec,
+    ) -> Result<u32> {
+        let single_us = self.timed(&|| self.launch_checked(k, shape))?.max(0.5);
+        Ok(((measure.min_sample_us / single_us).ceil() as u32).clamp(1, 1000))
+    }
+
+    fn capture(&self, k: &Checked, shape: &Shape, launches: u32) -> Result<CudaGraph> {
+        let st = &self.stream;
+        let cuda = |e: cudarc::driver::DriverError| anyhow!("{e:?}");
         st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(cuda)?;
-        let captured = (0..launches)
-            .try_for_each(|_| self.launch_forward(forward, combine, shape, launch, bufs, scale));
+        let captured = (0..launches).try_for_each(|_| self.launch_checked(k, shape));
         let graph = st
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(cuda)?;
         captured?;
-        let graph = graph.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
-        let replay = || graph.launch().map_err(cuda);
+        graph.ok_or_else(|| anyhow!("graph capture produced no graph"))
+    }
+
+    fn warm_up(&self, graph: &CudaGraph, measure: &MeasureSpec) -> Result<()> {
         let mut warm_us = 0.0;
         while warm_us < measure.warmup_ms * 1000.0 {
-            warm_us += timed(&replay)?;
+            warm_us += self.time_replay(graph)?;
         }
-        let mut samples = Vec::with_capacity(measure.samples);
-        for _ in 0..measure.samples {
-            samples.push(timed(&replay)? / launches as f64);
+        Ok(())
+    }
+
+    fn time_replay(&self, graph: &CudaGraph) -> Result<f64> {
+        self.timed(&|| graph.launch().map_err(|e| anyhow!("{e:?}")))
+    }
+
+    fn launch_checked(&self, k: &Checked, shape: &Shape) -> Result<()> {
+        self.launch_forward(
+            &k.forward,
+            k.combine.as_ref(),
+            shape,
+            &k.launch,
+            &k.bufs,
+            k.scale,
+        )
+    }
+
+    /// Check the challenger, then the champion, each on its own fresh inputs; then time them
+    /// alternately (A B A B ...) so clock and thermal drift land on both sides alike.
+    fn duel(&mut self, pair: &DuelPair, measure: &MeasureSpec, rounds: usize) -> DuelResult {
+        let mut duel = DuelResult {
+            shape: pair.challenger.shape.name.clone(),
+            dtype: pair.challenger.dtype,
+            champion_check: None,
+            challenger_check: None,
+            champion_us: Vec::new(),
+            challenger_us: Vec::new(),
+            launches_per_sample: 0,
+            error: None,
+        };
+        if let Err(e) = self.duel_inner(pair, measure, rounds, &mut duel) {
+            duel.error = Some(format!("{e:#}"));
         }
-        Ok(check::summarize(samples, launches, shape.flops()))
+        duel
+    }
+
+    fn duel_inner(
+        &mut self,
+        pair: &DuelPair,
+        measure: &MeasureSpec,
+        rounds: usize,
+        duel: &mut DuelResult,
+    ) -> Result<()> {
+        let shape = &pair.challenger.shape;
+        let mut scratch = CaseResult {
+            shape: shape.name.clone(),
+            dtype: pair.challenger.dtype,
+            check: None,
+            timing: None,
+            function: None,
+            kv_splits: 0,
+            error: None,
+        };
+        let challenger = self.check(&pair.challenger, &mut scratch)?;
+        duel.challenger_check = scratch.check.take();
+        if !challenger.passed {
+            return Ok(());
+        }
+        let champion = self.check(&pair.champion, &mut scratch)?;
+        duel.champion_check = scratch.check.take();
+        if !champion.passed {
+            return Ok(());
+        }
+        // The same launch count on both sides: each sample covers the same amount of champion work.
+        let launches = self.launches_per_sample(&champion, shape, measure)?;
+        duel.launches_per_sample = launches;
+        let graphs = [
+            self.capture(&champion, shape, launches)?,
+            self.capture(&challenger, shape, launches)?,
+        ];
+        for g in &graphs {
+            self.warm_up(g, measure)?;
+        }
+        for _ in 0..rounds {
+            duel.champion_us
+                .push(self.time_replay(&graphs[0])? / launches as f64);
+            duel.challenger_us
+                .push(self.time_replay(&graphs[1])? / launches as f64);
+        }
+        Ok(())
     }
 
     fn poison_16(&self, buf: &CudaSlice<u16>) -> Result<()> {

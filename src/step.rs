@@ -1,0 +1,1139 @@
+//! `flashtune step`: judge the uncommitted edits under `kernels/` against HEAD's champion, commit them or restore HEAD; optionally let a proposer command make the edits, step after step.
+//!
+//! Trust boundary: the proposer may only change the edit scope (files under `kernels/`, except the
+//! champion table and the reference kernel, which is the oracle). HEAD's kernels are built from a
+//! copy of HEAD's tree, the edit from the working tree into a cache of its own; both are checked
+//! against HEAD's reference on fresh inputs before the interleaved re-timing decides.
+use crate::build::{BuildOutput, BuildSpec, Builder};
+use crate::champions::Table;
+use crate::config::{Dtype, ProjectPaths, Shape};
+use crate::decide::{self, Duel, Verdict};
+use crate::engine::{self, Events, Project, REFERENCE};
+use crate::error::{Error, Result};
+use crate::executor::{Executor, WorkerEnd};
+use crate::protocol::*;
+use crate::runlog::{Record, RunLog};
+use crate::scheduler::UnitKey;
+use crate::space::{DeviceLimits, PlannedPoint};
+use anyhow::{anyhow, Context};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// Edits are judged only under this folder (repository-relative).
+pub const EDIT_SCOPE: &str = "kernels/";
+
+pub struct StepOptions {
+    pub paths: ProjectPaths,
+    pub space: Option<PathBuf>,
+    /// The champion where HEAD's champion table names none.
+    pub variant: Option<String>,
+    /// A shell command that edits kernels/ before each step.
+    pub proposer: Option<String>,
+    pub steps: u32,
+    pub time_limit: Option<Duration>,
+    pub device: u32,
+    pub executor: Executor,
+}
+
+pub struct StepOutcome {
+    pub run_dir: PathBuf,
+    pub report_markdown: String,
+    pub accepted: u32,
+    pub rejected: u32,
+}
+
+/// What a step decided, as the next proposer sees it.
+#[derive(Debug, Clone)]
+struct Decided {
+    accepted: bool,
+    reason: String,
+    report: PathBuf,
+}
+
+pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
+    let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
+    let root = repository_root(&project.paths.root)?;
+    if opts.steps > 1 && opts.proposer.is_none() {
+        return Err(Error::BadInput(
+            "--steps above 1 needs --proposer: without one, every step would judge the same edit"
+                .into(),
+        ));
+    }
+    refuse_dirty_outside_scope(&project, &root, opts.proposer.is_some())?;
+    let device = opts.executor.probe(opts.device).await.map_err(|reason| {
+        Error::NoGpu(format!(
+            "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
+        ))
+    })?;
+    let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake())?;
+    let run_id = engine::new_run_id();
+    let run_dir = project.paths.runs().join(&run_id);
+    let session = Session {
+        project: &project,
+        root: &root,
+        device: &device,
+        opts: &opts,
+        run_dir: &run_dir,
+        run_id: &run_id,
+    };
+    // A champion that cannot be found is a usage error, reported before any run folder exists.
+    let repo =
+        git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+    session.champions(&repo)?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let log = RunLog::create(&run_dir.join("log.jsonl"))?;
+    let mut events = Events::new(log, Vec::new());
+    // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
+    let strategy = crate::search::Strategy::default();
+    events.emit(Record::Header(Box::new(engine::header(
+        &project, &device, &run_id, &strategy,
+    ))))?;
+    let started = Instant::now();
+    let mut last: Option<Decided> = None;
+    let mut report = String::new();
+    let (mut accepted, mut rejected) = (0, 0);
+    for n in 1..=opts.steps {
+        if opts
+            .time_limit
+            .is_some_and(|limit| started.elapsed() >= limit)
+        {
+            let _ = writeln!(report, "Time limit reached before step {n}.\n");
+            break;
+        }
+        let (decided, markdown) = session.one_step(n, last.as_ref(), &mut events).await?;
+        // Printed as each step ends: an unattended loop shows its progress.
+        println!("{markdown}");
+        report.push_str(&markdown);
+        report.push('\n');
+        if decided.accepted {
+            accepted += 1;
+        } else {
+            rejected += 1;
+        }
+        last = Some(decided);
+    }
+    std::fs::write(run_dir.join("report.md"), &report)
+        .with_context(|| format!("cannot write {}", run_dir.join("report.md").display()))?;
+    Ok(StepOutcome {
+        run_dir,
+        report_markdown: report,
+        accepted,
+        rejected,
+    })
+}
+
+/// The project root must be the repository's working directory: edit paths are repository-relative.
+fn repository_root(project_root: &Path) -> Result<PathBuf> {
+    let repo = git2::Repository::discover(project_root).map_err(|e| {
+        Error::BadInput(format!(
+            "`flashtune step` commits or reverts kernel edits, so {} must be a git repository: {}",
+            project_root.display(),
+            e.message()
+        ))
+    })?;
+    repo.head()
+        .and_then(|h| h.peel_to_commit())
+        .map_err(|_| Error::BadInput("the repository has no commit: HEAD's champion is the baseline every edit is judged against; commit the project first".into()))?;
+    let workdir = repo
+        .workdir()
+        .ok_or_else(|| Error::BadInput("bare repository".into()))?;
+    let same = |a: &Path, b: &Path| a.canonicalize().ok() == b.canonicalize().ok();
+    if !same(workdir, project_root) {
+        return Err(Error::BadInput(format!(
+            "run `flashtune step` with --root at the repository's top ({}), not {}",
+            workdir.display(),
+            project_root.display()
+        )));
+    }
+    Ok(workdir.to_path_buf())
+}
+
+/// Paths under kernels/ that an edit may not touch: the table flashtune writes and the oracle.
+fn protected(project: &Project) -> Vec<String> {
+    vec![
+        project.champion_table(),
+        project
+            .space
+            .family
+            .reference
+            .to_string_lossy()
+            .into_owned(),
+    ]
+}
+
+fn in_scope(project: &Project, path: &str) -> bool {
+    path.starts_with(EDIT_SCOPE) && !protected(project).iter().any(|p| p == path)
+}
+
+/// Changed paths against HEAD (untracked included), split into the edit scope and the rest; runs/ is flashtune's own.
+fn changes(project: &Project, root: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let all = crate::vcs::changed_against_head(root)
+        .map_err(|e| Error::Other(anyhow!("git status: {}", e.message())))?;
+    Ok(all
+        .into_iter()
+        .filter(|p| !p.starts_with("runs/"))
+        .partition(|p| in_scope(project, p)))
+}
+
+/// What decides a step must be committed: the policies, the spaces, the protected kernels.
+/// With a proposer every change outside the scope counts, since its own changes must be told apart.
+fn refuse_dirty_outside_scope(project: &Project, root: &Path, proposer: bool) -> Result<()> {
+    let (_, outside) = changes(project, root)?;
+    let space = project
+        .space
+        .path
+        .strip_prefix(root)
+        .unwrap_or(&project.space.path)
+        .to_string_lossy()
+        .into_owned();
+    let matters = |p: &String| {
+        proposer
+            || p == "policies.toml"
+            || p.starts_with("variants/")
+            || *p == space
+            || p.starts_with(EDIT_SCOPE)
+    };
+    let dirty: Vec<String> = outside.into_iter().filter(matters).collect();
+    if dirty.is_empty() {
+        return Ok(());
+    }
+    Err(Error::BadInput(format!(
+        "uncommitted changes outside the edit scope (kernels/, except {}): {}\n\
+         They decide how an edit is judged{}; commit or revert them first.",
+        protected(project).join(" and "),
+        dirty.join(", "),
+        if proposer {
+            ", and a proposer's changes must be told apart from them"
+        } else {
+            ""
+        }
+    )))
+}
+
+struct Session<'a> {
+    project: &'a Project,
+    root: &'a Path,
+    device: &'a DeviceInfo,
+    opts: &'a StepOptions,
+    run_dir: &'a Path,
+    run_id: &'a str,
+}
+
+/// HEAD's champion for one (shape, dtype), built from HEAD's sources.
+struct Pairing {
+    shape: Shape,
+    dtype: Dtype,
+    point: PlannedPoint,
+}
+
+/// Files a proposer must leave alone, with what they looked like before it ran.
+type Fingerprint = BTreeMap<PathBuf, (u64, i64, i64, i64)>;
+
+impl Session<'_> {
+    async fn one_step(
+        &self,
+        n: u32,
+        last: Option<&Decided>,
+        events: &mut Events,
+    ) -> Result<(Decided, String)> {
+        let project = self.project;
+        let step_dir = self.run_dir.join(format!("step-{n}"));
+        let report_path = self.run_dir.join(format!("step-{n}.md"));
+        let repo = git2::Repository::open(self.root)
+            .map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+        let (base, base_ref) = head_of(&repo)?;
+        let pairings = self.champions(&repo)?;
+        // HEAD's side is built before the proposer runs, so the proposer cannot plant its cubins.
+        let head_tree = step_dir.join("head");
+        extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
+        let head_cubins = self.build_head(&pairings, &head_tree, events).await?;
+        let mut duels = Vec::new();
+        let mut proposer_finished = false;
+        if let Some(command) = &self.opts.proposer {
+            let guarded = self.guarded_files(&head_cubins);
+            let before = fingerprint(&guarded);
+            let log_before = file_hash(&events.log.path);
+            let ran = self.run_proposer(n, command, last).await?;
+            let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
+            if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
+                return Err(Error::Other(anyhow!(
+                    "the proposer modified flashtune's run files ({}); the run log can no longer be trusted, stopping",
+                    if tampered.is_empty() {
+                        "log.jsonl".to_owned()
+                    } else {
+                        tampered.join(", ")
+                    }
+                )));
+            }
+            proposer_finished = matches!(&ran, Record::ProposerRan { status, timed_out: false, .. } if status == "exit status: 0");
+            events.emit(ran)?;
+            let (now, now_ref) = head_of(&repo)?;
+            if now != base || now_ref != base_ref {
+                let reason = format!(
+                    "the proposer moved HEAD ({base_ref} {}) to ({now_ref} {}); flashtune commits accepted edits itself. \
+                     HEAD was put back; the proposer's commit stays reachable as {now}",
+                    short(&base),
+                    short(&now)
+                );
+                put_head_back(&repo, &base_ref, &base)?;
+                let (inside, outside) = changes(project, self.root)?;
+                let left: Vec<String> = inside.into_iter().chain(outside).collect();
+                restore(self.root, &left)?;
+                events.emit(Record::StepDecided {
+                    step: n,
+                    accepted: false,
+                    reason: reason.clone(),
+                    geomean_gain: None,
+                    commit: None,
+                    restored: left,
+                })?;
+                return Err(Error::Other(anyhow!("{reason}")));
+            }
+        }
+        let (inside, outside) = changes(project, self.root)?;
+        let stray: Vec<String> = if self.opts.proposer.is_some() {
+            outside
+        } else {
+            Vec::new()
+        };
+        let proposer_failed = self.opts.proposer.is_some() && !proposer_finished;
+        events.emit(Record::StepStarted {
+            step: n,
+            base_commit: base.clone(),
+            changed_files: inside.iter().chain(&stray).cloned().collect(),
+        })?;
+        let outcome = if !stray.is_empty() {
+            // The proposer stepped outside its scope: undo all of it, judge nothing.
+            let all: Vec<String> = inside.iter().chain(&stray).cloned().collect();
+            restore(self.root, &all)?;
+            Outcome::rejected(
+                format!(
+                    "the proposer changed files outside the edit scope: {}; all its changes were restored",
+                    stray.join(", ")
+                ),
+                None,
+                all,
+            )
+        } else if proposer_failed {
+            // A proposer that failed or ran out of time may have left half an edit.
+            restore(self.root, &inside)?;
+            Outcome::rejected(
+                "the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged".into(),
+                None,
+                inside.clone(),
+            )
+        } else if inside.is_empty() {
+            Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())
+        } else {
+            let judged = self
+                .judge_edit(n, &pairings, &head_cubins, &step_dir, events, &mut duels)
+                .await?;
+            match judged {
+                Ok(overall) if overall.accept => {
+                    let message = self.commit_message(n, &inside, &overall, &duels);
+                    let commit =
+                        crate::vcs::commit_paths(self.root, &inside, &message).map_err(|e| {
+                            Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
+                        })?;
+                    Outcome {
+                        accepted: true,
+                        reason: overall.reason,
+                        geomean_gain: Some(overall.geomean_gain),
+                        commit: Some(commit),
+                        restored: Vec::new(),
+                    }
+                }
+                Ok(overall) => {
+                    restore(self.root, &inside)?;
+                    Outcome::rejected(overall.reason, Some(overall.geomean_gain), inside.clone())
+                }
+                Err(why) => {
+                    restore(self.root, &inside)?;
+                    Outcome::rejected(why, None, inside.clone())
+                }
+            }
+        };
+        events.emit(Record::StepDecided {
+            step: n,
+            accepted: outcome.accepted,
+            reason: outcome.reason.clone(),
+            geomean_gain: outcome.geomean_gain,
+            commit: outcome.commit.clone(),
+            restored: outcome.restored.clone(),
+        })?;
+        let markdown = step_markdown(&StepSummary {
+            step: n,
+            base: &base,
+            device: self.device,
+            files: &inside,
+            outcome: &outcome,
+            duels: &duels,
+        });
+        std::fs::write(&report_path, &markdown)
+            .with_context(|| format!("cannot write {}", report_path.display()))?;
+        Ok((
+            Decided {
+                accepted: outcome.accepted,
+                reason: outcome.reason,
+                report: report_path,
+            },
+            markdown,
+        ))
+    }
+
+    /// Per (shape, dtype): the variant HEAD's champion table names, else `--variant`, else the space's default.
+    fn champions(&self, repo: &git2::Repository) -> Result<Vec<Pairing>> {
+        let project = self.project;
+        let limits = DeviceLimits {
+            max_threads_per_block: self.device.max_threads_per_block,
+            max_smem_optin_bytes: self.device.max_smem_optin_bytes,
+        };
+        let planned = project.space.plan(&project.head_dims(), &limits)?;
+        let table = head_table(repo, &project.champion_table())?;
+        let fallback = match &self.opts.variant {
+            Some(v) => v.clone(),
+            None => {
+                let variants = project.space.variants()?;
+                // A chain's last step is its most developed point; a grid has no order of merit.
+                let pick = if project.space.chain.is_some() {
+                    variants.last()
+                } else {
+                    variants.first()
+                };
+                pick.map(|v| v.id.clone())
+                    .ok_or_else(|| Error::BadInput("the space has no variant".into()))?
+            }
+        };
+        let mut out = Vec::new();
+        for shape in &project.shapes {
+            for &dtype in &project.policies.dtypes {
+                let named = table
+                    .iter()
+                    .find(|c| c.shape == shape.name && c.dtype == dtype)
+                    .map(|c| c.variant.clone());
+                let variant = named.clone().unwrap_or_else(|| fallback.clone());
+                let point = planned
+                    .iter()
+                    .find(|p| p.variant.id == variant && p.head_dim == shape.d)
+                    .ok_or_else(|| {
+                        let known: BTreeSet<&str> =
+                            planned.iter().map(|p| p.variant.id.as_str()).collect();
+                        Error::BadInput(format!(
+                            "champion `{variant}` ({}) is not a point of space `{}` (its points: {}); pass --space or --variant",
+                            if named.is_some() {
+                                format!("named by {} at HEAD", project.champion_table())
+                            } else if self.opts.variant.is_some() {
+                                "from --variant".to_owned()
+                            } else {
+                                "the space's default".to_owned()
+                            },
+                            project.space.name,
+                            known.into_iter().collect::<Vec<_>>().join(", ")
+                        ))
+                    })?;
+                if let Some(why) = &point.invalid {
+                    return Err(Error::BadInput(format!(
+                        "champion `{variant}` cannot run shape {} (d={}): {why}",
+                        shape.name, shape.d
+                    )));
+                }
+                out.push(Pairing {
+                    shape: shape.clone(),
+                    dtype,
+                    point: point.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn specs(&self, pairings: &[Pairing], tree: &Path, tag: &str) -> Vec<(UnitKey, BuildSpec)> {
+        let project = self.project;
+        let arch = &self.device.arch;
+        let mut specs = BTreeMap::new();
+        for p in pairings {
+            let mut spec = project.forward_spec(&p.point, p.dtype, arch);
+            spec.source = tree.join(&project.space.family.forward);
+            specs.insert(
+                (
+                    format!("{}@{tag}", p.point.variant.id),
+                    p.dtype,
+                    p.point.head_dim,
+                ),
+                spec,
+            );
+        }
+        specs.into_iter().collect()
+    }
+
+    /// The reference and the champion, both from HEAD's tree, through the shared cache.
+    async fn build_head(
+        &self,
+        pairings: &[Pairing],
+        head_tree: &Path,
+        events: &mut Events,
+    ) -> Result<BTreeMap<UnitKey, PathBuf>> {
+        let project = self.project;
+        let mut specs = self.specs(pairings, head_tree, "head");
+        for &d in &project.policies.dtypes {
+            let mut spec = project.reference_spec(d, &self.device.arch);
+            spec.source = head_tree.join(&project.space.family.reference);
+            specs.push(((REFERENCE.into(), d, 0), spec));
+        }
+        let built = build_logged(project.builder(), project.jobs(), specs, events).await?;
+        let mut cubins = BTreeMap::new();
+        for (key, result) in built {
+            match result {
+                Ok(out) => {
+                    cubins.insert(key, out.cubin);
+                }
+                Err(why) => {
+                    return Err(Error::Other(anyhow!(
+                        "HEAD's own kernel {} ({}, d={}) does not build, so there is no champion to judge against: {why}",
+                        key.0, key.1, key.2
+                    )))
+                }
+            }
+        }
+        Ok(cubins)
+    }
+
+    /// The run folder and the cubins HEAD's side will use.
+    fn guarded_files(&self, head_cubins: &BTreeMap<UnitKey, PathBuf>) -> Vec<PathBuf> {
+        let mut files = walk(self.run_dir);
+        files.push(self.run_dir.to_path_buf());
+        files.extend(head_cubins.values().cloned());
+        files
+    }
+
+    async fn run_proposer(&self, n: u32, command: &str, last: Option<&Decided>) -> Result<Record> {
+        let timeout = Duration::from_secs(self.project.policies.step.proposer_timeout_s);
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(command)
+            .current_dir(self.root)
+            .env("FLASHTUNE_STEP", n.to_string())
+            .env("FLASHTUNE_STEPS", self.opts.steps.to_string())
+            .env("FLASHTUNE_RUN_DIR", self.run_dir)
+            .env("FLASHTUNE_EDIT_SCOPE", EDIT_SCOPE)
+            .env("FLASHTUNE_PROTECTED", protected(self.project).join(" "))
+            .env(
+                "FLASHTUNE_THRESHOLD",
+                self.project.policies.step.threshold.to_string(),
+            )
+            .env(
+                "FLASHTUNE_LAST_VERDICT",
+                last.map_or("none", |d| if d.accepted { "accepted" } else { "rejected" }),
+            )
+            .env(
+                "FLASHTUNE_LAST_REASON",
+                last.map_or("", |d| d.reason.as_str()),
+            )
+            .env(
+                "FLASHTUNE_LAST_REPORT",
+                last.map_or(PathBuf::new(), |d| d.report.clone()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // Its own group: the timeout, and the end of the step, stop whatever it started.
+            .process_group(0)
+            .kill_on_drop(true);
+        crate::build::die_with_parent(&mut cmd);
+        let started = Instant::now();
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start the proposer `{command}`"))?;
+        let group = crate::build::ProcessGroup(child.id());
+        let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
+        // Nothing it left running in the background may edit files while the step is judged.
+        drop(group);
+        let (status, timed_out, output) = match waited {
+            Err(_) => (
+                format!("killed after {} s", timeout.as_secs()),
+                true,
+                String::new(),
+            ),
+            Ok(Err(e)) => (format!("wait failed: {e}"), false, String::new()),
+            Ok(Ok(out)) => (
+                out.status.to_string(),
+                false,
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            ),
+        };
+        Ok(Record::ProposerRan {
+            step: n,
+            command: command.to_owned(),
+            seconds: started.elapsed().as_secs_f64(),
+            status,
+            timed_out,
+            output_tail: crate::build::log_tail(&output, 40),
+        })
+    }
+
+    /// Build the edit, check and re-time it against HEAD's champion; `Err` holds why it was turned away before timing ended.
+    async fn judge_edit(
+        &self,
+        n: u32,
+        pairings: &[Pairing],
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        step_dir: &Path,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+    ) -> Result<std::result::Result<decide::Overall, String>> {
+        let project = self.project;
+        // A cache of its own: a cubin the proposer planted in the shared cache is never used.
+        let builder = Builder {
+            cache_dir: step_dir.join("build"),
+            ..project.builder()
+        };
+        let specs = self.specs(pairings, self.root, "edit");
+        let built = build_logged(builder, project.jobs(), specs, events).await?;
+        let mut edit_cubins = BTreeMap::new();
+        for (key, result) in built {
+            match result {
+                Err(why) => {
+                    return Ok(Err(format!(
+                        "the edit does not build ({}, {}, d={}): {why}",
+                        key.0, key.1, key.2
+                    )))
+                }
+                Ok(out) => {
+                    if let Some(why) = project.gate(&out) {
+                        return Ok(Err(format!("the edit is rejected by the gates: {why}")));
+                    }
+                    edit_cubins.insert(key, out.cubin);
+                }
+            }
+        }
+        let family = &project.space.family;
+        let policy = &project.policies.measure;
+        // The reference is one cubin for both sides: the CPU oracle checks it once, with the edit.
+        let case = |p: &Pairing, cubin: &Path, seed: u64, cpu_oracle: bool| CaseSpec {
+            shape: p.shape.clone(),
+            dtype: p.dtype,
+            seed,
+            tolerance: project.policies.tolerance_for(p.dtype),
+            cpu_oracle: cpu_oracle && p.shape.macs() <= policy.cpu_reference_max_macs,
+            forward: ForwardKernel {
+                cubin: cubin.to_path_buf(),
+                entry: family.forward_entry.clone(),
+                combine_entry: family.combine_entry.clone(),
+                launch: p.point.launch.clone().expect("valid points have a launch"),
+                defines: project
+                    .space
+                    .forward_defines(&p.point.variant, p.dtype, p.shape.d),
+            },
+            reference: ReferenceKernel {
+                cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
+                entry: family.reference_entry.clone(),
+            },
+        };
+        let mut pairs = Vec::new();
+        let mut seeds = Vec::new();
+        for p in pairings {
+            let id = &p.point.variant.id;
+            // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
+            let seed = engine::case_seed(
+                policy.seed,
+                &format!("{}/{n}/{id}", self.run_id),
+                &p.shape,
+                p.dtype,
+            );
+            seeds.push(seed);
+            let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
+            pairs.push(DuelPair {
+                champion: case(p, &head_cubins[&key("head")], seed, false),
+                challenger: case(p, &edit_cubins[&key("edit")], seed, true),
+            });
+        }
+        let request = DuelRequest {
+            device: self.opts.device,
+            measure: MeasureSpec {
+                warmup_ms: policy.warmup_ms,
+                samples: project.policies.step.rounds,
+                min_sample_us: policy.min_sample_us,
+            },
+            rounds: project.policies.step.rounds,
+            pairs,
+        };
+        let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
+        let outcome = self.opts.executor.duel(request, timeout).await;
+        let threshold = project.policies.step.threshold;
+        let mut verdicts = Vec::new();
+        let mut failure: Option<String> = None;
+        for (i, p) in pairings.iter().enumerate() {
+            let result = outcome.duels.get(i);
+            let judged = judge_pair(result, &outcome.end, threshold, p.shape.flops());
+            if let Some(v) = &judged.verdict {
+                verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
+            }
+            if failure.is_none() {
+                failure = judged
+                    .failure
+                    .as_ref()
+                    .map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
+            }
+            duels.push(DuelRow {
+                shape: p.shape.name.clone(),
+                dtype: p.dtype,
+                variant: p.point.variant.id.clone(),
+                champion_us: judged.champion.as_ref().map(|t| t.median_us),
+                challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
+                verdict: judged.verdict.clone(),
+                failure: judged.failure.clone(),
+            });
+            events.emit(Record::Duel {
+                step: n,
+                shape: p.shape.name.clone(),
+                dtype: p.dtype,
+                variant: p.point.variant.id.clone(),
+                seed: seeds[i],
+                champion: judged.champion,
+                challenger: judged.challenger,
+                challenger_check: judged.challenger_check,
+                verdict: judged.verdict,
+                failure: judged.failure,
+            })?;
+        }
+        if let Some(why) = failure {
+            return Ok(Err(why));
+        }
+        Ok(Ok(decide::judge_overall(&verdicts, threshold)))
+    }
+
+    fn commit_message(
+        &self,
+        n: u32,
+        files: &[String],
+        overall: &decide::Overall,
+        duels: &[DuelRow],
+    ) -> String {
+        let names: Vec<&str> = files
+            .iter()
+            .map(|f| f.rsplit('/').next().unwrap_or(f))
+            .collect();
+        let mut m = format!(
+            "flashtune step: {} {:+.1}% geomean over {} cases\n\n",
+            names.join(", "),
+            overall.geomean_gain * 100.0,
+            duels.len()
+        );
+        for d in duels {
+            if let (Some(a), Some(b), Some(v)) = (d.champion_us, d.challenger_us, &d.verdict) {
+                let _ = writeln!(
+                    m,
+                    "{} {} ({}): {a:.2} -> {b:.2} µs ({:+.1}%, noise {:.1}%)",
+                    d.shape,
+                    d.dtype,
+                    d.variant,
+                    v.gain * 100.0,
+                    v.noise * 100.0
+                );
+            }
+        }
+        let _ = write!(
+            m,
+            "\nFlashtune-Step: {}/{n}\nFlashtune-Speedup: {:.3}x geomean vs HEAD's champion, interleaved re-timing\nFlashtune-GPU: {}\n",
+            self.run_id,
+            1.0 + overall.geomean_gain,
+            self.device.name,
+        );
+        m
+    }
+}
+
+/// One pair's figures, or why it could not be judged.
+#[derive(Default)]
+struct PairOutcome {
+    champion: Option<TimingStats>,
+    challenger: Option<TimingStats>,
+    challenger_check: Option<CheckStats>,
+    verdict: Option<Verdict>,
+    failure: Option<String>,
+}
+
+fn judge_pair(
+    result: Option<&DuelResult>,
+    end: &WorkerEnd,
+    threshold: f64,
+    flops: f64,
+) -> PairOutcome {
+    let Some(r) = result else {
+        let why = match end {
+            WorkerEnd::Clean => "the worker did not answer for this case".to_owned(),
+            WorkerEnd::Fatal(m) => format!("worker: {m}"),
+            WorkerEnd::Crashed {
+                status,
+                stderr_tail,
+            } => format!("worker crashed ({status}): {stderr_tail}"),
+            WorkerEnd::TimedOut { seconds } => format!("worker timed out after {seconds} s"),
+        };
+        return PairOutcome {
+            failure: Some(why),
+            ..Default::default()
+        };
+    };
+    let failed = |c: &Option<CheckStats>| match c {
+        Some(c) if !c.passed() => Some(c.failures.join("; ")),
+        _ => None,
+    };
+    let failure = if let Some(e) = &r.error {
+        Some(format!("CUDA: {e}"))
+    } else if let Some(why) = failed(&r.challenger_check) {
+        Some(format!("the edit computes wrong answers: {why}"))
+    } else if let Some(why) = failed(&r.champion_check) {
+        Some(format!(
+            "HEAD's champion failed its check on these inputs: {why}"
+        ))
+    } else if r.champion_us.is_empty() || r.challenger_us.is_empty() {
+        Some("no samples came back".into())
+    } else {
+        None
+    };
+    if failure.is_some() {
+        return PairOutcome {
+            challenger_check: r.challenger_check.clone(),
+            failure,
+            ..Default::default()
+        };
+    }
+    let duel = Duel {
+        champion_us: r.champion_us.clone(),
+        challenger_us: r.challenger_us.clone(),
+    };
+    let stats = |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, flops);
+    PairOutcome {
+        champion: Some(stats(&r.champion_us)),
+        challenger: Some(stats(&r.challenger_us)),
+        challenger_check: r.challenger_check.clone(),
+        verdict: Some(decide::judge(&duel, threshold)),
+        failure: None,
+    }
+}
+
+/// A duel as the step report shows it.
+#[derive(Debug, Clone)]
+struct DuelRow {
+    shape: String,
+    dtype: Dtype,
+    variant: String,
+    champion_us: Option<f64>,
+    challenger_us: Option<f64>,
+    verdict: Option<Verdict>,
+    failure: Option<String>,
+}
+
+/// How a step ended.
+struct Outcome {
+    accepted: bool,
+    reason: String,
+    geomean_gain: Option<f64>,
+    commit: Option<String>,
+    /// Files put back as HEAD has them.
+    restored: Vec<String>,
+}
+
+impl Outcome {
+    fn rejected(reason: String, geomean_gain: Option<f64>, restored: Vec<String>) -> Self {
+        Outcome {
+            accepted: false,
+            reason,
+            geomean_gain,
+            commit: None,
+            restored,
+        }
+    }
+}
+
+struct StepSummary<'a> {
+    step: u32,
+    base: &'a str,
+    device: &'a DeviceInfo,
+    files: &'a [String],
+    outcome: &'a Outcome,
+    duels: &'a [DuelRow],
+}
+
+/// The step's Markdown section: outcome first, then one row per (shape, dtype).
+fn step_markdown(s: &StepSummary) -> String {
+    let mut m = String::new();
+    let _ = writeln!(
+        m,
+        "## Step {} — {}\n",
+        s.step,
+        if s.outcome.accepted {
+            "accepted"
+        } else {
+            "rejected"
+        }
+    );
+    let _ = writeln!(m, "- base: `{}`", short(s.base));
+    let _ = writeln!(
+        m,
+        "- GPU: {}{}",
+        s.device.name,
+        if s.device.fake {
+            " — synthetic figures, nothing here was measured"
+        } else {
+            ""
+        }
+    );
+    if !s.files.is_empty() {
+        let _ = writeln!(m, "- edit: {}", s.files.join(", "));
+    }
+    let _ = writeln!(m, "- why: {}", s.outcome.reason);
+    if let Some(g) = s.outcome.geomean_gain {
+        let _ = writeln!(m, "- geomean gain: {:+.2}%", g * 100.0);
+    }
+    match &s.outcome.commit {
+        Some(c) => {
+            let _ = writeln!(m, "- committed: `{}`", short(c));
+        }
+        None if !s.outcome.restored.is_empty() => {
+            let _ = writeln!(m, "- restored to HEAD: {}", s.outcome.restored.join(", "));
+        }
+        None => {}
+    }
+    if !s.duels.is_empty() {
+        let _ = writeln!(
+            m,
+            "\n| shape | dtype | champion | HEAD µs | edit µs | gain | noise | verdict |"
+        );
+        let _ = writeln!(m, "|---|---|---|---:|---:|---:|---:|---|");
+        let us = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.2}"));
+        for d in s.duels {
+            let (gain, noise) = d.verdict.as_ref().map_or(("—".into(), "—".into()), |v| {
+                (
+                    format!("{:+.1}%", v.gain * 100.0),
+                    format!("{:.1}%", v.noise * 100.0),
+                )
+            });
+            let verdict = match (&d.verdict, &d.failure) {
+                (_, Some(f)) => format!("**{f}**"),
+                (Some(v), None) => v.reason.clone(),
+                (None, None) => String::new(),
+            };
+            let _ = writeln!(
+                m,
+                "| {} | {} | `{}` | {} | {} | {gain} | {noise} | {verdict} |",
+                d.shape,
+                d.dtype,
+                d.variant,
+                us(d.champion_us),
+                us(d.challenger_us)
+            );
+        }
+    }
+    m
+}
+
+/// Build every spec, logging each result as `tune` does; returns them in spec order.
+async fn build_logged(
+    builder: Builder,
+    jobs: usize,
+    specs: Vec<(UnitKey, BuildSpec)>,
+    events: &mut Events,
+) -> Result<Vec<(UnitKey, std::result::Result<BuildOutput, String>)>> {
+    let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
+    let (_tasks, mut rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+    let mut done = BTreeMap::new();
+    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        let record = match &result {
+            Ok(out) => Record::Built {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                key: out.key.clone(),
+                cached: out.cached,
+                seconds: out.seconds,
+                entries: out.entries.clone(),
+            },
+            Err(f) => Record::BuildFailed {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                reason: f.to_string(),
+                log_tail: crate::build::log_tail(f.log(), 30),
+            },
+        };
+        events.emit(record)?;
+        let result = result.map_err(|f| format!("{f}\n{}", crate::build::log_tail(f.log(), 12)));
+        done.insert((variant, dtype, head_dim), result);
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|k| done.remove(&k).map(|r| (k, r)))
+        .collect())
+}
+
+fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
+    let head = repo
+        .head()
+        .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?;
+    let name = head.name().unwrap_or("HEAD").to_owned();
+    let id = head
+        .peel_to_commit()
+        .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?
+        .id()
+        .to_string();
+    Ok((id, name))
+}
+
+/// Back to the branch and commit the step started from, working tree included.
+fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Result<()> {
+    let git = |e: git2::Error| Error::Other(anyhow!("cannot put HEAD back: {}", e.message()));
+    let id = git2::Oid::from_str(commit).map_err(git)?;
+    let object = repo.find_object(id, None).map_err(git)?;
+    if reference.starts_with("refs/") {
+        repo.set_head(reference).map_err(git)?;
+    }
+    let mut checkout = git2::build::CheckoutBuilder::new();
+    checkout.force();
+    repo.reset(&object, git2::ResetType::Hard, Some(&mut checkout))
+        .map_err(git)
+}
+
+fn restore(root: &Path, paths: &[String]) -> Result<()> {
+    crate::vcs::restore_paths(root, paths).map_err(|e| {
+        Error::Other(anyhow!(
+            "cannot restore {}: {}",
+            paths.join(", "),
+            e.message()
+        ))
+    })
+}
+
+/// The champion table as HEAD has it; none when HEAD has no table.
+fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champions::Champion>> {
+    let tree = repo
+        .head()
+        .and_then(|h| h.peel_to_tree())
+        .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?;
+    let Ok(entry) = tree.get_path(Path::new(path)) else {
+        return Ok(Vec::new());
+    };
+    let blob = repo
+        .find_blob(entry.id())
+        .map_err(|e| Error::Other(anyhow!("{path} at HEAD: {}", e.message())))?;
+    let text = String::from_utf8_lossy(blob.content());
+    let table: Table = crate::config::parse_toml(Path::new(&format!("HEAD:{path}")), &text)?;
+    Ok(table.champion)
+}
+
+/// Write `commit`'s files under `prefix` into `dest`, keeping their repository-relative paths.
+fn extract_tree(repo: &git2::Repository, commit: &str, prefix: &str, dest: &Path) -> Result<()> {
+    let git =
+        |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
+    let id = git2::Oid::from_str(commit).map_err(git)?;
+    let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
+    let mut failed: Option<String> = None;
+    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+        let path = format!("{dir}{}", entry.name().unwrap_or(""));
+        if entry.kind() != Some(git2::ObjectType::Blob) || !path.starts_with(prefix) {
+            return git2::TreeWalkResult::Ok;
+        }
+        let written = repo
+            .find_blob(entry.id())
+            .map_err(|e| e.message().to_owned())
+            .and_then(|blob| {
+                let file = dest.join(&path);
+                std::fs::create_dir_all(file.parent().unwrap_or(dest))
+                    .and_then(|_| std::fs::write(&file, blob.content()))
+                    .map_err(|e| format!("{}: {e}", file.display()))
+            });
+        if let Err(e) = written {
+            failed = Some(e);
+            return git2::TreeWalkResult::Abort;
+        }
+        git2::TreeWalkResult::Ok
+    })
+    .map_err(git)?;
+    match failed {
+        Some(e) => Err(Error::Other(anyhow!("cannot extract HEAD's {prefix}: {e}"))),
+        None => Ok(()),
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok().map(|e| e.path()))
+        .flat_map(|p| {
+            if p.is_dir() {
+                let mut v = walk(&p);
+                v.push(p);
+                v
+            } else {
+                vec![p]
+            }
+        })
+        .collect()
+}
+
+/// Size, mtime and ctime (which no user can set), and a content hash for small files.
+fn fingerprint(files: &[PathBuf]) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    let mut fp = Fingerprint::new();
+    for f in files {
+        if let Ok(m) = std::fs::symlink_metadata(f) {
+            let content = if m.is_file() && m.len() < 1 << 24 {
+                std::fs::read(f)
+                    .map(|b| {
+                        i64::from_le_bytes(
+                            blake3::hash(&b).as_bytes()[..8]
+                                .try_into()
+                                .expect("8 bytes"),
+                        )
+                    })
+                    .unwrap_or(0)
+            } else {
+                0
+            };
+            fp.insert(
+                f.clone(),
+                (
+                    m.len(),
+                    m.mtime_nsec() + m.mtime() * 1_000_000_000,
+                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                    content,
+                ),
+            );
+        }
+    }
+    fp
+}
+
+/// Guarded files changed, removed, or (in a guarded folder) added.
+fn fingerprint_changes(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
+    let mut changed: BTreeSet<String> = before
+        .iter()
+        .filter(|(p, v)| after.get(*p) != Some(v))
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    for dir in before.keys().filter(|p| p.is_dir()) {
+        for p in walk(dir) {
+            if !before.contains_key(&p) {
+                changed.insert(p.display().to_string());
+            }
+        }
+    }
+    changed.into_iter().collect()
+}
+
+fn file_hash(path: &Path) -> Option<blake3::Hash> {
+    std::fs::read(path).ok().map(|b| blake3::hash(&b))
+}
+
+fn short(commit: &str) -> &str {
+    &commit[..commit.len().min(10)]
+}

@@ -1,0 +1,469 @@
+//! `flashtune step` on temporary git repositories with the fake GPU: edits reverted or committed, proposers kept in their scope. Builds are real nvcc builds.
+use flashtune::runlog::{self, Record};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    std::env::var_os("FLASHTUNE_REPO")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+fn binary() -> PathBuf {
+    std::env::var_os("FLASHTUNE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_flashtune")),
+        PathBuf::from,
+    )
+}
+
+const FORWARD: &str = "kernels/attention/forward.cu";
+
+/// One variant, one shape, one dtype: each step builds a single forward kernel for the edit.
+const SPACE: &str = r#"
+name = "step-ci"
+description = "the scalar baseline on one small shape"
+constraints = []
+shapes = ["small"]
+baseline = { MMA = "scalar", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = 1, STAGES = 1 }
+
+[symbols]
+auto = 0
+
+[family]
+forward = "kernels/attention/forward.cu"
+forward_entry = "attn_fwd"
+combine_entry = "attn_combine"
+reference = "kernels/attention/reference.cu"
+reference_entry = "attn_reference"
+threads = "WARPS * 32"
+rows_per_cta = "BLOCK_M"
+kv_rows_per_block = "BLOCK_N"
+kv_splits = "KV_SPLIT"
+smem_bytes = '(BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES + BLOCK_M * (BLOCK_N + 4) * 4'
+
+[params]
+MMA = ["scalar"]
+BLOCK_M = [64]
+BLOCK_N = [64]
+WARPS = [4]
+KV_SPLIT = [1]
+STAGES = [1]
+"#;
+
+/// A scratch copy of the project (f16 only, plus the small space) as a git repository with one commit.
+fn repo_project() -> tempfile::TempDir {
+    repo_project_with(|p| p)
+}
+
+fn repo_project_with(edit_policies: impl Fn(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["variants", "kernels/attention"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for f in std::fs::read_dir(repo().join(sub)).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, dir.path().join(sub).join(f.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let policies = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+    let policies = policies.replace(r#"dtypes = ["f16", "bf16"]"#, r#"dtypes = ["f16"]"#);
+    assert!(policies.contains(r#"dtypes = ["f16"]"#));
+    let policies = edit_policies(policies);
+    std::fs::write(dir.path().join("policies.toml"), policies).unwrap();
+    std::fs::write(dir.path().join("variants/step-ci.toml"), SPACE).unwrap();
+    std::fs::write(dir.path().join(".gitignore"), "runs/\n").unwrap();
+    let repo = git2::Repository::init(dir.path()).unwrap();
+    let mut index = repo.index().unwrap();
+    index
+        .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+        .unwrap();
+    index.write().unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let sig = git2::Signature::now("test", "test@localhost").unwrap();
+    repo.commit(Some("HEAD"), &sig, &sig, "initial", &tree, &[])
+        .unwrap();
+    dir
+}
+
+fn step(root: &Path, extra: &[&str]) -> Output {
+    Command::new(binary())
+        .arg("--root")
+        .arg(root)
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
+        .args(extra)
+        // HEAD's side and the reference come from the shared content-addressed cache.
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .output()
+        .expect("flashtune runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn head(dir: &Path) -> (String, String) {
+    let repo = git2::Repository::open(dir).unwrap();
+    let commit = repo.head().unwrap().peel_to_commit().unwrap();
+    (
+        commit.id().to_string(),
+        commit.message().unwrap_or("").to_owned(),
+    )
+}
+
+fn dirty(dir: &Path) -> Vec<String> {
+    flashtune::vcs::changed_against_head(dir)
+        .unwrap()
+        .into_iter()
+        .filter(|p| !p.starts_with("runs/"))
+        .collect()
+}
+
+/// The records of the only run in `dir`.
+fn records(dir: &Path) -> Vec<Record> {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("log.jsonl").is_file())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runlog::read(&runs[0].join("log.jsonl"))
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|(_, e)| e.record)
+        .collect()
+}
+
+fn decision(records: &[Record]) -> (bool, String, Vec<String>) {
+    records
+        .iter()
+        .find_map(|r| match r {
+            Record::StepDecided {
+                accepted,
+                reason,
+                restored,
+                ..
+            } => Some((*accepted, reason.clone(), restored.clone())),
+            _ => None,
+        })
+        .expect("a step_decided record")
+}
+
+/// Appends a global the fake GPU finds in the cubin: it scales the edit's times or injects a fault.
+fn mark_forward(dir: &Path, marker: &str) -> String {
+    let path = dir.join(FORWARD);
+    let original = std::fs::read_to_string(&path).unwrap();
+    let name = marker.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    std::fs::write(
+        &path,
+        format!(
+            "{original}\n__device__ char flashtune_fake_{name}[] = \"flashtune-fake: {marker}\";\n"
+        ),
+    )
+    .unwrap();
+    original
+}
+
+#[test]
+fn a_slower_edit_is_reverted_and_the_log_says_why() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    let original = mark_forward(dir.path(), "time x1.30");
+    let out = step(dir.path(), &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    assert_eq!(head(dir.path()).0, before);
+    assert!(dirty(dir.path()).is_empty());
+    let records = records(dir.path());
+    let (accepted, reason, restored) = decision(&records);
+    assert!(!accepted);
+    assert!(
+        reason.contains("slower beyond noise on small f16 -23"),
+        "{reason}"
+    );
+    assert_eq!(restored, [FORWARD]);
+    assert!(records.iter().any(|r| matches!(r,
+        Record::Duel { verdict: Some(v), challenger: Some(_), champion: Some(_), .. } if v.gain < -0.2)));
+    assert!(
+        t.contains("## Step 1 — rejected") && t.contains("synthetic figures"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_faster_edit_is_committed_with_trailers() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    mark_forward(dir.path(), "time x0.80");
+    let edited = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let out = step(dir.path(), &[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let (after, message) = head(dir.path());
+    assert_ne!(after, before, "{t}");
+    for trailer in [
+        "Flashtune-Step: ",
+        "Flashtune-Speedup: 1.250x",
+        "Flashtune-GPU: fake GPU",
+    ] {
+        assert!(
+            message.contains(trailer),
+            "{trailer} missing in:\n{message}"
+        );
+    }
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        edited
+    );
+    let (accepted, reason, _) = decision(&records(dir.path()));
+    assert!(accepted, "{reason}");
+    assert!(records(dir.path()).iter().any(|r| matches!(r,
+        Record::StepDecided { commit: Some(c), .. } if *c == after)));
+}
+
+#[test]
+fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
+    let dir = repo_project();
+    let fwd = dir.path().join(FORWARD);
+    let original = std::fs::read_to_string(&fwd).unwrap();
+    std::fs::write(&fwd, format!("{original}\nthis is not CUDA;\n")).unwrap();
+    let out = step(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
+    let (accepted, reason, _) = decision(&records(dir.path()));
+    assert!(!accepted && reason.contains("does not build"), "{reason}");
+
+    std::fs::remove_dir_all(dir.path().join("runs")).unwrap();
+    mark_forward(dir.path(), "fault FAULT_WRONG");
+    let out = step(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
+    let records = records(dir.path());
+    let (accepted, reason, _) = decision(&records);
+    assert!(!accepted && reason.contains("wrong answers"), "{reason}");
+    assert!(records.iter().any(|r| matches!(r,
+        Record::Duel { challenger_check: Some(c), verdict: None, .. } if !c.passed())));
+}
+
+#[test]
+fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
+    let dir = repo_project();
+    let policies = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let fwd_original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let proposer = "sed -i 's/threshold = 0.02/threshold = -1.0/' policies.toml && echo '// faster?' >> kernels/attention/forward.cu && echo note > stray.txt";
+    let out = step(dir.path(), &["--proposer", proposer]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("policies.toml")).unwrap(),
+        policies
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        fwd_original
+    );
+    assert!(!dir.path().join("stray.txt").exists());
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    let records = records(dir.path());
+    let (accepted, reason, _) = decision(&records);
+    assert!(!accepted);
+    assert!(
+        reason.contains("policies.toml") && reason.contains("stray.txt"),
+        "{reason}"
+    );
+    assert!(records
+        .iter()
+        .any(|r| matches!(r, Record::ProposerRan { status, .. } if status.contains('0'))));
+    assert!(
+        !records.iter().any(|r| matches!(r, Record::Duel { .. })),
+        "nothing is timed"
+    );
+}
+
+#[test]
+fn a_proposer_that_commits_is_refused_and_head_put_back() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    let proposer = "echo '// mine' >> kernels/attention/forward.cu && git -c user.name=agent -c user.email=agent@localhost commit -qam 'agent commit'";
+    let out = step(dir.path(), &["--proposer", proposer]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("moved HEAD"), "{t}");
+    assert_eq!(head(dir.path()).0, before, "HEAD must be put back");
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    let (accepted, reason, _) = decision(&records(dir.path()));
+    assert!(!accepted && reason.contains("moved HEAD"), "{reason}");
+}
+
+#[test]
+fn a_proposer_that_touches_the_run_folder_stops_the_run() {
+    let dir = repo_project();
+    let out = step(
+        dir.path(),
+        &[
+            "--proposer",
+            "echo '{}' >> \"$FLASHTUNE_RUN_DIR/log.jsonl\"",
+        ],
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("modified flashtune's run files"), "{t}");
+}
+
+#[test]
+fn proposer_steps_see_the_last_verdict_and_uncommitted_policies_are_refused() {
+    let dir = repo_project();
+    // Step 1 writes a faster edit; step 2 writes down what it was told, inside its scope.
+    let proposer = r#"if [ "$FLASHTUNE_STEP" = 1 ]; then printf '\n__device__ char flashtune_fake_m[] = "flashtune-fake: time x0.50";\n' >> kernels/attention/forward.cu; else echo "// $FLASHTUNE_LAST_VERDICT $(test -f "$FLASHTUNE_LAST_REPORT" && echo report)" > kernels/attention/seen.txt; fi"#;
+    let out = step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("1 accepted, 1 rejected"), "{t}");
+    let records = records(dir.path());
+    let seen = records.iter().find_map(|r| match r {
+        Record::StepStarted {
+            step: 2,
+            changed_files,
+            ..
+        } => Some(changed_files.clone()),
+        _ => None,
+    });
+    assert_eq!(seen, Some(vec!["kernels/attention/seen.txt".to_owned()]));
+    assert!(
+        !dir.path().join("kernels/attention/seen.txt").exists(),
+        "an edit with no effect is not kept"
+    );
+
+    std::fs::write(
+        dir.path().join("variants/step-ci.toml"),
+        format!("{SPACE}\n# edited\n"),
+    )
+    .unwrap();
+    let out = step(dir.path(), &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("variants/step-ci.toml"), "{t}");
+}
+
+#[test]
+fn a_proposer_that_fails_or_times_out_has_its_edit_restored_unjudged() {
+    let dir =
+        repo_project_with(|p| p.replace("proposer_timeout_s = 1800", "proposer_timeout_s = 2"));
+    let original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let proposer = r#"echo '// half an edit' >> kernels/attention/forward.cu; if [ "$FLASHTUNE_STEP" = 1 ]; then exit 3; else sleep 30; fi"#;
+    let started = std::time::Instant::now();
+    let out = step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        started.elapsed().as_secs() < 25,
+        "the timeout must kill the proposer"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    let records = records(dir.path());
+    let ran: Vec<(String, bool)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ProposerRan {
+                status, timed_out, ..
+            } => Some((status.clone(), *timed_out)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert!(ran[0].0.contains('3') && !ran[0].1 && ran[1].1, "{ran:?}");
+    let reasons: Vec<&str> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::StepDecided {
+                reason,
+                accepted: false,
+                ..
+            } => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reasons.len(), 2);
+    assert!(
+        reasons.iter().all(|r| r.contains("did not finish")),
+        "{reasons:?}"
+    );
+}
+
+/// The real worker's duel: `FLASHTUNE_GPU_TESTS=1 scripts/test.sh` on a GPU machine.
+#[test]
+#[ignore = "needs an NVIDIA GPU: FLASHTUNE_GPU_TESTS=1 scripts/test.sh"]
+fn gpu_a_slower_edit_is_rejected_and_a_faster_one_committed() {
+    let run = |dir: &Path| {
+        Command::new(binary())
+            .arg("--root")
+            .arg(dir)
+            .args(["step", "--space", "variants/step-ci.toml"])
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
+            .output()
+            .expect("flashtune runs")
+    };
+    let anchor = "        path.step(cur, ctx, blk * kBlockN);";
+    let sleepy =
+        |src: &str| src.replacen(anchor, &format!("        __nanosleep(4000);\n{anchor}"), 1);
+    let dir = repo_project();
+    let fwd = dir.path().join(FORWARD);
+    let original = std::fs::read_to_string(&fwd).unwrap();
+    assert!(original.contains(anchor));
+    std::fs::write(&fwd, sleepy(&original)).unwrap();
+    let out = run(dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&fwd).unwrap(),
+        original,
+        "{}",
+        text(&out)
+    );
+    let (accepted, reason, _) = decision(&records(dir.path()));
+    assert!(!accepted, "{reason}");
+    assert!(records(dir.path())
+        .iter()
+        .any(|r| matches!(r, Record::Duel { verdict: Some(v), .. } if v.gain < 0.0)));
+
+    // A deliberately pessimized HEAD, and the edit that takes the pessimization out again.
+    let slow_head = repo_project();
+    let fwd = slow_head.path().join(FORWARD);
+    std::fs::write(&fwd, sleepy(&original)).unwrap();
+    Command::new("git")
+        .current_dir(slow_head.path())
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@localhost",
+            "commit",
+            "-qam",
+            "pessimized",
+        ])
+        .status()
+        .unwrap();
+    std::fs::write(&fwd, &original).unwrap();
+    let out = run(slow_head.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let (accepted, reason, _) = decision(&records(slow_head.path()));
+    assert!(accepted, "{reason}\n{}", text(&out));
+    assert!(head(slow_head.path()).1.contains("Flashtune-Speedup: "));
+}
