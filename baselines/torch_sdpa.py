@@ -9,7 +9,8 @@ Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [.
 either "samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
 The ceilings are the GPU's roofs measured in the same session and timed the same way: dense matmul
 {"name": "matmul", "dtype", "value" (TFLOP/s), "unit"} per dtype, and device copy bandwidth
-{"name": "copy", "dtype": null, "value" (GB/s, bytes read + written), "unit"}; or "error" instead.
+{"name": "copy", "dtype": null, "value" (GB/s, bytes read + written), "unit"}, the same for a read-only
+{"name": "read", ...} stream; or "error" instead of value and unit.
 Exit code 3 when PyTorch or a GPU is missing, with the reason on stderr.
 """
 import json
@@ -94,6 +95,18 @@ def measure_ceilings(torch, dtypes, request, gen):
         samples, _ = graph_samples(torch, lambda: dst.copy_(src), request)
         entry.update(value=2.0 * COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
         del src, dst
+    except Exception as exc:
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    ceilings.append(entry)
+    # Attention streams K and V in and writes little, and HBM reads alone run faster than a copy's
+    # mix of reads and writes: a read-only reduction is the roof a decode kernel is held to.
+    entry = {"name": "read", "dtype": None}
+    try:
+        src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.float16, generator=gen)
+        total = torch.empty((), device="cuda", dtype=torch.float32)
+        samples, _ = graph_samples(torch, lambda: torch.sum(src, dtype=torch.float32, out=total), request)
+        entry.update(value=COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
+        del src, total
     except Exception as exc:
         entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
     ceilings.append(entry)

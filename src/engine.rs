@@ -638,8 +638,18 @@ pub async fn profile_case(
     let mut key = None;
     let mut ref_key = None;
     let mut planned = None;
+    let mut resolved_splits = None;
     for (_, e) in &log.entries {
         match &e.record {
+            Record::Timed {
+                variant: v,
+                shape: s,
+                dtype: d,
+                kv_splits,
+                ..
+            } if v == variant && s == &shape.name && *d == dtype => {
+                resolved_splits = Some(*kv_splits);
+            }
             Record::Profiled {
                 variant: v,
                 shape: s,
@@ -718,7 +728,9 @@ pub async fn profile_case(
         std::fs::create_dir_all(&profiles)
             .with_context(|| format!("cannot create {}", profiles.display()))?;
         // A split variant launches forward + combine; otherwise the first forward is enough.
-        let launches = if launch.kv_splits == 1 { 1 } else { 2 };
+        // `auto` is resolved per shape by the worker: the timed record says what it chose.
+        let splits = resolved_splits.unwrap_or(launch.kv_splits);
+        let launches = if splits == 1 { 1 } else { 2 };
         let policy = &project.policies.profile;
         let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
         let outcome = crate::profile::profile(

@@ -19,6 +19,8 @@ pub struct Ceilings {
     pub matmul_tflops: BTreeMap<Dtype, Measured>,
     /// Device copy, bytes read + written per second, in GB/s.
     pub copy_gbs: Option<Measured>,
+    /// A read-only stream (a reduction), bytes read per second, in GB/s.
+    pub read_gbs: Option<Measured>,
 }
 
 impl Ceilings {
@@ -41,6 +43,7 @@ impl Ceilings {
                         c.matmul_tflops.insert(*d, m);
                     }
                     ("copy", _, "GB/s") => c.copy_gbs = Some(m),
+                    ("read", _, "GB/s") => c.read_gbs = Some(m),
                     _ => {}
                 }
             }
@@ -49,7 +52,15 @@ impl Ceilings {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.matmul_tflops.is_empty() && self.copy_gbs.is_none()
+        self.matmul_tflops.is_empty() && self.bandwidth().is_none()
+    }
+
+    /// The bandwidth roof: the faster of the measured streams (a kernel can beat a copy's read/write mix).
+    pub fn bandwidth(&self) -> Option<Measured> {
+        match (self.copy_gbs, self.read_gbs) {
+            (Some(c), Some(r)) => Some(if r.value > c.value { r } else { c }),
+            (c, r) => c.or(r),
+        }
     }
 }
 
@@ -77,7 +88,7 @@ pub struct BestRow {
     pub fastest_torch_us: Option<f64>,
     /// Achieved TFLOP/s ÷ the measured matmul ceiling of this dtype, in percent.
     pub pct_of_matmul: Option<f64>,
-    /// Least-traffic bandwidth ÷ the measured copy bandwidth, in percent.
+    /// Least-traffic bandwidth ÷ the bandwidth roof (the faster measured stream), in percent.
     pub pct_of_copy: Option<f64>,
 }
 
@@ -162,7 +173,7 @@ pub fn best_per_shape(log: &LoadedLog, cases: &[CaseRow]) -> BestPerShape {
                 (Some((_, _, tf)), Some(roof)) => Some(100.0 * tf / roof.value),
                 _ => None,
             };
-            let pct_of_copy = match (&best, ceilings.copy_gbs) {
+            let pct_of_copy = match (&best, ceilings.bandwidth()) {
                 (Some((_, us, _)), Some(roof)) => {
                     Some(100.0 * min_bandwidth_gbs(shape, dtype, *us) / roof.value)
                 }

@@ -221,11 +221,12 @@ pub fn roofline(
             .bold_line_style(BLACK.mix(0.15))
             .draw()
             .map_err(|e| e.to_string())?;
-        // The roof: the copy bandwidth slope up to each dtype's matmul ceiling (only what was measured).
+        // The roof: the bandwidth slope (the faster measured stream) up to each dtype's matmul ceiling (only what was measured).
         let xs: Vec<f64> = (0..=200)
             .map(|i| x_lo * (x_hi / x_lo).powf(i as f64 / 200.0))
             .collect();
-        let slope = |x: f64| ceilings.copy_gbs.map(|m| m.value * x / 1e3);
+        let bandwidth = ceilings.bandwidth();
+        let slope = |x: f64| bandwidth.map(|m| m.value * x / 1e3);
         for (i, (dtype, roof)) in ceilings.matmul_tflops.iter().enumerate() {
             let color = dtype_color(*dtype);
             let line: Vec<(f64, f64)> = xs
@@ -249,18 +250,19 @@ pub fn roofline(
                     PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
                 });
         }
-        if let (Some(copy), true) = (ceilings.copy_gbs, ceilings.matmul_tflops.is_empty()) {
+        if let (Some(copy), true) = (bandwidth, ceilings.matmul_tflops.is_empty()) {
             let line: Vec<(f64, f64)> = xs.iter().map(|&x| (x, copy.value * x / 1e3)).collect();
             chart
                 .draw_series(LineSeries::new(line, BLACK.stroke_width(2)))
                 .map_err(|e| e.to_string())?;
         }
-        if let Some(copy) = ceilings.copy_gbs {
+        if let Some(copy) = bandwidth {
+            let stream = if ceilings.read_gbs == Some(copy) { "read-only stream" } else { "copy" };
             chart
                 .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
                 .map_err(|e| e.to_string())?
                 .label(format!(
-                    "slope: copy {:.0} GB/s (log line {})",
+                    "slope: {stream} {:.0} GB/s (log line {})",
                     copy.value, copy.line
                 ))
                 .legend(|(x, y)| {

@@ -410,7 +410,7 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     if backends.is_empty() {
         md.push_str(" PyTorch |");
     }
-    md.push_str(" best ÷ fastest PyTorch (time) | % of matmul ceiling | % of copy bandwidth |\n|---|---|---|---:|---:|");
+    md.push_str(" best ÷ fastest PyTorch (time) | % of matmul ceiling | % of bandwidth ceiling |\n|---|---|---|---:|---:|");
     for _ in 0..backends.len().max(1) {
         md.push_str("---:|");
     }
@@ -453,7 +453,7 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             md,
             " {ratio} | {} | {} |",
             pct(row.pct_of_matmul, c.matmul_tflops.contains_key(&row.dtype)),
-            pct(row.pct_of_copy, c.copy_gbs.is_some())
+            pct(row.pct_of_copy, c.bandwidth().is_some())
         );
     }
     md.push_str(&ceilings_note(&found.ceilings));
@@ -485,7 +485,13 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
             m.value, m.line
         ));
     }
-    format!("\nMeasured ceilings: {}. % of copy bandwidth counts only the least traffic (Q, K, V read once, O written once).\n", parts.join(", "))
+    if let Some(m) = c.read_gbs {
+        parts.push(format!(
+            "read-only stream {:.0} GB/s (log line {})",
+            m.value, m.line
+        ));
+    }
+    format!("\nMeasured ceilings: {}. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second ÷ the faster measured stream.\n", parts.join(", "))
 }
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.

@@ -117,7 +117,7 @@ fn a_log_without_timings_still_renders_and_says_so() {
 #[test]
 fn without_ceilings_the_report_says_not_measured() {
     let md = flashtune::report::markdown(&smoke_log());
-    assert!(md.contains("| % of matmul ceiling | % of copy bandwidth |"));
+    assert!(md.contains("| % of matmul ceiling | % of bandwidth ceiling |"));
     assert!(md.contains("| not measured | not measured |"));
     assert!(md.contains("Ceilings not measured in this run"));
 }
@@ -164,6 +164,15 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)),
         "{md}"
     );
+    // A faster read-only stream becomes the bandwidth roof; a slower one does not.
+    log.entries.push((n + 3, ceiling("read", None, 5000.0, "GB/s")));
+    let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
+    let row = found.rows.iter().find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16).unwrap();
+    assert!((row.pct_of_copy.unwrap() - 100.0 * bytes / us / 1e3 / 5000.0).abs() < 1e-9);
+    log.entries.last_mut().unwrap().1 = ceiling("read", None, 3000.0, "GB/s");
+    let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
+    let row = found.rows.iter().find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16).unwrap();
+    assert!((row.pct_of_copy.unwrap() - 100.0 * bytes / us / 1e3 / 4000.0).abs() < 1e-9);
 }
 
 #[tokio::test]
