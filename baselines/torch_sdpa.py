@@ -104,7 +104,7 @@ def measure_ceilings(torch, dtypes, request, gen):
     try:
         src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.float16, generator=gen)
         total = torch.empty((), device="cuda", dtype=torch.float32)
-        samples, _ = graph_samples(torch, lambda: torch.sum(src, dtype=torch.float32, out=total), request)
+        samples, _ = graph_samples(torch, lambda: torch.sum(src, 0, dtype=torch.float32, out=total), request)
         entry.update(value=COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
         del src, total
     except Exception as exc:
