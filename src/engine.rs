@@ -623,22 +623,28 @@ async fn profile_stage(
     Ok(())
 }
 
-/// The run's earlier profile of one case, else a new one (ncu; synthetic on the fake GPU), logged as `profiled`.
-/// `None` when the case was never built in this run, so there is nothing to profile.
-pub async fn profile_case(
+/// What the log knows about one built case of this run: enough to run it again.
+pub struct LoggedCase {
+    pub spec: CaseSpec,
+    pub params: crate::space::Params,
+    /// The KV split the worker chose when it timed this case (`auto` is resolved per shape).
+    pub resolved_splits: Option<u32>,
+    pub profile: Option<crate::profile::ProfileOutcome>,
+}
+
+/// Rebuild one case's request from the run log's `planned`, `built` and `timed` records; `None` when it was never built.
+pub fn logged_case(
     project: &Project,
-    device: &DeviceInfo,
-    events: &mut Events,
-    run_dir: &Path,
+    log: &runlog::LoadedLog,
     variant: &str,
     shape: &Shape,
     dtype: Dtype,
-) -> Result<Option<crate::profile::ProfileOutcome>> {
-    let log = runlog::read(&events.log.path)?;
+) -> Option<LoggedCase> {
     let mut key = None;
     let mut ref_key = None;
     let mut planned = None;
     let mut resolved_splits = None;
+    let mut profile = None;
     for (_, e) in &log.entries {
         match &e.record {
             Record::Timed {
@@ -654,9 +660,9 @@ pub async fn profile_case(
                 variant: v,
                 shape: s,
                 dtype: d,
-                profile,
+                profile: p,
             } if v == variant && s == &shape.name && *d == dtype => {
-                return Ok(Some(profile.clone()));
+                profile = Some(p.clone());
             }
             Record::Built {
                 variant: v,
@@ -683,37 +689,62 @@ pub async fn profile_case(
             _ => {}
         }
     }
-    let (Some(key), Some(ref_key), Some((params, launch))) = (key, ref_key, planned) else {
+    let (key, ref_key, (params, launch)) = (key?, ref_key?, planned?);
+    let family = &project.space.family;
+    let point = crate::space::Variant {
+        id: variant.to_owned(),
+        params: params.clone(),
+        step: None,
+    };
+    let cache = project.paths.build_cache();
+    let spec = CaseSpec {
+        shape: shape.clone(),
+        dtype,
+        seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
+        tolerance: project.policies.tolerance_for(dtype),
+        cpu_oracle: false,
+        forward: ForwardKernel {
+            cubin: cache.join(&key).join("kernel.cubin"),
+            entry: family.forward_entry.clone(),
+            combine_entry: family.combine_entry.clone(),
+            launch,
+            defines: project.space.forward_defines(&point, dtype, shape.d),
+        },
+        reference: ReferenceKernel {
+            cubin: cache.join(&ref_key).join("kernel.cubin"),
+            entry: family.reference_entry.clone(),
+        },
+    };
+    Some(LoggedCase {
+        spec,
+        params,
+        resolved_splits,
+        profile,
+    })
+}
+
+/// The run's earlier profile of one case, else a new one (ncu; synthetic on the fake GPU), logged as `profiled`.
+/// `None` when the case was never built in this run, so there is nothing to profile.
+pub async fn profile_case(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    run_dir: &Path,
+    variant: &str,
+    shape: &Shape,
+    dtype: Dtype,
+) -> Result<Option<crate::profile::ProfileOutcome>> {
+    let log = runlog::read(&events.log.path)?;
+    let Some(case) = logged_case(project, &log, variant, shape, dtype) else {
         return Ok(None);
     };
+    if let Some(earlier) = case.profile {
+        return Ok(Some(earlier));
+    }
+    let launch = case.spec.forward.launch.clone();
     let outcome = if device.fake {
-        crate::fakegpu::profile(&project.policies.profile, &params, &launch, shape, device)
+        crate::fakegpu::profile(&project.policies.profile, &case.params, &launch, shape, device)
     } else {
-        let family = &project.space.family;
-        let point = crate::space::Variant {
-            id: variant.to_owned(),
-            params,
-            step: None,
-        };
-        let cache = project.paths.build_cache();
-        let case = CaseSpec {
-            shape: shape.clone(),
-            dtype,
-            seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
-            tolerance: project.policies.tolerance_for(dtype),
-            cpu_oracle: false,
-            forward: ForwardKernel {
-                cubin: cache.join(&key).join("kernel.cubin"),
-                entry: family.forward_entry.clone(),
-                combine_entry: family.combine_entry.clone(),
-                launch: launch.clone(),
-                defines: project.space.forward_defines(&point, dtype, shape.d),
-            },
-            reference: ReferenceKernel {
-                cubin: cache.join(&ref_key).join("kernel.cubin"),
-                entry: family.reference_entry.clone(),
-            },
-        };
         let request = WorkerRequest::Run(RunRequest {
             device: device.ordinal,
             measure: MeasureSpec {
@@ -721,7 +752,7 @@ pub async fn profile_case(
                 samples: 0,
                 min_sample_us: 0.0,
             },
-            cases: vec![case],
+            cases: vec![case.spec],
         });
         let json = serde_json::to_vec(&request).expect("requests serialize");
         let profiles = run_dir.join("profiles");
@@ -729,7 +760,7 @@ pub async fn profile_case(
             .with_context(|| format!("cannot create {}", profiles.display()))?;
         // A split variant launches forward + combine; otherwise the first forward is enough.
         // `auto` is resolved per shape by the worker: the timed record says what it chose.
-        let splits = resolved_splits.unwrap_or(launch.kv_splits);
+        let splits = case.resolved_splits.unwrap_or(launch.kv_splits);
         let launches = if splits == 1 { 1 } else { 2 };
         let policy = &project.policies.profile;
         let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));

@@ -197,6 +197,19 @@ pub enum Record {
     SearchStopped {
         reason: String,
     },
+    /// The guided search re-timed a new champion against the one it would replace, interleaved.
+    SearchDuel {
+        round: u32,
+        shape: String,
+        dtype: Dtype,
+        champion: String,
+        challenger: String,
+        /// Medians of the interleaved samples, when both sides ran.
+        champion_us: Option<f64>,
+        challenger_us: Option<f64>,
+        verdict: Option<crate::decide::Verdict>,
+        failure: Option<String>,
+    },
     /// A roof of the GPU measured beside the reference library: dense matmul TFLOP/s per dtype, copy GB/s.
     CeilingMeasured {
         /// `matmul` or `copy`.

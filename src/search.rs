@@ -90,8 +90,34 @@ pub fn beats(challenger: &TimingStats, champion: &TimingStats, min_gain: f64) ->
     gain > min_gain && gain > spread(challenger).max(spread(champion))
 }
 
-/// Champions per (shape, dtype) over the log's timed records, in the order they were measured.
+/// Interleaved re-timings the search already ran: (shape, dtype, challenger) → accepted.
+fn duel_verdicts(log: &LoadedLog) -> BTreeMap<(String, Dtype, String), bool> {
+    log.entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::SearchDuel {
+                shape,
+                dtype,
+                challenger,
+                verdict,
+                ..
+            } => Some((
+                (shape.clone(), *dtype, challenger.clone()),
+                verdict.as_ref().is_some_and(|v| v.accept),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Champions per (shape, dtype) over the log's timed records, in the order they were measured;
+/// a challenger that lost its interleaved re-timing on a case never becomes champion there.
 fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder> {
+    let lost: BTreeSet<(String, Dtype, String)> = duel_verdicts(log)
+        .into_iter()
+        .filter(|(_, accepted)| !accepted)
+        .map(|(k, _)| k)
+        .collect();
     let mut out: BTreeMap<(String, Dtype), Holder> = BTreeMap::new();
     for (_, e) in &log.entries {
         if let Record::Timed {
@@ -103,6 +129,9 @@ fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder
         } = &e.record
         {
             let key = (shape.clone(), *dtype);
+            if lost.contains(&(shape.clone(), *dtype, variant.clone())) {
+                continue;
+            }
             let replace = out
                 .get(&key)
                 .is_none_or(|h| beats(timing, &h.timing, min_gain));
@@ -223,7 +252,7 @@ impl Guided<'_> {
             if let Some(stop) = self.absorb(ending, &mut totals, events)? {
                 return Ok(stop);
             }
-            let after = champions(&crate::runlog::read(&events.log.path)?, policy.min_gain);
+            let after = self.confirmed_champions(events, round, &before).await?;
             let changed = after.iter().any(|(k, h)| before.get(k).is_none_or(|b| b.variant != h.variant));
             if !changed {
                 events.emit(Record::SearchStopped {
@@ -239,6 +268,77 @@ impl Guided<'_> {
             reason: format!("max_rounds = {} reached (policies.toml [guided])", policy.max_rounds),
         })?;
         Ok(Ending::Finished(totals))
+    }
+
+    /// Champions after a round, each change confirmed by re-timing old and new interleaved (A B A B) in one
+    /// worker: a challenger whose gain does not beat `min_gain` and the noise of that duel stays out.
+    async fn confirmed_champions(
+        &self,
+        events: &mut Events,
+        round: u32,
+        before: &BTreeMap<(String, Dtype), Holder>,
+    ) -> Result<BTreeMap<(String, Dtype), Holder>> {
+        let project = self.project;
+        let policy = &project.policies.guided;
+        // Each pass settles every unconfirmed change; a rejection can expose the runner-up, hence the loop.
+        loop {
+            let log = crate::runlog::read(&events.log.path)?;
+            let after = champions(&log, policy.min_gain);
+            let judged = duel_verdicts(&log);
+            let mut pairs = Vec::new();
+            let mut names = Vec::new();
+            for ((shape_name, dtype), new) in &after {
+                let Some(old) = before.get(&(shape_name.clone(), *dtype)) else { continue };
+                if old.variant == new.variant
+                    || judged.contains_key(&(shape_name.clone(), *dtype, new.variant.clone()))
+                {
+                    continue;
+                }
+                let Some(shape) = shape_named(&project.shapes, shape_name) else { continue };
+                let (Some(a), Some(b)) = (
+                    engine::logged_case(project, &log, &old.variant, shape, *dtype),
+                    engine::logged_case(project, &log, &new.variant, shape, *dtype),
+                ) else {
+                    continue;
+                };
+                pairs.push(crate::protocol::DuelPair {
+                    champion: a.spec,
+                    challenger: b.spec,
+                });
+                names.push((shape.clone(), *dtype, old.variant.clone(), new.variant.clone()));
+            }
+            if pairs.is_empty() {
+                return Ok(after);
+            }
+            let measure = &project.policies.measure;
+            let rounds = project.policies.step.rounds;
+            let request = crate::protocol::DuelRequest {
+                device: self.device.ordinal,
+                measure: crate::protocol::MeasureSpec {
+                    warmup_ms: measure.warmup_ms,
+                    samples: rounds,
+                    min_sample_us: measure.min_sample_us,
+                },
+                rounds,
+                pairs,
+            };
+            let timeout = std::time::Duration::from_secs(project.timeouts.worker_s * 2);
+            let outcome = self.opts.executor.duel(request, timeout).await;
+            for (i, (shape, dtype, champion, challenger)) in names.into_iter().enumerate() {
+                let judged = crate::step::judge_pair(outcome.duels.get(i), &outcome.end, policy.min_gain, shape.flops());
+                events.emit(Record::SearchDuel {
+                    round,
+                    shape: shape.name.clone(),
+                    dtype,
+                    champion,
+                    challenger,
+                    champion_us: judged.champion.map(|t| t.median_us),
+                    challenger_us: judged.challenger.map(|t| t.median_us),
+                    verdict: judged.verdict,
+                    failure: judged.failure,
+                })?;
+            }
+        }
     }
 
     /// Add a round's totals; the ending to return when the round was interrupted or hit the budget.
@@ -296,7 +396,12 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
         .entries
         .iter()
         .map(|(_, e)| &e.record)
-        .filter(|r| matches!(r, Record::SearchRound { .. } | Record::SearchStopped { .. }))
+        .filter(|r| {
+            matches!(
+                r,
+                Record::SearchRound { .. } | Record::SearchStopped { .. } | Record::SearchDuel { .. }
+            )
+        })
         .collect();
     if proposals.is_empty() && rounds.is_empty() {
         return None;
@@ -333,6 +438,32 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
             }
             Record::SearchStopped { reason } => {
                 let _ = writeln!(s, "- stopped: {reason}");
+            }
+            Record::SearchDuel {
+                shape,
+                dtype,
+                champion,
+                challenger,
+                champion_us,
+                challenger_us,
+                verdict,
+                failure,
+                ..
+            } => {
+                let times = match (champion_us, challenger_us) {
+                    (Some(a), Some(b)) => format!(" ({a:.1} → {b:.1} µs)"),
+                    _ => String::new(),
+                };
+                let outcome = match (verdict, failure) {
+                    (Some(v), _) if v.accept => format!("new champion: {}", v.reason),
+                    (Some(v), _) => format!("kept `{champion}`: {}", v.reason),
+                    (None, Some(why)) => format!("kept `{champion}`: {why}"),
+                    (None, None) => format!("kept `{champion}`"),
+                };
+                let _ = writeln!(
+                    s,
+                    "  - interleaved re-timing on {shape} {dtype}: `{challenger}` vs `{champion}`{times} → {outcome}"
+                );
             }
             _ => {}
         }

@@ -753,15 +753,15 @@ impl Session<'_> {
 
 /// One pair's figures, or why it could not be judged.
 #[derive(Default)]
-struct PairOutcome {
-    champion: Option<TimingStats>,
-    challenger: Option<TimingStats>,
-    challenger_check: Option<CheckStats>,
-    verdict: Option<Verdict>,
-    failure: Option<String>,
+pub(crate) struct PairOutcome {
+    pub champion: Option<TimingStats>,
+    pub challenger: Option<TimingStats>,
+    pub challenger_check: Option<CheckStats>,
+    pub verdict: Option<Verdict>,
+    pub failure: Option<String>,
 }
 
-fn judge_pair(
+pub(crate) fn judge_pair(
     result: Option<&DuelResult>,
     end: &WorkerEnd,
     threshold: f64,

@@ -1507,6 +1507,24 @@ mod search {
         assert!(!proposals.is_empty(), "the fake profile of the start point is grid-limited on decode; rules must fire");
         assert!(timed_twice.is_empty(), "measured twice: {timed_twice:?}");
         assert!(recs.iter().any(|r| matches!(r, Record::SearchRound { round: 1, .. })));
+        // A champion change is re-timed interleaved first; the test double's duel times depend only on
+        // the source, so every challenger ties, loses its duel, and never shows up as a champion after.
+        let mut lost: Vec<(String, flashtune::config::Dtype, String)> = Vec::new();
+        for r in &recs {
+            match r {
+                Record::SearchDuel { shape, dtype, challenger, verdict, .. } => {
+                    let v = verdict.as_ref().expect("the fake duel always answers");
+                    assert!(!v.accept, "{v:?}");
+                    lost.push((shape.clone(), *dtype, challenger.clone()));
+                }
+                Record::SearchRound { champions, .. } => {
+                    for c in champions {
+                        assert!(!lost.contains(&(c.shape.clone(), c.dtype, c.variant.clone())), "{c:?} lost its duel");
+                    }
+                }
+                _ => {}
+            }
+        }
         assert!(recs.iter().any(|r| matches!(r, Record::SearchStopped { .. })), "the search says why it stopped");
         let report = std::fs::read_to_string(run.join("report.md")).unwrap();
         assert!(report.contains("## Guided search"), "{report}");
