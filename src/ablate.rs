@@ -38,28 +38,20 @@ pub fn variants(space: &Space, champion: &Params) -> Vec<Variant> {
 /// (shape, dtype) the run timed (only variants timed on all of them qualify).
 pub fn choose_champion(log: &LoadedLog, wanted: Option<&str>) -> Result<(String, Params), String> {
     let mut params: BTreeMap<String, Params> = BTreeMap::new();
-    let mut times: BTreeMap<String, BTreeMap<(String, Dtype), f64>> = BTreeMap::new();
     for (_, e) in &log.entries {
-        match &e.record {
-            Record::Planned {
-                variant, params: p, ..
-            } => {
-                params.insert(variant.clone(), p.clone());
-            }
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => {
-                times
-                    .entry(variant.clone())
-                    .or_default()
-                    .insert((shape.clone(), *dtype), timing.median_us);
-            }
-            _ => {}
+        if let Record::Planned {
+            variant, params: p, ..
+        } = &e.record
+        {
+            params.insert(variant.clone(), p.clone());
         }
+    }
+    let mut times: BTreeMap<String, BTreeMap<(String, Dtype), f64>> = BTreeMap::new();
+    for t in log.timed() {
+        times
+            .entry(t.variant.to_owned())
+            .or_default()
+            .insert((t.shape.to_owned(), t.dtype), t.timing.median_us);
     }
     if let Some(id) = wanted {
         return params
@@ -77,7 +69,10 @@ pub fn choose_champion(log: &LoadedLog, wanted: Option<&str>) -> Result<(String,
         .filter(|(_, t)| t.len() == cases.len())
         .min_by(|a, b| geomean(a.1).total_cmp(&geomean(b.1)))
         .and_then(|(id, _)| params.get(id).map(|p| (id.clone(), p.clone())))
-        .ok_or_else(|| "no variant of this run was timed on every shape and dtype; name one with --variant".into())
+        .ok_or_else(|| {
+            "no variant of this run was timed on every shape and dtype; name one with --variant"
+                .into()
+        })
 }
 
 /// The report's factor table for an ablation run: each factor's cost, worst first.
@@ -88,32 +83,29 @@ pub fn factors_section(log: &LoadedLog) -> Option<String> {
     };
     let mut step_of: BTreeMap<String, String> = BTreeMap::new();
     let mut invalid: BTreeMap<String, String> = BTreeMap::new();
-    let mut timed: BTreeMap<(String, String, Dtype), (f64, usize)> = BTreeMap::new();
-    for (line, e) in &log.entries {
-        match &e.record {
-            Record::Planned {
-                variant,
-                step: Some(step),
-                invalid: why,
-                ..
-            } => {
-                step_of.insert(variant.clone(), step.clone());
-                if let Some(why) = why {
-                    invalid.insert(variant.clone(), why.clone());
-                }
+    for (_, e) in &log.entries {
+        if let Record::Planned {
+            variant,
+            step: Some(step),
+            invalid: why,
+            ..
+        } = &e.record
+        {
+            step_of.insert(variant.clone(), step.clone());
+            if let Some(why) = why {
+                invalid.insert(variant.clone(), why.clone());
             }
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => {
-                timed.insert((variant.clone(), shape.clone(), *dtype), (timing.median_us, *line));
-            }
-            _ => {}
         }
     }
+    let timed: BTreeMap<(String, String, Dtype), (f64, usize)> = log
+        .timed()
+        .map(|t| {
+            (
+                (t.variant.to_owned(), t.shape.to_owned(), t.dtype),
+                (t.timing.median_us, t.line),
+            )
+        })
+        .collect();
     let champion = step_of
         .iter()
         .find(|(_, s)| s.as_str() == CHAMPION_STEP)
@@ -142,9 +134,8 @@ pub fn factors_section(log: &LoadedLog) -> Option<String> {
                 })
                 .collect();
             let known: Vec<f64> = losses.iter().flatten().copied().collect();
-            let geomean = (!known.is_empty()).then(|| {
-                (known.iter().map(|x| x.ln()).sum::<f64>() / known.len() as f64).exp()
-            });
+            let geomean = (!known.is_empty())
+                .then(|| (known.iter().map(|x| x.ln()).sum::<f64>() / known.len() as f64).exp());
             Factor {
                 step: step.clone(),
                 variant: variant.clone(),
@@ -159,7 +150,10 @@ pub fn factors_section(log: &LoadedLog) -> Option<String> {
             .total_cmp(&a.geomean.unwrap_or(f64::NEG_INFINITY))
     });
     let mut s = String::new();
-    let _ = writeln!(s, "## Factor ablation around `{champion}` (from run {parent_run})\n");
+    let _ = writeln!(
+        s,
+        "## Factor ablation around `{champion}` (from run {parent_run})\n"
+    );
     let _ = writeln!(
         s,
         "Each row sets one parameter of the champion back to the baseline's value; the figure is its time ÷ the champion's, both measured in this run. Ranked by geometric mean: the factor whose removal costs most comes first.\n"

@@ -585,20 +585,11 @@ async fn profile_stage(
     }
     let log = runlog::read(&events.log.path)?;
     let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
-    for (_, e) in &log.entries {
-        if let Record::Timed {
-            variant,
-            shape,
-            dtype,
-            timing,
-            ..
-        } = &e.record
-        {
-            timed
-                .entry((shape.clone(), *dtype))
-                .or_default()
-                .push((variant.clone(), timing.median_us));
-        }
+    for t in log.timed() {
+        timed
+            .entry((t.shape.to_owned(), t.dtype))
+            .or_default()
+            .push((t.variant.to_owned(), t.timing.median_us));
     }
     // An ablation explains each step only if each step has its own profile.
     let every_step = policy.chain_steps && project.space.chain.is_some();

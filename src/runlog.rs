@@ -339,7 +339,36 @@ pub struct LoadedLog {
     pub torn_tail: bool,
 }
 
+/// One `timed` record with its line, as the log's readers want it.
+pub struct TimedCase<'a> {
+    pub line: usize,
+    pub variant: &'a str,
+    pub shape: &'a str,
+    pub dtype: Dtype,
+    pub timing: &'a TimingStats,
+}
+
 impl LoadedLog {
+    /// Every `timed` record, in log order.
+    pub fn timed(&self) -> impl Iterator<Item = TimedCase<'_>> {
+        self.entries.iter().filter_map(|(line, e)| match &e.record {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => Some(TimedCase {
+                line: *line,
+                variant,
+                shape,
+                dtype: *dtype,
+                timing,
+            }),
+            _ => None,
+        })
+    }
+
     pub fn header(&self) -> Option<&Header> {
         self.entries.iter().find_map(|(_, e)| match &e.record {
             Record::Header(h) => Some(h.as_ref()),

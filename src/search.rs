@@ -23,7 +23,10 @@ pub enum Strategy {
     /// Start point, then neighbours proposed by the policy's rules from each champion's bottleneck.
     Guided,
     /// One factor at a time around `champion` (taken from run `parent_run`): each parameter set back to the baseline's value.
-    Ablate { parent_run: String, champion: Params },
+    Ablate {
+        parent_run: String,
+        champion: Params,
+    },
 }
 
 impl Strategy {
@@ -32,7 +35,9 @@ impl Strategy {
             Strategy::Exhaustive => "exhaustive".into(),
             Strategy::Random { count, seed } => format!("random ({count} points, seed {seed})"),
             Strategy::Guided => "guided".into(),
-            Strategy::Ablate { parent_run, .. } => format!("ablate (around run {parent_run}'s champion)"),
+            Strategy::Ablate { parent_run, .. } => {
+                format!("ablate (around run {parent_run}'s champion)")
+            }
         }
     }
 }
@@ -119,31 +124,22 @@ fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder
         .map(|(k, _)| k)
         .collect();
     let mut out: BTreeMap<(String, Dtype), Holder> = BTreeMap::new();
-    for (_, e) in &log.entries {
-        if let Record::Timed {
-            variant,
-            shape,
-            dtype,
-            timing,
-            ..
-        } = &e.record
-        {
-            let key = (shape.clone(), *dtype);
-            if lost.contains(&(shape.clone(), *dtype, variant.clone())) {
-                continue;
-            }
-            let replace = out
-                .get(&key)
-                .is_none_or(|h| beats(timing, &h.timing, min_gain));
-            if replace {
-                out.insert(
-                    key,
-                    Holder {
-                        variant: variant.clone(),
-                        timing: timing.clone(),
-                    },
-                );
-            }
+    for t in log.timed() {
+        let key = (t.shape.to_owned(), t.dtype);
+        if lost.contains(&(t.shape.to_owned(), t.dtype, t.variant.to_owned())) {
+            continue;
+        }
+        let replace = out
+            .get(&key)
+            .is_none_or(|h| beats(t.timing, &h.timing, min_gain));
+        if replace {
+            out.insert(
+                key,
+                Holder {
+                    variant: t.variant.to_owned(),
+                    timing: t.timing.clone(),
+                },
+            );
         }
     }
     out
@@ -173,21 +169,45 @@ pub struct Guided<'a> {
 
 impl Guided<'_> {
     /// Rounds of: champions → their bottlenecks (ncu) → the rules' neighbours → measure; until no neighbour helps.
-    pub async fn run(&self, events: &mut Events, limits: &crate::space::DeviceLimits) -> Result<Ending> {
+    pub async fn run(
+        &self,
+        events: &mut Events,
+        limits: &crate::space::DeviceLimits,
+    ) -> Result<Ending> {
         let project = self.project;
         let policy = &project.policies.guided;
         let head_dims = project.head_dims();
         let started = Instant::now();
         let mut totals = Totals::default();
         let start = Variant {
-            id: crate::space::variant_id(project.space.start.as_ref().unwrap_or(&project.space.baseline)),
-            params: project.space.start.clone().unwrap_or_else(|| project.space.baseline.clone()),
+            id: crate::space::variant_id(
+                project
+                    .space
+                    .start
+                    .as_ref()
+                    .unwrap_or(&project.space.baseline),
+            ),
+            params: project
+                .space
+                .start
+                .clone()
+                .unwrap_or_else(|| project.space.baseline.clone()),
             step: None,
         };
         let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
         let points = project.space.plan_points(&[start], &head_dims, limits)?;
         let mut budget = self.opts.budget.clone();
-        let ending = engine::measure_points(project, self.device, self.opts, events, self.done, &points, &BTreeMap::new(), &budget).await?;
+        let ending = engine::measure_points(
+            project,
+            self.device,
+            self.opts,
+            events,
+            self.done,
+            &points,
+            &BTreeMap::new(),
+            &budget,
+        )
+        .await?;
         if let Some(stop) = self.absorb(ending, &mut totals, events)? {
             return Ok(stop);
         }
@@ -201,15 +221,36 @@ impl Guided<'_> {
                 if !profiled_dtypes.contains(dtype) {
                     continue;
                 }
-                let Some(shape) = shape_named(&project.shapes, shape_name) else { continue };
-                let outcome = engine::profile_case(project, self.device, events, self.run_dir, &holder.variant, shape, *dtype).await?;
+                let Some(shape) = shape_named(&project.shapes, shape_name) else {
+                    continue;
+                };
+                let outcome = engine::profile_case(
+                    project,
+                    self.device,
+                    events,
+                    self.run_dir,
+                    &holder.variant,
+                    shape,
+                    *dtype,
+                )
+                .await?;
                 let bottlenecks = match outcome {
-                    Some(crate::profile::ProfileOutcome::Profiled { bottlenecks, .. }) => bottlenecks,
+                    Some(crate::profile::ProfileOutcome::Profiled { bottlenecks, .. }) => {
+                        bottlenecks
+                    }
                     _ => continue,
                 };
-                let Some(champion_params) = params.get(&holder.variant) else { continue };
-                for rule in policy.rules.iter().filter(|r| bottlenecks.contains(&r.bottleneck)) {
-                    let Some(next) = project.space.neighbour(champion_params, &rule.change) else { continue };
+                let Some(champion_params) = params.get(&holder.variant) else {
+                    continue;
+                };
+                for rule in policy
+                    .rules
+                    .iter()
+                    .filter(|r| bottlenecks.contains(&r.bottleneck))
+                {
+                    let Some(next) = project.space.neighbour(champion_params, &rule.change) else {
+                        continue;
+                    };
                     if proposed_ever.contains(&next.id) || proposals.contains_key(&next.id) {
                         continue;
                     }
@@ -239,21 +280,38 @@ impl Guided<'_> {
             })?;
             if proposals.is_empty() {
                 events.emit(Record::SearchStopped {
-                    reason: format!("round {round}: the rules propose no untried neighbour of any champion"),
+                    reason: format!(
+                        "round {round}: the rules propose no untried neighbour of any champion"
+                    ),
                 })?;
                 return Ok(Ending::Finished(totals));
             }
             proposed_ever.extend(proposals.keys().cloned());
             let variants: Vec<Variant> = proposals.values().map(|(v, _)| v.clone()).collect();
-            let reasons: BTreeMap<String, Proposal> = proposals.into_iter().map(|(id, (_, why))| (id, why)).collect();
+            let reasons: BTreeMap<String, Proposal> = proposals
+                .into_iter()
+                .map(|(id, (_, why))| (id, why))
+                .collect();
             let points = project.space.plan_points(&variants, &head_dims, limits)?;
             budget = remaining(&self.opts.budget, totals.variants, started);
-            let ending = engine::measure_points(project, self.device, self.opts, events, self.done, &points, &reasons, &budget).await?;
+            let ending = engine::measure_points(
+                project,
+                self.device,
+                self.opts,
+                events,
+                self.done,
+                &points,
+                &reasons,
+                &budget,
+            )
+            .await?;
             if let Some(stop) = self.absorb(ending, &mut totals, events)? {
                 return Ok(stop);
             }
             let after = self.confirmed_champions(events, round, &before).await?;
-            let changed = after.iter().any(|(k, h)| before.get(k).is_none_or(|b| b.variant != h.variant));
+            let changed = after
+                .iter()
+                .any(|(k, h)| before.get(k).is_none_or(|b| b.variant != h.variant));
             if !changed {
                 events.emit(Record::SearchStopped {
                     reason: format!(
@@ -265,7 +323,10 @@ impl Guided<'_> {
             }
         }
         events.emit(Record::SearchStopped {
-            reason: format!("max_rounds = {} reached (policies.toml [guided])", policy.max_rounds),
+            reason: format!(
+                "max_rounds = {} reached (policies.toml [guided])",
+                policy.max_rounds
+            ),
         })?;
         Ok(Ending::Finished(totals))
     }
@@ -288,13 +349,17 @@ impl Guided<'_> {
             let mut pairs = Vec::new();
             let mut names = Vec::new();
             for ((shape_name, dtype), new) in &after {
-                let Some(old) = before.get(&(shape_name.clone(), *dtype)) else { continue };
+                let Some(old) = before.get(&(shape_name.clone(), *dtype)) else {
+                    continue;
+                };
                 if old.variant == new.variant
                     || judged.contains_key(&(shape_name.clone(), *dtype, new.variant.clone()))
                 {
                     continue;
                 }
-                let Some(shape) = shape_named(&project.shapes, shape_name) else { continue };
+                let Some(shape) = shape_named(&project.shapes, shape_name) else {
+                    continue;
+                };
                 let (Some(a), Some(b)) = (
                     engine::logged_case(project, &log, &old.variant, shape, *dtype),
                     engine::logged_case(project, &log, &new.variant, shape, *dtype),
@@ -305,7 +370,12 @@ impl Guided<'_> {
                     champion: a.spec,
                     challenger: b.spec,
                 });
-                names.push((shape.clone(), *dtype, old.variant.clone(), new.variant.clone()));
+                names.push((
+                    shape.clone(),
+                    *dtype,
+                    old.variant.clone(),
+                    new.variant.clone(),
+                ));
             }
             if pairs.is_empty() {
                 return Ok(after);
@@ -325,7 +395,12 @@ impl Guided<'_> {
             let timeout = std::time::Duration::from_secs(project.timeouts.worker_s * 2);
             let outcome = self.opts.executor.duel(request, timeout).await;
             for (i, (shape, dtype, champion, challenger)) in names.into_iter().enumerate() {
-                let judged = crate::step::judge_pair(outcome.duels.get(i), &outcome.end, policy.min_gain, shape.flops());
+                let judged = crate::step::judge_pair(
+                    outcome.duels.get(i),
+                    &outcome.end,
+                    policy.min_gain,
+                    shape.flops(),
+                );
                 events.emit(Record::SearchDuel {
                     round,
                     shape: shape.name.clone(),
@@ -342,7 +417,12 @@ impl Guided<'_> {
     }
 
     /// Add a round's totals; the ending to return when the round was interrupted or hit the budget.
-    fn absorb(&self, ending: Ending, totals: &mut Totals, events: &mut Events) -> Result<Option<Ending>> {
+    fn absorb(
+        &self,
+        ending: Ending,
+        totals: &mut Totals,
+        events: &mut Events,
+    ) -> Result<Option<Ending>> {
         let (t, interrupted) = match ending {
             Ending::Finished(t) => (t, false),
             Ending::Interrupted(t) => (t, true),
@@ -367,8 +447,12 @@ impl Guided<'_> {
 /// The run's budget less what earlier rounds used.
 fn remaining(budget: &Budget, variants_so_far: usize, started: Instant) -> Budget {
     Budget {
-        max_variants: budget.max_variants.map(|m| m.saturating_sub(variants_so_far)),
-        time_limit: budget.time_limit.map(|t| t.saturating_sub(started.elapsed())),
+        max_variants: budget
+            .max_variants
+            .map(|m| m.saturating_sub(variants_so_far)),
+        time_limit: budget
+            .time_limit
+            .map(|t| t.saturating_sub(started.elapsed())),
     }
 }
 
@@ -399,26 +483,24 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
         .filter(|r| {
             matches!(
                 r,
-                Record::SearchRound { .. } | Record::SearchStopped { .. } | Record::SearchDuel { .. }
+                Record::SearchRound { .. }
+                    | Record::SearchStopped { .. }
+                    | Record::SearchDuel { .. }
             )
         })
         .collect();
     if proposals.is_empty() && rounds.is_empty() {
         return None;
     }
-    let mut best: BTreeMap<(String, String, Dtype), (f64, usize)> = BTreeMap::new();
-    for (line, e) in &log.entries {
-        if let Record::Timed {
-            variant,
-            shape,
-            dtype,
-            timing,
-            ..
-        } = &e.record
-        {
-            best.insert((variant.clone(), shape.clone(), *dtype), (timing.median_us, *line));
-        }
-    }
+    let best: BTreeMap<(String, String, Dtype), (f64, usize)> = log
+        .timed()
+        .map(|t| {
+            (
+                (t.variant.to_owned(), t.shape.to_owned(), t.dtype),
+                (t.timing.median_us, t.line),
+            )
+        })
+        .collect();
     let mut s = String::new();
     let _ = writeln!(s, "## Guided search\n");
     for r in &rounds {
@@ -432,7 +514,10 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
                 let _ = writeln!(
                     s,
                     "- round {round}: champions {} → {} proposal(s)",
-                    from.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "),
+                    from.iter()
+                        .map(|v| format!("`{v}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     proposed.len()
                 );
             }

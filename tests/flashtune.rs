@@ -720,7 +720,7 @@ mod real_builds {
 mod pipeline {
     use super::*;
 
-    fn records(run_dir: &Path) -> Vec<Record> {
+    pub(super) fn records(run_dir: &Path) -> Vec<Record> {
         runlog::read(&run_dir.join("log.jsonl"))
             .unwrap()
             .entries
@@ -729,12 +729,12 @@ mod pipeline {
             .collect()
     }
 
-    fn run_dir_from(out: &Output) -> PathBuf {
+    pub(super) fn run_dir_from(out: &Output) -> PathBuf {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let line = stdout
             .lines()
             .find_map(|l| l.strip_prefix("Run log: "))
-            .expect("tune prints its run log");
+            .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
         PathBuf::from(line).parent().unwrap().to_path_buf()
     }
 
@@ -1425,27 +1425,10 @@ mod git {
 
 /// Real-GPU tests: run with FLASHTUNE_GPU_TESTS=1 on a machine with an NVIDIA GPU.
 mod search {
+    use super::pipeline::{records, run_dir_from};
     use super::*;
     use flashtune::search::{Proposal, Strategy};
     use std::collections::{BTreeMap, BTreeSet};
-
-    fn records(run_dir: &Path) -> Vec<Record> {
-        runlog::read(&run_dir.join("log.jsonl"))
-            .unwrap()
-            .entries
-            .into_iter()
-            .map(|(_, e)| e.record)
-            .collect()
-    }
-
-    fn run_dir_from(out: &Output) -> PathBuf {
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("Run log: "))
-            .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
-        PathBuf::from(line).parent().unwrap().to_path_buf()
-    }
 
     /// One dtype and head dim 64 only, so each point is one real nvcc build.
     fn small_project(space: &str, shapes: &str) -> tempfile::TempDir {
