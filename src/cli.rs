@@ -341,19 +341,32 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let mut profiled = 0;
             for (shape, dtype, outcome) in &results {
                 let Some(outcome) = outcome else {
-                    println!("{variant} {shape} {dtype}: not built in this run, nothing to profile");
+                    println!(
+                        "{variant} {shape} {dtype}: not built in this run, nothing to profile"
+                    );
                     continue;
                 };
-                let line = log.entries.iter().rev().find_map(|(line, e)| match &e.record {
-                    crate::runlog::Record::Profiled { variant: v, shape: s, dtype: d, .. }
-                        if v == &variant && s == shape && d == dtype => Some(*line),
-                    _ => None,
-                });
+                let line = log
+                    .entries
+                    .iter()
+                    .rev()
+                    .find_map(|(line, e)| match &e.record {
+                        crate::runlog::Record::Profiled {
+                            variant: v,
+                            shape: s,
+                            dtype: d,
+                            ..
+                        } if v == &variant && s == shape && d == dtype => Some(*line),
+                        _ => None,
+                    });
                 println!(
                     "{variant} {shape} {dtype}: {}",
                     crate::report::profile_summary(outcome, line.unwrap_or(0))
                 );
-                profiled += usize::from(matches!(outcome, crate::profile::ProfileOutcome::Profiled { .. }));
+                profiled += usize::from(matches!(
+                    outcome,
+                    crate::profile::ProfileOutcome::Profiled { .. }
+                ));
             }
             println!("Logged in {}", run_dir.join("log.jsonl").display());
             Ok(if profiled == 0 {

@@ -284,7 +284,12 @@ impl Policies {
             );
         }
         for rule in &self.guided.rules {
-            if !self.profile.bottlenecks.iter().any(|b| b.name == rule.bottleneck) {
+            if !self
+                .profile
+                .bottlenecks
+                .iter()
+                .any(|b| b.name == rule.bottleneck)
+            {
                 return fail(
                     "bottleneck",
                     format!(

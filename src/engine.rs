@@ -258,7 +258,12 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
-    events.emit(Record::Header(Box::new(header(&project, &device, &run_id, &opts.strategy))))?;
+    events.emit(Record::Header(Box::new(header(
+        &project,
+        &device,
+        &run_id,
+        &opts.strategy,
+    ))))?;
     drive(
         &project,
         &device,
@@ -443,16 +448,50 @@ async fn drive(
     let ending = match &opts.strategy {
         Strategy::Exhaustive => {
             let planned = project.space.plan(&head_dims, &limits)?;
-            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+            measure_points(
+                project,
+                device,
+                opts,
+                events,
+                done,
+                &planned,
+                &no_reasons,
+                &opts.budget,
+            )
+            .await?
         }
         Strategy::Random { count, seed } => {
-            let planned = crate::search::random_sample(&project.space.plan(&head_dims, &limits)?, *count, *seed);
-            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+            let planned = crate::search::random_sample(
+                &project.space.plan(&head_dims, &limits)?,
+                *count,
+                *seed,
+            );
+            measure_points(
+                project,
+                device,
+                opts,
+                events,
+                done,
+                &planned,
+                &no_reasons,
+                &opts.budget,
+            )
+            .await?
         }
         Strategy::Ablate { champion, .. } => {
             let variants = crate::ablate::variants(&project.space, champion);
             let planned = project.space.plan_points(&variants, &head_dims, &limits)?;
-            measure_points(project, device, opts, events, done, &planned, &no_reasons, &opts.budget).await?
+            measure_points(
+                project,
+                device,
+                opts,
+                events,
+                done,
+                &planned,
+                &no_reasons,
+                &opts.budget,
+            )
+            .await?
         }
         Strategy::Guided => {
             let search = crate::search::Guided {
@@ -734,7 +773,13 @@ pub async fn profile_case(
     }
     let launch = case.spec.forward.launch.clone();
     let outcome = if device.fake {
-        crate::fakegpu::profile(&project.policies.profile, &case.params, &launch, shape, device)
+        crate::fakegpu::profile(
+            &project.policies.profile,
+            &case.params,
+            &launch,
+            shape,
+            device,
+        )
     } else {
         let request = WorkerRequest::Run(RunRequest {
             device: device.ordinal,
@@ -890,7 +935,10 @@ pub async fn ablate(
     let log_path = parent_dir.join("log.jsonl");
     let log = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
     let header = log.header().ok_or_else(|| {
-        Error::BadInput(format!("{} has no header record: not a flashtune run log", log_path.display()))
+        Error::BadInput(format!(
+            "{} has no header record: not a flashtune run log",
+            log_path.display()
+        ))
     })?;
     let (id, champion) = crate::ablate::choose_champion(&log, variant)
         .map_err(|e| Error::BadInput(format!("{}: {e}", log_path.display())))?;
@@ -931,7 +979,10 @@ pub async fn profile_on_demand(
     }
     for s in shapes {
         if !project.shapes.iter().any(|p| &p.name == s) {
-            return Err(Error::BadInput(format!("run {} has no shape `{s}`", header.run_id)));
+            return Err(Error::BadInput(format!(
+                "run {} has no shape `{s}`",
+                header.run_id
+            )));
         }
     }
     let dtypes: Vec<Dtype> = if dtypes.is_empty() {
@@ -944,9 +995,22 @@ pub async fn profile_on_demand(
         reporters: Vec::new(),
     };
     let mut out = Vec::new();
-    for shape in project.shapes.iter().filter(|s| shapes.is_empty() || shapes.contains(&s.name)) {
+    for shape in project
+        .shapes
+        .iter()
+        .filter(|s| shapes.is_empty() || shapes.contains(&s.name))
+    {
         for &dtype in &dtypes {
-            let outcome = profile_case(&project, &device, &mut events, run_dir, variant, shape, dtype).await?;
+            let outcome = profile_case(
+                &project,
+                &device,
+                &mut events,
+                run_dir,
+                variant,
+                shape,
+                dtype,
+            )
+            .await?;
             out.push((shape.name.clone(), dtype, outcome));
         }
     }

@@ -199,17 +199,30 @@ pub fn profile(
     let mma = params.get("MMA").cloned();
     let tensor_path = mma == Some(ParamValue::Name("mma".into()));
     let big_tile = matches!(params.get("BLOCK_M"), Some(ParamValue::Int(m)) if *m >= 128);
-    let (sm, tensor) = if tensor_path { (55.0, 45.0) } else { (70.0, 10.0) };
+    let (sm, tensor) = if tensor_path {
+        (55.0, 45.0)
+    } else {
+        (70.0, 10.0)
+    };
     let (limit_regs, warps_active) = if big_tile { (1.0, 12.0) } else { (4.0, 50.0) };
     let metrics: std::collections::BTreeMap<String, Metric> = [
         ("launch__waves_per_multiprocessor", waves),
-        ("sm__throughput.avg.pct_of_peak_sustained_elapsed", if waves < 1.0 { 15.0 } else { sm }),
+        (
+            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+            if waves < 1.0 { 15.0 } else { sm },
+        ),
         ("dram__throughput.avg.pct_of_peak_sustained_elapsed", 20.0),
-        ("sm__warps_active.avg.pct_of_peak_sustained_active", warps_active),
+        (
+            "sm__warps_active.avg.pct_of_peak_sustained_active",
+            warps_active,
+        ),
         ("launch__occupancy_limit_registers", limit_regs),
         ("launch__occupancy_limit_shared_mem", 4.0),
         ("launch__occupancy_limit_warps", 8.0),
-        ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", tensor),
+        (
+            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+            tensor,
+        ),
     ]
     .into_iter()
     .map(|(k, v)| {

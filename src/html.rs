@@ -21,9 +21,16 @@ pub fn page(log: &LoadedLog) -> String {
     let mut blocks = blocks(&md);
     // The morning reader wants the answer first: best per shape and the plots go above the table
     // of every variant, which in a big run is hundreds of rows long.
-    let first_table = blocks.iter().position(|b| b.starts_with("<div class=\"wide\"><table>"));
-    let first_h2 = blocks.iter().position(|b| b.starts_with("<h2>")).unwrap_or(blocks.len());
-    let best = blocks.iter().position(|b| b.starts_with("<h2>Best per shape"));
+    let first_table = blocks
+        .iter()
+        .position(|b| b.starts_with("<div class=\"wide\"><table>"));
+    let first_h2 = blocks
+        .iter()
+        .position(|b| b.starts_with("<h2>"))
+        .unwrap_or(blocks.len());
+    let best = blocks
+        .iter()
+        .position(|b| b.starts_with("<h2>Best per shape"));
     let mut lead: Vec<String> = Vec::new();
     if let Some(best) = best {
         let end = blocks[best + 1..]

@@ -257,7 +257,11 @@ pub fn roofline(
                 .map_err(|e| e.to_string())?;
         }
         if let Some(copy) = bandwidth {
-            let stream = if ceilings.read_gbs == Some(copy) { "read-only stream" } else { "copy" };
+            let stream = if ceilings.read_gbs == Some(copy) {
+                "read-only stream"
+            } else {
+                "copy"
+            };
             chart
                 .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
                 .map_err(|e| e.to_string())?
@@ -321,7 +325,12 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
             .into_iter()
             .filter(|t| *t <= hi)
             .collect();
-        let mut chart = chart(root, title, x, (0.95..hi).log_scale().with_key_points(ticks))?;
+        let mut chart = chart(
+            root,
+            title,
+            x,
+            (0.95..hi).log_scale().with_key_points(ticks),
+        )?;
         chart
             .configure_mesh()
             .x_desc("run clock (s)")

@@ -44,7 +44,10 @@ pub fn summary(log: &LoadedLog) -> String {
             out.push('\n');
         } else if title.starts_with("Failures") {
             let count = section.lines().filter(|l| l.starts_with("- ")).count();
-            let _ = writeln!(out, "\n{count} failure(s): see the Failures section of report.md.");
+            let _ = writeln!(
+                out,
+                "\n{count} failure(s): see the Failures section of report.md."
+            );
         }
     }
     out
@@ -312,9 +315,12 @@ pub fn markdown(log: &LoadedLog) -> String {
     if let Some(chain) = crate::findings::chain(log, &cases) {
         md.push_str(&ablation_chain(&chain));
     }
-    for section in [crate::ablate::factors_section(log), crate::search::proposals_section(log)]
-        .into_iter()
-        .flatten()
+    for section in [
+        crate::ablate::factors_section(log),
+        crate::search::proposals_section(log),
+    ]
+    .into_iter()
+    .flatten()
     {
         md.push('\n');
         md.push_str(&section);

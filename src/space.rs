@@ -246,7 +246,15 @@ impl Space {
             .chain(file.start.iter().map(|s| ("start", s)));
         for (key, point) in named_points {
             if point.len() != params.len() {
-                return Err(config::config_error_at_key(path, &text, key, format!("{key} must set every parameter of the space ({})", params.keys().cloned().collect::<Vec<_>>().join(", "))));
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    key,
+                    format!(
+                        "{key} must set every parameter of the space ({})",
+                        params.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
             }
             for (name, value) in point {
                 let known = params.get(name).ok_or_else(|| {
@@ -572,15 +580,38 @@ mod tests {
 
     #[test]
     fn moves_step_along_the_listed_values() {
-        let values = [ParamValue::Int(1), ParamValue::Int(2), ParamValue::Name("auto".into())];
+        let values = [
+            ParamValue::Int(1),
+            ParamValue::Int(2),
+            ParamValue::Name("auto".into()),
+        ];
         let up = ParamValue::Name("up".into());
         let down = ParamValue::Name("down".into());
         assert_eq!(moved(&values, &values[0], &up), Some(values[1].clone()));
-        assert_eq!(moved(&values, &values[2], &up), None, "no value past the last");
-        assert_eq!(moved(&values, &values[0], &down), None, "no value before the first");
-        assert_eq!(moved(&values, &values[0], &values[2]), Some(values[2].clone()));
-        assert_eq!(moved(&values, &values[2], &values[2]), None, "a move that changes nothing");
-        assert_eq!(moved(&values, &values[0], &ParamValue::Int(4)), None, "only listed values");
+        assert_eq!(
+            moved(&values, &values[2], &up),
+            None,
+            "no value past the last"
+        );
+        assert_eq!(
+            moved(&values, &values[0], &down),
+            None,
+            "no value before the first"
+        );
+        assert_eq!(
+            moved(&values, &values[0], &values[2]),
+            Some(values[2].clone())
+        );
+        assert_eq!(
+            moved(&values, &values[2], &values[2]),
+            None,
+            "a move that changes nothing"
+        );
+        assert_eq!(
+            moved(&values, &values[0], &ParamValue::Int(4)),
+            None,
+            "only listed values"
+        );
     }
 
     #[test]

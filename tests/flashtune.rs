@@ -1442,7 +1442,11 @@ mod search {
         let text = std::fs::read_to_string(&path).unwrap();
         let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
         let end = start + text[start..].find('\n').unwrap();
-        std::fs::write(&path, format!("{}shapes = {shapes}{}", &text[..start], &text[end..])).unwrap();
+        std::fs::write(
+            &path,
+            format!("{}shapes = {shapes}{}", &text[..start], &text[end..]),
+        )
+        .unwrap();
         dir
     }
 
@@ -1450,11 +1454,23 @@ mod search {
     #[test]
     fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
         let dir = small_project("guided.toml", r#"["seed", "decode"]"#);
-        let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/guided.toml", "--strategy", "guided"]);
+        let out = flashtune(
+            dir.path(),
+            &[
+                "tune",
+                "--fake-gpu",
+                "--space",
+                "variants/guided.toml",
+                "--strategy",
+                "guided",
+            ],
+        );
         assert!(out.status.success(), "{}", text(&out));
         let run = run_dir_from(&out);
         let recs = records(&run);
-        let Record::Header(h) = &recs[0] else { panic!() };
+        let Record::Header(h) = &recs[0] else {
+            panic!()
+        };
         assert_eq!(h.strategy, Strategy::Guided);
         let (policies, _) = Policies::load(&dir.path().join("policies.toml")).unwrap();
         let mut bottlenecks: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
@@ -1464,17 +1480,39 @@ mod search {
         let mut timed = BTreeSet::new();
         for r in &recs {
             match r {
-                Record::Profiled { variant, shape, profile: flashtune::profile::ProfileOutcome::Profiled { bottlenecks: b, .. }, .. } => {
+                Record::Profiled {
+                    variant,
+                    shape,
+                    profile: flashtune::profile::ProfileOutcome::Profiled { bottlenecks: b, .. },
+                    ..
+                } => {
                     bottlenecks.insert((variant.clone(), shape.clone()), b.clone());
                 }
-                Record::Planned { variant, proposed_by: None, .. } => {
+                Record::Planned {
+                    variant,
+                    proposed_by: None,
+                    ..
+                } => {
                     planned_first.get_or_insert(variant.clone());
                 }
-                Record::Planned { variant, proposed_by: Some(p), .. } => {
+                Record::Planned {
+                    variant,
+                    proposed_by: Some(p),
+                    ..
+                } => {
                     // A proposal is made from a champion that was profiled before it.
-                    let seen = bottlenecks.get(&(p.from_variant.clone(), p.shape.clone())).unwrap_or_else(|| panic!("{variant} proposed from an unprofiled champion: {p:?}"));
+                    let seen = bottlenecks
+                        .get(&(p.from_variant.clone(), p.shape.clone()))
+                        .unwrap_or_else(|| {
+                            panic!("{variant} proposed from an unprofiled champion: {p:?}")
+                        });
                     assert!(seen.contains(&p.bottleneck), "{p:?} vs {seen:?}");
-                    let rule = policies.guided.rules.iter().find(|r| r.name == p.rule).expect("rule from policies.toml");
+                    let rule = policies
+                        .guided
+                        .rules
+                        .iter()
+                        .find(|r| r.name == p.rule)
+                        .expect("rule from policies.toml");
                     assert_eq!(rule.bottleneck, p.bottleneck);
                     proposals.push((variant.clone(), p.clone()));
                 }
@@ -1486,33 +1524,59 @@ mod search {
                 _ => {}
             }
         }
-        assert_eq!(planned_first.as_deref(), Some("mma-bm64-bn64-w4-ks1-s1"), "starts at the space's start point");
-        assert!(!proposals.is_empty(), "the fake profile of the start point is grid-limited on decode; rules must fire");
+        assert_eq!(
+            planned_first.as_deref(),
+            Some("mma-bm64-bn64-w4-ks1-s1"),
+            "starts at the space's start point"
+        );
+        assert!(
+            !proposals.is_empty(),
+            "the fake profile of the start point is grid-limited on decode; rules must fire"
+        );
         assert!(timed_twice.is_empty(), "measured twice: {timed_twice:?}");
-        assert!(recs.iter().any(|r| matches!(r, Record::SearchRound { round: 1, .. })));
+        assert!(recs
+            .iter()
+            .any(|r| matches!(r, Record::SearchRound { round: 1, .. })));
         // A champion change is re-timed interleaved first; the test double's duel times depend only on
         // the source, so every challenger ties, loses its duel, and never shows up as a champion after.
         let mut lost: Vec<(String, flashtune::config::Dtype, String)> = Vec::new();
         for r in &recs {
             match r {
-                Record::SearchDuel { shape, dtype, challenger, verdict, .. } => {
+                Record::SearchDuel {
+                    shape,
+                    dtype,
+                    challenger,
+                    verdict,
+                    ..
+                } => {
                     let v = verdict.as_ref().expect("the fake duel always answers");
                     assert!(!v.accept, "{v:?}");
                     lost.push((shape.clone(), *dtype, challenger.clone()));
                 }
                 Record::SearchRound { champions, .. } => {
                     for c in champions {
-                        assert!(!lost.contains(&(c.shape.clone(), c.dtype, c.variant.clone())), "{c:?} lost its duel");
+                        assert!(
+                            !lost.contains(&(c.shape.clone(), c.dtype, c.variant.clone())),
+                            "{c:?} lost its duel"
+                        );
                     }
                 }
                 _ => {}
             }
         }
-        assert!(recs.iter().any(|r| matches!(r, Record::SearchStopped { .. })), "the search says why it stopped");
+        assert!(
+            recs.iter()
+                .any(|r| matches!(r, Record::SearchStopped { .. })),
+            "the search says why it stopped"
+        );
         let report = std::fs::read_to_string(run.join("report.md")).unwrap();
         assert!(report.contains("## Guided search"), "{report}");
         for (variant, p) in &proposals {
-            assert!(report.contains(&format!("`{variant}` | {} |", p.rule)), "{variant} / {} missing:\n{report}", p.rule);
+            assert!(
+                report.contains(&format!("`{variant}` | {} |", p.rule)),
+                "{variant} / {} missing:\n{report}",
+                p.rule
+            );
         }
     }
 
@@ -1520,12 +1584,24 @@ mod search {
     fn random_strategy_measures_the_sample_size_reproducibly() {
         let dir = small_project("smoke.toml", r#"["small"]"#);
         let planned = |out: &Output| -> BTreeSet<String> {
-            records(&run_dir_from(out)).into_iter().filter_map(|r| match r {
-                Record::Planned { variant, .. } => Some(variant),
-                _ => None,
-            }).collect()
+            records(&run_dir_from(out))
+                .into_iter()
+                .filter_map(|r| match r {
+                    Record::Planned { variant, .. } => Some(variant),
+                    _ => None,
+                })
+                .collect()
         };
-        let args = ["tune", "--fake-gpu", "--strategy", "random", "--sample", "2", "--seed", "7"];
+        let args = [
+            "tune",
+            "--fake-gpu",
+            "--strategy",
+            "random",
+            "--sample",
+            "2",
+            "--seed",
+            "7",
+        ];
         let a = flashtune(dir.path(), &args);
         assert!(a.status.success(), "{}", text(&a));
         let b = flashtune(dir.path(), &args);
@@ -1537,27 +1613,58 @@ mod search {
     #[test]
     fn ablate_resets_one_factor_at_a_time_and_ranks_them() {
         let dir = small_project("ablation.toml", r#"["seed"]"#);
-        let tuned = flashtune(dir.path(), &["tune", "--fake-gpu", "--space", "variants/ablation.toml"]);
+        let tuned = flashtune(
+            dir.path(),
+            &["tune", "--fake-gpu", "--space", "variants/ablation.toml"],
+        );
         assert!(tuned.status.success(), "{}", text(&tuned));
         let parent = run_dir_from(&tuned);
         let last = "mma-bm128-bn64-w4-auto-s2";
-        let out = flashtune(dir.path(), &["ablate", parent.to_str().unwrap(), "--fake-gpu", "--variant", last]);
+        let out = flashtune(
+            dir.path(),
+            &[
+                "ablate",
+                parent.to_str().unwrap(),
+                "--fake-gpu",
+                "--variant",
+                last,
+            ],
+        );
         assert!(out.status.success(), "{}", text(&out));
         let recs = records(&run_dir_from(&out));
-        let Record::Header(h) = &recs[0] else { panic!() };
-        let Strategy::Ablate { champion, .. } = &h.strategy else { panic!("{:?}", h.strategy) };
+        let Record::Header(h) = &recs[0] else {
+            panic!()
+        };
+        let Strategy::Ablate { champion, .. } = &h.strategy else {
+            panic!("{:?}", h.strategy)
+        };
         let space = Space::load(&dir.path().join("variants/ablation.toml")).unwrap();
-        let differing: Vec<&String> = champion.keys().filter(|k| champion[*k] != space.baseline[*k]).collect();
-        assert_eq!(differing.len(), 4, "MMA, BLOCK_M, KV_SPLIT and STAGES differ from the baseline");
+        let differing: Vec<&String> = champion
+            .keys()
+            .filter(|k| champion[*k] != space.baseline[*k])
+            .collect();
+        assert_eq!(
+            differing.len(),
+            4,
+            "MMA, BLOCK_M, KV_SPLIT and STAGES differ from the baseline"
+        );
         let mut steps = BTreeMap::new();
         for r in &recs {
-            if let Record::Planned { params, step: Some(step), .. } = r {
+            if let Record::Planned {
+                params,
+                step: Some(step),
+                ..
+            } = r
+            {
                 steps.insert(step.clone(), params.clone());
             }
         }
         assert_eq!(steps.len(), 1 + differing.len(), "{steps:?}");
         for (step, params) in &steps {
-            let changed: Vec<&String> = params.keys().filter(|k| params[*k] != champion[*k]).collect();
+            let changed: Vec<&String> = params
+                .keys()
+                .filter(|k| params[*k] != champion[*k])
+                .collect();
             if step == "champion" {
                 assert!(changed.is_empty());
             } else {
@@ -1567,9 +1674,15 @@ mod search {
             }
         }
         let md = String::from_utf8_lossy(&out.stdout);
-        assert!(md.contains(&format!("## Factor ablation around `{last}`")), "{md}");
+        assert!(
+            md.contains(&format!("## Factor ablation around `{last}`")),
+            "{md}"
+        );
         for d in differing {
-            assert!(md.contains(&format!("| {d}: ")), "factor {d} missing:\n{md}");
+            assert!(
+                md.contains(&format!("| {d}: ")),
+                "factor {d} missing:\n{md}"
+            );
         }
     }
 
@@ -1584,7 +1697,10 @@ mod search {
         );
         std::fs::write(&path, &p).unwrap();
         let e = Policies::load(&path).unwrap_err().to_string();
-        assert!(e.contains("memory bond") && e.contains("policies.toml:") && e.contains("bottleneck"), "{e}");
+        assert!(
+            e.contains("memory bond") && e.contains("policies.toml:") && e.contains("bottleneck"),
+            "{e}"
+        );
     }
 }
 

@@ -165,13 +165,22 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         "{md}"
     );
     // A faster read-only stream becomes the bandwidth roof; a slower one does not.
-    log.entries.push((n + 3, ceiling("read", None, 5000.0, "GB/s")));
+    log.entries
+        .push((n + 3, ceiling("read", None, 5000.0, "GB/s")));
     let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
-    let row = found.rows.iter().find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16).unwrap();
+    let row = found
+        .rows
+        .iter()
+        .find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16)
+        .unwrap();
     assert!((row.pct_of_copy.unwrap() - 100.0 * bytes / us / 1e3 / 5000.0).abs() < 1e-9);
     log.entries.last_mut().unwrap().1 = ceiling("read", None, 3000.0, "GB/s");
     let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
-    let row = found.rows.iter().find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16).unwrap();
+    let row = found
+        .rows
+        .iter()
+        .find(|r| r.shape.name == "seed" && r.dtype == Dtype::F16)
+        .unwrap();
     assert!((row.pct_of_copy.unwrap() - 100.0 * bytes / us / 1e3 / 4000.0).abs() < 1e-9);
 }
 
