@@ -444,43 +444,23 @@ async fn drive(
         max_smem_optin_bytes: device.max_smem_optin_bytes,
     };
     let head_dims = project.head_dims();
-    let no_reasons = BTreeMap::new();
-    let ending = match &opts.strategy {
-        Strategy::Exhaustive => {
-            let planned = project.space.plan(&head_dims, &limits)?;
-            measure_points(
-                project,
-                device,
-                opts,
-                events,
-                done,
-                &planned,
-                &no_reasons,
-                &opts.budget,
-            )
-            .await?
-        }
-        Strategy::Random { count, seed } => {
-            let planned = crate::search::random_sample(
-                &project.space.plan(&head_dims, &limits)?,
-                *count,
-                *seed,
-            );
-            measure_points(
-                project,
-                device,
-                opts,
-                events,
-                done,
-                &planned,
-                &no_reasons,
-                &opts.budget,
-            )
-            .await?
-        }
+    // Guided chooses as it measures; the other strategies fix their points up front.
+    let planned = match &opts.strategy {
+        Strategy::Guided => None,
+        Strategy::Exhaustive => Some(project.space.plan(&head_dims, &limits)?),
+        Strategy::Random { count, seed } => Some(crate::search::random_sample(
+            &project.space.plan(&head_dims, &limits)?,
+            *count,
+            *seed,
+        )),
         Strategy::Ablate { champion, .. } => {
             let variants = crate::ablate::variants(&project.space, champion);
-            let planned = project.space.plan_points(&variants, &head_dims, &limits)?;
+            Some(project.space.plan_points(&variants, &head_dims, &limits)?)
+        }
+    };
+    let ending = match planned {
+        Some(planned) => {
+            let no_reasons = BTreeMap::new();
             measure_points(
                 project,
                 device,
@@ -493,7 +473,7 @@ async fn drive(
             )
             .await?
         }
-        Strategy::Guided => {
+        None => {
             let search = crate::search::Guided {
                 project,
                 device,
@@ -642,11 +622,17 @@ async fn profile_stage(
                 continue;
             };
             let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
-            for (variant, _) in results
+            // A variant timed twice (a resumed run) is profiled once.
+            let chosen: BTreeSet<&String> = results
                 .iter()
                 .filter(|r| every_step || r.1 <= best * (1.0 + policy.within_pct / 100.0))
-            {
-                profile_case(project, device, events, run_dir, variant, shape, dtype).await?;
+                .map(|r| &r.0)
+                .collect();
+            for variant in chosen {
+                profile_case(
+                    project, device, events, &log, run_dir, variant, shape, dtype,
+                )
+                .await?;
             }
         }
     }
@@ -759,13 +745,14 @@ pub async fn profile_case(
     project: &Project,
     device: &DeviceInfo,
     events: &mut Events,
+    // The log as read before a batch of distinct cases: this case's own profile cannot be newer.
+    log: &runlog::LoadedLog,
     run_dir: &Path,
     variant: &str,
     shape: &Shape,
     dtype: Dtype,
 ) -> Result<Option<crate::profile::ProfileOutcome>> {
-    let log = runlog::read(&events.log.path)?;
-    let Some(case) = logged_case(project, &log, variant, shape, dtype) else {
+    let Some(case) = logged_case(project, log, variant, shape, dtype) else {
         return Ok(None);
     };
     if let Some(earlier) = case.profile {
@@ -1005,6 +992,7 @@ pub async fn profile_on_demand(
                 &project,
                 &device,
                 &mut events,
+                &loaded,
                 run_dir,
                 variant,
                 shape,

@@ -339,6 +339,26 @@ pub struct LoadedLog {
     pub torn_tail: bool,
 }
 
+impl Record {
+    /// The `built` record of one finished build.
+    pub fn built(
+        variant: &str,
+        dtype: Dtype,
+        head_dim: u32,
+        out: &crate::build::BuildOutput,
+    ) -> Record {
+        Record::Built {
+            variant: variant.to_owned(),
+            dtype,
+            head_dim,
+            key: out.key.clone(),
+            cached: out.cached,
+            seconds: out.seconds,
+            entries: out.entries.clone(),
+        }
+    }
+}
+
 /// One `timed` record with its line, as the log's readers want it.
 pub struct TimedCase<'a> {
     pub line: usize,

@@ -506,15 +506,7 @@ fn record_build(
     match result {
         Ok(out) => {
             let gate = project.gate(&out);
-            events.emit(Record::Built {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                key: out.key.clone(),
-                cached: out.cached,
-                seconds: out.seconds,
-                entries: out.entries.clone(),
-            })?;
+            events.emit(Record::built(&variant, dtype, head_dim, &out))?;
             match gate {
                 Some(reason) => {
                     events.emit(Record::Rejected {

@@ -196,7 +196,6 @@ impl Guided<'_> {
         };
         let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
         let points = project.space.plan_points(&[start], &head_dims, limits)?;
-        let mut budget = self.opts.budget.clone();
         let ending = engine::measure_points(
             project,
             self.device,
@@ -205,7 +204,7 @@ impl Guided<'_> {
             self.done,
             &points,
             &BTreeMap::new(),
-            &budget,
+            &self.opts.budget,
         )
         .await?;
         if let Some(stop) = self.absorb(ending, &mut totals, events)? {
@@ -228,6 +227,7 @@ impl Guided<'_> {
                     project,
                     self.device,
                     events,
+                    &log,
                     self.run_dir,
                     &holder.variant,
                     shape,
@@ -293,7 +293,7 @@ impl Guided<'_> {
                 .map(|(id, (_, why))| (id, why))
                 .collect();
             let points = project.space.plan_points(&variants, &head_dims, limits)?;
-            budget = remaining(&self.opts.budget, totals.variants, started);
+            let budget = remaining(&self.opts.budget, totals.variants, started);
             let ending = engine::measure_points(
                 project,
                 self.device,

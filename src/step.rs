@@ -948,15 +948,7 @@ async fn build_logged(
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
         let record = match &result {
-            Ok(out) => Record::Built {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                key: out.key.clone(),
-                cached: out.cached,
-                seconds: out.seconds,
-                entries: out.entries.clone(),
-            },
+            Ok(out) => Record::built(&variant, dtype, head_dim, out),
             Err(f) => Record::BuildFailed {
                 variant: variant.clone(),
                 dtype,
