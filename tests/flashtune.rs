@@ -19,8 +19,9 @@ fn binary() -> PathBuf {
     )
 }
 
-fn shared_fixture(rel: &str) -> String {
-    let path = repo().join("../shared/fixtures").join(rel);
+/// A file under tests/fixtures (copied from real tool outputs; the repository stands alone).
+fn fixture(rel: &str) -> String {
+    let path = repo().join("tests/fixtures").join(rel);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
 }
@@ -73,7 +74,7 @@ mod ptxas_fixtures {
 
     #[test]
     fn saxpy_report() {
-        let e = ptxas::parse(&shared_fixture("ptxas/saxpy_sm90a_nvcc13.0.txt"));
+        let e = ptxas::parse(&fixture("ptxas/saxpy_sm90a_nvcc13.0.txt"));
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].name, "saxpy");
         assert_eq!(e[0].arch, "sm_90a");
@@ -90,7 +91,7 @@ mod ptxas_fixtures {
 
     #[test]
     fn mixed_report_with_stack_smem_and_register_limit() {
-        let e = ptxas::parse(&shared_fixture(
+        let e = ptxas::parse(&fixture(
             "ptxas/mixed_stack_smem_dynamic_template_nvcc13.5.txt",
         ));
         let names: Vec<&str> = e.iter().map(|e| e.name.as_str()).collect();
@@ -123,7 +124,7 @@ mod ncu_fixtures {
 
     #[test]
     fn raw_page_by_header_name_with_units_and_separators() {
-        let k = parse_raw_csv(&shared_fixture("ncu/saxpy_raw_import.csv")).unwrap();
+        let k = parse_raw_csv(&fixture("ncu/saxpy_raw_import.csv")).unwrap();
         assert_eq!(k.len(), 2);
         assert_eq!(k[0].kernel, "saxpy");
         assert_eq!(k[0].grid_size, "(16384, 1, 1)");
@@ -139,7 +140,7 @@ mod ncu_fixtures {
 
     #[test]
     fn mixed_stdout_is_skipped_and_split_kv_has_two_kernels() {
-        let k = parse_raw_csv(&shared_fixture(
+        let k = parse_raw_csv(&fixture(
             "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
         ))
         .unwrap();
@@ -155,7 +156,7 @@ mod ncu_fixtures {
             "torch_sdpa_cudnn_8_32_2048_64_mixed_stdout.csv",
             "torch_sdpa_flash_8_32_2048_64_mixed_stdout.csv",
         ] {
-            let k = parse_raw_csv(&shared_fixture(&format!("ncu/{f}"))).unwrap();
+            let k = parse_raw_csv(&fixture(&format!("ncu/{f}"))).unwrap();
             assert!(
                 !k.is_empty() && k.iter().all(|k| k.get("gpu__time_duration.sum").is_some()),
                 "{f}"
@@ -165,10 +166,10 @@ mod ncu_fixtures {
 
     #[test]
     fn no_kernels_profiled_is_recognised() {
-        let out = shared_fixture("ncu/no_kernels_profiled.txt");
+        let out = fixture("ncu/no_kernels_profiled.txt");
         assert!(no_kernels_profiled(&out));
         assert!(parse_raw_csv(&out).is_err());
-        assert!(!no_kernels_profiled(&shared_fixture(
+        assert!(!no_kernels_profiled(&fixture(
             "ncu/profile_run_stdout.txt"
         )));
     }
@@ -176,7 +177,7 @@ mod ncu_fixtures {
     #[test]
     fn classifier_names_the_bottleneck_from_real_numbers() {
         // PyTorch's split-KV flash kernel at the seed shape: 0.48 waves.
-        let flash = parse_raw_csv(&shared_fixture(
+        let flash = parse_raw_csv(&fixture(
             "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
         ))
         .unwrap();
@@ -187,7 +188,7 @@ mod ncu_fixtures {
             "{named:?}"
         );
         // saxpy: 62 waves, SM 30%, DRAM 58%: neither memory bound by the 60% rule nor grid-limited.
-        let saxpy = parse_raw_csv(&shared_fixture("ncu/saxpy_raw_import.csv")).unwrap();
+        let saxpy = parse_raw_csv(&fixture("ncu/saxpy_raw_import.csv")).unwrap();
         let named = classify(&saxpy[0], &rules());
         assert!(
             !named.iter().any(|n| n.starts_with("grid too small")),
@@ -205,7 +206,7 @@ mod exports {
     }
 
     fn t4_schema() -> serde_json::Value {
-        serde_json::from_str(&shared_fixture("../schemas/t4-1.0.0/results-schema.json")).unwrap()
+        serde_json::from_str(&fixture("schemas/t4-1.0.0/results-schema.json")).unwrap()
     }
 
     #[test]

@@ -9,8 +9,9 @@ fn repo() -> PathBuf {
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
-fn shared_fixture(rel: &str) -> String {
-    let path = repo().join("../shared/fixtures").join(rel);
+/// A file under tests/fixtures (copied from real tool outputs; the repository stands alone).
+fn fixture(rel: &str) -> String {
+    let path = repo().join("tests/fixtures").join(rel);
     std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
 }
@@ -75,7 +76,7 @@ fn reports_are_deterministic() {
 #[test]
 fn t4_of_every_fixture_log_is_valid_against_the_schema() {
     let schema: serde_json::Value =
-        serde_json::from_str(&shared_fixture("../schemas/t4-1.0.0/results-schema.json")).unwrap();
+        serde_json::from_str(&fixture("schemas/t4-1.0.0/results-schema.json")).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
     for (name, log) in fixture_logs() {
         let t4 = export::t4(&log);
