@@ -218,6 +218,10 @@ impl Shape {
         let rows = self.b as f64 * self.h as f64 * (2.0 * self.sq as f64 + 2.0 * self.sk as f64);
         rows * self.d as f64 * dtype.bytes() as f64
     }
+    /// The kernels' `causal` argument: 0 no mask, 1 top-left (PyTorch `is_causal`), 2 bottom-right.
+    pub fn causal_code(&self) -> i32 {
+        i32::from(self.causal)
+    }
     /// Multiply-adds of a naive implementation, to size the CPU oracle.
     pub fn macs(&self) -> f64 {
         2.0 * self.b as f64 * self.h as f64 * self.sq as f64 * self.sk as f64 * self.d as f64

@@ -97,6 +97,23 @@ pub enum Record {
         check: Option<CheckStats>,
         reason: String,
     },
+    /// A case whose timed figure is beyond a measured roof of the GPU: never a champion, never committed.
+    Implausible {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        kv_splits: u32,
+        timing: TimingStats,
+        /// Which roof it passed and by how much, in words.
+        reason: String,
+    },
+    /// A planned case that will not be run, and why (its build failed, its variant was quarantined, a budget).
+    CaseSkipped {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        reason: String,
+    },
     Timed {
         variant: String,
         shape: String,

@@ -358,7 +358,7 @@ impl Gpu {
                 s.sq as i32,
                 s.sk as i32,
                 s.d as i32,
-                s.causal as i32,
+                s.causal_code(),
             );
             lb.arg(&bufs.q)
                 .arg(&bufs.k)
@@ -476,7 +476,7 @@ impl Gpu {
             s.h as i32,
             s.sq as i32,
             s.sk as i32,
-            s.causal as i32,
+            s.causal_code(),
         );
         let (q, k, v) = (
             bufs.q.device_ptr(st).0,
