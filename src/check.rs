@@ -1,4 +1,7 @@
 //! Correctness arithmetic that needs no GPU: input generation, poison patterns, error statistics, the CPU f64 oracle and timing summaries.
+//!
+//! Every figure here fails closed: a NaN anywhere propagates into the statistic it touches, and
+//! every limit is tested so that NaN fails it.
 use crate::config::{Dtype, Shape, Tolerance};
 use crate::protocol::{CheckStats, TimingStats};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
@@ -7,6 +10,11 @@ use rand_distr::StandardNormal;
 /// NaN in both f16 and bf16, and not a pattern arithmetic produces (canonical NaNs are 0x7E00 / 0x7FC0).
 pub const POISON_16: u16 = 0xFFFF;
 pub const POISON_F32_BITS: u32 = 0xFFFF_FFFF;
+
+/// The fp32 reference kernel must agree with the f64 oracle this closely (it is plain fp32 math).
+pub const REFERENCE_VS_CPU_LIMIT: f64 = 1e-5;
+/// Its LSE, in absolute terms, for N(0, 1) inputs; both limits widen with the score scale.
+pub const REFERENCE_LSE_LIMIT: f64 = 1e-5;
 
 pub fn to_bits(dtype: Dtype, x: f32) -> u16 {
     match dtype {
@@ -22,35 +30,39 @@ pub fn from_bits(dtype: Dtype, bits: u16) -> f32 {
     }
 }
 
-/// Standard-normal values rounded to `dtype`, as the bits to upload. Generated in fixed-size chunks
-/// with their own seeds, on every core: the same `(seed, tensor)` gives the same bits on any machine.
-pub fn random_bits(dtype: Dtype, len: usize, seed: u64, tensor: u64) -> Vec<u16> {
+/// Normal values N(0, sigma²) rounded to `dtype`, as the bits to upload. Generated in fixed-size
+/// chunks with their own seeds, on every core: the same `(seed, tensor)` gives the same bits anywhere.
+pub fn random_bits(dtype: Dtype, len: usize, seed: u64, tensor: u64, sigma: f32) -> Vec<u16> {
     const CHUNK: usize = 1 << 18;
     let mut bits = vec![0u16; len];
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let chunks: Vec<(usize, &mut [u16])> = bits.chunks_mut(CHUNK).enumerate().collect();
-    let per_thread = chunks.len().div_ceil(threads).max(1);
-    let mut groups: Vec<Vec<(usize, &mut [u16])>> = Vec::new();
-    let mut chunks = chunks.into_iter().peekable();
-    while chunks.peek().is_some() {
-        groups.push(chunks.by_ref().take(per_thread).collect());
-    }
-    std::thread::scope(|scope| {
-        for group in groups {
-            scope.spawn(move || {
-                for (index, chunk) in group {
-                    let mut rng = SmallRng::seed_from_u64(
-                        seed ^ tensor.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                            ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
-                    );
-                    for x in chunk.iter_mut() {
-                        *x = to_bits(dtype, rng.sample::<f32, _>(StandardNormal));
-                    }
-                }
-            });
+    parallel_chunks(chunks, |(index, chunk)| {
+        let mut rng = SmallRng::seed_from_u64(
+            seed ^ tensor.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
+        );
+        for x in chunk.iter_mut() {
+            *x = to_bits(dtype, sigma * rng.sample::<f32, _>(StandardNormal));
         }
     });
     bits
+}
+
+/// Run `work` on every item, the items spread over the machine's cores.
+fn parallel_chunks<T: Send>(items: Vec<T>, work: impl Fn(T) + Sync) {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per_thread = items.len().div_ceil(threads).max(1);
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        groups.push(items.by_ref().take(per_thread).collect());
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        for group in groups {
+            scope.spawn(move || group.into_iter().for_each(work));
+        }
+    });
 }
 
 /// The exact values a bit pattern holds.
@@ -58,53 +70,167 @@ pub fn values(dtype: Dtype, bits: &[u16]) -> Vec<f32> {
     bits.iter().map(|&b| from_bits(dtype, b)).collect()
 }
 
-/// Compare the forward output (raw bits) and LSE with the fp32 reference.
+/// The larger of two figures, NaN if either is (`f64::max` would drop the NaN).
+pub fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// The row with the larger error; a NaN error is the worst of all and stays.
+fn worse_row(a: (f64, u64), b: (f64, u64)) -> (f64, u64) {
+    if a.0.is_nan() || !(b.0.is_nan() || b.0 > a.0) {
+        a
+    } else {
+        b
+    }
+}
+
+/// Partial statistics of a block of rows, merged into one [`CheckStats`].
+#[derive(Default)]
+struct Partial {
+    max_abs: f64,
+    diff2: f64,
+    ref2: f64,
+    row_max: f64,
+    worst_row: u64,
+    lse_max: f64,
+    nan: u64,
+    unwritten: u64,
+}
+
+impl Partial {
+    fn merge(mut self, o: Partial) -> Partial {
+        self.max_abs = max_nan(self.max_abs, o.max_abs);
+        self.diff2 += o.diff2;
+        self.ref2 += o.ref2;
+        (self.row_max, self.worst_row) =
+            worse_row((self.row_max, self.worst_row), (o.row_max, o.worst_row));
+        self.lse_max = max_nan(self.lse_max, o.lse_max);
+        self.nan += o.nan;
+        self.unwritten += o.unwritten;
+        self
+    }
+}
+
+/// Compare a forward output (raw bits, rows of `d`) and its LSE with the fp32 reference, whose
+/// output is multiplied by `sign` (+1, or -1 when V was negated). A poisoned element counts as
+/// never written; a written NaN or infinity counts as such; a reference NaN makes every figure it
+/// touches NaN. A row that sees no key has reference O = 0 and LSE = -inf: the kernel must match.
 pub fn compare(
     dtype: Dtype,
+    d: usize,
     out_bits: &[u16],
     lse: &[f32],
     ref_out: &[f32],
     ref_lse: &[f32],
+    sign: f32,
 ) -> CheckStats {
-    let mut s = CheckStats {
+    let rows = lse.len().min(ref_lse.len());
+    assert!(
+        d > 0 && out_bits.len() == rows * d && ref_out.len() == rows * d,
+        "compare: buffers must hold {rows} rows of {d}"
+    );
+    const ROWS_PER_CHUNK: usize = 4096;
+    let chunks: Vec<(usize, usize)> = (0..rows)
+        .step_by(ROWS_PER_CHUNK)
+        .map(|r0| (r0, (r0 + ROWS_PER_CHUNK).min(rows)))
+        .collect();
+    let partials = std::sync::Mutex::new(Vec::new());
+    parallel_chunks(chunks, |(r0, r1)| {
+        let p = compare_rows(dtype, d, r0, r1, out_bits, lse, ref_out, ref_lse, sign);
+        partials.lock().expect("no panics while held").push(p);
+    });
+    let total = partials
+        .into_inner()
+        .expect("no panics while held")
+        .into_iter()
+        .fold(Partial::default(), Partial::merge);
+    CheckStats {
         elements: out_bits.len() as u64,
+        max_abs: total.max_abs,
+        rel_l2: rel(total.diff2, total.ref2),
+        lse_max_abs: total.lse_max,
+        row_rel_l2_max: total.row_max,
+        worst_row: total.worst_row,
+        nan_count: total.nan,
+        unwritten_count: total.unwritten,
         ..Default::default()
-    };
-    let (mut diff2, mut ref2) = (0.0f64, 0.0f64);
-    for (&bits, &r) in out_bits.iter().zip(ref_out) {
-        if bits == POISON_16 {
-            s.unwritten_count += 1;
-            continue;
-        }
-        let o = from_bits(dtype, bits) as f64;
-        if !o.is_finite() {
-            s.nan_count += 1;
-            continue;
-        }
-        let d = (o - r as f64).abs();
-        s.max_abs = s.max_abs.max(d);
-        diff2 += d * d;
-        ref2 += (r as f64) * (r as f64);
     }
-    s.rel_l2 = if ref2 > 0.0 {
+}
+
+/// sqrt(diff² / ref²), or the absolute sqrt(diff²) where the reference is zero.
+fn rel(diff2: f64, ref2: f64) -> f64 {
+    if ref2 > 0.0 {
         (diff2 / ref2).sqrt()
     } else {
         diff2.sqrt()
-    };
-    for (&l, &r) in lse.iter().zip(ref_lse) {
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare_rows(
+    dtype: Dtype,
+    d: usize,
+    r0: usize,
+    r1: usize,
+    out_bits: &[u16],
+    lse: &[f32],
+    ref_out: &[f32],
+    ref_lse: &[f32],
+    sign: f32,
+) -> Partial {
+    let mut p = Partial::default();
+    for row in r0..r1 {
+        let (mut row_diff2, mut row_ref2) = (0.0f64, 0.0f64);
+        for e in row * d..(row + 1) * d {
+            let bits = out_bits[e];
+            let r = (sign * ref_out[e]) as f64;
+            if bits == POISON_16 {
+                p.unwritten += 1;
+                continue;
+            }
+            let o = from_bits(dtype, bits) as f64;
+            if !o.is_finite() {
+                p.nan += 1;
+                continue;
+            }
+            let diff = (o - r).abs();
+            p.max_abs = max_nan(p.max_abs, diff);
+            row_diff2 += diff * diff;
+            row_ref2 += r * r;
+        }
+        p.diff2 += row_diff2;
+        p.ref2 += row_ref2;
+        (p.row_max, p.worst_row) = worse_row(
+            (p.row_max, p.worst_row),
+            (rel(row_diff2, row_ref2), row as u64),
+        );
+        let (l, r) = (lse[row], ref_lse[row] as f64);
         if l.to_bits() == POISON_F32_BITS {
-            s.unwritten_count += 1;
+            p.unwritten += 1;
+        } else if r == f64::NEG_INFINITY && l == f32::NEG_INFINITY {
+            // A row that sees no key: -inf is the right answer, not a non-finite output.
         } else if !l.is_finite() {
-            s.nan_count += 1;
+            p.nan += 1;
         } else {
-            s.lse_max_abs = s.lse_max_abs.max((l as f64 - r as f64).abs());
+            p.lse_max = max_nan(p.lse_max, (l as f64 - r).abs());
         }
     }
-    s
+    p
+}
+
+/// Whether `x` is within `limit`; false for a NaN figure (or limit).
+pub fn within(x: f64, limit: f64) -> bool {
+    x <= limit
 }
 
 /// Fill `stats.failures` with every gate the case misses; never loosened, never retried.
-pub fn judge(stats: &mut CheckStats, tol: &Tolerance, reference_limit_rel_l2: f64) {
+/// `lse_scale` widens the LSE limit, and the reference's limits against the oracle, for inputs whose
+/// scores are that many times larger (fp32 rounding of a score grows with its magnitude).
+pub fn judge(stats: &mut CheckStats, tol: &Tolerance, lse_scale: f64) {
     let mut f = Vec::new();
     if stats.unwritten_count > 0 {
         f.push(format!("{} outputs never written", stats.unwritten_count));
@@ -118,59 +244,130 @@ pub fn judge(stats: &mut CheckStats, tol: &Tolerance, reference_limit_rel_l2: f6
             stats.nondeterministic_count
         ));
     }
-    if stats.max_abs > tol.max_abs {
+    if !within(stats.max_abs, tol.max_abs) {
         f.push(format!(
             "max abs error {:.3e} > {:.1e}",
             stats.max_abs, tol.max_abs
         ));
     }
-    if stats.rel_l2 > tol.rel_l2 {
+    if !within(stats.rel_l2, tol.rel_l2) {
         f.push(format!(
             "relative L2 error {:.3e} > {:.1e}",
             stats.rel_l2, tol.rel_l2
         ));
     }
-    if stats.lse_max_abs > tol.lse_max_abs {
+    if !within(stats.row_rel_l2_max, tol.row_rel_l2) {
+        f.push(format!(
+            "row {} has relative L2 error {:.3e} > {:.1e}",
+            stats.worst_row, stats.row_rel_l2_max, tol.row_rel_l2
+        ));
+    }
+    let lse_limit = tol.lse_max_abs * lse_scale.max(1.0);
+    if !within(stats.lse_max_abs, lse_limit) {
         f.push(format!(
             "LSE max abs error {:.3e} > {:.1e}",
-            stats.lse_max_abs, tol.lse_max_abs
+            stats.lse_max_abs, lse_limit
         ));
     }
     if let Some(r) = stats.reference_vs_cpu_rel_l2 {
-        if r.is_nan() || r > reference_limit_rel_l2 {
+        let limit = REFERENCE_VS_CPU_LIMIT * lse_scale.max(1.0);
+        if !within(r, limit) {
             f.push(format!(
-                "fp32 reference kernel disagrees with the CPU f64 oracle: rel L2 {r:.3e}"
+                "fp32 reference kernel disagrees with the CPU f64 oracle: rel L2 {r:.3e} > {limit:.0e} over {} rows",
+                stats.reference_rows_checked.unwrap_or(0)
+            ));
+        }
+    }
+    if let Some(r) = stats.reference_vs_cpu_lse {
+        let limit = REFERENCE_LSE_LIMIT * lse_scale.max(1.0);
+        if !within(r, limit) {
+            f.push(format!(
+                "fp32 reference kernel's LSE disagrees with the CPU f64 oracle: {r:.3e} > {limit:.0e} over {} rows",
+                stats.reference_rows_checked.unwrap_or(0)
             ));
         }
     }
     stats.failures = f;
 }
 
-/// f64 attention on the exact input values; O is [b,h,sq,d], LSE is [b,h,sq].
-pub fn cpu_attention(shape: &Shape, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) {
+/// Bits that differ between two runs of the same kernel on the same inputs.
+pub fn differing_bits(a: (&[u16], &[f32]), b: (&[u16], &[f32])) -> u64 {
+    let o = a.0.iter().zip(b.0).filter(|(x, y)| x != y).count();
+    let l =
+        a.1.iter()
+            .zip(b.1)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+    (o + l) as u64
+}
+
+/// Keys query row `i` may see: `0..end`, per the shape's mask.
+pub fn visible_keys(shape: &Shape, i: usize) -> usize {
+    let (sq, sk) = (shape.sq as usize, shape.sk as usize);
+    match shape.causal_code() {
+        0 => sk,
+        // Top-left: query i sees keys 0..=i.
+        1 => (i + 1).min(sk),
+        // Bottom-right: query i sees keys 0..=i + (sk - sq); none when that is negative.
+        _ => (i + 1 + sk).saturating_sub(sq).min(sk),
+    }
+}
+
+/// Σ a·b in f64, in eight independent sums so the compiler can keep them in vector registers.
+fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (a8.remainder(), b8.remainder());
+    for (x, y) in a8.zip(b8) {
+        for l in 0..8 {
+            lanes[l] += x[l] as f64 * y[l] as f64;
+        }
+    }
+    let tail: f64 = ra.iter().zip(rb).map(|(&x, &y)| x as f64 * y as f64).sum();
+    lanes.iter().sum::<f64>() + tail
+}
+
+/// The f64 oracle for some query rows, each a flattened (b, h, query) index: O rows and LSE.
+/// A row that sees no key gets O = 0 and LSE = -inf.
+pub fn oracle_rows(
+    shape: &Shape,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    rows: &[usize],
+) -> (Vec<f64>, Vec<f64>) {
     let (sq, sk, d) = (shape.sq as usize, shape.sk as usize, shape.d as usize);
-    let heads = (shape.b * shape.h) as usize;
     let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![0.0f64; heads * sq * d];
-    let mut lse = vec![0.0f64; heads * sq];
-    let mut scores = vec![0.0f64; sk];
-    for bh in 0..heads {
-        for i in 0..sq {
-            let qi = &q[(bh * sq + i) * d..][..d];
-            let visible = if shape.causal { (i + 1).min(sk) } else { sk };
+    let mut out = vec![0.0f64; rows.len() * d];
+    let mut lse = vec![0.0f64; rows.len()];
+    let items: Vec<(&usize, (&mut [f64], &mut f64))> = rows
+        .iter()
+        .zip(out.chunks_mut(d).zip(lse.iter_mut()))
+        .collect();
+    // Rows in groups so each thread takes many (a row alone is too little work to hand out).
+    let mut groups: Vec<Vec<(&usize, (&mut [f64], &mut f64))>> = Vec::new();
+    for item in items {
+        match groups.last_mut() {
+            Some(g) if g.len() < 64 => g.push(item),
+            _ => groups.push(vec![item]),
+        }
+    }
+    parallel_chunks(groups, |group| {
+        let mut scores = vec![0.0f64; sk];
+        for (&row, (o, l)) in group {
+            let (bh, i) = (row / sq, row % sq);
+            let visible = visible_keys(shape, i);
+            if visible == 0 {
+                *l = f64::NEG_INFINITY;
+                continue;
+            }
+            let qi = &q[row * d..][..d];
             let mut max = f64::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate().take(visible) {
-                let kj = &k[(bh * sk + j) * d..][..d];
-                *s = qi
-                    .iter()
-                    .zip(kj)
-                    .map(|(&a, &b)| a as f64 * b as f64)
-                    .sum::<f64>()
-                    * scale;
-                max = max.max(*s);
+                *s = dot_f64(qi, &k[(bh * sk + j) * d..][..d]) * scale;
+                max = max_nan(max, *s);
             }
             let mut sum = 0.0;
-            let o = &mut out[(bh * sq + i) * d..][..d];
             for (j, s) in scores.iter().enumerate().take(visible) {
                 let p = (s - max).exp();
                 sum += p;
@@ -180,27 +377,69 @@ pub fn cpu_attention(shape: &Shape, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64
                 }
             }
             o.iter_mut().for_each(|x| *x /= sum);
-            lse[bh * sq + i] = max + sum.ln();
+            *l = max + sum.ln();
         }
-    }
+    });
     (out, lse)
 }
 
-/// Relative L2 distance of an fp32 result from the f64 oracle.
-pub fn rel_l2_f64(got: &[f32], want: &[f64]) -> f64 {
-    let (mut d2, mut w2) = (0.0, 0.0);
-    for (&g, &w) in got.iter().zip(want) {
-        if !g.is_finite() {
-            return f64::INFINITY;
+/// f64 attention on the exact input values, every row; O is [b,h,sq,d], LSE is [b,h,sq].
+pub fn cpu_attention(shape: &Shape, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    let rows: Vec<usize> = (0..q.len() / shape.d as usize).collect();
+    oracle_rows(shape, q, k, v, &rows)
+}
+
+/// Rows worth recomputing on a shape too large for the whole oracle: per (batch, head) the first
+/// and last query (the first sees one key under top-left causal, none under bottom-right with
+/// Sq > Sk) and `extra` drawn from `seed`.
+pub fn sample_rows(shape: &Shape, extra: usize, seed: u64) -> Vec<usize> {
+    let (heads, sq) = (shape.b as usize * shape.h as usize, shape.sq as usize);
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let mut rows = Vec::new();
+    for bh in 0..heads {
+        let mut picks = vec![0, sq - 1];
+        picks.extend((0..extra).map(|_| rng.random_range(0..sq)));
+        picks.sort_unstable();
+        picks.dedup();
+        rows.extend(picks.into_iter().map(|i| bh * sq + i));
+    }
+    rows
+}
+
+/// How far an fp32 reference's rows are from the oracle's: relative L2 over O, largest LSE gap.
+pub fn reference_vs_oracle(
+    ref_out: &[f32],
+    ref_lse: &[f32],
+    rows: &[usize],
+    oracle_out: &[f64],
+    oracle_lse: &[f64],
+    d: usize,
+) -> (f64, f64) {
+    let (mut d2, mut w2, mut lse_gap) = (0.0f64, 0.0f64, 0.0f64);
+    for (n, &row) in rows.iter().enumerate() {
+        for c in 0..d {
+            let got = ref_out[row * d + c] as f64;
+            let want = oracle_out[n * d + c];
+            // A non-finite reference output is infinitely wrong, NaN included.
+            let diff = if got.is_finite() {
+                got - want
+            } else {
+                f64::INFINITY
+            };
+            d2 += diff * diff;
+            w2 += want * want;
         }
-        d2 += (g as f64 - w).powi(2);
-        w2 += w * w;
+        let (got, want) = (ref_lse[row] as f64, oracle_lse[n]);
+        let gap = if got == want {
+            0.0
+        } else if got.is_finite() && want.is_finite() {
+            (got - want).abs()
+        } else {
+            f64::INFINITY
+        };
+        lse_gap = max_nan(lse_gap, gap);
     }
-    if w2 > 0.0 {
-        (d2 / w2).sqrt()
-    } else {
-        d2.sqrt()
-    }
+    (rel(d2, w2), lse_gap)
 }
 
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -234,8 +473,27 @@ mod tests {
         Tolerance {
             max_abs: 1e-2,
             rel_l2: 1e-3,
+            row_rel_l2: 1e-2,
             lse_max_abs: 1e-3,
         }
+    }
+
+    fn shape(sq: u32, sk: u32, causal: bool) -> Shape {
+        Shape {
+            name: "t".into(),
+            b: 1,
+            h: 1,
+            sq,
+            sk,
+            d: 64,
+            causal,
+        }
+    }
+
+    fn judged(out: &[u16], lse: &[f32], reference: &[f32], ref_lse: &[f32]) -> CheckStats {
+        let mut s = compare(Dtype::F16, 2, out, lse, reference, ref_lse, 1.0);
+        judge(&mut s, &tol(), 1.0);
+        s
     }
 
     #[test]
@@ -250,14 +508,12 @@ mod tests {
         let reference = vec![1.0f32, 2.0, 3.0, 4.0];
         let mut out: Vec<u16> = reference.iter().map(|&x| to_bits(Dtype::F16, x)).collect();
         out[2] = POISON_16;
-        let mut s = compare(Dtype::F16, &out, &[0.5], &reference, &[0.5]);
-        judge(&mut s, &tol(), 1e-5);
+        let s = judged(&out, &[0.5, 0.5], &reference, &[0.5, 0.5]);
         assert_eq!(s.unwritten_count, 1);
         assert!(!s.passed());
 
         out[2] = to_bits(Dtype::F16, 3.5);
-        let mut s = compare(Dtype::F16, &out, &[0.5], &reference, &[0.5]);
-        judge(&mut s, &tol(), 1e-5);
+        let s = judged(&out, &[0.5, 0.5], &reference, &[0.5, 0.5]);
         assert!(
             s.failures.iter().any(|f| f.contains("max abs")),
             "{:?}",
@@ -265,28 +521,99 @@ mod tests {
         );
 
         out[2] = to_bits(Dtype::F16, 3.0);
-        let mut s = compare(Dtype::F16, &out, &[0.5], &reference, &[0.5]);
-        judge(&mut s, &tol(), 1e-5);
+        let s = judged(&out, &[0.5, 0.5], &reference, &[0.5, 0.5]);
         assert!(s.passed(), "{:?}", s.failures);
+    }
+
+    #[test]
+    fn a_nan_reference_fails_every_figure_it_touches() {
+        let out: Vec<u16> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .map(|&x| to_bits(Dtype::F16, x))
+            .collect();
+        let reference = [1.0, f32::NAN, 3.0, 4.0];
+        let s = judged(&out, &[0.5, 0.5], &reference, &[0.5, 0.5]);
+        assert!(s.max_abs.is_nan() && s.rel_l2.is_nan() && s.row_rel_l2_max.is_nan());
+        assert!(!s.passed());
+        let ok = [1.0, 2.0, 3.0, 4.0];
+        let s = judged(&out, &[0.5, 0.5], &ok, &[0.5, f32::NAN]);
+        assert!(s.lse_max_abs.is_nan() && !s.passed(), "{:?}", s);
+    }
+
+    #[test]
+    fn one_wrong_row_on_a_long_shape_fails_where_global_figures_would_not() {
+        // 8192 rows of |O| ~ 0.02: zeroing one row moves rel L2 by ~1e-2 / sqrt(8192) ~ 1e-4.
+        let (rows, d) = (8192usize, 64usize);
+        let reference: Vec<f32> = (0..rows * d)
+            .map(|i| 0.02 * (((i * 7919) % 13) as f32 / 6.0 - 1.0))
+            .collect();
+        let mut out: Vec<u16> = reference.iter().map(|&x| to_bits(Dtype::Bf16, x)).collect();
+        out[4000 * d..4001 * d].fill(to_bits(Dtype::Bf16, 0.0));
+        let lse = vec![1.0f32; rows];
+        let mut s = compare(Dtype::Bf16, d, &out, &lse, &reference, &lse, 1.0);
+        let bf16 = Tolerance {
+            max_abs: 3e-2,
+            rel_l2: 1e-2,
+            row_rel_l2: 2e-2,
+            lse_max_abs: 1e-4,
+        };
+        judge(&mut s, &bf16, 1.0);
+        assert!(s.max_abs < bf16.max_abs && s.rel_l2 < bf16.rel_l2, "{s:?}");
+        assert_eq!(s.worst_row, 4000);
+        assert!(
+            s.failures.len() == 1 && s.failures[0].starts_with("row 4000"),
+            "{:?}",
+            s.failures
+        );
+    }
+
+    #[test]
+    fn fully_masked_rows_must_be_zero_with_minus_infinite_lse() {
+        let reference = [0.0f32, 0.0, 1.0, 2.0];
+        let ref_lse = [f32::NEG_INFINITY, 0.3];
+        let out: Vec<u16> = reference.iter().map(|&x| to_bits(Dtype::F16, x)).collect();
+        let s = judged(&out, &[f32::NEG_INFINITY, 0.3], &reference, &ref_lse);
+        assert!(s.passed(), "{:?}", s.failures);
+        let s = judged(&out, &[0.0, 0.3], &reference, &ref_lse);
+        assert!(!s.passed() && s.lse_max_abs.is_infinite(), "{s:?}");
+        let mut wrong = out.clone();
+        wrong[1] = to_bits(Dtype::F16, 0.5);
+        let s = judged(&wrong, &[f32::NEG_INFINITY, 0.3], &reference, &ref_lse);
+        assert!(!s.passed(), "a masked row with a non-zero output must fail");
+    }
+
+    #[test]
+    fn negated_values_compare_against_the_negated_reference() {
+        let reference = [1.0f32, -2.0, 3.0, 4.0];
+        let out: Vec<u16> = reference.iter().map(|&x| to_bits(Dtype::F16, -x)).collect();
+        let mut s = compare(
+            Dtype::F16,
+            2,
+            &out,
+            &[0.5, 0.5],
+            &reference,
+            &[0.5, 0.5],
+            -1.0,
+        );
+        judge(&mut s, &tol(), 1.0);
+        assert!(s.passed(), "{:?}", s.failures);
+    }
+
+    #[test]
+    fn nan_limits_and_figures_never_pass() {
+        assert!(!within(f64::NAN, 1.0));
+        assert!(!within(0.5, f64::NAN));
+        assert!(max_nan(1.0, f64::NAN).is_nan() && max_nan(f64::NAN, 1.0).is_nan());
     }
 
     #[test]
     fn cpu_oracle_matches_a_hand_computed_case() {
         // One query, two keys, d = 64: scores 0 and 8 * 1/8 = 1.
-        let shape = Shape {
-            name: "t".into(),
-            b: 1,
-            h: 1,
-            sq: 1,
-            sk: 2,
-            d: 64,
-            causal: false,
-        };
         let q = vec![1.0f32; 64];
         let mut k = vec![0.0f32; 128];
         k[64..72].iter_mut().for_each(|x| *x = 1.0);
         let v: Vec<f32> = (0..128).map(|i| if i < 64 { 0.0 } else { 1.0 }).collect();
-        let (o, lse) = cpu_attention(&shape, &q, &k, &v);
+        let (o, lse) = cpu_attention(&shape(1, 2, false), &q, &k, &v);
         let e = std::f64::consts::E;
         assert!((o[0] - e / (1.0 + e)).abs() < 1e-12);
         assert!((lse[0] - (1.0 + e).ln()).abs() < 1e-12);
@@ -294,27 +621,39 @@ mod tests {
 
     #[test]
     fn causal_first_row_sees_only_key_zero() {
-        let shape = Shape {
-            name: "t".into(),
-            b: 1,
-            h: 1,
-            sq: 2,
-            sk: 2,
-            d: 64,
-            causal: true,
-        };
-        let [q, k, v] = [0, 1, 2].map(|t| values(Dtype::F16, &random_bits(Dtype::F16, 128, 1, t)));
-        let (o, _) = cpu_attention(&shape, &q, &k, &v);
+        let [q, k, v] =
+            [0, 1, 2].map(|t| values(Dtype::F16, &random_bits(Dtype::F16, 128, 1, t, 1.0)));
+        let (o, _) = cpu_attention(&shape(2, 2, true), &q, &k, &v);
         for c in 0..64 {
             assert!((o[c] - v[c] as f64).abs() < 1e-12);
         }
     }
 
     #[test]
+    fn sampled_rows_agree_with_the_full_oracle() {
+        let s = Shape {
+            b: 2,
+            h: 2,
+            ..shape(40, 24, true)
+        };
+        let n = |rows: u32| (s.b * s.h * rows * s.d) as usize;
+        let [q, k, v] = [(0, n(s.sq)), (1, n(s.sk)), (2, n(s.sk))]
+            .map(|(t, len)| values(Dtype::F16, &random_bits(Dtype::F16, len, 3, t, 1.0)));
+        let (all_o, all_l) = cpu_attention(&s, &q, &k, &v);
+        let rows = sample_rows(&s, 3, 9);
+        assert!(rows.contains(&0) && rows.contains(&(4 * 40 - 1)));
+        let (o, l) = oracle_rows(&s, &q, &k, &v, &rows);
+        for (n, &row) in rows.iter().enumerate() {
+            assert_eq!(l[n], all_l[row]);
+            assert_eq!(o[n * 64..][..64], all_o[row * 64..][..64]);
+        }
+    }
+
+    #[test]
     fn random_inputs_are_reproducible_and_not_degenerate() {
-        let a = random_bits(Dtype::Bf16, 1_000_003, 7, 1);
-        assert_eq!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 1));
-        assert_ne!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 2));
+        let a = random_bits(Dtype::Bf16, 1_000_003, 7, 1, 1.0);
+        assert_eq!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 1, 1.0));
+        assert_ne!(a, random_bits(Dtype::Bf16, 1_000_003, 7, 2, 1.0));
         let v = values(Dtype::Bf16, &a);
         let mean = v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64;
         let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / v.len() as f64;

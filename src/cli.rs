@@ -135,9 +135,12 @@ enum Command {
     },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
-    /// The GPU worker process (used by tune; reads one JSON request on stdin).
+    /// The GPU worker process (used by tune): serves JSON requests, one per line on stdin, for one GPU.
     #[command(hide = true)]
     Worker {
+        /// GPU ordinal this worker serves.
+        #[arg(long, default_value_t = 0)]
+        device: u32,
         /// Be the GPU-less test double for this target arch.
         #[arg(long)]
         fake: Option<String>,
@@ -195,6 +198,7 @@ impl RunArgs {
             budget,
             commit: self.commit,
             strategy: crate::search::Strategy::Exhaustive,
+            run: engine::RunState::default(),
         })
     }
 
@@ -250,10 +254,10 @@ impl Reporter for JsonLines {
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Worker { fake } = &cli.command {
+    if let Command::Worker { device, fake } = &cli.command {
         return match fake {
-            Some(arch) => crate::fakegpu::serve(arch),
-            None => crate::worker::serve(),
+            Some(arch) => crate::fakegpu::serve(arch, *device),
+            None => crate::worker::serve(*device),
         };
     }
     let _ = tracing_subscriber::fmt()

@@ -61,6 +61,9 @@ pub struct DefaultDevice {
 pub struct Gates {
     /// Spill stores + spill loads allowed per entry function, in bytes.
     pub max_spill_bytes: u64,
+    /// A timed figure more than this fraction beyond a measured roof (dense matmul TFLOP/s, or the
+    /// least traffic per second against the faster of copy and read-only bandwidth) is implausible.
+    pub plausibility_margin: f64,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
@@ -70,6 +73,8 @@ pub struct Tolerance {
     pub max_abs: f64,
     /// ||O - O_ref||_2 / ||O_ref||_2.
     pub rel_l2: f64,
+    /// The same per query row, worst row: one wrong row of a long shape cannot hide in the totals.
+    pub row_rel_l2: f64,
     /// Largest |LSE - LSE_ref|.
     pub lse_max_abs: f64,
 }

@@ -149,6 +149,8 @@ async fn ncu(device: Option<&DeviceInfo>) -> Check {
     ])
     .arg(&exe)
     .arg("worker")
+    .arg("--device")
+    .arg("0")
     .stdin(Stdio::piped())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped())
@@ -163,7 +165,8 @@ async fn ncu(device: Option<&DeviceInfo>) -> Check {
     };
     if let Some(mut stdin) = child.stdin.take() {
         use tokio::io::AsyncWriteExt;
-        let req = serde_json::to_vec(&WorkerRequest::Probe { device: 0 }).expect("serializes");
+        let mut req = serde_json::to_vec(&WorkerRequest::Probe).expect("serializes");
+        req.push(b'\n');
         let _ = stdin.write_all(&req).await;
     }
     let out = match tokio::time::timeout(Duration::from_secs(120), child.wait_with_output()).await {

@@ -52,6 +52,17 @@ pub struct TuneOptions {
     pub commit: bool,
     /// How points are chosen; a resumed run keeps its own.
     pub strategy: Strategy,
+    /// Filled in as the run starts: its input seed and the roofs it measured.
+    pub run: RunState,
+}
+
+/// What a run fixes before it measures anything, for every stage after.
+#[derive(Debug, Clone, Default)]
+pub struct RunState {
+    /// Seed of the run's input sets (the header keeps it for `resume`).
+    pub seed: u64,
+    /// The roofs figures are held to.
+    pub roofs: crate::roofs::Roofs,
 }
 
 pub struct TuneOutcome {
@@ -239,9 +250,72 @@ fn short_hash(text: &str) -> String {
     blake3::hash(text.as_bytes()).to_hex()[..16].to_owned()
 }
 
-pub fn case_seed(base: u64, variant: &str, shape: &Shape, dtype: Dtype) -> u64 {
-    let h = blake3::hash(format!("{base}|{variant}|{}|{dtype}", shape.name).as_bytes());
+/// Seed of the input sets of one (shape, dtype) in a run: every variant of the run meets the same
+/// sets (so each set's reference is computed once), and every run meets new ones.
+pub fn input_seed(run_seed: u64, shape: &Shape, dtype: Dtype) -> u64 {
+    let h = blake3::hash(format!("{run_seed}|{shape:?}|{dtype}").as_bytes());
     u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+/// A seed no earlier run had: the policy's seed mixed with the run id and the clock.
+pub fn fresh_run_seed(policy_seed: u64, run_id: &str) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let h = blake3::hash(format!("{policy_seed}|{run_id}|{now}|{}", std::process::id()).as_bytes());
+    u64::from_le_bytes(h.as_bytes()[..8].try_into().expect("8 bytes"))
+}
+
+/// The run's roofs: measured by the worker once per run (a resumed run keeps what its log holds).
+pub async fn measure_roofs(
+    project: &Project,
+    device: u32,
+    executor: &Executor,
+    events: &mut Events,
+    logged: Option<&runlog::LoadedLog>,
+) -> Result<crate::roofs::Roofs> {
+    let worker_roofs = |log: &runlog::LoadedLog| {
+        log.entries.iter().any(|(_, e)| {
+            matches!(&e.record, Record::CeilingMeasured { source: Some(s), .. } if s == "worker")
+        })
+    };
+    if let Some(log) = logged.filter(|l| worker_roofs(l)) {
+        return Ok(crate::roofs::Roofs::from_log(log));
+    }
+    let timeout = Duration::from_secs(project.timeouts.worker_s);
+    let mut roofs = crate::roofs::Roofs::default();
+    match executor
+        .roofs(device, &project.policies.dtypes, timeout)
+        .await
+    {
+        Ok(measured) => {
+            for r in measured {
+                match (r.value, r.error) {
+                    (Some(value), None) => {
+                        roofs.add(&r.name, r.dtype, value);
+                        events.emit(Record::CeilingMeasured {
+                            name: r.name,
+                            dtype: r.dtype,
+                            value,
+                            unit: r.unit,
+                            source: Some("worker".into()),
+                        })?;
+                    }
+                    (_, error) => events.emit(Record::RoofUnavailable {
+                        name: r.name,
+                        dtype: r.dtype,
+                        reason: error.unwrap_or_else(|| "no value".into()),
+                    })?,
+                }
+            }
+        }
+        Err(reason) => events.emit(Record::RoofUnavailable {
+            name: "all".into(),
+            dtype: None,
+            reason,
+        })?,
+    }
+    Ok(roofs)
 }
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
@@ -258,12 +332,16 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events { log, reporters };
-    events.emit(Record::Header(Box::new(header(
-        &project,
-        &device,
-        &run_id,
-        &opts.strategy,
-    ))))?;
+    let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
+    let mut head = header(&project, &device, &run_id, &opts.strategy);
+    head.run_seed = Some(seed);
+    events.emit(Record::Header(Box::new(head)))?;
+    let first = opts.devices.first().copied().unwrap_or(0);
+    let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;
+    let opts = TuneOptions {
+        run: RunState { seed, roofs },
+        ..opts
+    };
     drive(
         &project,
         &device,
@@ -329,6 +407,20 @@ pub async fn resume(
         finished_variants: done.len(),
         overridden: mismatches,
     })?;
+    // Logs from before run seeds keep their old inputs' seed; nothing after depends on which.
+    let seed = old.run_seed.unwrap_or_else(|| {
+        input_seed(
+            project.policies.measure.seed,
+            &project.shapes[0],
+            Dtype::F16,
+        )
+    });
+    let first = opts.devices.first().copied().unwrap_or(0);
+    let roofs = measure_roofs(&project, first, &opts.executor, &mut events, Some(&loaded)).await?;
+    let opts = TuneOptions {
+        run: RunState { seed, roofs },
+        ..opts
+    };
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
 }
 
@@ -558,6 +650,8 @@ pub async fn measure_points(
         arch: &device.arch,
         budget,
         done,
+        run_seed: opts.run.seed,
+        roofs: &opts.run.roofs,
     };
     scheduler.run(planned, events).await
 }
@@ -588,6 +682,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         dtypes: project.policies.dtypes.clone(),
         shapes: project.shapes.clone(),
         strategy: strategy.clone(),
+        run_seed: None,
     }
 }
 
@@ -716,9 +811,15 @@ pub fn logged_case(
     let spec = CaseSpec {
         shape: shape.clone(),
         dtype,
-        seed: case_seed(project.policies.measure.seed, variant, shape, dtype),
+        seed: input_seed(
+            log.header()
+                .and_then(|h| h.run_seed)
+                .unwrap_or(project.policies.measure.seed),
+            shape,
+            dtype,
+        ),
         tolerance: project.policies.tolerance_for(dtype),
-        cpu_oracle: false,
+        cpu_oracle_max_macs: project.policies.measure.cpu_reference_max_macs,
         forward: ForwardKernel {
             cubin: cache.join(&key).join("kernel.cubin"),
             entry: family.forward_entry.clone(),
@@ -769,7 +870,6 @@ pub async fn profile_case(
         )
     } else {
         let request = WorkerRequest::Run(RunRequest {
-            device: device.ordinal,
             measure: MeasureSpec {
                 warmup_ms: 0.0,
                 samples: 0,
@@ -789,6 +889,7 @@ pub async fn profile_case(
         let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
         let outcome = crate::profile::profile(
             policy,
+            device.ordinal,
             &json,
             &base,
             launches,
@@ -859,6 +960,7 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                     dtype: c.dtype,
                     value: c.value,
                     unit: c.unit,
+                    source: Some("pytorch".into()),
                 })?;
             }
             Ok(())

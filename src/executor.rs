@@ -1,11 +1,19 @@
-//! Runs worker requests in a supervised `flashtune worker` subprocess (or its labelled GPU-less double, `worker --fake`).
+//! Runs worker sessions: a supervised `flashtune worker` process per GPU (or its labelled GPU-less double, `worker --fake`) that serves request after request until it fails or is dropped.
+//!
+//! Replies arrive on a pipe of their own (fd 3 in the worker), never on stdout: a kernel's printf
+//! cannot pass for a reply, and a reply line that does not parse ends the session as `Garbled`.
+use crate::config::Dtype;
 use crate::protocol::*;
+use std::io::BufRead;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 
-/// How a worker ended, beyond the messages it managed to send.
+/// How a request ended, beyond the replies that arrived.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WorkerEnd {
     Clean,
@@ -19,6 +27,10 @@ pub enum WorkerEnd {
     TimedOut {
         seconds: u64,
     },
+    /// A line on the reply channel that is not a reply: the worker can no longer be believed.
+    Garbled {
+        line: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -27,10 +39,43 @@ pub struct WorkerOutcome {
     pub cases: Vec<CaseResult>,
     /// Answers to a duel request, one per pair finished.
     pub duels: Vec<DuelResult>,
+    pub roofs: Vec<RoofMeasured>,
     pub end: WorkerEnd,
 }
 
-/// Spawns one worker process per request; a timeout kills its whole process group.
+impl WorkerOutcome {
+    fn new() -> Self {
+        WorkerOutcome {
+            device: None,
+            cases: Vec::new(),
+            duels: Vec::new(),
+            roofs: Vec::new(),
+            end: WorkerEnd::Clean,
+        }
+    }
+
+    /// Why the request did not end cleanly, in words; `None` when it did.
+    pub fn trouble(&self) -> Option<String> {
+        match &self.end {
+            WorkerEnd::Clean => None,
+            WorkerEnd::Fatal(m) => Some(format!("worker: {m}")),
+            WorkerEnd::Crashed {
+                status,
+                stderr_tail,
+            } => Some(format!("worker crashed ({status}): {stderr_tail}")),
+            WorkerEnd::TimedOut { seconds } => Some(format!("worker timed out after {seconds} s")),
+            WorkerEnd::Garbled { line } => Some(garbled_reason(line)),
+        }
+    }
+}
+
+/// The logged reason for a reply that does not parse.
+pub fn garbled_reason(line: &str) -> String {
+    let shown: String = line.chars().take(300).collect();
+    format!("the worker sent a reply that is not protocol: `{shown}`")
+}
+
+/// Starts worker sessions; the real GPU or the double is chosen once, here.
 #[derive(Debug, Clone)]
 pub struct Executor {
     exe: PathBuf,
@@ -38,6 +83,20 @@ pub struct Executor {
     probe_timeout: Duration,
     /// Run `worker --fake`: the same supervision around a test double whose figures are synthetic.
     fake: Option<String>,
+}
+
+/// Bytes of the worker's stdout and stderr kept for a crash report.
+const OUTPUT_TAIL_BYTES: usize = 16 << 10;
+
+/// One worker process serving one GPU. Dropping it kills the worker's process group.
+pub struct Session {
+    child: tokio::process::Child,
+    stdin: Option<tokio::process::ChildStdin>,
+    replies: mpsc::UnboundedReceiver<std::io::Result<String>>,
+    output: Arc<Mutex<String>>,
+    _group: crate::build::ProcessGroup,
+    /// False once a request ended badly: the process is gone or no longer trusted.
+    pub alive: bool,
 }
 
 impl Executor {
@@ -62,122 +121,254 @@ impl Executor {
         self.fake.is_some()
     }
 
-    pub async fn probe(&self, device: u32) -> Result<DeviceInfo, String> {
-        let outcome = self
-            .exchange(&WorkerRequest::Probe { device }, self.probe_timeout)
-            .await;
-        match (outcome.device, outcome.end) {
-            (Some(d), WorkerEnd::Clean) => Ok(d),
-            (_, WorkerEnd::Fatal(m)) => Err(m),
-            (
-                _,
-                WorkerEnd::Crashed {
-                    status,
-                    stderr_tail,
-                },
-            ) => Err(format!("worker crashed ({status}): {stderr_tail}")),
-            (_, WorkerEnd::TimedOut { seconds }) => {
-                Err(format!("worker did not answer within {seconds} s"))
-            }
-            (None, WorkerEnd::Clean) => Err("worker answered without describing the device".into()),
-        }
-    }
-
-    pub async fn run(&self, request: RunRequest, timeout: Duration) -> WorkerOutcome {
-        self.exchange(&WorkerRequest::Run(request), timeout).await
-    }
-
-    pub async fn duel(&self, request: DuelRequest, timeout: Duration) -> WorkerOutcome {
-        self.exchange(&WorkerRequest::Duel(request), timeout).await
-    }
-
-    async fn exchange(&self, request: &WorkerRequest, timeout: Duration) -> WorkerOutcome {
-        let exe = &self.exe;
-        let mut outcome = WorkerOutcome {
-            device: None,
-            cases: Vec::new(),
-            duels: Vec::new(),
-            end: WorkerEnd::Clean,
+    /// Start a worker for `device`; `Err` holds why it did not start.
+    pub fn start(&self, device: u32) -> Result<Session, WorkerEnd> {
+        let not_started = |e: std::io::Error| WorkerEnd::Crashed {
+            status: "not started".into(),
+            stderr_tail: e.to_string(),
         };
-        let mut cmd = tokio::process::Command::new(exe);
-        cmd.arg("worker");
+        let (read_end, write_end) = reply_pipe().map_err(not_started)?;
+        let mut cmd = tokio::process::Command::new(&self.exe);
+        cmd.arg("worker").arg("--device").arg(device.to_string());
         if let Some(arch) = &self.fake {
             cmd.arg("--fake").arg(arch);
         }
-        cmd.stdin(Stdio::piped())
+        cmd.env(REPLY_FD_ENV, REPLY_FD.to_string())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         // Its own process group, so a timeout kills whatever the worker started too.
         cmd.process_group(0).kill_on_drop(true);
         crate::build::die_with_parent(&mut cmd);
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                outcome.end = WorkerEnd::Crashed {
-                    status: "not started".into(),
-                    stderr_tail: e.to_string(),
-                };
-                return outcome;
-            }
-        };
-        let pid = child.id();
-        let _group = crate::build::ProcessGroup(pid);
-        tracing::info!(?pid, "worker started");
-        let payload = serde_json::to_vec(request).expect("requests serialize");
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(&payload).await;
-            drop(stdin);
+        let write_fd = write_end.as_raw_fd();
+        // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if write_fd == REPLY_FD {
+                    // dup2 onto itself keeps close-on-exec: clear it by hand.
+                    if libc::fcntl(REPLY_FD, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(write_fd, REPLY_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
-        let stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
-        let stderr_task = tokio::spawn(async move {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s).await;
-            s
+        let mut child = cmd.spawn().map_err(not_started)?;
+        // The worker holds the only write end now; EOF on ours means it is gone.
+        drop(write_end);
+        let group = crate::build::ProcessGroup(child.id());
+        let output = Arc::new(Mutex::new(String::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            tokio::spawn(keep_tail(stream, output.clone()));
+        }
+        let (tx, replies) = mpsc::unbounded_channel();
+        // A plain thread reads the pipe: blocking reads, one line at a time, until the worker closes it.
+        // SAFETY: `read_end` is an open descriptor this process owns; the File takes it over.
+        let file = unsafe { std::fs::File::from_raw_fd(into_raw(read_end)) };
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(file).lines() {
+                let stop = line.is_err();
+                if tx.send(line).is_err() || stop {
+                    break;
+                }
+            }
         });
-        let mut fatal = None;
-        let mut done = false;
-        let read_all = async {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(pid = ?child.id(), device, "worker started");
+        Ok(Session {
+            stdin: child.stdin.take(),
+            child,
+            replies,
+            output,
+            _group: group,
+            alive: true,
+        })
+    }
+
+    /// Start a worker, send one request, and let it go.
+    pub async fn once(
+        &self,
+        device: u32,
+        request: &WorkerRequest,
+        timeout: Duration,
+    ) -> WorkerOutcome {
+        match self.start(device) {
+            Ok(mut session) => session.request(request, timeout).await,
+            Err(end) => WorkerOutcome {
+                end,
+                ..WorkerOutcome::new()
+            },
+        }
+    }
+
+    pub async fn probe(&self, device: u32) -> Result<DeviceInfo, String> {
+        let outcome = self
+            .once(device, &WorkerRequest::Probe, self.probe_timeout)
+            .await;
+        match (outcome.device, outcome.end) {
+            (Some(d), WorkerEnd::Clean) => Ok(d),
+            (None, WorkerEnd::Clean) => Err("worker answered without describing the device".into()),
+            (_, end) => Err(WorkerOutcome {
+                end,
+                ..WorkerOutcome::new()
+            }
+            .trouble()
+            .unwrap_or_default()),
+        }
+    }
+
+    pub async fn duel(
+        &self,
+        device: u32,
+        request: DuelRequest,
+        timeout: Duration,
+    ) -> WorkerOutcome {
+        self.once(device, &WorkerRequest::Duel(request), timeout)
+            .await
+    }
+
+    /// The GPU's roofs, measured by a worker of its own.
+    pub async fn roofs(
+        &self,
+        device: u32,
+        dtypes: &[Dtype],
+        timeout: Duration,
+    ) -> Result<Vec<RoofMeasured>, String> {
+        let outcome = self
+            .once(
+                device,
+                &WorkerRequest::Roofs {
+                    dtypes: dtypes.to_vec(),
+                },
+                timeout,
+            )
+            .await;
+        match outcome.trouble() {
+            None => Ok(outcome.roofs),
+            Some(why) => Err(why),
+        }
+    }
+}
+
+/// The descriptor number replies arrive on, in the worker.
+const REPLY_FD: i32 = 3;
+
+fn reply_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // Close-on-exec on both ends: only the dup2 in the child's pre-exec hook hands one over.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 just returned these two open descriptors, owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn into_raw(fd: OwnedFd) -> i32 {
+    use std::os::fd::IntoRawFd;
+    fd.into_raw_fd()
+}
+
+/// Keep the last bytes of a worker's output stream: kernels may print, crashes explain themselves there.
+async fn keep_tail(
+    mut stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+    tail: Arc<Mutex<String>>,
+) {
+    let mut buf = vec![0u8; 8192];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let mut t = tail.lock().expect("not poisoned");
+        t.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if t.len() > OUTPUT_TAIL_BYTES {
+            let cut = t.len() - OUTPUT_TAIL_BYTES;
+            let cut = (cut..t.len())
+                .find(|&i| t.is_char_boundary(i))
+                .unwrap_or(t.len());
+            t.drain(..cut);
+        }
+    }
+}
+
+impl Session {
+    /// Send one request and collect its replies until `Done`; anything else ends the session.
+    pub async fn request(&mut self, request: &WorkerRequest, timeout: Duration) -> WorkerOutcome {
+        let mut outcome = WorkerOutcome::new();
+        if !self.alive {
+            outcome.end = WorkerEnd::Crashed {
+                status: "not running".into(),
+                stderr_tail: "the session ended earlier".into(),
+            };
+            return outcome;
+        }
+        let mut line = serde_json::to_vec(request).expect("requests serialize");
+        line.push(b'\n');
+        let sent = match self.stdin.as_mut() {
+            Some(stdin) => stdin.write_all(&line).await.and(stdin.flush().await),
+            None => Err(std::io::Error::other("stdin closed")),
+        };
+        let read = async {
+            if sent.is_err() {
+                return None;
+            }
+            while let Some(line) = self.replies.recv().await {
+                let Ok(line) = line else { return None };
+                if line.trim().is_empty() {
+                    continue;
+                }
                 match serde_json::from_str::<WorkerMessage>(&line) {
                     Ok(WorkerMessage::Device(d)) => outcome.device = Some(d),
                     Ok(WorkerMessage::Case(c)) => outcome.cases.push(*c),
                     Ok(WorkerMessage::Duel(d)) => outcome.duels.push(*d),
-                    Ok(WorkerMessage::Fatal { message }) => fatal = Some(message),
-                    Ok(WorkerMessage::Done) => done = true,
-                    // Kernels and drivers may print; only protocol lines count.
-                    Err(_) => {}
+                    Ok(WorkerMessage::Roofs { roofs }) => outcome.roofs = roofs,
+                    Ok(WorkerMessage::Fatal { message }) => return Some(WorkerEnd::Fatal(message)),
+                    Ok(WorkerMessage::Done) => return Some(WorkerEnd::Clean),
+                    Err(_) => return Some(WorkerEnd::Garbled { line }),
                 }
             }
-            child.wait().await
+            None
         };
-        let waited = tokio::time::timeout(timeout, read_all).await;
-        match waited {
-            // The group guard kills the worker and anything it started.
-            Err(_) => {
-                outcome.end = WorkerEnd::TimedOut {
-                    seconds: timeout.as_secs(),
+        let end = match tokio::time::timeout(timeout, read).await {
+            Err(_) => WorkerEnd::TimedOut {
+                seconds: timeout.as_secs(),
+            },
+            Ok(Some(end)) => end,
+            // The reply channel closed: the worker is gone; its exit status and output say how.
+            Ok(None) => {
+                let status =
+                    match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
+                        Ok(Ok(s)) => s.to_string(),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => "reply channel closed".into(),
+                    };
+                // Let the output readers catch the last words.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let tail = self.output.lock().expect("not poisoned").clone();
+                WorkerEnd::Crashed {
+                    status,
+                    stderr_tail: crate::build::log_tail(&tail, 20),
                 }
             }
-            Ok(status) => {
-                let status = status
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|e| e.to_string());
-                outcome.end = if let Some(m) = fatal {
-                    WorkerEnd::Fatal(m)
-                } else if done {
-                    WorkerEnd::Clean
-                } else {
-                    let stderr_tail = stderr_task.await.unwrap_or_default();
-                    WorkerEnd::Crashed {
-                        status,
-                        stderr_tail: crate::build::log_tail(&stderr_tail, 20),
-                    }
-                };
-            }
+        };
+        if end != WorkerEnd::Clean {
+            self.alive = false;
+            let _ = self.child.start_kill();
         }
-        tracing::info!(?pid, end = ?outcome.end, cases = outcome.cases.len(), "worker finished");
+        tracing::info!(end = ?end, cases = outcome.cases.len(), "worker request finished");
+        outcome.end = end;
         outcome
     }
 }

@@ -32,6 +32,7 @@ impl Ceilings {
                 dtype,
                 value,
                 unit,
+                ..
             } = &e.record
             {
                 let m = Measured {

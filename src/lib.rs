@@ -21,11 +21,13 @@ pub mod progress;
 pub mod protocol;
 pub mod ptxas;
 pub mod report;
+pub mod roofs;
 pub mod runlog;
 pub mod scheduler;
 pub mod search;
 pub mod space;
 pub mod step;
+pub mod trial;
 pub mod vcs;
 pub mod worker;
 

@@ -145,6 +145,7 @@ pub fn classify(kernel: &KernelProfile, rules: &[crate::config::BottleneckRule])
 /// Profile one worker request under ncu: `ncu ... -o report flashtune worker`, then import the raw page.
 pub async fn profile(
     policy: &ProfilePolicy,
+    device: u32,
     request_json: &[u8],
     report_base: &Path,
     launches: u32,
@@ -171,6 +172,8 @@ pub async fn profile(
         .arg(report_base)
         .arg(&exe)
         .arg("worker")
+        .arg("--device")
+        .arg(device.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -183,6 +186,8 @@ pub async fn profile(
         if let Some(mut stdin) = child.stdin.take() {
             use tokio::io::AsyncWriteExt;
             stdin.write_all(request_json).await?;
+            // One request per line: the newline ends it, closing stdin ends the worker.
+            stdin.write_all(b"\n").await?;
         }
         let out = child.wait_with_output().await?;
         Ok::<_, anyhow::Error>(format!(

@@ -1,24 +1,30 @@
-//! The worker protocol: one JSON request on stdin, JSON lines back on stdout (one per finished case, so a crash loses only the case in flight).
+//! The worker protocol: JSON requests on the worker's stdin, one JSON reply per line on a pipe of its own (fd 3), so nothing a kernel prints can pass for a reply.
 use crate::config::{Dtype, Shape, Tolerance};
 use crate::space::LaunchShape;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The environment variable that tells a worker which file descriptor carries its replies.
+/// Unset (a worker run by hand, or under ncu), replies go to stdout.
+pub const REPLY_FD_ENV: &str = "FLASHTUNE_REPLY_FD";
+
+/// A worker serves one GPU for its whole life; requests arrive one per line, in order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]
 pub enum WorkerRequest {
     /// Describe the GPU and run a known-good kernel on it.
-    Probe { device: u32 },
-    /// Check and time every case of one variant.
+    Probe,
+    /// Check, time and verify every case of one variant.
     Run(RunRequest),
-    /// Re-time a champion and a challenger interleaved, after checking both on fresh inputs.
+    /// Time a champion and a challenger interleaved, each checked and verified as `Run` does.
     Duel(DuelRequest),
+    /// Measure the GPU's roofs: device copy and read-only bandwidth, dense matmul per dtype.
+    Roofs { dtypes: Vec<Dtype> },
 }
 
 /// Per pair (one shape and dtype): both kernels loaded in one process, on the same inputs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DuelRequest {
-    pub device: u32,
     pub measure: MeasureSpec,
     /// Samples per side, taken alternately: champion, challenger, champion, ...
     pub rounds: usize,
@@ -31,23 +37,38 @@ pub struct DuelPair {
     pub challenger: CaseSpec,
 }
 
-/// One pair's answer. Samples are empty when either side failed its check or CUDA failed.
+/// One side of a duel: its checks and its samples (empty when a check failed or CUDA did).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DuelSide {
+    pub check: Option<CheckStats>,
+    /// The checks after timing: outputs of the timed launches, fresh inputs, large magnitudes.
+    #[serde(default)]
+    pub stages: Vec<StageCheck>,
+    /// Per-launch microseconds, in the order taken (sample i belongs to round i).
+    #[serde(with = "tagged_f64::vec")]
+    pub samples_us: Vec<f64>,
+}
+
+impl DuelSide {
+    /// Why this side may not be judged on its timing, if it may not.
+    pub fn failure(&self) -> Option<String> {
+        failure_of(self.check.as_ref(), &self.stages)
+    }
+}
+
+/// One pair's answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DuelResult {
     pub shape: String,
     pub dtype: Dtype,
-    pub champion_check: Option<CheckStats>,
-    pub challenger_check: Option<CheckStats>,
-    /// Per-launch microseconds, in the order taken (sample i of each side belongs to round i).
-    pub champion_us: Vec<f64>,
-    pub challenger_us: Vec<f64>,
+    pub champion: DuelSide,
+    pub challenger: DuelSide,
     pub launches_per_sample: u32,
     pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRequest {
-    pub device: u32,
     pub measure: MeasureSpec,
     pub cases: Vec<CaseSpec>,
 }
@@ -55,6 +76,7 @@ pub struct RunRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MeasureSpec {
     pub warmup_ms: f64,
+    /// Timed graph replays; 0 runs the check only (what a profiler needs to see).
     pub samples: usize,
     pub min_sample_us: f64,
 }
@@ -64,10 +86,13 @@ pub struct MeasureSpec {
 pub struct CaseSpec {
     pub shape: Shape,
     pub dtype: Dtype,
+    /// Seed of the input sets of this (shape, dtype): one per run, shared by every variant, so the
+    /// reference is computed once per set and every variant is judged on the same inputs.
     pub seed: u64,
     pub tolerance: Tolerance,
-    /// Also check the fp32 reference kernel against a CPU f64 oracle.
-    pub cpu_oracle: bool,
+    /// Shapes up to this many multiply-adds check the fp32 reference against the CPU f64 oracle on
+    /// every row of the first set; larger ones (and the other sets) on sampled rows.
+    pub cpu_oracle_max_macs: f64,
     pub forward: ForwardKernel,
     pub reference: ReferenceKernel,
 }
@@ -78,7 +103,7 @@ pub struct ForwardKernel {
     pub entry: String,
     pub combine_entry: String,
     pub launch: LaunchShape,
-    /// The -D definitions the cubin was built with (the fake worker reads FAULT from them).
+    /// The -D definitions the cubin was built with (the fake worker reads FAULT and CHEAT from them).
     pub defines: Vec<(String, String)>,
 }
 
@@ -94,10 +119,14 @@ pub enum WorkerMessage {
     Device(DeviceInfo),
     Case(Box<CaseResult>),
     Duel(Box<DuelResult>),
-    /// The worker cannot go on (no GPU, a sticky CUDA error); remaining cases were not run.
+    Roofs {
+        roofs: Vec<RoofMeasured>,
+    },
+    /// The worker cannot go on (no GPU, a sticky CUDA error); it exits after this.
     Fatal {
         message: String,
     },
+    /// The request is answered in full; the worker waits for the next one.
     Done,
 }
 
@@ -116,39 +145,165 @@ pub struct DeviceInfo {
     /// GPUs the driver shows this process (the default set for `--gpus`).
     #[serde(default)]
     pub visible_devices: u32,
+    /// Bytes of L2: input sets rotate through more than twice this, so timing never runs from L2.
+    #[serde(default)]
+    pub l2_bytes: u64,
     /// True for the test double: nothing it reports was measured.
     #[serde(default)]
     pub fake: bool,
+}
+
+/// One roof of the GPU, measured by the worker; `error` instead of a value when it could not be.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RoofMeasured {
+    /// `matmul` (TFLOP/s, per dtype), `copy` or `read` (GB/s).
+    pub name: String,
+    pub dtype: Option<Dtype>,
+    pub value: Option<f64>,
+    pub unit: String,
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CaseResult {
     pub shape: String,
     pub dtype: Dtype,
+    /// The first check: set 0, twice (the second run must match the first bit for bit).
     pub check: Option<CheckStats>,
+    /// The checks after timing, in the order run.
+    #[serde(default)]
+    pub stages: Vec<StageCheck>,
     pub timing: Option<TimingStats>,
     pub function: Option<FunctionAttributes>,
     /// The KV split actually launched (the worker resolves `auto` per shape).
     pub kv_splits: u32,
     /// A CUDA error or a launch that could not be made.
     pub error: Option<String>,
+    /// Where the worker's time went on this case.
+    #[serde(default)]
+    pub costs: CaseCosts,
 }
 
-/// How the forward kernel's output compares with the reference on one fresh input set.
+impl CaseResult {
+    pub fn empty(shape: &str, dtype: Dtype, kv_splits: u32) -> Self {
+        CaseResult {
+            shape: shape.to_owned(),
+            dtype,
+            check: None,
+            stages: Vec::new(),
+            timing: None,
+            function: None,
+            kv_splits,
+            error: None,
+            costs: CaseCosts::default(),
+        }
+    }
+
+    /// Why the case failed, naming the stage that caught it; `None` when every check passed.
+    pub fn failure(&self) -> Option<String> {
+        if let Some(e) = &self.error {
+            return Some(format!("CUDA error: {e}"));
+        }
+        failure_of(self.check.as_ref(), &self.stages)
+    }
+}
+
+fn failure_of(check: Option<&CheckStats>, stages: &[StageCheck]) -> Option<String> {
+    match check {
+        None => return Some("the worker returned no check".into()),
+        Some(c) if !c.passed() => return Some(c.failures.join("; ")),
+        Some(_) => {}
+    }
+    stages.iter().find(|s| !s.stats.passed()).map(|s| {
+        format!(
+            "{}: {}",
+            s.stage.verdict(&s.detail),
+            s.stats.failures.join("; ")
+        )
+    })
+}
+
+/// Seconds of worker time on one case, by what it was spent on.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CaseCosts {
+    /// Drawing input sets and computing (and checking) their references, when this case needed new ones.
+    pub inputs_s: f64,
+    pub check_s: f64,
+    /// GPU time inside timed replays, warm-up included.
+    pub replays_s: f64,
+    /// Everything else around timing: capture, poisoning, reading back and verifying outputs.
+    pub timing_overhead_s: f64,
+    /// Fresh-input and large-magnitude checks after timing.
+    pub recheck_s: f64,
+}
+
+/// A check after the first one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The outputs of the timed launches themselves, read back after a replay.
+    Timed,
+    /// A set the module never saw, written into the buffers it was timed on, after timing.
+    Fresh,
+    /// Inputs scaled so that scores pass ±88: a missing max-subtraction overflows.
+    Stress,
+}
+
+impl Stage {
+    /// The verdict a failure at this stage gets, as logged.
+    pub fn verdict(self, detail: &str) -> String {
+        match self {
+            Stage::Timed => {
+                format!("output of the timed launches differs from the checked launch ({detail})")
+            }
+            Stage::Fresh => {
+                format!("wrong on fresh inputs after timing, in the same loaded module ({detail})")
+            }
+            Stage::Stress => format!("wrong on large-magnitude inputs ({detail})"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StageCheck {
+    pub stage: Stage,
+    /// Which launch, replay or set this is, in words.
+    pub detail: String,
+    pub stats: CheckStats,
+}
+
+/// How the forward kernel's output compares with the reference on one input set.
+/// Every figure is NaN-safe: a NaN anywhere makes it NaN, and a NaN fails the check.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct CheckStats {
     pub elements: u64,
+    #[serde(with = "tagged_f64")]
     pub max_abs: f64,
+    #[serde(with = "tagged_f64")]
     pub rel_l2: f64,
+    #[serde(with = "tagged_f64")]
     pub lse_max_abs: f64,
+    /// The largest per-row relative L2 error (|o_i - ref_i| / |ref_i| over one query row).
+    #[serde(default, with = "tagged_f64")]
+    pub row_rel_l2_max: f64,
+    /// Flattened index (b, h, query) of that row.
+    #[serde(default)]
+    pub worst_row: u64,
     /// NaN or infinite outputs that were written by the kernel.
     pub nan_count: u64,
     /// Outputs still holding the poison pattern: never written.
     pub unwritten_count: u64,
     /// Elements whose bits differ between two runs on the same inputs: a race.
     pub nondeterministic_count: u64,
-    /// fp32 reference kernel against the CPU f64 oracle, where the shape is small enough.
+    /// fp32 reference kernel against the CPU f64 oracle (relative L2 over the rows checked).
+    #[serde(default, with = "tagged_f64::option")]
     pub reference_vs_cpu_rel_l2: Option<f64>,
+    /// The reference's LSE against the oracle's, largest absolute difference.
+    #[serde(default, with = "tagged_f64::option")]
+    pub reference_vs_cpu_lse: Option<f64>,
+    /// Rows of the reference the oracle recomputed (all of them on small shapes).
+    #[serde(default)]
+    pub reference_rows_checked: Option<u64>,
     pub failures: Vec<String>,
 }
 
@@ -161,11 +316,16 @@ impl CheckStats {
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct TimingStats {
     /// Per-launch time of every sample, in microseconds.
+    #[serde(with = "tagged_f64::vec")]
     pub samples_us: Vec<f64>,
     pub launches_per_sample: u32,
+    #[serde(with = "tagged_f64")]
     pub median_us: f64,
+    #[serde(with = "tagged_f64")]
     pub p10_us: f64,
+    #[serde(with = "tagged_f64")]
     pub p90_us: f64,
+    #[serde(with = "tagged_f64")]
     pub tflops: f64,
 }
 
@@ -175,4 +335,123 @@ pub struct FunctionAttributes {
     pub registers: i32,
     pub local_bytes: i32,
     pub max_active_ctas_per_sm: u32,
+}
+
+/// f64 fields that survive JSON when they are not finite: NaN and infinities are written as the
+/// strings "NaN", "inf" and "-inf" (JSON has no such numbers; serde_json would write `null`, which
+/// then no longer reads back as a number). `null` reads as NaN, for logs written before.
+pub mod tagged_f64 {
+    use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+        Null(()),
+    }
+
+    fn to_repr(x: f64) -> Repr {
+        if x.is_finite() {
+            Repr::Number(x)
+        } else if x.is_nan() {
+            Repr::Text("NaN".into())
+        } else if x > 0.0 {
+            Repr::Text("inf".into())
+        } else {
+            Repr::Text("-inf".into())
+        }
+    }
+
+    fn from_repr<E: de::Error>(r: Repr) -> Result<f64, E> {
+        match r {
+            Repr::Number(x) => Ok(x),
+            Repr::Null(()) => Ok(f64::NAN),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(E::custom(format!("`{other}` is not a number"))),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        to_repr(*x).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        from_repr(Repr::deserialize(d)?)
+    }
+
+    pub mod option {
+        use super::*;
+        pub fn serialize<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+            x.map(to_repr).serialize(s)
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+            // An absent or null optional stays None: only a tagged string means a non-finite value.
+            match Option::<Repr>::deserialize(d)? {
+                None | Some(Repr::Null(())) => Ok(None),
+                Some(r) => from_repr(r).map(Some),
+            }
+        }
+    }
+
+    pub mod vec {
+        use super::*;
+        pub fn serialize<S: Serializer>(xs: &[f64], s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(xs.iter().map(|&x| to_repr(x)))
+        }
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+            Vec::<Repr>::deserialize(d)?
+                .into_iter()
+                .map(from_repr)
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn non_finite_figures_round_trip_through_json() {
+        let stats = CheckStats {
+            max_abs: f64::NAN,
+            rel_l2: f64::INFINITY,
+            lse_max_abs: f64::NEG_INFINITY,
+            reference_vs_cpu_rel_l2: Some(f64::NAN),
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&stats).unwrap();
+        assert!(
+            json.contains("\"NaN\"") && json.contains("\"inf\""),
+            "{json}"
+        );
+        let back: CheckStats = serde_json::from_str(&json).unwrap();
+        assert!(back.max_abs.is_nan());
+        assert_eq!(back.rel_l2, f64::INFINITY);
+        assert_eq!(back.lse_max_abs, f64::NEG_INFINITY);
+        assert!(back.reference_vs_cpu_rel_l2.unwrap().is_nan());
+        let timing = TimingStats {
+            samples_us: vec![1.0, f64::NAN],
+            ..Default::default()
+        };
+        let back: TimingStats =
+            serde_json::from_str(&serde_json::to_string(&timing).unwrap()).unwrap();
+        assert!(back.samples_us[1].is_nan());
+    }
+
+    #[test]
+    fn old_logs_with_null_figures_still_read() {
+        let back: CheckStats = serde_json::from_str(
+            r#"{"elements":1,"max_abs":null,"rel_l2":0.0,"lse_max_abs":0.0,"nan_count":0,
+                "unwritten_count":0,"nondeterministic_count":0,"reference_vs_cpu_rel_l2":null,"failures":[]}"#,
+        )
+        .unwrap();
+        assert!(back.max_abs.is_nan());
+        assert_eq!(back.reference_vs_cpu_rel_l2, None);
+    }
 }

@@ -32,6 +32,10 @@ pub struct Header {
     /// How the measured points were chosen (logs before strategies existed walked the whole space).
     #[serde(default)]
     pub strategy: crate::search::Strategy,
+    /// Seed of this run's input sets: new every run, so no kernel meets inputs it saw before;
+    /// `resume` keeps it, so a resumed run judges on the same inputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_seed: Option<u64>,
 }
 
 /// One line of the log. `t` is seconds since the run started.
@@ -121,6 +125,13 @@ pub enum Record {
         /// The split launched; differs from the variant's KV_SPLIT when that is `auto`.
         kv_splits: u32,
         timing: TimingStats,
+        /// The checks after timing that this figure stands on: the timed launches' own outputs, fresh
+        /// inputs in the same module, large magnitudes.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        verified: Vec<crate::protocol::StageCheck>,
+        /// Where the worker's time on this case went.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        costs: Option<crate::protocol::CaseCosts>,
     },
     /// Nsight Compute on a champion (or near-champion): metrics per launch and the bottleneck named.
     Profiled {
@@ -229,11 +240,21 @@ pub enum Record {
     },
     /// A roof of the GPU measured beside the reference library: dense matmul TFLOP/s per dtype, copy GB/s.
     CeilingMeasured {
-        /// `matmul` or `copy`.
+        /// `matmul` (per dtype), `copy` or `read`.
         name: String,
         dtype: Option<Dtype>,
         value: f64,
         unit: String,
+        /// Who measured it: `worker` (flashtune's own kernels and cuBLAS, before any variant) or
+        /// `pytorch` (the baseline adapter). Logs before the worker measured roofs have none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
+    },
+    /// A roof the worker could not measure: figures are not gated against it, and the report says so.
+    RoofUnavailable {
+        name: String,
+        dtype: Option<Dtype>,
+        reason: String,
     },
     /// `flashtune step --proposer`: the command that edits kernels/ before a step ended.
     ProposerRan {

@@ -1,9 +1,9 @@
 //! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined.
 use crate::build::{self, BuildFailure, BuildOutput, BuildSpec};
 use crate::config::Dtype;
-use crate::engine::{case_seed, Events, Project, REFERENCE};
+use crate::engine::{input_seed, Events, Project, REFERENCE};
 use crate::error::{Error, Result};
-use crate::executor::{Executor, WorkerEnd, WorkerOutcome};
+use crate::executor::{Executor, Session, WorkerEnd, WorkerOutcome};
 use crate::protocol::*;
 use crate::runlog::Record;
 use crate::space::PlannedPoint;
@@ -75,6 +75,10 @@ pub struct Scheduler<'a> {
     pub budget: &'a Budget,
     /// Variants a resumed run already finished.
     pub done: &'a BTreeSet<String>,
+    /// The run's input seed: every variant of the run is judged on the same input sets.
+    pub run_seed: u64,
+    /// The roofs figures are held to; a case beyond one is `implausible`, never `timed`.
+    pub roofs: &'a crate::roofs::Roofs,
 }
 
 impl Scheduler<'_> {
@@ -150,8 +154,18 @@ impl Scheduler<'_> {
                             .collect();
                         events.emit(Record::BudgetReached {
                             reason: reason.clone(),
-                            variants_not_measured: not_measured,
+                            variants_not_measured: not_measured.clone(),
                         })?;
+                        for variant in &not_measured {
+                            for (shape, dtype) in self.case_names(planned, variant) {
+                                events.emit(Record::CaseSkipped {
+                                    variant: variant.clone(),
+                                    shape,
+                                    dtype,
+                                    reason: format!("not measured: {reason}"),
+                                })?;
+                            }
+                        }
                         totals.budget_stop = Some(reason.clone());
                         stopping = Some(reason);
                         build_tasks.abort_all();
@@ -159,7 +173,7 @@ impl Scheduler<'_> {
                     }
                     let variant = ready.remove(0);
                     dispatched += 1;
-                    let cases = cases_for(project, planned, &cubins, &variant);
+                    let cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
                     if cases.is_empty() {
                         finished.insert(variant.clone());
                         events.emit(Record::VariantDone {
@@ -185,8 +199,14 @@ impl Scheduler<'_> {
                 Some((key, result)) = build_rx.recv(), if building => {
                     builds_left -= 1;
                     let (variant, dtype, head_dim) = key.clone();
-                    if let Some(cubin) = record_build(project, events, key, result)? {
-                        cubins.insert((variant.clone(), dtype, head_dim), cubin);
+                    match record_build(project, events, key, result)? {
+                        Ok(cubin) => {
+                            cubins.insert((variant.clone(), dtype, head_dim), cubin);
+                        }
+                        Err(reason) if variant != REFERENCE => {
+                            self.skip_unit(events, &variant, dtype, head_dim, &reason)?;
+                        }
+                        Err(_) => {}
                     }
                     if variant == REFERENCE {
                         references_left -= 1;
@@ -249,6 +269,109 @@ impl Scheduler<'_> {
         })
     }
 
+    /// Log one answered case under its one terminal record; true when it was measured.
+    fn record_case(
+        &self,
+        events: &mut Events,
+        variant: &str,
+        case: &CaseResult,
+        specs: &[CaseSpec],
+    ) -> Result<bool> {
+        let (shape, dtype) = (case.shape.clone(), case.dtype);
+        let failure = case.failure().or_else(|| {
+            case.timing
+                .is_none()
+                .then(|| "the worker returned no timing for a case that passed".to_owned())
+        });
+        if let Some(reason) = failure {
+            // Wrong answers are final: never retried.
+            events.emit(Record::CheckFailed {
+                variant: variant.to_owned(),
+                shape,
+                dtype,
+                check: case.check.clone(),
+                reason,
+            })?;
+            return Ok(false);
+        }
+        let (Some(check), Some(timing)) = (case.check.clone(), case.timing.clone()) else {
+            unreachable!("a case without a check or a timing failed above");
+        };
+        events.emit(Record::Checked {
+            variant: variant.to_owned(),
+            shape: shape.clone(),
+            dtype,
+            check,
+            function: case.function.clone(),
+        })?;
+        let spec = specs
+            .iter()
+            .find(|s| s.shape.name == shape && s.dtype == dtype)
+            .ok_or_else(|| {
+                Error::Other(anyhow::anyhow!(
+                    "the worker answered for {shape}/{dtype}, which {variant} was not asked"
+                ))
+            })?;
+        let margin = self.project.policies.gates.plausibility_margin;
+        if let Some(reason) = self.roofs.beyond(&spec.shape, dtype, &timing, margin) {
+            events.emit(Record::Implausible {
+                variant: variant.to_owned(),
+                shape,
+                dtype,
+                kv_splits: case.kv_splits,
+                timing,
+                reason,
+            })?;
+            return Ok(false);
+        }
+        events.emit(Record::Timed {
+            variant: variant.to_owned(),
+            shape,
+            dtype,
+            kv_splits: case.kv_splits,
+            timing,
+            verified: case.stages.clone(),
+            costs: Some(case.costs.clone()),
+        })?;
+        Ok(true)
+    }
+
+    /// The (shape, dtype) cases a planned variant has.
+    fn case_names(&self, planned: &[PlannedPoint], variant: &str) -> Vec<(String, Dtype)> {
+        let mut names = Vec::new();
+        for shape in &self.project.shapes {
+            let valid = planned
+                .iter()
+                .any(|p| p.variant.id == variant && p.head_dim == shape.d && p.invalid.is_none());
+            if valid {
+                for &dtype in &self.project.policies.dtypes {
+                    names.push((shape.name.clone(), dtype));
+                }
+            }
+        }
+        names
+    }
+
+    /// Every case a failed or gated build leaves without a kernel.
+    fn skip_unit(
+        &self,
+        events: &mut Events,
+        variant: &str,
+        dtype: Dtype,
+        head_dim: u32,
+        reason: &str,
+    ) -> Result<()> {
+        for shape in self.project.shapes.iter().filter(|s| s.d == head_dim) {
+            events.emit(Record::CaseSkipped {
+                variant: variant.to_owned(),
+                shape: shape.name.clone(),
+                dtype,
+                reason: reason.to_owned(),
+            })?;
+        }
+        Ok(())
+    }
+
     fn budget_reached(&self, dispatched: usize, started: Instant) -> Option<String> {
         if let Some(max) = self.budget.max_variants {
             if dispatched >= max {
@@ -289,51 +412,29 @@ impl Scheduler<'_> {
         })?;
         let mut measured = 0;
         for case in &outcome.cases {
-            let (shape, dtype) = (case.shape.clone(), case.dtype);
-            let failure = match (&case.error, &case.check) {
-                (Some(err), _) => Some(format!("CUDA error: {err}")),
-                (None, Some(check)) if !check.passed() => Some(check.failures.join("; ")),
-                (None, Some(_)) => None,
-                (None, None) => Some("worker returned no check".into()),
-            };
-            if let Some(reason) = failure {
-                // Wrong answers are final: never retried.
+            if self.record_case(events, &variant, case, &job.cases)? {
+                totals.measured += 1;
+                measured += 1;
+            } else {
+                totals.failed += 1;
+            }
+        }
+        // A garbled reply is a failure of the case in flight, logged with the line; never retried.
+        let mut answered = outcome.cases.len();
+        if let WorkerEnd::Garbled { line } = &outcome.end {
+            if let Some(case) = job.cases.get(answered) {
                 totals.failed += 1;
                 events.emit(Record::CheckFailed {
                     variant: variant.clone(),
-                    shape,
-                    dtype,
-                    check: case.check.clone(),
-                    reason,
+                    shape: case.shape.name.clone(),
+                    dtype: case.dtype,
+                    check: None,
+                    reason: crate::executor::garbled_reason(line),
                 })?;
-                continue;
-            }
-            let check = case.check.clone().expect("a passed case has a check");
-            events.emit(Record::Checked {
-                variant: variant.clone(),
-                shape: shape.clone(),
-                dtype,
-                check,
-                function: case.function.clone(),
-            })?;
-            if let Some(timing) = &case.timing {
-                totals.measured += 1;
-                measured += 1;
-                events.emit(Record::Timed {
-                    variant: variant.clone(),
-                    shape,
-                    dtype,
-                    kv_splits: case.kv_splits,
-                    timing: timing.clone(),
-                })?;
+                answered += 1;
             }
         }
-        let remaining: Vec<CaseSpec> = job
-            .cases
-            .iter()
-            .skip(outcome.cases.len())
-            .cloned()
-            .collect();
+        let remaining: Vec<CaseSpec> = job.cases.iter().skip(answered).cloned().collect();
         let not_run: Vec<String> = remaining
             .iter()
             .map(|c| format!("{}/{}", c.shape.name, c.dtype))
@@ -356,6 +457,15 @@ impl Scheduler<'_> {
                 (format!("worker timed out after {seconds} s"), false)
             }
             WorkerEnd::Fatal(detail) => {
+                events.emit(Record::WorkerCrashed {
+                    variant: variant.clone(),
+                    detail: detail.clone(),
+                    cases_not_run: not_run.clone(),
+                })?;
+                (detail, false)
+            }
+            WorkerEnd::Garbled { line } => {
+                let detail = crate::executor::garbled_reason(&line);
                 events.emit(Record::WorkerCrashed {
                     variant: variant.clone(),
                     detail: detail.clone(),
@@ -404,11 +514,20 @@ impl Scheduler<'_> {
             }));
         }
         totals.failed += remaining.len();
+        let reason = format!("failed twice: {detail}");
         events.emit(Record::Quarantined {
             variant: variant.clone(),
-            reason: format!("failed twice: {detail}"),
+            reason: reason.clone(),
             cases_not_run: not_run,
         })?;
+        for case in &remaining {
+            events.emit(Record::CaseSkipped {
+                variant: variant.clone(),
+                shape: case.shape.name.clone(),
+                dtype: case.dtype,
+                reason: format!("quarantined: {reason}"),
+            })?;
+        }
         events.emit(Record::VariantDone {
             variant,
             measured_cases: measured,
@@ -454,7 +573,9 @@ pub fn spawn_builds_with(
     (tasks, rx)
 }
 
-/// Take jobs from the shared queue and run them on one GPU, health-checking after any worker failure.
+/// Take jobs from the shared queue and run them on one GPU in one worker session; a session that
+/// ends badly is dropped (its process group killed), the GPU health-checked, and the next job gets a
+/// fresh worker.
 async fn gpu_loop(
     executor: Executor,
     device: u32,
@@ -463,20 +584,39 @@ async fn gpu_loop(
     jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
     results: mpsc::UnboundedSender<JobResult>,
 ) {
+    let mut session: Option<Session> = None;
     loop {
         let job = { jobs.lock().await.recv().await };
         let Some(job) = job else { return };
-        let request = RunRequest {
-            device,
+        let request = WorkerRequest::Run(RunRequest {
             measure: measure.clone(),
             cases: job.cases.clone(),
-        };
+        });
         let started = Instant::now();
-        let outcome = executor.run(request, timeout).await;
+        let outcome = match session.as_mut().filter(|s| s.alive) {
+            Some(s) => s.request(&request, timeout).await,
+            None => match executor.start(device) {
+                Ok(mut s) => {
+                    let outcome = s.request(&request, timeout).await;
+                    session = Some(s);
+                    outcome
+                }
+                Err(end) => WorkerOutcome {
+                    device: None,
+                    cases: Vec::new(),
+                    duels: Vec::new(),
+                    roofs: Vec::new(),
+                    end,
+                },
+            },
+        };
         let seconds = started.elapsed().as_secs_f64();
         let unhealthy = match outcome.end {
             WorkerEnd::Clean => None,
-            _ => executor.probe(device).await.err(),
+            _ => {
+                session = None;
+                executor.probe(device).await.err()
+            }
         };
         let stop = unhealthy.is_some();
         if results
@@ -496,13 +636,13 @@ async fn gpu_loop(
     }
 }
 
-/// Log a build (and its gate); the cubin when it may run.
+/// Log a build (and its gate); the cubin when it may run, else why not.
 fn record_build(
     project: &Project,
     events: &mut Events,
     (variant, dtype, head_dim): UnitKey,
     result: std::result::Result<BuildOutput, BuildFailure>,
-) -> Result<Option<PathBuf>> {
+) -> Result<std::result::Result<PathBuf, String>> {
     match result {
         Ok(out) => {
             let gate = project.gate(&out);
@@ -513,22 +653,23 @@ fn record_build(
                         variant,
                         dtype,
                         head_dim,
-                        reason,
+                        reason: reason.clone(),
                     })?;
-                    Ok(None)
+                    Ok(Err(format!("rejected by the gates: {reason}")))
                 }
-                None => Ok(Some(out.cubin)),
+                None => Ok(Ok(out.cubin)),
             }
         }
         Err(failure) => {
+            let reason = failure.to_string();
             events.emit(Record::BuildFailed {
                 variant,
                 dtype,
                 head_dim,
-                reason: failure.to_string(),
+                reason: reason.clone(),
                 log_tail: build::log_tail(failure.log(), 30),
             })?;
-            Ok(None)
+            Ok(Err(format!("build failed: {reason}")))
         }
     }
 }
@@ -538,6 +679,7 @@ fn cases_for(
     planned: &[PlannedPoint],
     cubins: &BTreeMap<UnitKey, PathBuf>,
     variant_id: &str,
+    run_seed: u64,
 ) -> Vec<CaseSpec> {
     let family = &project.space.family;
     let policy = &project.policies.measure;
@@ -558,9 +700,9 @@ fn cases_for(
             cases.push(CaseSpec {
                 shape: shape.clone(),
                 dtype,
-                seed: case_seed(policy.seed, variant_id, shape, dtype),
+                seed: input_seed(run_seed, shape, dtype),
                 tolerance: project.policies.tolerance_for(dtype),
-                cpu_oracle: shape.macs() <= policy.cpu_reference_max_macs,
+                cpu_oracle_max_macs: policy.cpu_reference_max_macs,
                 forward: ForwardKernel {
                     cubin: forward.clone(),
                     entry: family.forward_entry.clone(),

@@ -383,7 +383,6 @@ impl Guided<'_> {
             let measure = &project.policies.measure;
             let rounds = project.policies.step.rounds;
             let request = crate::protocol::DuelRequest {
-                device: self.device.ordinal,
                 measure: crate::protocol::MeasureSpec {
                     warmup_ms: measure.warmup_ms,
                     samples: rounds,
@@ -393,13 +392,19 @@ impl Guided<'_> {
                 pairs,
             };
             let timeout = std::time::Duration::from_secs(project.timeouts.worker_s * 2);
-            let outcome = self.opts.executor.duel(request, timeout).await;
+            let outcome = self
+                .opts
+                .executor
+                .duel(self.device.ordinal, request, timeout)
+                .await;
             for (i, (shape, dtype, champion, challenger)) in names.into_iter().enumerate() {
                 let judged = crate::step::judge_pair(
                     outcome.duels.get(i),
-                    &outcome.end,
+                    &outcome,
                     policy.min_gain,
-                    shape.flops(),
+                    &shape,
+                    &self.opts.run.roofs,
+                    project.policies.gates.plausibility_margin,
                 );
                 events.emit(Record::SearchDuel {
                     round,

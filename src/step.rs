@@ -10,7 +10,7 @@ use crate::config::{Dtype, ProjectPaths, Shape};
 use crate::decide::{self, Duel, Verdict};
 use crate::engine::{self, Events, Project, REFERENCE};
 use crate::error::{Error, Result};
-use crate::executor::{Executor, WorkerEnd};
+use crate::executor::Executor;
 use crate::protocol::*;
 use crate::runlog::{Record, RunLog};
 use crate::scheduler::UnitKey;
@@ -71,13 +71,15 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
     let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake())?;
     let run_id = engine::new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
-    let session = Session {
+    let mut session = Session {
         project: &project,
         root: &root,
         device: &device,
         opts: &opts,
         run_dir: &run_dir,
         run_id: &run_id,
+        seed: 0,
+        roofs: crate::roofs::Roofs::default(),
     };
     // A champion that cannot be found is a usage error, reported before any run folder exists.
     let repo =
@@ -89,9 +91,12 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
     let mut events = Events::new(log, Vec::new());
     // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
     let strategy = crate::search::Strategy::default();
-    events.emit(Record::Header(Box::new(engine::header(
-        &project, &device, &run_id, &strategy,
-    ))))?;
+    let mut head = engine::header(&project, &device, &run_id, &strategy);
+    session.seed = engine::fresh_run_seed(project.policies.measure.seed, &run_id);
+    head.run_seed = Some(session.seed);
+    events.emit(Record::Header(Box::new(head)))?;
+    session.roofs =
+        engine::measure_roofs(&project, opts.device, &opts.executor, &mut events, None).await?;
     let started = Instant::now();
     let mut last: Option<Decided> = None;
     let mut report = String::new();
@@ -221,6 +226,10 @@ struct Session<'a> {
     opts: &'a StepOptions,
     run_dir: &'a Path,
     run_id: &'a str,
+    /// The step run's input seed; each step draws its own sets from it.
+    seed: u64,
+    /// Roofs measured at the start of the step run: an edit whose figure passes one is rejected.
+    roofs: crate::roofs::Roofs,
 }
 
 /// HEAD's champion for one (shape, dtype), built from HEAD's sources.
@@ -616,13 +625,13 @@ impl Session<'_> {
         }
         let family = &project.space.family;
         let policy = &project.policies.measure;
-        // The reference is one cubin for both sides: the CPU oracle checks it once, with the edit.
-        let case = |p: &Pairing, cubin: &Path, seed: u64, cpu_oracle: bool| CaseSpec {
+        // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
+        let case = |p: &Pairing, cubin: &Path, seed: u64| CaseSpec {
             shape: p.shape.clone(),
             dtype: p.dtype,
             seed,
             tolerance: project.policies.tolerance_for(p.dtype),
-            cpu_oracle: cpu_oracle && p.shape.macs() <= policy.cpu_reference_max_macs,
+            cpu_oracle_max_macs: policy.cpu_reference_max_macs,
             forward: ForwardKernel {
                 cubin: cubin.to_path_buf(),
                 entry: family.forward_entry.clone(),
@@ -642,21 +651,19 @@ impl Session<'_> {
         for p in pairings {
             let id = &p.point.variant.id;
             // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
-            let seed = engine::case_seed(
-                policy.seed,
-                &format!("{}/{n}/{id}", self.run_id),
+            let seed = engine::input_seed(
+                self.seed ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 &p.shape,
                 p.dtype,
             );
             seeds.push(seed);
             let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
             pairs.push(DuelPair {
-                champion: case(p, &head_cubins[&key("head")], seed, false),
-                challenger: case(p, &edit_cubins[&key("edit")], seed, true),
+                champion: case(p, &head_cubins[&key("head")], seed),
+                challenger: case(p, &edit_cubins[&key("edit")], seed),
             });
         }
         let request = DuelRequest {
-            device: self.opts.device,
             measure: MeasureSpec {
                 warmup_ms: policy.warmup_ms,
                 samples: project.policies.step.rounds,
@@ -666,13 +673,24 @@ impl Session<'_> {
             pairs,
         };
         let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
-        let outcome = self.opts.executor.duel(request, timeout).await;
+        let outcome = self
+            .opts
+            .executor
+            .duel(self.opts.device, request, timeout)
+            .await;
         let threshold = project.policies.step.threshold;
         let mut verdicts = Vec::new();
         let mut failure: Option<String> = None;
         for (i, p) in pairings.iter().enumerate() {
             let result = outcome.duels.get(i);
-            let judged = judge_pair(result, &outcome.end, threshold, p.shape.flops());
+            let judged = judge_pair(
+                result,
+                &outcome,
+                threshold,
+                &p.shape,
+                &self.roofs,
+                project.policies.gates.plausibility_margin,
+            );
             if let Some(v) = &judged.verdict {
                 verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
             }
@@ -761,60 +779,57 @@ pub(crate) struct PairOutcome {
     pub failure: Option<String>,
 }
 
+/// One duel judged: both sides must pass every check, the challenger's figure must be plausible,
+/// and only then does the interleaved timing decide.
 pub(crate) fn judge_pair(
     result: Option<&DuelResult>,
-    end: &WorkerEnd,
+    outcome: &crate::executor::WorkerOutcome,
     threshold: f64,
-    flops: f64,
+    shape: &Shape,
+    roofs: &crate::roofs::Roofs,
+    margin: f64,
 ) -> PairOutcome {
     let Some(r) = result else {
-        let why = match end {
-            WorkerEnd::Clean => "the worker did not answer for this case".to_owned(),
-            WorkerEnd::Fatal(m) => format!("worker: {m}"),
-            WorkerEnd::Crashed {
-                status,
-                stderr_tail,
-            } => format!("worker crashed ({status}): {stderr_tail}"),
-            WorkerEnd::TimedOut { seconds } => format!("worker timed out after {seconds} s"),
-        };
+        let why = outcome
+            .trouble()
+            .unwrap_or_else(|| "the worker did not answer for this case".to_owned());
         return PairOutcome {
             failure: Some(why),
             ..Default::default()
         };
     };
-    let failed = |c: &Option<CheckStats>| match c {
-        Some(c) if !c.passed() => Some(c.failures.join("; ")),
-        _ => None,
-    };
+    let stats =
+        |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, shape.flops());
     let failure = if let Some(e) = &r.error {
         Some(format!("CUDA: {e}"))
-    } else if let Some(why) = failed(&r.challenger_check) {
-        Some(format!("the edit computes wrong answers: {why}"))
-    } else if let Some(why) = failed(&r.champion_check) {
+    } else if let Some(why) = r.challenger.failure() {
+        Some(format!("the edit fails its checks: {why}"))
+    } else if let Some(why) = r.champion.failure() {
         Some(format!(
             "HEAD's champion failed its check on these inputs: {why}"
         ))
-    } else if r.champion_us.is_empty() || r.challenger_us.is_empty() {
+    } else if r.champion.samples_us.is_empty() || r.challenger.samples_us.is_empty() {
         Some("no samples came back".into())
     } else {
-        None
+        roofs
+            .beyond(shape, r.dtype, &stats(&r.challenger.samples_us), margin)
+            .map(|why| format!("the edit's figure is implausible: {why}"))
     };
     if failure.is_some() {
         return PairOutcome {
-            challenger_check: r.challenger_check.clone(),
+            challenger_check: r.challenger.check.clone(),
             failure,
             ..Default::default()
         };
     }
     let duel = Duel {
-        champion_us: r.champion_us.clone(),
-        challenger_us: r.challenger_us.clone(),
+        champion_us: r.champion.samples_us.clone(),
+        challenger_us: r.challenger.samples_us.clone(),
     };
-    let stats = |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, flops);
     PairOutcome {
-        champion: Some(stats(&r.champion_us)),
-        challenger: Some(stats(&r.challenger_us)),
-        challenger_check: r.challenger_check.clone(),
+        champion: Some(stats(&r.champion.samples_us)),
+        challenger: Some(stats(&r.challenger.samples_us)),
+        challenger_check: r.challenger.check.clone(),
         verdict: Some(decide::judge(&duel, threshold)),
         failure: None,
     }

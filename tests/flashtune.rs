@@ -140,10 +140,8 @@ mod ncu_fixtures {
 
     #[test]
     fn mixed_stdout_is_skipped_and_split_kv_has_two_kernels() {
-        let k = parse_raw_csv(&fixture(
-            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
-        ))
-        .unwrap();
+        let k =
+            parse_raw_csv(&fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
         assert_eq!(k.len(), 3);
         assert!(k[0].kernel.starts_with("void flash_fwd_splitkv_kernel"));
         assert!(k[1]
@@ -169,18 +167,14 @@ mod ncu_fixtures {
         let out = fixture("ncu/no_kernels_profiled.txt");
         assert!(no_kernels_profiled(&out));
         assert!(parse_raw_csv(&out).is_err());
-        assert!(!no_kernels_profiled(&fixture(
-            "ncu/profile_run_stdout.txt"
-        )));
+        assert!(!no_kernels_profiled(&fixture("ncu/profile_run_stdout.txt")));
     }
 
     #[test]
     fn classifier_names_the_bottleneck_from_real_numbers() {
         // PyTorch's split-KV flash kernel at the seed shape: 0.48 waves.
-        let flash = parse_raw_csv(&fixture(
-            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
-        ))
-        .unwrap();
+        let flash =
+            parse_raw_csv(&fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
         let named = classify(&flash[0], &rules());
         assert_eq!(
             named.first().map(String::as_str),

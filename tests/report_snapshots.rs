@@ -134,6 +134,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
             dtype,
             value,
             unit: unit.into(),
+            source: None,
         },
     };
     let n = log.entries.len();

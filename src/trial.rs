@@ -1,0 +1,1021 @@
+//! One case's trial on a device (a GPU, or the CPU test double): a check, timed replays whose outputs are read back and verified, a re-check on fresh inputs in the same loaded module, and large-magnitude inputs; the duel runs two kernels through the same trial, interleaved.
+//!
+//! Why each step exists (assume the kernel under test is trying to fool us):
+//! - every timed launch reads an input set of its own and writes outputs of its own, so nothing a
+//!   launch computed can stand in for another's;
+//! - before every replay the outputs are poisoned and every V is negated (O = -O exactly, LSE
+//!   unchanged), so no launch sees inputs an earlier replay saw and skipped work leaves poison;
+//! - the outputs of a replay chosen at random (the kernel cannot know which) and of the last one are
+//!   read back and compared with the reference of each launch's set;
+//! - after timing, a set the module never saw is written into the buffers it was timed on (a result
+//!   cached per pointer is then stale), and a set with scores beyond ±88 is checked (a missing
+//!   max-subtraction overflows);
+//! - every input set is checksummed after each case: a kernel that writes outside its outputs is
+//!   caught and the sets are drawn again.
+//!
+//! Input sets are drawn once per (shape, dtype, seed) and shared by every variant a worker runs: the
+//! fp32 reference of each set is computed once, and checked against the CPU f64 oracle once.
+use crate::check;
+use crate::config::{Dtype, Shape};
+use crate::protocol::*;
+use crate::space::LaunchShape;
+use anyhow::{anyhow, bail, Result};
+use rand::Rng;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// A device buffer, by handle; the device owns the memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Buf(pub usize);
+
+/// A loaded kernel (forward with its combine, or the reference), by handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KernelId(pub usize);
+
+/// A captured sequence of launches, by handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphId(pub usize);
+
+/// What one forward launch reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct Io {
+    pub q: Buf,
+    pub k: Buf,
+    pub v: Buf,
+    pub o: Buf,
+    pub lse: Buf,
+    /// Split-KV partials, when the launch splits.
+    pub o_accum: Option<Buf>,
+    pub lse_accum: Option<Buf>,
+}
+
+/// What a trial needs from a device. The GPU worker implements it with CUDA; the test double with
+/// host memory and kernel models, so CI runs the very same trial on real arrays.
+pub trait Device {
+    fn info(&self) -> &DeviceInfo;
+    /// 16-bit elements (inputs, O).
+    fn alloc16(&mut self, len: usize) -> Result<Buf>;
+    /// 32-bit float elements (LSE, partials, reference outputs).
+    fn alloc32(&mut self, len: usize) -> Result<Buf>;
+    fn free(&mut self, buf: Buf);
+    /// N(0, sigma²) values rounded to `dtype`: a pure function of (seed, tensor, element index).
+    fn generate(
+        &mut self,
+        buf: Buf,
+        dtype: Dtype,
+        seed: u64,
+        tensor: u64,
+        sigma: f32,
+    ) -> Result<()>;
+    fn poison(&mut self, buf: Buf) -> Result<()>;
+    /// Flip the sign bit of every 16-bit element: negates f16 and bf16 alike, exactly.
+    fn negate(&mut self, buf: Buf) -> Result<()>;
+    fn copy(&mut self, src: Buf, dst: Buf) -> Result<()>;
+    /// Changes when any word of the buffer changes.
+    fn checksum(&mut self, buf: Buf) -> Result<u64>;
+    fn read16(&mut self, buf: Buf) -> Result<Vec<u16>>;
+    fn read32(&mut self, buf: Buf) -> Result<Vec<f32>>;
+    fn load_forward(&mut self, kernel: &ForwardKernel) -> Result<KernelId>;
+    fn load_reference(&mut self, kernel: &ReferenceKernel) -> Result<KernelId>;
+    fn unload(&mut self, kernel: KernelId);
+    /// CTAs of the forward kernel that fit on one SM at this launch shape.
+    fn occupancy(&mut self, kernel: KernelId, launch: &LaunchShape) -> Result<u32>;
+    fn attributes(&mut self, kernel: KernelId) -> Result<Option<FunctionAttributes>>;
+    /// The fp32 reference: O and LSE as f32, for the set in `io` (its `o`/`lse` are 32-bit buffers).
+    fn reference(&mut self, kernel: KernelId, shape: &Shape, dtype: Dtype, io: &Io) -> Result<()>;
+    /// One forward launch, and its combine when the launch splits.
+    fn forward(
+        &mut self,
+        kernel: KernelId,
+        shape: &Shape,
+        launch: &LaunchShape,
+        io: &Io,
+    ) -> Result<()>;
+    /// One forward launch (and combine) timed with device events, in microseconds.
+    fn time_forward(
+        &mut self,
+        kernel: KernelId,
+        shape: &Shape,
+        launch: &LaunchShape,
+        io: &Io,
+    ) -> Result<f64>;
+    /// The launches of `ios`, in order, captured for replay.
+    fn capture(
+        &mut self,
+        kernel: KernelId,
+        shape: &Shape,
+        launch: &LaunchShape,
+        ios: &[Io],
+    ) -> Result<GraphId>;
+    /// One replay timed with device events, in microseconds.
+    fn replay(&mut self, graph: GraphId) -> Result<f64>;
+    fn drop_graph(&mut self, graph: GraphId);
+    fn roofs(&mut self, dtypes: &[Dtype]) -> Vec<RoofMeasured>;
+    /// A known-good kernel still computes the right answer.
+    fn health_check(&mut self) -> Result<()>;
+    /// Most launches one timed replay may hold.
+    fn launch_cap(&self) -> u32 {
+        MAX_LAUNCHES
+    }
+}
+
+/// Scale of Q and K in the stress set: scores (q·k/√d) then have a standard deviation of
+/// STRESS_SIGMA² = 36, so even a 128×128 shape has scores past 88.7, where exp overflows without
+/// max-subtraction.
+pub const STRESS_SIGMA: f32 = 6.0;
+/// Launches per timed replay, at least (every replay then covers two input sets) and at most.
+pub const MIN_LAUNCHES: u32 = 2;
+pub const MAX_LAUNCHES: u32 = 1000;
+/// Rows per (batch, head) the oracle recomputes on sets it does not check in full.
+const SAMPLED_ROWS_PER_HEAD: usize = 2;
+
+/// Tensor ids: set n draws Q, K, V from 3n, 3n + 1, 3n + 2; the held-out and stress sets far beyond.
+const HELD_OUT_SET: u64 = 1 << 20;
+const STRESS_SET: u64 = (1 << 20) + 1;
+
+/// One set of inputs on the device, with its fp32 reference kept on the host (no kernel can reach it).
+pub struct InputSet {
+    pub q: Buf,
+    pub k: Buf,
+    pub v: Buf,
+    index: u64,
+    sigma: f32,
+    pub ref_o: Vec<f32>,
+    pub ref_lse: Vec<f32>,
+    /// The reference against the oracle: (rows recomputed, rel L2 of O, largest LSE gap).
+    pub ref_check: (u64, f64, f64),
+    checksum: u64,
+}
+
+impl InputSet {
+    fn buffers(&self) -> [Buf; 3] {
+        [self.q, self.k, self.v]
+    }
+    /// Scores grow with the square of the input scale; so do the LSE's rounding errors.
+    fn score_scale(&self) -> f64 {
+        (self.sigma as f64).powi(2)
+    }
+}
+
+#[derive(Clone, PartialEq)]
+struct PoolKey {
+    shape: Shape,
+    dtype: Dtype,
+    seed: u64,
+    reference: PathBuf,
+}
+
+/// The input sets of one (shape, dtype, seed): timed sets grow on demand, plus a held-out and a stress set.
+pub struct Pool {
+    key: PoolKey,
+    reference: KernelId,
+    sets: Vec<InputSet>,
+    held_out: InputSet,
+    stress: InputSet,
+    last_used: u64,
+}
+
+impl Pool {
+    fn set_bytes(shape: &Shape) -> u64 {
+        2 * (q_elements(shape) + 2 * kv_elements(shape)) as u64
+    }
+    fn bytes(&self) -> u64 {
+        (self.sets.len() as u64 + 2) * Self::set_bytes(&self.key.shape)
+    }
+    fn all_sets(&self) -> impl Iterator<Item = &InputSet> {
+        self.sets.iter().chain([&self.held_out, &self.stress])
+    }
+}
+
+fn q_elements(s: &Shape) -> usize {
+    s.b as usize * s.h as usize * s.sq as usize * s.d as usize
+}
+fn kv_elements(s: &Shape) -> usize {
+    s.b as usize * s.h as usize * s.sk as usize * s.d as usize
+}
+fn rows(s: &Shape) -> usize {
+    s.b as usize * s.h as usize * s.sq as usize
+}
+
+/// Every pool a worker holds, evicted least recently used first beyond `cap_bytes` of device memory.
+pub struct Pools {
+    pools: Vec<Pool>,
+    pub cap_bytes: u64,
+    clock: u64,
+}
+
+impl Pools {
+    pub fn new(cap_bytes: u64) -> Self {
+        Pools {
+            pools: Vec::new(),
+            cap_bytes,
+            clock: 0,
+        }
+    }
+
+    /// The pool of this case's (shape, dtype, seed), drawn now if new. Returns its index.
+    fn get<D: Device>(&mut self, dev: &mut D, case: &CaseSpec) -> Result<usize> {
+        let key = PoolKey {
+            shape: case.shape.clone(),
+            dtype: case.dtype,
+            seed: case.seed,
+            reference: case.reference.cubin.clone(),
+        };
+        self.clock += 1;
+        if let Some(i) = self.pools.iter().position(|p| p.key == key) {
+            self.pools[i].last_used = self.clock;
+            return Ok(i);
+        }
+        self.make_room(dev, Pool::set_bytes(&key.shape) * (MIN_LAUNCHES as u64 + 2));
+        let reference = dev.load_reference(&case.reference)?;
+        let mut draw = |index: u64, sigma: f32| {
+            draw_set(dev, reference, &key, index, sigma, case.cpu_oracle_max_macs)
+        };
+        let held_out = draw(HELD_OUT_SET, 1.0)?;
+        let stress = draw(STRESS_SET, STRESS_SIGMA)?;
+        self.pools.push(Pool {
+            key,
+            reference,
+            sets: Vec::new(),
+            held_out,
+            stress,
+            last_used: self.clock,
+        });
+        Ok(self.pools.len() - 1)
+    }
+
+    /// Free least recently used pools until `more` bytes fit under the cap (the newest pool stays).
+    fn make_room<D: Device>(&mut self, dev: &mut D, more: u64) {
+        while self.pools.len() > 1
+            && self.pools.iter().map(Pool::bytes).sum::<u64>() + more > self.cap_bytes
+        {
+            let oldest = (0..self.pools.len())
+                .min_by_key(|&i| self.pools[i].last_used)
+                .expect("non-empty");
+            let pool = self.pools.remove(oldest);
+            release(dev, pool);
+        }
+    }
+
+    /// Make sure the pool holds `n` timed sets; fewer when the cap does not allow more (at least one).
+    fn ensure_sets<D: Device>(
+        &mut self,
+        dev: &mut D,
+        index: usize,
+        n: usize,
+        cpu_oracle_max_macs: f64,
+    ) -> Result<usize> {
+        let set_bytes = Pool::set_bytes(&self.pools[index].key.shape);
+        let others: u64 = self
+            .pools
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != index)
+            .map(|(_, p)| p.bytes())
+            .sum();
+        let affordable = (self.cap_bytes.saturating_sub(others) / set_bytes).saturating_sub(2);
+        let n = n.min(affordable.max(1) as usize);
+        let pool = &mut self.pools[index];
+        while pool.sets.len() < n {
+            let set = draw_set(
+                dev,
+                pool.reference,
+                &pool.key,
+                pool.sets.len() as u64,
+                1.0,
+                cpu_oracle_max_macs,
+            )?;
+            pool.sets.push(set);
+        }
+        Ok(n)
+    }
+
+    /// Drop a pool whose inputs can no longer be trusted (a kernel wrote into them).
+    fn discard<D: Device>(&mut self, dev: &mut D, index: usize) {
+        let pool = self.pools.remove(index);
+        release(dev, pool);
+    }
+}
+
+fn release<D: Device>(dev: &mut D, pool: Pool) {
+    for set in pool.all_sets() {
+        set.buffers().into_iter().for_each(|b| dev.free(b));
+    }
+    dev.unload(pool.reference);
+}
+
+/// Draw one input set, compute its reference, and check the reference against the CPU oracle:
+/// every row of set 0 on shapes up to `cpu_oracle_max_macs`, sampled rows otherwise.
+fn draw_set<D: Device>(
+    dev: &mut D,
+    reference: KernelId,
+    key: &PoolKey,
+    index: u64,
+    sigma: f32,
+    cpu_oracle_max_macs: f64,
+) -> Result<InputSet> {
+    let shape = &key.shape;
+    let (qn, kvn, rows_n, d) = (
+        q_elements(shape),
+        kv_elements(shape),
+        rows(shape),
+        shape.d as usize,
+    );
+    let q = dev.alloc16(qn)?;
+    let k = dev.alloc16(kvn)?;
+    let v = dev.alloc16(kvn)?;
+    for (t, buf) in [q, k, v].into_iter().enumerate() {
+        dev.generate(
+            buf,
+            key.dtype,
+            key.seed,
+            3 * index + t as u64,
+            tensor_sigma(t, sigma),
+        )?;
+    }
+    let (o32, lse32) = (dev.alloc32(qn)?, dev.alloc32(rows_n)?);
+    dev.poison(o32)?;
+    dev.poison(lse32)?;
+    let io = Io {
+        q,
+        k,
+        v,
+        o: o32,
+        lse: lse32,
+        o_accum: None,
+        lse_accum: None,
+    };
+    let computed = dev.reference(reference, shape, key.dtype, &io);
+    let (ref_o, ref_lse) = (dev.read32(o32), dev.read32(lse32));
+    dev.free(o32);
+    dev.free(lse32);
+    computed?;
+    let (ref_o, ref_lse) = (ref_o?, ref_lse?);
+    let full = index == 0 && shape.macs() <= cpu_oracle_max_macs;
+    let oracle_rows: Vec<usize> = if full {
+        (0..rows_n).collect()
+    } else {
+        check::sample_rows(shape, SAMPLED_ROWS_PER_HEAD, key.seed ^ index)
+    };
+    let [qv, kv, vv] = [q, k, v].map(|b| dev.read16(b).map(|bits| check::values(key.dtype, &bits)));
+    let (oracle_o, oracle_lse) = check::oracle_rows(shape, &qv?, &kv?, &vv?, &oracle_rows);
+    let (rel, lse_gap) =
+        check::reference_vs_oracle(&ref_o, &ref_lse, &oracle_rows, &oracle_o, &oracle_lse, d);
+    let checksum = set_checksum(dev, [q, k, v])?;
+    Ok(InputSet {
+        q,
+        k,
+        v,
+        index,
+        sigma,
+        ref_o,
+        ref_lse,
+        ref_check: (oracle_rows.len() as u64, rel, lse_gap),
+        checksum,
+    })
+}
+
+/// The scale of tensor `t` (0 Q, 1 K, 2 V) in a set of scale `sigma`: only the scores grow; V stays
+/// N(0, 1), so O keeps its usual magnitude and the usual tolerances apply to it.
+fn tensor_sigma(t: usize, sigma: f32) -> f32 {
+    if t < 2 {
+        sigma
+    } else {
+        1.0
+    }
+}
+
+fn set_checksum<D: Device>(dev: &mut D, bufs: [Buf; 3]) -> Result<u64> {
+    let mut sum = 0u64;
+    for (i, b) in bufs.into_iter().enumerate() {
+        sum ^= dev.checksum(b)?.rotate_left(21 * i as u32);
+    }
+    Ok(sum)
+}
+
+/// FlashAttention-2's split heuristic: split only when the grid fills less than ~80% of one wave,
+/// then take the fewest splits whose wave efficiency is within 85% of the best.
+pub fn auto_kv_splits(ctas: u32, slots: u32, kv_blocks: u32) -> u32 {
+    if ctas as f64 >= 0.8 * slots as f64 {
+        return 1;
+    }
+    let max_splits = 128.min(slots).min(kv_blocks).max(1);
+    let efficiency = |splits: u32| {
+        let waves = (ctas * splits) as f64 / slots as f64;
+        waves / waves.ceil()
+    };
+    // A split count that leaves the per-split block count unchanged only adds combine work.
+    let useful =
+        |splits: u32| splits == 1 || kv_blocks.div_ceil(splits) != kv_blocks.div_ceil(splits - 1);
+    let best = (1..=max_splits)
+        .filter(|&s| useful(s))
+        .map(efficiency)
+        .fold(0.0, f64::max);
+    (1..=max_splits)
+        .find(|&s| useful(s) && efficiency(s) >= 0.85 * best)
+        .unwrap_or(1)
+}
+
+/// A forward kernel loaded for one case, with its launch resolved and its check buffers.
+struct Contender {
+    kernel: KernelId,
+    launch: LaunchShape,
+    /// Outputs of the two check runs; the first is reused by the later checks.
+    outs: [Io; 2],
+}
+
+/// Output buffers (and split partials) for one launch; the inputs are filled in per launch.
+fn alloc_outputs<D: Device>(dev: &mut D, shape: &Shape, launch: &LaunchShape) -> Result<Io> {
+    let splits = launch.kv_splits as usize;
+    let (qn, rows_n) = (q_elements(shape), rows(shape));
+    let placeholder = Buf(usize::MAX);
+    Ok(Io {
+        q: placeholder,
+        k: placeholder,
+        v: placeholder,
+        o: dev.alloc16(qn)?,
+        lse: dev.alloc32(rows_n)?,
+        o_accum: if splits > 1 {
+            Some(dev.alloc32(splits * qn)?)
+        } else {
+            None
+        },
+        lse_accum: if splits > 1 {
+            Some(dev.alloc32(splits * rows_n)?)
+        } else {
+            None
+        },
+    })
+}
+
+fn free_outputs<D: Device>(dev: &mut D, io: &Io) {
+    dev.free(io.o);
+    dev.free(io.lse);
+    io.o_accum
+        .into_iter()
+        .chain(io.lse_accum)
+        .for_each(|b| dev.free(b));
+}
+
+fn poison_outputs<D: Device>(dev: &mut D, io: &Io) -> Result<()> {
+    dev.poison(io.o)?;
+    dev.poison(io.lse)?;
+    for b in io.o_accum.into_iter().chain(io.lse_accum) {
+        dev.poison(b)?;
+    }
+    Ok(())
+}
+
+fn with_inputs(io: &Io, set: &InputSet) -> Io {
+    Io {
+        q: set.q,
+        k: set.k,
+        v: set.v,
+        ..*io
+    }
+}
+
+/// Compare the outputs in `io` with `set`'s reference (negated when V is), and judge them.
+fn judge_outputs<D: Device>(
+    dev: &mut D,
+    io: &Io,
+    set: &InputSet,
+    sign: f32,
+    case: &CaseSpec,
+) -> Result<CheckStats> {
+    let (o, lse) = (dev.read16(io.o)?, dev.read32(io.lse)?);
+    Ok(judged(&o, &lse, set, sign, case))
+}
+
+fn judged(o: &[u16], lse: &[f32], set: &InputSet, sign: f32, case: &CaseSpec) -> CheckStats {
+    let mut stats = check::compare(
+        case.dtype,
+        case.shape.d as usize,
+        o,
+        lse,
+        &set.ref_o,
+        &set.ref_lse,
+        sign,
+    );
+    let (rows, rel, lse_gap) = set.ref_check;
+    stats.reference_rows_checked = Some(rows);
+    stats.reference_vs_cpu_rel_l2 = Some(rel);
+    stats.reference_vs_cpu_lse = Some(lse_gap);
+    check::judge(&mut stats, &case.tolerance, set.score_scale());
+    stats
+}
+
+/// Load the kernel, resolve `auto` splits, and run the first check: set 0 twice, bit for bit the same.
+fn enter<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    pool: usize,
+    case: &CaseSpec,
+    result: &mut CaseResult,
+) -> Result<Contender> {
+    pools.ensure_sets(dev, pool, 1, case.cpu_oracle_max_macs)?;
+    let kernel = dev.load_forward(&case.forward)?;
+    let shape = &case.shape;
+    let mut launch = case.forward.launch.clone();
+    if launch.kv_splits == 0 {
+        let ctas_per_sm = dev.occupancy(kernel, &launch)?;
+        let ctas = shape.sq.div_ceil(launch.rows_per_cta) * shape.b * shape.h;
+        launch.kv_splits = auto_kv_splits(
+            ctas,
+            dev.info().sm_count * ctas_per_sm.max(1),
+            shape.sk.div_ceil(launch.kv_rows_per_block),
+        );
+    }
+    result.kv_splits = launch.kv_splits;
+    result.function = dev.attributes(kernel)?;
+    let outs = [
+        alloc_outputs(dev, shape, &launch)?,
+        alloc_outputs(dev, shape, &launch)?,
+    ];
+    let set0 = &pools.pools[pool].sets[0];
+    let mut runs = Vec::new();
+    for out in &outs {
+        poison_outputs(dev, out)?;
+        dev.forward(kernel, shape, &launch, &with_inputs(out, set0))?;
+    }
+    for out in &outs {
+        runs.push((dev.read16(out.o)?, dev.read32(out.lse)?));
+    }
+    let mut stats = judged(&runs[0].0, &runs[0].1, set0, 1.0, case);
+    stats.nondeterministic_count =
+        check::differing_bits((&runs[0].0, &runs[0].1), (&runs[1].0, &runs[1].1));
+    check::judge(&mut stats, &case.tolerance, set0.score_scale());
+    result.check = Some(stats);
+    Ok(Contender {
+        kernel,
+        launch,
+        outs,
+    })
+}
+
+fn leave<D: Device>(dev: &mut D, c: Contender) {
+    c.outs.iter().for_each(|io| free_outputs(dev, io));
+    dev.unload(c.kernel);
+}
+
+/// Replays of every contender, interleaved (A B A B ...), each over the same `launches` sets with
+/// outputs of its own; returns per contender the per-launch samples and the timed-output check.
+fn time_interleaved<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    pool: usize,
+    case: &CaseSpec,
+    contenders: &[&Contender],
+    samples: usize,
+    measure: &MeasureSpec,
+    costs: &mut CaseCosts,
+) -> Result<(u32, Vec<(Vec<f64>, StageCheck)>)> {
+    let shape = &case.shape;
+    let started = Instant::now();
+    let first = contenders[0];
+    let probe = with_inputs(&first.outs[0], &pools.pools[pool].sets[0]);
+    let single_us = dev
+        .time_forward(first.kernel, shape, &first.launch, &probe)?
+        .max(0.5);
+    // The same launch count on every side: each sample covers the same work.
+    let wanted = ((measure.min_sample_us / single_us).ceil() as u32)
+        .clamp(MIN_LAUNCHES, dev.launch_cap().max(MIN_LAUNCHES));
+    let inputs_started = Instant::now();
+    let launches = pools.ensure_sets(dev, pool, wanted as usize, case.cpu_oracle_max_macs)?;
+    costs.inputs_s += inputs_started.elapsed().as_secs_f64();
+    let mut sides = Vec::new();
+    for c in contenders {
+        let mut outs = Vec::with_capacity(launches);
+        for _ in 0..launches {
+            outs.push(alloc_outputs(dev, shape, &c.launch)?);
+        }
+        let ios: Vec<Io> = outs
+            .iter()
+            .zip(&pools.pools[pool].sets)
+            .map(|(o, set)| with_inputs(o, set))
+            .collect();
+        let graph = dev.capture(c.kernel, shape, &c.launch, &ios)?;
+        sides.push((graph, ios));
+    }
+    let mut replays_us = 0.0;
+    for (graph, _) in &sides {
+        let mut warm_us = 0.0;
+        while warm_us < measure.warmup_ms * 1000.0 {
+            warm_us += dev.replay(*graph)?;
+        }
+        replays_us += warm_us;
+    }
+    // Which replays are read back: one the kernel cannot predict, and the last.
+    let random_round = rand::rng().random_range(0..samples.max(1));
+    let mut negated = false;
+    let mut out: Vec<(Vec<f64>, Option<StageCheck>, CheckStats)> = contenders
+        .iter()
+        .map(|_| (Vec::new(), None, CheckStats::default()))
+        .collect();
+    for round in 0..samples {
+        for (side, (graph, ios)) in sides.iter().enumerate() {
+            for set in &pools.pools[pool].sets[..launches] {
+                dev.negate(set.v)?;
+            }
+            negated = !negated;
+            for io in ios {
+                poison_outputs(dev, io)?;
+            }
+            let us = dev.replay(*graph)?;
+            replays_us += us;
+            out[side].0.push(us / launches as f64);
+            if (round == random_round || round + 1 == samples) && out[side].1.is_none() {
+                let sign = if negated { -1.0 } else { 1.0 };
+                for (i, io) in ios.iter().enumerate() {
+                    let set = &pools.pools[pool].sets[i];
+                    let stats = judge_outputs(dev, io, set, sign, case)?;
+                    let detail = format!(
+                        "replay {} of {samples}, launch {} of {launches}, input set {i}",
+                        round + 1,
+                        i + 1
+                    );
+                    if !stats.passed() {
+                        out[side].1 = Some(StageCheck {
+                            stage: Stage::Timed,
+                            detail,
+                            stats,
+                        });
+                        break;
+                    }
+                    if stats
+                        .row_rel_l2_max
+                        .total_cmp(&out[side].2.row_rel_l2_max)
+                        .is_gt()
+                        || out[side].2.elements == 0
+                    {
+                        out[side].2 = stats;
+                    }
+                }
+            }
+        }
+    }
+    if negated {
+        for set in &pools.pools[pool].sets[..launches] {
+            dev.negate(set.v)?;
+        }
+    }
+    for (graph, ios) in sides {
+        dev.drop_graph(graph);
+        ios.iter().for_each(|io| free_outputs(dev, io));
+    }
+    costs.replays_s += replays_us / 1e6;
+    costs.timing_overhead_s += (started.elapsed().as_secs_f64() - replays_us / 1e6).max(0.0);
+    let result = out
+        .into_iter()
+        .map(|(samples_us, failed, worst)| {
+            let replays = if random_round + 1 == samples {
+                format!("replay {samples} of {samples}")
+            } else {
+                format!("replays {} and {samples} of {samples}", random_round + 1)
+            };
+            let stage = failed.unwrap_or(StageCheck {
+                stage: Stage::Timed,
+                detail: format!("{replays}, all {launches} launches each; worst launch shown"),
+                stats: worst,
+            });
+            (samples_us, stage)
+        })
+        .collect();
+    Ok((launches as u32, result))
+}
+
+/// After timing, in the same module: a set it never saw written into the buffers it was timed on,
+/// then the large-magnitude set. Set 0 is drawn again afterwards, as it was.
+fn recheck<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    pool: usize,
+    case: &CaseSpec,
+    c: &Contender,
+) -> Result<Vec<StageCheck>> {
+    let shape = &case.shape;
+    let p = &pools.pools[pool];
+    let (set0, held_out, stress) = (&p.sets[0], &p.held_out, &p.stress);
+    for (from, to) in held_out.buffers().into_iter().zip(set0.buffers()) {
+        dev.copy(from, to)?;
+    }
+    let io = with_inputs(&c.outs[0], set0);
+    let fresh = (|| {
+        poison_outputs(dev, &io)?;
+        dev.forward(c.kernel, shape, &c.launch, &io)?;
+        judge_outputs(dev, &io, held_out, 1.0, case)
+    })();
+    // Set 0 as it was drawn, whatever the launch did: later variants are judged on it.
+    for (t, buf) in set0.buffers().into_iter().enumerate() {
+        let sigma = tensor_sigma(t, set0.sigma);
+        dev.generate(
+            buf,
+            p.key.dtype,
+            p.key.seed,
+            3 * set0.index + t as u64,
+            sigma,
+        )?;
+    }
+    let fresh = fresh?;
+    let io = with_inputs(&c.outs[0], stress);
+    poison_outputs(dev, &io)?;
+    dev.forward(c.kernel, shape, &c.launch, &io)?;
+    let stressed = judge_outputs(dev, &io, stress, 1.0, case)?;
+    Ok(vec![
+        StageCheck {
+            stage: Stage::Fresh,
+            detail: "a set it never saw, in the buffers it was timed on".into(),
+            stats: fresh,
+        },
+        StageCheck {
+            stage: Stage::Stress,
+            detail: format!(
+                "Q and K drawn from N(0, {:.0}²): scores with a standard deviation of {:.0}",
+                stress.sigma,
+                stress.sigma * stress.sigma
+            ),
+            stats: stressed,
+        },
+    ])
+}
+
+/// Every set of the pool as it was drawn? A kernel that wrote outside its outputs changes one.
+fn intact<D: Device>(dev: &mut D, pools: &Pools, pool: usize) -> Result<Option<String>> {
+    let p = &pools.pools[pool];
+    for set in p.all_sets() {
+        if set_checksum(dev, set.buffers())? != set.checksum {
+            return Ok(Some(format!(
+                "input set {} of {} changed during the case: the kernel wrote outside its outputs",
+                set.index, p.key.shape.name
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Check, time, verify and re-check one variant on one case.
+pub fn run_case<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    case: &CaseSpec,
+    measure: &MeasureSpec,
+) -> CaseResult {
+    let mut result = CaseResult::empty(&case.shape.name, case.dtype, case.forward.launch.kv_splits);
+    let mut pool_index = None;
+    let outcome = (|| -> Result<()> {
+        let started = Instant::now();
+        let pool = pools.get(dev, case)?;
+        pool_index = Some(pool);
+        result.costs.inputs_s += started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        let c = enter(dev, pools, pool, case, &mut result)?;
+        result.costs.check_s += started.elapsed().as_secs_f64();
+        let passed = result.check.as_ref().is_some_and(CheckStats::passed);
+        let outcome = (|| -> Result<()> {
+            if !passed || measure.samples == 0 {
+                return Ok(());
+            }
+            let mut costs = std::mem::take(&mut result.costs);
+            let (launches, mut sides) = time_interleaved(
+                dev,
+                pools,
+                pool,
+                case,
+                &[&c],
+                measure.samples,
+                measure,
+                &mut costs,
+            )?;
+            result.costs = costs;
+            let (samples_us, timed) = sides.remove(0);
+            let timed_ok = timed.stats.passed();
+            result.stages.push(timed);
+            if timed_ok {
+                let started = Instant::now();
+                result.stages.extend(recheck(dev, pools, pool, case, &c)?);
+                result.costs.recheck_s += started.elapsed().as_secs_f64();
+            }
+            if result.failure().is_none() {
+                result.timing = Some(check::summarize(samples_us, launches, case.shape.flops()));
+            }
+            Ok(())
+        })();
+        leave(dev, c);
+        outcome
+    })();
+    if let Err(e) = outcome {
+        result.error = Some(format!("{e:#}"));
+        result.timing = None;
+    }
+    if let Some(pool) = pool_index {
+        guard_inputs(dev, pools, pool, &mut result.error);
+    }
+    result
+}
+
+/// After a case: if the pool's inputs changed, blame the case and draw the inputs again next time.
+fn guard_inputs<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    pool: usize,
+    error: &mut Option<String>,
+) {
+    match intact(dev, pools, pool) {
+        Ok(None) => {}
+        Ok(Some(why)) => {
+            pools.discard(dev, pool);
+            error.get_or_insert(why);
+        }
+        Err(e) => {
+            error.get_or_insert(format!("checksum of the input sets: {e:#}"));
+        }
+    }
+}
+
+/// Both sides checked as `run_case` checks one, then timed interleaved over the same sets.
+pub fn duel<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    pair: &DuelPair,
+    measure: &MeasureSpec,
+    rounds: usize,
+) -> DuelResult {
+    let case = &pair.challenger;
+    let mut result = DuelResult {
+        shape: case.shape.name.clone(),
+        dtype: case.dtype,
+        champion: DuelSide::default(),
+        challenger: DuelSide::default(),
+        launches_per_sample: 0,
+        error: None,
+    };
+    let mut pool_index = None;
+    let outcome = (|| -> Result<()> {
+        if pair.champion.shape != case.shape || pair.champion.dtype != case.dtype {
+            bail!("a duel pairs two kernels on one shape and dtype");
+        }
+        let pool = pools.get(dev, case)?;
+        pool_index = Some(pool);
+        let mut scratch = CaseResult::empty(&case.shape.name, case.dtype, 0);
+        let challenger = enter(dev, pools, pool, case, &mut scratch)?;
+        result.challenger.check = scratch.check.take();
+        let champion = match enter(dev, pools, pool, &pair.champion, &mut scratch) {
+            Ok(c) => c,
+            Err(e) => {
+                leave(dev, challenger);
+                return Err(e);
+            }
+        };
+        result.champion.check = scratch.check.take();
+        let outcome = (|| -> Result<()> {
+            if result.challenger.failure().is_some() || result.champion.failure().is_some() {
+                return Ok(());
+            }
+            let mut costs = CaseCosts::default();
+            let (launches, sides) = time_interleaved(
+                dev,
+                pools,
+                pool,
+                case,
+                &[&champion, &challenger],
+                rounds,
+                measure,
+                &mut costs,
+            )?;
+            result.launches_per_sample = launches;
+            for ((samples_us, timed), (side, contender, spec)) in sides.into_iter().zip([
+                (&mut result.champion, &champion, &pair.champion),
+                (&mut result.challenger, &challenger, case),
+            ]) {
+                let ok = timed.stats.passed();
+                side.stages.push(timed);
+                if ok {
+                    side.stages
+                        .extend(recheck(dev, pools, pool, spec, contender)?);
+                }
+                if side.failure().is_none() {
+                    side.samples_us = samples_us;
+                }
+            }
+            Ok(())
+        })();
+        leave(dev, champion);
+        leave(dev, challenger);
+        outcome
+    })();
+    if let Err(e) = outcome {
+        result.error = Some(format!("{e:#}"));
+    }
+    if let Some(pool) = pool_index {
+        guard_inputs(dev, pools, pool, &mut result.error);
+    }
+    if result.error.is_some() {
+        result.champion.samples_us.clear();
+        result.challenger.samples_us.clear();
+    }
+    result
+}
+
+/// Serve requests, one JSON line each, until stdin closes; replies go to `reply`.
+pub fn serve<D: Device>(
+    mut dev: D,
+    requests: impl std::io::BufRead,
+    reply: &mut dyn FnMut(&WorkerMessage),
+    pool_cap_bytes: u64,
+) -> std::process::ExitCode {
+    let mut pools = Pools::new(pool_cap_bytes);
+    for line in requests.lines() {
+        let line = match line {
+            Ok(l) if l.trim().is_empty() => continue,
+            Ok(l) => l,
+            Err(e) => {
+                reply(&WorkerMessage::Fatal {
+                    message: format!("cannot read a request: {e}"),
+                });
+                return std::process::ExitCode::from(2);
+            }
+        };
+        let request: WorkerRequest = match serde_json::from_str(&line) {
+            Ok(r) => r,
+            Err(e) => {
+                reply(&WorkerMessage::Fatal {
+                    message: format!("bad request: {e}"),
+                });
+                return std::process::ExitCode::from(2);
+            }
+        };
+        reply(&WorkerMessage::Device(dev.info().clone()));
+        if let Err(fatal) = answer(&mut dev, &mut pools, request, reply) {
+            reply(&WorkerMessage::Fatal {
+                message: format!("{fatal:#}"),
+            });
+            return std::process::ExitCode::from(1);
+        }
+        reply(&WorkerMessage::Done);
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// One request; `Err` when the worker cannot go on (a sticky CUDA error the health check confirms).
+fn answer<D: Device>(
+    dev: &mut D,
+    pools: &mut Pools,
+    request: WorkerRequest,
+    reply: &mut dyn FnMut(&WorkerMessage),
+) -> Result<()> {
+    match request {
+        WorkerRequest::Probe => dev.health_check(),
+        WorkerRequest::Roofs { dtypes } => {
+            reply(&WorkerMessage::Roofs {
+                roofs: dev.roofs(&dtypes),
+            });
+            Ok(())
+        }
+        WorkerRequest::Run(req) => {
+            for case in &req.cases {
+                let result = run_case(dev, pools, case, &req.measure);
+                let failed_in_cuda = result.error.is_some();
+                reply(&WorkerMessage::Case(Box::new(result)));
+                if failed_in_cuda {
+                    // A sticky error (illegal address, trap) poisons the context: stop unless the GPU still computes.
+                    dev.health_check().map_err(|e| {
+                        anyhow!("GPU failed its health check after a kernel error: {e:#}")
+                    })?;
+                }
+            }
+            Ok(())
+        }
+        WorkerRequest::Duel(req) => {
+            for pair in &req.pairs {
+                let result = duel(dev, pools, pair, &req.measure, req.rounds);
+                let failed_in_cuda = result.error.is_some();
+                reply(&WorkerMessage::Duel(Box::new(result)));
+                if failed_in_cuda {
+                    dev.health_check().map_err(|e| {
+                        anyhow!("GPU failed its health check after a kernel error: {e:#}")
+                    })?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_kv_splits;
+
+    #[test]
+    fn full_grids_are_not_split() {
+        assert_eq!(auto_kv_splits(264, 264, 64), 1);
+    }
+
+    #[test]
+    fn small_grids_are_split_to_fill_the_gpu() {
+        // Decode (1,8,1,4096): 8 CTAs of one query block, 132 SMs x 2 CTAs, 64 key blocks.
+        let s = auto_kv_splits(8, 264, 64);
+        assert!(s > 1 && 8 * s <= 264 + 8, "{s}");
+        // Never more splits than key blocks.
+        assert_eq!(auto_kv_splits(1, 264, 3), 3);
+    }
+}

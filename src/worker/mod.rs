@@ -1,0 +1,817 @@
+//! `flashtune worker --device N`: the only process that touches the GPU. It serves one GPU for its life, answering requests with the trials of `trial`, run on CUDA through cudarc.
+use crate::check::{POISON_16, POISON_F32_BITS};
+use crate::config::{Dtype, Shape};
+use crate::protocol::*;
+use crate::space::LaunchShape;
+use crate::trial::{Buf, Device, GraphId, Io, KernelId};
+use anyhow::{anyhow, bail, Result};
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use std::io::Write;
+use std::sync::Arc;
+
+/// A kernel the driver JIT-compiles for any GPU: y = 2x + 1. It proves the GPU still computes after a fault.
+const HEALTH_PTX: &str = r#"
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry health_axpb(.param .u64 x, .param .u64 y, .param .u32 n)
+{
+  .reg .pred %p; .reg .b32 %r<5>; .reg .f32 %f<3>; .reg .b64 %rd<6>;
+  ld.param.u64 %rd1, [x]; ld.param.u64 %rd2, [y]; ld.param.u32 %r1, [n];
+  mov.u32 %r2, %ctaid.x; mov.u32 %r3, %ntid.x; mov.u32 %r4, %tid.x;
+  mad.lo.s32 %r2, %r2, %r3, %r4;
+  setp.ge.u32 %p, %r2, %r1;
+  @%p bra DONE;
+  cvta.to.global.u64 %rd1, %rd1; cvta.to.global.u64 %rd2, %rd2;
+  mul.wide.u32 %rd3, %r2, 4; add.s64 %rd4, %rd1, %rd3; add.s64 %rd5, %rd2, %rd3;
+  ld.global.f32 %f1, [%rd4];
+  fma.rn.f32 %f2, %f1, 0f40000000, 0f3F800000;
+  st.global.f32 [%rd5], %f2;
+DONE:
+  ret;
+}
+"#;
+
+/// The worker's own kernels (tools.cu, compiled to PTX): input generation, negation, checksums, read roof.
+pub const TOOLS_PTX: &str = include_str!("tools.ptx");
+
+/// The combine kernel's fixed geometry; kernels/attention/forward.cu asserts the same numbers.
+const COMBINE_THREADS: u32 = 128;
+const COMBINE_ROWS_PER_BLOCK: u32 = 4;
+/// The roofs are measured on buffers far beyond any L2, with a matmul large enough to reach the sustained clock.
+const ROOF_BYTES: usize = 1 << 30;
+const MATMUL_N: usize = 8192;
+
+/// Entry point of the subcommand: serve requests on stdin until it closes.
+pub fn serve(device: u32) -> std::process::ExitCode {
+    let mut reply = reply_channel();
+    let gpu = match Gpu::open(device) {
+        Ok(g) => g,
+        Err(e) => {
+            reply(&WorkerMessage::Fatal {
+                message: format!("{e:#}"),
+            });
+            return std::process::ExitCode::from(1);
+        }
+    };
+    // Input pools may take this share of the GPU's memory; the rest is the kernels' and the roofs'.
+    let cap = gpu.info.total_memory_bytes / 10 * 4;
+    crate::trial::serve(gpu, std::io::stdin().lock(), &mut reply, cap)
+}
+
+/// Where replies go: the descriptor the supervisor handed over in `FLASHTUNE_REPLY_FD`, else stdout.
+pub fn reply_channel() -> impl FnMut(&WorkerMessage) {
+    use std::os::fd::FromRawFd;
+    let fd = std::env::var(REPLY_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok());
+    let mut out: Box<dyn Write> = match fd {
+        // SAFETY: the supervisor opened this descriptor for us and nothing else in the process uses it.
+        Some(fd) => Box::new(unsafe { std::fs::File::from_raw_fd(fd) }),
+        None => Box::new(std::io::stdout()),
+    };
+    move |msg: &WorkerMessage| {
+        let mut line = serde_json::to_vec(msg).expect("replies serialize");
+        line.push(b'\n');
+        let _ = out.write_all(&line);
+        let _ = out.flush();
+    }
+}
+
+/// Whether a CUDA driver library can be loaded at all; cudarc panics when it cannot.
+pub fn driver_library_present() -> bool {
+    library_present(&["libcuda.so.1", "libcuda.so"])
+}
+
+fn library_present(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        let Ok(c) = std::ffi::CString::new(*name) else {
+            return false;
+        };
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
+        !handle.is_null()
+    })
+}
+
+pub fn arch_for(cc: (i32, i32)) -> String {
+    // The `a` targets keep Hopper/Blackwell-only instructions (wgmma, tcgen05) available.
+    match cc {
+        (9, 0) | (10, 0) | (10, 3) | (12, 0) => format!("sm_{}{}a", cc.0, cc.1),
+        _ => format!("sm_{}{}", cc.0, cc.1),
+    }
+}
+
+enum Memory {
+    U16(CudaSlice<u16>),
+    F32(CudaSlice<f32>),
+}
+
+enum Loaded {
+    Forward {
+        _module: Arc<CudaModule>,
+        forward: CudaFunction,
+        combine: Option<CudaFunction>,
+    },
+    Reference {
+        _module: Arc<CudaModule>,
+        function: CudaFunction,
+    },
+}
+
+struct Tools {
+    _module: Arc<CudaModule>,
+    generate: CudaFunction,
+    negate: CudaFunction,
+    checksum: CudaFunction,
+    read: CudaFunction,
+}
+
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    tools: Tools,
+    memory: Vec<Option<Memory>>,
+    kernels: Vec<Option<Loaded>>,
+    graphs: Vec<Option<CudaGraph>>,
+}
+
+fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
+    anyhow!("{e:?}")
+}
+
+impl Gpu {
+    fn open(ordinal: u32) -> Result<Self> {
+        if !driver_library_present() {
+            bail!("no NVIDIA driver: libcuda.so.1 cannot be loaded on this machine");
+        }
+        let count = CudaContext::device_count()
+            .map_err(|e| anyhow!("the CUDA driver reports no usable device: {e:?}"))?;
+        if count <= ordinal as i32 {
+            bail!("GPU {ordinal} requested, {count} visible");
+        }
+        let ctx = CudaContext::new(ordinal as usize)
+            .map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e:?}"))?;
+        // One stream, no cudarc event bookkeeping: the timed graphs must contain only our kernels.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda)?;
+        let attr = |a: Attr| {
+            ctx.attribute(a)
+                .map_err(|e| anyhow!("device attribute {a:?}: {e:?}"))
+        };
+        let cc = ctx.compute_capability().map_err(cuda)?;
+        let mut driver_version = 0;
+        unsafe { sys::cuDriverGetVersion(&mut driver_version) }
+            .result()
+            .map_err(cuda)?;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().map_err(cuda)?,
+            sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            compute_capability: cc,
+            arch: arch_for(cc),
+            max_threads_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)? as u32,
+            max_smem_optin_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                as u32,
+            driver_version,
+            total_memory_bytes: ctx.total_mem().map_err(cuda)? as u64,
+            visible_devices: count as u32,
+            l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
+            fake: false,
+        };
+        let module = ctx
+            .load_module(Ptx::from_src(TOOLS_PTX))
+            .map_err(|e| anyhow!("the worker's own kernels do not load: {e:?}"))?;
+        let f = |name: &str| module.load_function(name).map_err(cuda);
+        let tools = Tools {
+            generate: f("ft_generate")?,
+            negate: f("ft_negate")?,
+            checksum: f("ft_checksum")?,
+            read: f("ft_read")?,
+            _module: module,
+        };
+        Ok(Gpu {
+            ctx,
+            stream,
+            info,
+            tools,
+            memory: Vec::new(),
+            kernels: Vec::new(),
+            graphs: Vec::new(),
+        })
+    }
+
+    fn slot<T>(slab: &mut Vec<Option<T>>, item: T) -> usize {
+        match slab.iter().position(Option::is_none) {
+            Some(i) => {
+                slab[i] = Some(item);
+                i
+            }
+            None => {
+                slab.push(Some(item));
+                slab.len() - 1
+            }
+        }
+    }
+
+    /// Device address and 16-bit length of a buffer.
+    fn ptr(&self, buf: Buf) -> Result<(u64, usize)> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::U16(s)) => Ok((s.device_ptr(&self.stream).0, s.len())),
+            Some(Memory::F32(s)) => Ok((s.device_ptr(&self.stream).0, 2 * s.len())),
+            None => bail!("no buffer {}", buf.0),
+        }
+    }
+
+    fn grid_for(&self, n: u64) -> LaunchConfig {
+        let blocks = (n.div_ceil(256)).clamp(1, self.info.sm_count as u64 * 16) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn launch_forward(
+        &self,
+        kernel: KernelId,
+        s: &Shape,
+        launch: &LaunchShape,
+        io: &Io,
+    ) -> Result<()> {
+        let Some(Some(Loaded::Forward {
+            forward, combine, ..
+        })) = self.kernels.get(kernel.0)
+        else {
+            bail!("no forward kernel {}", kernel.0);
+        };
+        let st = &self.stream;
+        let p = |b: Option<Buf>| -> Result<u64> { b.map_or(Ok(0), |b| Ok(self.ptr(b)?.0)) };
+        let (o_accum, lse_accum) = (p(io.o_accum)?, p(io.lse_accum)?);
+        let (q, k, v, out, lse) = (
+            self.ptr(io.q)?.0,
+            self.ptr(io.k)?.0,
+            self.ptr(io.v)?.0,
+            self.ptr(io.o)?.0,
+            self.ptr(io.lse)?.0,
+        );
+        let (b, h, sq, sk, causal) = (
+            s.b as i32,
+            s.h as i32,
+            s.sq as i32,
+            s.sk as i32,
+            s.causal_code(),
+        );
+        let scale = 1.0f32 / (s.d as f32).sqrt();
+        let mut lb = st.launch_builder(forward);
+        lb.arg(&q)
+            .arg(&k)
+            .arg(&v)
+            .arg(&out)
+            .arg(&lse)
+            .arg(&o_accum)
+            .arg(&lse_accum);
+        lb.arg(&b)
+            .arg(&h)
+            .arg(&sq)
+            .arg(&sk)
+            .arg(&scale)
+            .arg(&causal);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                s.sq.div_ceil(launch.rows_per_cta),
+                s.b * s.h,
+                launch.kv_splits,
+            ),
+            block_dim: (launch.threads, 1, 1),
+            shared_mem_bytes: launch.smem_bytes,
+        };
+        unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("forward launch: {e:?}"))?;
+        if launch.kv_splits > 1 {
+            let combine = combine
+                .as_ref()
+                .ok_or_else(|| anyhow!("a split launch needs the combine kernel"))?;
+            let splits = launch.kv_splits as i32;
+            let mut lb = st.launch_builder(combine);
+            lb.arg(&o_accum)
+                .arg(&lse_accum)
+                .arg(&out)
+                .arg(&lse)
+                .arg(&b)
+                .arg(&h)
+                .arg(&sq)
+                .arg(&splits);
+            let rows = s.b * s.h * s.sq;
+            let cfg = LaunchConfig {
+                grid_dim: (rows.div_ceil(COMBINE_ROWS_PER_BLOCK), 1, 1),
+                block_dim: (COMBINE_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("combine launch: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// Microseconds the work `f` puts on the stream takes, between two events.
+    fn timed(&self, f: impl FnOnce() -> Result<()>) -> Result<f64> {
+        let st = &self.stream;
+        let start = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda)?;
+        f()?;
+        let end = st
+            .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda)?;
+        Ok(start.elapsed_ms(&end).map_err(cuda)? as f64 * 1000.0)
+    }
+
+    fn median_of(&self, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        f()?;
+        let mut us = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            us.push(self.timed(&mut f)?);
+        }
+        us.sort_by(f64::total_cmp);
+        Ok(us[us.len() / 2])
+    }
+
+    fn roof_bandwidth(&self) -> Result<(f64, f64)> {
+        let st = &self.stream;
+        let src = st.alloc_zeros::<u8>(ROOF_BYTES).map_err(cuda)?;
+        let mut dst = st.alloc_zeros::<u8>(ROOF_BYTES).map_err(cuda)?;
+        let copy_us = self.median_of(10, || st.memcpy_dtod(&src, &mut dst).map_err(cuda))?;
+        let sink = st
+            .alloc_zeros::<u32>(self.info.sm_count as usize * 64)
+            .map_err(cuda)?;
+        let n_vec = (ROOF_BYTES / 16) as u64;
+        let never = 0x9E37_79B9u32;
+        let cfg = LaunchConfig {
+            grid_dim: (self.info.sm_count * 8, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let read_us = self.median_of(10, || {
+            let mut lb = st.launch_builder(&self.tools.read);
+            lb.arg(&src).arg(&n_vec).arg(&never).arg(&sink);
+            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(cuda)
+        })?;
+        // Copy moves every byte twice (read and write); the read-only stream once.
+        Ok((
+            2.0 * ROOF_BYTES as f64 / copy_us / 1e3,
+            ROOF_BYTES as f64 / read_us / 1e3,
+        ))
+    }
+
+    fn roof_matmul(&self, dtype: Dtype) -> Result<f64> {
+        let candidates = cudarc::get_lib_name_candidates("cublas");
+        let names: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        if !library_present(&names) {
+            bail!("cuBLAS cannot be loaded (looked for {})", names.join(", "));
+        }
+        let blas = cudarc::cublas::CudaBlas::new(self.stream.clone())
+            .map_err(|e| anyhow!("cuBLAS: {e:?}"))?;
+        let us = match dtype {
+            Dtype::F16 => self.time_gemm(&blas, dtype, half::f16::ONE, half::f16::ZERO)?,
+            Dtype::Bf16 => self.time_gemm(&blas, dtype, half::bf16::ONE, half::bf16::ZERO)?,
+        };
+        Ok(2.0 * (MATMUL_N as f64).powi(3) / us / 1e6)
+    }
+
+    /// Median microseconds of an n×n×n product on random operands (zeros run faster than real data).
+    fn time_gemm<T>(
+        &self,
+        blas: &cudarc::cublas::CudaBlas,
+        dtype: Dtype,
+        one: T,
+        zero: T,
+    ) -> Result<f64>
+    where
+        T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy,
+        cudarc::cublas::CudaBlas: cudarc::cublas::Gemm<T>,
+    {
+        use cudarc::cublas::{sys::cublasOperation_t::CUBLAS_OP_N, Gemm, GemmConfig};
+        let n = MATMUL_N;
+        let st = &self.stream;
+        let a = st.alloc_zeros::<T>(n * n).map_err(cuda)?;
+        let b = st.alloc_zeros::<T>(n * n).map_err(cuda)?;
+        let mut c = st.alloc_zeros::<T>(n * n).map_err(cuda)?;
+        for (i, m) in [&a, &b].into_iter().enumerate() {
+            let (p, _) = m.device_ptr(st);
+            self.generate_at(p, (n * n) as u64, dtype, 0xC0FFEE, i as u64, 1.0)?;
+        }
+        let ni = n as i32;
+        let g = GemmConfig {
+            transa: CUBLAS_OP_N,
+            transb: CUBLAS_OP_N,
+            m: ni,
+            n: ni,
+            k: ni,
+            alpha: one,
+            lda: ni,
+            ldb: ni,
+            beta: zero,
+            ldc: ni,
+        };
+        self.median_of(5, || {
+            // SAFETY: three n×n buffers of T, as the config says.
+            unsafe { blas.gemm(g, &a, &b, &mut c) }.map_err(|e| anyhow!("gemm: {e:?}"))
+        })
+    }
+
+    fn generate_at(
+        &self,
+        ptr: u64,
+        n: u64,
+        dtype: Dtype,
+        seed: u64,
+        tensor: u64,
+        sigma: f32,
+    ) -> Result<()> {
+        let bf16 = i32::from(dtype == Dtype::Bf16);
+        let mut lb = self.stream.launch_builder(&self.tools.generate);
+        lb.arg(&ptr)
+            .arg(&n)
+            .arg(&seed)
+            .arg(&tensor)
+            .arg(&sigma)
+            .arg(&bf16);
+        unsafe { lb.launch(self.grid_for(n)) }
+            .map(|_| ())
+            .map_err(|e| anyhow!("input generation: {e:?}"))
+    }
+}
+
+impl Device for Gpu {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc16(&mut self, len: usize) -> Result<Buf> {
+        let m = self
+            .stream
+            .alloc_zeros::<u16>(len.max(1))
+            .map_err(|e| anyhow!("cannot allocate {len} 16-bit elements: {e:?}"))?;
+        Ok(Buf(Self::slot(&mut self.memory, Memory::U16(m))))
+    }
+
+    fn alloc32(&mut self, len: usize) -> Result<Buf> {
+        let m = self
+            .stream
+            .alloc_zeros::<f32>(len.max(1))
+            .map_err(|e| anyhow!("cannot allocate {len} floats: {e:?}"))?;
+        Ok(Buf(Self::slot(&mut self.memory, Memory::F32(m))))
+    }
+
+    fn free(&mut self, buf: Buf) {
+        if let Some(slot) = self.memory.get_mut(buf.0) {
+            *slot = None;
+        }
+    }
+
+    fn generate(
+        &mut self,
+        buf: Buf,
+        dtype: Dtype,
+        seed: u64,
+        tensor: u64,
+        sigma: f32,
+    ) -> Result<()> {
+        let (p, n) = self.ptr(buf)?;
+        self.generate_at(p, n as u64, dtype, seed, tensor, sigma)
+    }
+
+    fn poison(&mut self, buf: Buf) -> Result<()> {
+        let s = self.stream.cu_stream();
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::U16(m)) => {
+                let (p, _) = m.device_ptr(&self.stream);
+                unsafe { sys::cuMemsetD16Async(p, POISON_16, m.len(), s) }
+            }
+            Some(Memory::F32(m)) => {
+                let (p, _) = m.device_ptr(&self.stream);
+                unsafe { sys::cuMemsetD32Async(p, POISON_F32_BITS, m.len(), s) }
+            }
+            None => bail!("no buffer {}", buf.0),
+        }
+        .result()
+        .map_err(|e| anyhow!("poison: {e:?}"))
+    }
+
+    fn negate(&mut self, buf: Buf) -> Result<()> {
+        let (p, n) = self.ptr(buf)?;
+        let n = n as u64;
+        let mut lb = self.stream.launch_builder(&self.tools.negate);
+        lb.arg(&p).arg(&n);
+        unsafe { lb.launch(self.grid_for(n / 2)) }
+            .map(|_| ())
+            .map_err(|e| anyhow!("negate: {e:?}"))
+    }
+
+    fn copy(&mut self, src: Buf, dst: Buf) -> Result<()> {
+        let ((s, sn), (d, dn)) = (self.ptr(src)?, self.ptr(dst)?);
+        if sn != dn {
+            bail!("copy between buffers of {sn} and {dn} elements");
+        }
+        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, 2 * sn, self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| anyhow!("copy: {e:?}"))
+    }
+
+    fn checksum(&mut self, buf: Buf) -> Result<u64> {
+        let (p, n) = self.ptr(buf)?;
+        let n = n as u64;
+        let mut out = self.stream.alloc_zeros::<u64>(1).map_err(cuda)?;
+        let mut lb = self.stream.launch_builder(&self.tools.checksum);
+        lb.arg(&p).arg(&n).arg(&mut out);
+        unsafe { lb.launch(self.grid_for(n)) }.map_err(|e| anyhow!("checksum: {e:?}"))?;
+        Ok(self.stream.clone_dtoh(&out).map_err(cuda)?[0])
+    }
+
+    fn read16(&mut self, buf: Buf) -> Result<Vec<u16>> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::U16(m)) => self
+                .stream
+                .clone_dtoh(m)
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            _ => bail!("buffer {} is not 16-bit", buf.0),
+        }
+    }
+
+    fn read32(&mut self, buf: Buf) -> Result<Vec<f32>> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::F32(m)) => self
+                .stream
+                .clone_dtoh(m)
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            _ => bail!("buffer {} is not 32-bit", buf.0),
+        }
+    }
+
+    fn load_forward(&mut self, kernel: &ForwardKernel) -> Result<KernelId> {
+        let module = self
+            .ctx
+            .load_module(Ptx::from_file(kernel.cubin.clone()))
+            .map_err(|e| anyhow!("cannot load {}: {e:?}", kernel.cubin.display()))?;
+        let forward = module.load_function(&kernel.entry).map_err(|e| {
+            anyhow!(
+                "no entry `{}` in {}: {e:?}",
+                kernel.entry,
+                kernel.cubin.display()
+            )
+        })?;
+        if kernel.launch.smem_bytes > 48 * 1024 {
+            forward
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    kernel.launch.smem_bytes as i32,
+                )
+                .map_err(|e| {
+                    anyhow!(
+                        "cannot opt in to {} bytes of shared memory: {e:?}",
+                        kernel.launch.smem_bytes
+                    )
+                })?;
+        }
+        // The combine is looked up now, used only when a launch splits.
+        let combine = module.load_function(&kernel.combine_entry).ok();
+        let loaded = Loaded::Forward {
+            _module: module,
+            forward,
+            combine,
+        };
+        Ok(KernelId(Self::slot(&mut self.kernels, loaded)))
+    }
+
+    fn load_reference(&mut self, kernel: &ReferenceKernel) -> Result<KernelId> {
+        let module = self
+            .ctx
+            .load_module(Ptx::from_file(kernel.cubin.clone()))
+            .map_err(|e| anyhow!("cannot load {}: {e:?}", kernel.cubin.display()))?;
+        let function = module.load_function(&kernel.entry).map_err(|e| {
+            anyhow!(
+                "no entry `{}` in {}: {e:?}",
+                kernel.entry,
+                kernel.cubin.display()
+            )
+        })?;
+        Ok(KernelId(Self::slot(
+            &mut self.kernels,
+            Loaded::Reference {
+                _module: module,
+                function,
+            },
+        )))
+    }
+
+    fn unload(&mut self, kernel: KernelId) {
+        if let Some(slot) = self.kernels.get_mut(kernel.0) {
+            *slot = None;
+        }
+    }
+
+    fn occupancy(&mut self, kernel: KernelId, launch: &LaunchShape) -> Result<u32> {
+        let Some(Some(Loaded::Forward { forward, .. })) = self.kernels.get(kernel.0) else {
+            bail!("no forward kernel {}", kernel.0);
+        };
+        forward
+            .occupancy_max_active_blocks_per_multiprocessor(
+                launch.threads,
+                launch.smem_bytes as usize,
+                None,
+            )
+            .map_err(cuda)
+    }
+
+    fn attributes(&mut self, kernel: KernelId) -> Result<Option<FunctionAttributes>> {
+        let Some(Some(Loaded::Forward { forward, .. })) = self.kernels.get(kernel.0) else {
+            bail!("no forward kernel {}", kernel.0);
+        };
+        Ok(Some(FunctionAttributes {
+            registers: forward.num_regs().map_err(cuda)?,
+            local_bytes: forward.local_size_bytes().map_err(cuda)?,
+            max_active_ctas_per_sm: 0,
+        }))
+    }
+
+    fn reference(&mut self, kernel: KernelId, s: &Shape, _dtype: Dtype, io: &Io) -> Result<()> {
+        let Some(Some(Loaded::Reference { function, .. })) = self.kernels.get(kernel.0) else {
+            bail!("no reference kernel {}", kernel.0);
+        };
+        let (q, k, v, o, lse) = (
+            self.ptr(io.q)?.0,
+            self.ptr(io.k)?.0,
+            self.ptr(io.v)?.0,
+            self.ptr(io.o)?.0,
+            self.ptr(io.lse)?.0,
+        );
+        let (b, h, sq, sk, d, causal) = (
+            s.b as i32,
+            s.h as i32,
+            s.sq as i32,
+            s.sk as i32,
+            s.d as i32,
+            s.causal_code(),
+        );
+        let scale = 1.0f32 / (s.d as f32).sqrt();
+        let mut lb = self.stream.launch_builder(function);
+        lb.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
+        lb.arg(&b)
+            .arg(&h)
+            .arg(&sq)
+            .arg(&sk)
+            .arg(&d)
+            .arg(&scale)
+            .arg(&causal);
+        let cfg = LaunchConfig {
+            grid_dim: (s.sq.div_ceil(4), s.b * s.h, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("reference launch: {e:?}"))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("reference kernel: {e:?}"))
+    }
+
+    fn forward(
+        &mut self,
+        kernel: KernelId,
+        s: &Shape,
+        launch: &LaunchShape,
+        io: &Io,
+    ) -> Result<()> {
+        self.launch_forward(kernel, s, launch, io)?;
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("forward kernel: {e:?}"))
+    }
+
+    fn time_forward(
+        &mut self,
+        kernel: KernelId,
+        s: &Shape,
+        launch: &LaunchShape,
+        io: &Io,
+    ) -> Result<f64> {
+        self.timed(|| self.launch_forward(kernel, s, launch, io))
+    }
+
+    fn capture(
+        &mut self,
+        kernel: KernelId,
+        s: &Shape,
+        launch: &LaunchShape,
+        ios: &[Io],
+    ) -> Result<GraphId> {
+        let st = &self.stream;
+        st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda)?;
+        let captured = ios
+            .iter()
+            .try_for_each(|io| self.launch_forward(kernel, s, launch, io));
+        let graph = st
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(cuda)?;
+        captured?;
+        let graph = graph.ok_or_else(|| anyhow!("graph capture produced no graph"))?;
+        Ok(GraphId(Self::slot(&mut self.graphs, graph)))
+    }
+
+    fn replay(&mut self, graph: GraphId) -> Result<f64> {
+        let Some(Some(g)) = self.graphs.get(graph.0) else {
+            bail!("no graph {}", graph.0);
+        };
+        self.timed(|| g.launch().map_err(|e| anyhow!("replay: {e:?}")))
+    }
+
+    fn drop_graph(&mut self, graph: GraphId) {
+        if let Some(slot) = self.graphs.get_mut(graph.0) {
+            *slot = None;
+        }
+    }
+
+    fn roofs(&mut self, dtypes: &[Dtype]) -> Vec<RoofMeasured> {
+        let gbps =
+            |name: &str, r: &Result<(f64, f64)>, pick: fn(&(f64, f64)) -> f64| RoofMeasured {
+                name: name.into(),
+                dtype: None,
+                value: r.as_ref().ok().map(pick),
+                unit: "GB/s".into(),
+                error: r.as_ref().err().map(|e| format!("{e:#}")),
+            };
+        let bandwidth = self.roof_bandwidth();
+        let mut roofs = vec![
+            gbps("copy", &bandwidth, |r| r.0),
+            gbps("read", &bandwidth, |r| r.1),
+        ];
+        for &dtype in dtypes {
+            // cuBLAS panics inside cudarc when a symbol is missing; that must not end the worker.
+            let measured =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.roof_matmul(dtype)))
+                    .unwrap_or_else(|_| Err(anyhow!("cuBLAS panicked while loading")));
+            roofs.push(RoofMeasured {
+                name: "matmul".into(),
+                dtype: Some(dtype),
+                value: measured.as_ref().ok().copied(),
+                unit: "TFLOP/s".into(),
+                error: measured.err().map(|e| format!("{e:#}")),
+            });
+        }
+        roofs
+    }
+
+    fn health_check(&mut self) -> Result<()> {
+        let module = self
+            .ctx
+            .load_module(Ptx::from_src(HEALTH_PTX))
+            .map_err(|e| anyhow!("health kernel: {e:?}"))?;
+        let f = module.load_function("health_axpb").map_err(cuda)?;
+        let n = 4096u32;
+        let x: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+        let dx = self.stream.clone_htod(&x).map_err(cuda)?;
+        let mut dy = self.stream.alloc_zeros::<f32>(n as usize).map_err(cuda)?;
+        let mut lb = self.stream.launch_builder(&f);
+        lb.arg(&dx).arg(&mut dy).arg(&n);
+        unsafe { lb.launch(LaunchConfig::for_num_elems(n)) }
+            .map_err(|e| anyhow!("health kernel launch: {e:?}"))?;
+        let y = self
+            .stream
+            .clone_dtoh(&dy)
+            .map_err(|e| anyhow!("health kernel result: {e:?}"))?;
+        let wrong = x
+            .iter()
+            .zip(&y)
+            .filter(|(x, y)| (2.0 * **x + 1.0) != **y)
+            .count();
+        if wrong > 0 {
+            bail!("health kernel computed {wrong} wrong values of {n}");
+        }
+        Ok(())
+    }
+}
+
+/// Whether the embedded PTX says which compiler built it (the test compares it with its source).
+pub fn tools_ptx_compiler() -> Option<&'static str> {
+    TOOLS_PTX
+        .lines()
+        .find(|l| l.starts_with("// Cuda compilation tools"))
+        .map(|l| l.trim_start_matches("// "))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tools_ptx_has_every_entry() {
+        for entry in ["ft_generate", "ft_negate", "ft_checksum", "ft_read"] {
+            assert!(
+                super::TOOLS_PTX.contains(&format!(".entry {entry}(")),
+                "{entry} missing from tools.ptx"
+            );
+        }
+    }
+}
