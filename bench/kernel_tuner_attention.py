@@ -14,8 +14,15 @@ What is the same as `flashtune tune --space variants/attention.toml`:
     custom runner, see SplitKvRunner), as in flashtune's CUDA-graph replays;
   * the shapes (policies.toml, those the space names), both dtypes, the inputs' distribution
     (standard normal rounded to the dtype) and the tolerances ([tolerance.<dtype>]: max abs, rel L2,
-    LSE max abs; outputs poisoned with NaN so unwritten ones are caught), against PyTorch SDPA
-    (math backend, fp32, TF32 off) on the same inputs.
+    the worst row's rel L2 where set, LSE max abs; outputs poisoned with NaN so unwritten ones are
+    caught), against PyTorch SDPA (math backend, fp32, TF32 off) on the same inputs.
+
+Backend: lang="cupy" (cupy-cuda13x, built for CUDA 13). Kernel Tuner's "nvcuda" backend also loads
+with CUDA 13 (kernel_tuner 1.5 imports cuda.bindings), but it keeps no compile cache: NVRTC runs
+again for every configuration of every shape, and its PTX goes through the driver's JIT at each load;
+CuPy compiles to a cubin for the GPU, as flashtune's nvcc does, caches it by source and options
+(so a variant compiles once per dtype and head dim, like flashtune's build cache), and its RawKernel
+gives the split-KV runner the function handle, the module's combine kernel and device arrays.
 
 What is Kernel Tuner's own: its search (brute force; random sampling under --time-limit), its
 compiler (NVRTC through CuPy, cached by CuPy per source and options), its timing (CUDA events around
@@ -785,6 +792,17 @@ def base_doc(args, space, shapes, dtypes, planned: int, mode: str) -> dict:
     }
 
 
+def strategy_for(deadline: float | None, now: float, calls_left: int):
+    """brute_force without a budget; with one, random sampling of the whole space under an equal share
+    of the time left (unused time carries to the next cases). None when no time is left."""
+    if deadline is None:
+        return "brute_force", None
+    share = (deadline - now) / calls_left
+    if share <= 1.0:
+        return None
+    return "random_sample", {"fraction": 1.0, "time_limit": share}
+
+
 def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[str]) -> int:
     import numpy as np
     import cupy as cp
@@ -796,8 +814,6 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
     kt_version = version("kernel_tuner")
     if kt_version != KT_VERSION:
         print(f"warning: kernel_tuner {kt_version}, this comparison was written for {KT_VERSION}", file=sys.stderr)
-    warnings.filterwarnings("ignore", message=r"Argument at position \d+ of dtype")  # uint16 for half/bfloat16
-
     torch.cuda.set_device(args.device)
     cp.cuda.Device(args.device).use()
     torch.set_float32_matmul_precision("highest")
@@ -834,13 +850,11 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
     for i, (shape, dtype) in enumerate(calls):
         kts = kt_spaces[shape.d]
         t0 = time.time()
-        strategy, strategy_options = "brute_force", None
-        if deadline:
-            share = (deadline - time.time()) / (len(calls) - i)  # unused time carries to the next calls
-            if share <= 1.0:
-                doc["errors"].append({"shape": shape.name, "dtype": dtype, "error": "time limit reached before this case"})
-                continue
-            strategy, strategy_options = "random_sample", {"fraction": 1.0, "time_limit": share}
+        chosen = strategy_for(deadline, time.time(), len(calls) - i)
+        if chosen is None:
+            doc["errors"].append({"shape": shape.name, "dtype": dtype, "error": "time limit reached before this case"})
+            continue
+        strategy, strategy_options = chosen
         case = Case(torch, cp, shape, dtype, case_seed(args.seed, shape, dtype), policies["tolerance"][dtype])
         runner = SplitKvRunner(cp, kts, shape, sm_count, space.combine_entry)
         SplitKvRunner.install(CupyFunctions)
@@ -917,39 +931,46 @@ def simulate(args, space: Space, policies: dict, shapes: list[Shape], dtypes: li
     doc = base_doc(args, space, shapes, dtypes, planned, "simulated (synthetic timings, no GPU)")
     doc["version"] = version("kernel_tuner")
     work = Path(tempfile.mkdtemp(prefix="kt-sim-"))
-    for shape in shapes:
+    calls = [(s, dt) for s in shapes for dt in dtypes]
+    deadline = T_START + args.time_limit if args.time_limit else None
+    for i, (shape, dtype) in enumerate(calls):
         kts = kt_spaces[shape.d]
-        for dtype in dtypes:
-            cache = work / f"{shape.name}-{dtype}.json"
-            entries = {}
-            for params, _d, launch in space.plan([shape.d], max_threads, max_smem):
-                p = dict(params, **{THREADS: launch.threads})
-                key = ",".join(str(p[k]) for k in kts.tune_params)
-                fake = 1.0 + (zlib.crc32(f"{variant_id(params)}/{shape.name}/{dtype}".encode()) % 1000) / 100.0
-                entries[key] = dict(p, time=fake, times=[fake] * args.iterations, compile_time=500.0,
-                                    verification_time=5.0, benchmark_time=fake * args.iterations)
-            cache.write_text(json.dumps({"device_name": "simulated", "kernel_name": space.forward_entry, "problem_size": "callable",
-                                         "tune_params_keys": list(kts.tune_params), "tune_params": kts.tune_params,
-                                         "objective": "time", "cache": entries}))
-            s = shape
-            args_np = [np.zeros(1, np.uint16)] * 3 + [np.zeros(1, np.uint16), np.zeros(1, np.float32), np.zeros(1, np.float32),
-                                                      np.zeros(1, np.float32), np.int32(s.b), np.int32(s.h), np.int32(s.sq),
-                                                      np.int32(s.sk), np.float32(1.0 / math.sqrt(s.d)), np.int32(int(s.causal))]
-            results, _env = tune_kernel(
-                space.forward_entry, str(space.forward), (lambda p, s=shape, k=kts: (s.sq, s.b * s.h, k.launch(p).kv_splits or 1)),
-                args_np, kts.tune_params, grid_div_x=kts.grid_div_x, grid_div_y=1, grid_div_z=1,
-                restrictions=kts.restrict, lang="cupy", smem_args={"size": kts.smem_bytes},
-                compiler_options=kt_compiler_options(space, (9, 0)), defines=kts.defines(dtype), block_size_names=[THREADS],
-                iterations=args.iterations, cache=str(cache), simulation_mode=True, quiet=True,
-            )
-            rows = [summarize_result(r, kts, shape, dtype, {}, {}) for r in results if r]
-            doc["results"].extend(rows)
-            print(f"  {shape.label()} {dtype}: {len(rows)} simulated configurations")
+        chosen = strategy_for(deadline, time.time(), len(calls) - i)
+        if chosen is None:
+            doc["errors"].append({"shape": shape.name, "dtype": dtype, "error": "time limit reached before this case"})
+            continue
+        strategy, strategy_options = chosen
+        # A cache in Kernel Tuner's format with a synthetic result for every valid configuration.
+        cache = work / f"{shape.name}-{dtype}.json"
+        entries = {}
+        for params, _d, launch in space.plan([shape.d], max_threads, max_smem):
+            p = dict(params, **{THREADS: launch.threads})
+            key = ",".join(str(p[k]) for k in kts.tune_params)
+            fake = 1.0 + (zlib.crc32(f"{variant_id(params)}/{shape.name}/{dtype}".encode()) % 1000) / 100.0
+            entries[key] = dict(p, time=fake, times=[fake] * args.iterations, compile_time=500.0,
+                                verification_time=5.0, benchmark_time=fake * args.iterations)
+        cache.write_text(json.dumps({"device_name": "simulated", "kernel_name": space.forward_entry, "problem_size": "callable",
+                                     "tune_params_keys": list(kts.tune_params), "tune_params": kts.tune_params,
+                                     "objective": "time", "cache": entries}))
+        s = shape
+        args_np = [np.zeros(1, np.uint16)] * 4 + [np.zeros(1, np.float32)] * 3 + [
+            np.int32(s.b), np.int32(s.h), np.int32(s.sq), np.int32(s.sk), np.float32(1.0 / math.sqrt(s.d)), np.int32(int(s.causal))]
+        results, _env = tune_kernel(
+            space.forward_entry, str(space.forward), (lambda p, s=shape, k=kts: (s.sq, s.b * s.h, k.launch(p).kv_splits or 1)),
+            args_np, kts.tune_params, grid_div_x=kts.grid_div_x, grid_div_y=1, grid_div_z=1,
+            restrictions=kts.restrict, lang="cupy", smem_args={"size": kts.smem_bytes},
+            compiler_options=kt_compiler_options(space, (9, 0)), defines=kts.defines(dtype), block_size_names=[THREADS],
+            iterations=args.iterations, cache=str(cache), simulation_mode=True, quiet=True,
+            strategy=strategy, strategy_options=strategy_options, seed=args.seed,
+        )
+        rows = [summarize_result(r, kts, shape, dtype, {}, {}) for r in results if r]
+        doc["results"].extend(rows)
+        print(f"  {shape.label()} {dtype}: {len(rows)} simulated configurations ({strategy})")
     doc["wall_seconds"] = time.time() - T_START
     write_report(Path(args.out), doc)
     c = doc["configurations"]
     print(f"simulated: {c['tried']} of {c['planned']} configurations, best for {len(doc['best'])} cases -> {args.out}")
-    return 0 if c["tried"] == planned else 1
+    return 0 if c["tried"] == planned or args.time_limit else 1
 
 
 def main() -> int:
@@ -969,6 +990,8 @@ def main() -> int:
     ap.add_argument("--simulate", action="store_true", help="no GPU: Kernel Tuner's simulation mode on synthetic timings")
     ap.add_argument("--verbose", action="store_true", help="Kernel Tuner prints every configuration")
     args = ap.parse_args()
+    # Kernel Tuner warns that uint16 arrays do not match `const elem_t*` (it knows no half/bfloat16 types).
+    warnings.filterwarnings("ignore", message=r"Argument at position \d+ of dtype")
 
     def here_or_root(path: str) -> Path:  # a path as given, else relative to the repository
         p = Path(path).expanduser()
