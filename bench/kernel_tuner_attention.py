@@ -491,7 +491,14 @@ class SplitKvRunner:
         orig_compile = backend_cls.compile
 
         def compile_hook(dev, instance):
-            func = orig_compile(dev, instance)
+            try:
+                func = orig_compile(dev, instance)
+            except Exception as e:  # noqa: BLE001
+                # Stock Kernel Tuner aborts the whole tune_kernel on a compile error it does not know;
+                # returning no function makes it record this configuration as CompilationFailedConfig
+                # and go on (as flashtune records build_failed and goes on).
+                cls.active.on_compile_failed(instance, e)
+                return None
             cls.active.on_compiled(dev, instance, func)
             return func
 
@@ -510,6 +517,12 @@ class SplitKvRunner:
             from cuda.bindings import driver as cu
             err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(cu.CUfunction(func.kernel.ptr), threads, smem)
             return int(n) if err == cu.CUresult.CUDA_SUCCESS else 0
+
+    def on_compile_failed(self, instance, error: Exception):
+        vid = variant_id(self.kts.params_of(instance.params))
+        text = str(error).strip().splitlines()
+        self.seen[vid] = {"compile_error": " | ".join(text[-6:])[:2000]}
+        print(f"  compile failed: {vid}: {text[-1] if text else type(error).__name__}", file=sys.stderr, flush=True)
 
     def on_compiled(self, dev, instance, func):
         s, p = self.shape, instance.params
@@ -736,6 +749,8 @@ def summarize_result(r: dict, kts: KtSpace, shape: Shape, dtype: str, seen: dict
     if err is not None:
         out["status"] = "failed"
         out["error"] = str(err)  # Kernel Tuner's ErrorConfig classes print their class name
+        if "compile_error" in out:
+            out["error"] += ": " + out.pop("compile_error")
     elif check is not None and check["failures"]:
         out["status"] = "failed"
         out["error"] = "; ".join(check["failures"])
