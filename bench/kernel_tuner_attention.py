@@ -306,6 +306,9 @@ def select_shapes(space: Space, policies: dict, only: list[str] | None) -> list[
     unknown = [n for n in names + (only or []) if n not in {s.name for s in all_shapes}]
     if unknown:
         raise SystemExit(f"unknown shape(s) {unknown} (policies.toml has {[s.name for s in all_shapes]})")
+    outside = [n for n in (only or []) if n not in names]
+    if outside:
+        raise SystemExit(f"shape(s) {outside} are not in the space (it names {names})")
     picked = [s for s in all_shapes if s.name in names]  # policy order, as flashtune
     return [s for s in picked if not only or s.name in only]
 
