@@ -94,6 +94,8 @@ pub fn compare(
     for (&l, &r) in lse.iter().zip(ref_lse) {
         if l.to_bits() == POISON_F32_BITS {
             s.unwritten_count += 1;
+        } else if l == f32::NEG_INFINITY && r == f32::NEG_INFINITY {
+            // A row the mask hides entirely (bottom-right, Sq > Sk): both sides say "no key".
         } else if !l.is_finite() {
             s.nan_count += 1;
         } else {
@@ -146,18 +148,23 @@ pub fn judge(stats: &mut CheckStats, tol: &Tolerance, reference_limit_rel_l2: f6
     stats.failures = f;
 }
 
-/// f64 attention on the exact input values; O is [b,h,sq,d], LSE is [b,h,sq].
+/// f64 attention on the exact input values; O is [b,h,sq,d], LSE is [b,h,sq]. A row the mask
+/// hides entirely (bottom-right with Sq > Sk) has O = 0 and LSE = -inf, as the kernels write it.
 pub fn cpu_attention(shape: &Shape, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f64>, Vec<f64>) {
     let (sq, sk, d) = (shape.sq as usize, shape.sk as usize, shape.d as usize);
-    let heads = (shape.b * shape.h) as usize;
+    let heads = shape.heads() as usize;
     let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![0.0f64; heads * sq * d];
-    let mut lse = vec![0.0f64; heads * sq];
+    let mut out = vec![0.0f64; shape.q_elements() as usize];
+    let mut lse = vec![f64::NEG_INFINITY; shape.rows() as usize];
     let mut scores = vec![0.0f64; sk];
     for bh in 0..heads {
         for i in 0..sq {
+            // Keys 0..visible: every mask admits a prefix of the keys.
+            let visible = shape.visible_keys(i as u32) as usize;
+            if visible == 0 {
+                continue;
+            }
             let qi = &q[(bh * sq + i) * d..][..d];
-            let visible = if shape.causal { (i + 1).min(sk) } else { sk };
             let mut max = f64::NEG_INFINITY;
             for (j, s) in scores.iter_mut().enumerate().take(visible) {
                 let kj = &k[(bh * sk + j) * d..][..d];
@@ -229,6 +236,7 @@ pub fn summarize(samples_us: Vec<f64>, launches_per_sample: u32, flops: f64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Causal;
 
     fn tol() -> Tolerance {
         Tolerance {
@@ -280,7 +288,7 @@ mod tests {
             sq: 1,
             sk: 2,
             d: 64,
-            causal: false,
+            causal: Causal::None,
         };
         let q = vec![1.0f32; 64];
         let mut k = vec![0.0f32; 128];
@@ -301,12 +309,76 @@ mod tests {
             sq: 2,
             sk: 2,
             d: 64,
-            causal: true,
+            causal: Causal::TopLeft,
         };
         let [q, k, v] = [0, 1, 2].map(|t| values(Dtype::F16, &random_bits(Dtype::F16, 128, 1, t)));
         let (o, _) = cpu_attention(&shape, &q, &k, &v);
         for c in 0..64 {
             assert!((o[c] - v[c] as f64).abs() < 1e-12);
+        }
+    }
+
+    fn shape(sq: u32, sk: u32, causal: Causal) -> Shape {
+        Shape {
+            name: "t".into(),
+            b: 1,
+            h: 2,
+            sq,
+            sk,
+            d: 64,
+            causal,
+        }
+    }
+
+    fn oracle(shape: &Shape) -> (Vec<f64>, Vec<f64>) {
+        let [q, k, v] = [
+            (shape.q_elements(), 0),
+            (shape.kv_elements(), 1),
+            (shape.kv_elements(), 2),
+        ]
+        .map(|(n, t)| values(Dtype::F16, &random_bits(Dtype::F16, n as usize, 5, t)));
+        cpu_attention(shape, &q, &k, &v)
+    }
+
+    #[test]
+    fn the_two_causal_alignments_differ_when_sq_differs_from_sk() {
+        for (sq, sk) in [(3, 7), (7, 3)] {
+            let top_left = oracle(&shape(sq, sk, Causal::TopLeft));
+            let bottom_right = oracle(&shape(sq, sk, Causal::BottomRight));
+            assert_ne!(top_left, bottom_right, "Sq = {sq}, Sk = {sk}");
+        }
+        let square = |causal| oracle(&shape(5, 5, causal));
+        assert_eq!(square(Causal::TopLeft), square(Causal::BottomRight));
+    }
+
+    #[test]
+    fn bottom_right_decode_row_sees_every_key() {
+        // Sq = 1 < Sk: the one query is the last position, so it attends to all keys, unmasked.
+        let masked = oracle(&shape(1, 9, Causal::BottomRight));
+        assert_eq!(masked, oracle(&shape(1, 9, Causal::None)));
+        // Top-left lets it see key 0 only: its output is V's first row.
+        let top_left = oracle(&shape(1, 9, Causal::TopLeft));
+        assert_ne!(masked, top_left);
+    }
+
+    #[test]
+    fn rows_a_bottom_right_mask_hides_are_zero_with_lse_minus_infinity() {
+        // Sq = 7 > Sk = 3: rows 0..4 see no key, row 4 sees key 0, row 6 sees all three.
+        let s = shape(7, 3, Causal::BottomRight);
+        assert_eq!(
+            (0..7).map(|i| s.visible_keys(i)).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 1, 2, 3]
+        );
+        let (o, lse) = oracle(&s);
+        for head in 0..2 {
+            for row in 0..7 {
+                let r = head * 7 + row;
+                let hidden = row < 4;
+                assert_eq!(lse[r] == f64::NEG_INFINITY, hidden, "row {row}");
+                assert!(lse[r].is_finite() || hidden);
+                let o_row = &o[r * 64..][..64];
+                assert_eq!(o_row.iter().all(|&x| x == 0.0), hidden, "row {row}");
+            }
         }
     }
 
