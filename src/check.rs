@@ -301,18 +301,6 @@ pub fn differing_bits(a: (&[u16], &[f32]), b: (&[u16], &[f32])) -> u64 {
     (o + l) as u64
 }
 
-/// Keys query row `i` may see: `0..end`, per the shape's mask.
-pub fn visible_keys(shape: &Shape, i: usize) -> usize {
-    let (sq, sk) = (shape.sq as usize, shape.sk as usize);
-    match shape.causal_code() {
-        0 => sk,
-        // Top-left: query i sees keys 0..=i.
-        1 => (i + 1).min(sk),
-        // Bottom-right: query i sees keys 0..=i + (sk - sq); none when that is negative.
-        _ => (i + 1 + sk).saturating_sub(sq).min(sk),
-    }
-}
-
 /// Σ a·b in f64, in eight independent sums so the compiler can keep them in vector registers.
 fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
     let mut lanes = [0.0f64; 8];
@@ -356,7 +344,8 @@ pub fn oracle_rows(
         let mut scores = vec![0.0f64; sk];
         for (&row, (o, l)) in group {
             let (bh, i) = (row / sq, row % sq);
-            let visible = visible_keys(shape, i);
+            // Every mask admits a prefix of the keys: 0..visible.
+            let visible = shape.visible_keys(i as u32) as usize;
             if visible == 0 {
                 *l = f64::NEG_INFINITY;
                 continue;
@@ -468,6 +457,7 @@ pub fn summarize(samples_us: Vec<f64>, launches_per_sample: u32, flops: f64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Causal;
 
     fn tol() -> Tolerance {
         Tolerance {
@@ -478,7 +468,7 @@ mod tests {
         }
     }
 
-    fn shape(sq: u32, sk: u32, causal: bool) -> Shape {
+    fn shape(sq: u32, sk: u32, causal: Causal) -> Shape {
         Shape {
             name: "t".into(),
             b: 1,
@@ -487,6 +477,65 @@ mod tests {
             sk,
             d: 64,
             causal,
+        }
+    }
+
+    fn two_heads(sq: u32, sk: u32, causal: Causal) -> Shape {
+        Shape {
+            h: 2,
+            ..shape(sq, sk, causal)
+        }
+    }
+
+    fn oracle(shape: &Shape) -> (Vec<f64>, Vec<f64>) {
+        let [q, k, v] = [
+            (shape.q_elements(), 0),
+            (shape.kv_elements(), 1),
+            (shape.kv_elements(), 2),
+        ]
+        .map(|(n, t)| values(Dtype::F16, &random_bits(Dtype::F16, n as usize, 5, t, 1.0)));
+        cpu_attention(shape, &q, &k, &v)
+    }
+
+    #[test]
+    fn the_two_causal_alignments_differ_when_sq_differs_from_sk() {
+        for (sq, sk) in [(3, 7), (7, 3)] {
+            let top_left = oracle(&two_heads(sq, sk, Causal::TopLeft));
+            let bottom_right = oracle(&two_heads(sq, sk, Causal::BottomRight));
+            assert_ne!(top_left, bottom_right, "Sq = {sq}, Sk = {sk}");
+        }
+        let square = |causal| oracle(&two_heads(5, 5, causal));
+        assert_eq!(square(Causal::TopLeft), square(Causal::BottomRight));
+    }
+
+    #[test]
+    fn bottom_right_decode_row_sees_every_key() {
+        // Sq = 1 < Sk: the one query is the last position, so it attends to all keys, unmasked.
+        let masked = oracle(&two_heads(1, 9, Causal::BottomRight));
+        assert_eq!(masked, oracle(&two_heads(1, 9, Causal::None)));
+        // Top-left lets it see key 0 only: its output is V's first row.
+        let top_left = oracle(&two_heads(1, 9, Causal::TopLeft));
+        assert_ne!(masked, top_left);
+    }
+
+    #[test]
+    fn rows_a_bottom_right_mask_hides_are_zero_with_lse_minus_infinity() {
+        // Sq = 7 > Sk = 3: rows 0..4 see no key, row 4 sees key 0, row 6 sees all three.
+        let s = two_heads(7, 3, Causal::BottomRight);
+        assert_eq!(
+            (0..7).map(|i| s.visible_keys(i)).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 1, 2, 3]
+        );
+        let (o, lse) = oracle(&s);
+        for head in 0..2 {
+            for row in 0..7 {
+                let r = head * 7 + row;
+                let hidden = row < 4;
+                assert_eq!(lse[r] == f64::NEG_INFINITY, hidden, "row {row}");
+                assert!(lse[r].is_finite() || hidden);
+                let o_row = &o[r * 64..][..64];
+                assert_eq!(o_row.iter().all(|&x| x == 0.0), hidden, "row {row}");
+            }
         }
     }
 
@@ -613,7 +662,7 @@ mod tests {
         let mut k = vec![0.0f32; 128];
         k[64..72].iter_mut().for_each(|x| *x = 1.0);
         let v: Vec<f32> = (0..128).map(|i| if i < 64 { 0.0 } else { 1.0 }).collect();
-        let (o, lse) = cpu_attention(&shape(1, 2, false), &q, &k, &v);
+        let (o, lse) = cpu_attention(&shape(1, 2, Causal::None), &q, &k, &v);
         let e = std::f64::consts::E;
         assert!((o[0] - e / (1.0 + e)).abs() < 1e-12);
         assert!((lse[0] - (1.0 + e).ln()).abs() < 1e-12);
@@ -623,7 +672,7 @@ mod tests {
     fn causal_first_row_sees_only_key_zero() {
         let [q, k, v] =
             [0, 1, 2].map(|t| values(Dtype::F16, &random_bits(Dtype::F16, 128, 1, t, 1.0)));
-        let (o, _) = cpu_attention(&shape(2, 2, true), &q, &k, &v);
+        let (o, _) = cpu_attention(&shape(2, 2, Causal::TopLeft), &q, &k, &v);
         for c in 0..64 {
             assert!((o[c] - v[c] as f64).abs() < 1e-12);
         }
@@ -634,7 +683,7 @@ mod tests {
         let s = Shape {
             b: 2,
             h: 2,
-            ..shape(40, 24, true)
+            ..shape(40, 24, Causal::TopLeft)
         };
         let n = |rows: u32| (s.b * s.h * rows * s.d) as usize;
         let [q, k, v] = [(0, n(s.sq)), (1, n(s.sk)), (2, n(s.sk))]

@@ -29,6 +29,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Plan, build, check and time a variant space on the GPU; writes runs/<id>/log.jsonl and report.md.
+    ///
+    /// The shapes are policies.toml's [[shapes]] (those the space names). A causal shape states its
+    /// alignment: `causal = "top-left"` (or `true`) lets query i see keys j <= i, as PyTorch's
+    /// is_causal; `causal = "bottom-right"` lets it see keys j <= i + Sk - Sq, as FlashAttention >= 2.1
+    /// and PyTorch's causal_lower_right (decoding with a KV cache: the last query sees every key).
+    /// With Sq > Sk, bottom-right leaves the first Sq - Sk rows no key: their O is 0 and LSE -inf.
+    /// TF/s counts exactly the (query, key) pairs the mask admits: 4 * B * H * D * pairs.
     Tune {
         /// Variant space (default: `default_space` in policies.toml).
         #[arg(long)]
@@ -48,7 +55,7 @@ enum Command {
     },
     /// One factor at a time around a run's champion: reset each parameter to the baseline's value, measure, rank.
     Ablate {
-        /// The run whose champion is ablated, e.g. runs/20261122-031500-ab12.
+        /// The run whose champion is ablated: its folder (runs/20261122-031500-ab12) or its id.
         run_dir: PathBuf,
         /// Ablate around this variant instead of the best geometric mean over the run's shapes.
         #[arg(long)]
@@ -58,7 +65,7 @@ enum Command {
     },
     /// Profile one variant of a run under Nsight Compute now; the result joins the run's log.
     Profile {
-        /// The run folder the variant was built and timed in.
+        /// The run the variant was built and timed in: its folder or its id.
         run_dir: PathBuf,
         /// Variant id, as in the report (e.g. mma-bm128-bn64-w4-auto-s2).
         variant: String,
@@ -73,7 +80,7 @@ enum Command {
     },
     /// Continue a crashed or interrupted run from its log: finished variants are not redone.
     Resume {
-        /// The run folder, e.g. runs/20261122-031500-ab12.
+        /// The run folder (runs/20261122-031500-ab12) or the run id `tune` printed (20261122-031500-ab12).
         run_dir: PathBuf,
         /// Resume even if the GPU, nvcc, kernel sources or policies changed (logged as overridden).
         #[arg(long)]
@@ -85,13 +92,14 @@ enum Command {
     Build {
         #[arg(long)]
         space: Option<PathBuf>,
-        /// nvcc target, e.g. sm_90a (default: policies.toml's default device).
+        /// nvcc target, e.g. sm_89 (default: policies.toml's build.default_arch). Points are ruled
+        /// out with that target's limits from policies.toml's [build.targets.<arch>].
         #[arg(long)]
         arch: Option<String>,
     },
     /// Rebuild a run's reports from its log (report.md, .html, .csv, .json, .t4.json) and print the Markdown.
     Report {
-        /// The run folder, e.g. runs/20261122-031500-ab12.
+        /// The run folder (runs/20261122-031500-ab12) or the run id `tune` printed (20261122-031500-ab12).
         run: PathBuf,
     },
     /// Judge the uncommitted edits under kernels/ against HEAD's champion: commit them if faster, else restore HEAD.
@@ -132,6 +140,9 @@ enum Command {
         /// Use the test double instead of a GPU: synthetic figures, labelled as such.
         #[arg(long)]
         fake_gpu: bool,
+        /// If another flashtune run holds the GPU, wait for it instead of exiting with code 5.
+        #[arg(long)]
+        wait: bool,
     },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
@@ -171,9 +182,13 @@ struct RunArgs {
     /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
     #[arg(long)]
     fake_gpu: bool,
-    /// Commit the champion table (kernels/attention/tuned.toml) on branch flashtune/<run-id>.
+    /// Commit the champion table (kernels/attention/tuned.toml) on branch flashtune/<run-id>
+    /// (refused with --fake-gpu: synthetic figures are never committed).
     #[arg(long)]
     commit: bool,
+    /// If another flashtune run holds a chosen GPU, wait for it instead of exiting with code 5.
+    #[arg(long)]
+    wait: bool,
 }
 
 impl RunArgs {
@@ -181,7 +196,7 @@ impl RunArgs {
         let (policies, _) = crate::config::Policies::load(&paths.policies())?;
         let probe = Duration::from_secs(PROBE_TIMEOUT_S);
         let executor = if self.fake_gpu {
-            Executor::fake(probe, &policies.build.default_device.arch)
+            Executor::fake(probe, &policies.build.default_arch)
         } else {
             Executor::subprocess(probe)
         };
@@ -199,6 +214,7 @@ impl RunArgs {
             commit: self.commit,
             strategy: crate::search::Strategy::Exhaustive,
             run: engine::RunState::default(),
+            when_busy: when_busy(self.wait),
         })
     }
 
@@ -224,6 +240,14 @@ impl RunArgs {
         } else {
             ExitCode::SUCCESS
         }
+    }
+}
+
+fn when_busy(wait: bool) -> engine::WhenBusy {
+    if wait {
+        engine::WhenBusy::Wait
+    } else {
+        engine::WhenBusy::Refuse
     }
 }
 
@@ -316,6 +340,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             variant,
             run,
         } => {
+            let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             let outcome = engine::ablate(
                 run.options(paths, None)?,
                 &run_dir,
@@ -332,6 +357,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             dtype,
             run,
         } => {
+            let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             let results = engine::profile_on_demand(
                 run.options(paths, None)?,
                 &run_dir,
@@ -340,8 +366,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 &dtype,
             )
             .await?;
-            let log = crate::runlog::read(&run_dir.join("log.jsonl"))
-                .map_err(|e| Error::BadInput(format!("{e:#}")))?;
+            let (log, _) = engine::read_run(&run_dir)?;
             let mut profiled = 0;
             for (shape, dtype, outcome) in &results {
                 let Some(outcome) = outcome else {
@@ -384,6 +409,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             force,
             run,
         } => {
+            let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             let outcome =
                 engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
             Ok(run.finish(outcome))
@@ -400,8 +426,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { run } => {
-            let log = crate::runlog::read(&run.join("log.jsonl"))
-                .map_err(|e| Error::BadInput(format!("{e:#}")))?;
+            let run = engine::resolve_run_dir(&paths, &run)?;
+            // Refused before anything is written: a bad log must not replace good reports.
+            let (log, _) = engine::read_run(&run)?;
             let md = crate::export::write_all(&run, &log).map_err(|e| {
                 Error::Other(anyhow::anyhow!(
                     "cannot write the reports in {}: {e}",
@@ -423,11 +450,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             time_limit,
             gpu,
             fake_gpu,
+            wait,
         } => {
             let (policies, _) = crate::config::Policies::load(&paths.policies())?;
             let probe = Duration::from_secs(PROBE_TIMEOUT_S);
             let executor = if fake_gpu {
-                Executor::fake(probe, &policies.build.default_device.arch)
+                Executor::fake(probe, &policies.build.default_arch)
             } else {
                 Executor::subprocess(probe)
             }
@@ -441,6 +469,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 time_limit,
                 device: gpu,
                 executor,
+                when_busy: when_busy(wait),
             })
             .await?;
             println!(

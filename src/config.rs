@@ -41,18 +41,21 @@ pub struct StepPolicy {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BuildPolicy {
-    /// The device assumed when no GPU is visible (`flashtune build` on a CPU-only machine).
-    pub default_device: DefaultDevice,
+    /// The nvcc target when no GPU is visible (`flashtune build` without `--arch`, the fake GPU).
+    pub default_arch: String,
     pub nvcc_flags: Vec<String>,
     /// Parallel nvcc processes; 0 means one per CPU core.
     pub jobs: usize,
+    /// Launch limits per nvcc target, for planning without that GPU (`flashtune build --arch`).
+    pub targets: BTreeMap<String, TargetLimits>,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// What one GPU generation allows a block; a GPU that is present reports its own instead.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
-pub struct DefaultDevice {
-    pub arch: String,
+pub struct TargetLimits {
     pub max_threads_per_block: u32,
+    /// Dynamic shared memory one block may opt in to, in bytes.
     pub max_smem_optin_bytes: u32,
 }
 
@@ -77,6 +80,25 @@ pub struct Tolerance {
     pub row_rel_l2: f64,
     /// Largest |LSE - LSE_ref|.
     pub lse_max_abs: f64,
+}
+
+impl Tolerance {
+    /// Every limit by its key, so validation covers each one.
+    pub fn limits(&self) -> Vec<(&'static str, f64)> {
+        // Destructured without `..`: a new limit does not compile until it is listed here too.
+        let Tolerance {
+            max_abs,
+            rel_l2,
+            row_rel_l2,
+            lse_max_abs,
+        } = *self;
+        vec![
+            ("max_abs", max_abs),
+            ("rel_l2", rel_l2),
+            ("row_rel_l2", row_rel_l2),
+            ("lse_max_abs", lse_max_abs),
+        ]
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -161,6 +183,47 @@ pub struct Timeouts {
     pub baseline_s: u64,
 }
 
+/// Longer than any step of a run should take; a larger timeout is a typo (and `2 * t` must not overflow).
+pub const MAX_TIMEOUT_S: u64 = 7 * 24 * 3600;
+
+impl Timeouts {
+    /// Each timeout by its key under `[timeouts]`.
+    pub fn by_key(&self) -> Vec<(&'static str, u64)> {
+        // Destructured without `..`: a new timeout does not compile until it is listed here too.
+        let Timeouts {
+            build_s,
+            worker_s,
+            baseline_s,
+        } = *self;
+        vec![
+            ("build_s", build_s),
+            ("worker_s", worker_s),
+            ("baseline_s", baseline_s),
+        ]
+    }
+
+    /// Every timeout under `[table]` must be 1 s ..= [`MAX_TIMEOUT_S`].
+    pub fn check(&self, table: &str, path: &Path, text: &str) -> Result<()> {
+        for (key, seconds) in self.by_key() {
+            check_timeout(path, text, &format!("{table}.{key}"), seconds)?;
+        }
+        Ok(())
+    }
+}
+
+/// A timeout of zero would kill every job at once; one beyond [`MAX_TIMEOUT_S`] is a typo.
+fn check_timeout(path: &Path, text: &str, key: &str, seconds: u64) -> Result<()> {
+    if seconds == 0 || seconds > MAX_TIMEOUT_S {
+        return Err(config_error_at_key(
+            path,
+            text,
+            key,
+            format!("a timeout must be 1..={MAX_TIMEOUT_S} seconds (one week), not {seconds}"),
+        ));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
@@ -193,6 +256,90 @@ impl std::fmt::Display for Dtype {
     }
 }
 
+/// Which keys a query row sees. Rows are numbered from 0 in Q, keys from 0 in K.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Causal {
+    /// Every key (`causal = false` or `"none"`).
+    #[default]
+    None,
+    /// Query i sees keys j <= i (`causal = true` or `"top-left"`; PyTorch `is_causal`).
+    TopLeft,
+    /// Query i sees keys j <= i + Sk - Sq (`"bottom-right"`; FlashAttention >= 2.1, PyTorch
+    /// `causal_lower_right`): the last query sees every key, as in decoding with a KV cache.
+    /// With Sq > Sk the first Sq - Sk rows see no key: their O is 0 and their LSE -inf.
+    BottomRight,
+}
+
+impl Causal {
+    /// The kernels' `causal` argument.
+    pub fn code(self) -> i32 {
+        match self {
+            Causal::None => 0,
+            Causal::TopLeft => 1,
+            Causal::BottomRight => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Causal::None => "none",
+            Causal::TopLeft => "top-left",
+            Causal::BottomRight => "bottom-right",
+        }
+    }
+
+    pub fn is_masked(self) -> bool {
+        self != Causal::None
+    }
+
+    /// The diagonal: query i sees keys j <= i + offset; `None` when no key is masked.
+    pub fn offset(self, sq: u32, sk: u32) -> Option<i64> {
+        match self {
+            Causal::None => None,
+            Causal::TopLeft => Some(0),
+            Causal::BottomRight => Some(i64::from(sk) - i64::from(sq)),
+        }
+    }
+}
+
+// Written as the bool it used to be where it can be, so run logs and snapshots of top-left and
+// unmasked shapes stay byte-identical; bottom-right has no bool.
+impl Serialize for Causal {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Causal::None => s.serialize_bool(false),
+            Causal::TopLeft => s.serialize_bool(true),
+            Causal::BottomRight => s.serialize_str(self.name()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Causal {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Causal;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    r#"true (= "top-left"), false (= "none"), "top-left" or "bottom-right""#,
+                )
+            }
+            fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<Causal, E> {
+                Ok(if v { Causal::TopLeft } else { Causal::None })
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Causal, E> {
+                match v {
+                    "none" => Ok(Causal::None),
+                    "top-left" => Ok(Causal::TopLeft),
+                    "bottom-right" => Ok(Causal::BottomRight),
+                    other => Err(E::invalid_value(serde::de::Unexpected::Str(other), &self)),
+                }
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
 /// One attention problem: Q is [b, h, sq, d], K and V are [b, h, sk, d].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -204,43 +351,134 @@ pub struct Shape {
     pub sk: u32,
     pub d: u32,
     #[serde(default)]
-    pub causal: bool,
+    pub causal: Causal,
+}
+
+/// The kernels index rows with 32-bit ints and compute `i + Sk - Sq`: sequences stay below 2^30.
+pub const MAX_SEQ_LEN: u32 = 1 << 30;
+/// One head per grid row: CUDA's gridDim.y limit bounds B·H.
+pub const MAX_HEADS: u64 = 65_535;
+/// Q, K, V and O together above this cannot fit on any single GPU: the shape is a typo.
+pub const MAX_SHAPE_BYTES: u64 = 256 << 30;
+
+/// A product that cannot wrap: `None` on overflow.
+fn checked_product(factors: &[u32]) -> Option<u64> {
+    factors
+        .iter()
+        .try_fold(1u64, |acc, &f| acc.checked_mul(u64::from(f)))
 }
 
 impl Shape {
-    /// FlashAttention's count: 4·B·H·Sq·Sk·D, halved when causal.
-    pub fn flops(&self) -> f64 {
-        let full =
-            4.0 * self.b as f64 * self.h as f64 * self.sq as f64 * self.sk as f64 * self.d as f64;
-        if self.causal {
-            full / 2.0
-        } else {
-            full
+    // The size helpers below saturate at u64::MAX instead of wrapping; a shape that passed
+    // `check_size` (every policy shape does at load) never comes near it.
+
+    /// B·H: independent attention problems, one grid row each.
+    pub fn heads(&self) -> u64 {
+        checked_product(&[self.b, self.h]).unwrap_or(u64::MAX)
+    }
+    /// B·H·Sq: query rows, which is also the number of LSE values.
+    pub fn rows(&self) -> u64 {
+        checked_product(&[self.b, self.h, self.sq]).unwrap_or(u64::MAX)
+    }
+    /// B·H·Sk: key (and value) rows.
+    pub fn kv_rows(&self) -> u64 {
+        checked_product(&[self.b, self.h, self.sk]).unwrap_or(u64::MAX)
+    }
+    /// B·H·Sq·D: elements of Q, and of O.
+    pub fn q_elements(&self) -> u64 {
+        checked_product(&[self.b, self.h, self.sq, self.d]).unwrap_or(u64::MAX)
+    }
+    /// B·H·Sk·D: elements of K, and of V.
+    pub fn kv_elements(&self) -> u64 {
+        checked_product(&[self.b, self.h, self.sk, self.d]).unwrap_or(u64::MAX)
+    }
+
+    /// Why the shape cannot be run, if it cannot: a zero or absurd size, or one the kernels' index arithmetic cannot hold.
+    pub fn check_size(&self) -> std::result::Result<(), String> {
+        let name = &self.name;
+        if self.b == 0 || self.h == 0 || self.sq == 0 || self.sk == 0 || self.d == 0 {
+            return Err(format!("shape `{name}` has a zero dimension"));
         }
+        for (what, len) in [("sq", self.sq), ("sk", self.sk)] {
+            if len > MAX_SEQ_LEN {
+                return Err(format!(
+                    "shape `{name}`: {what} = {len} is above {MAX_SEQ_LEN} (2^30), the most the kernels' 32-bit row indices allow"
+                ));
+            }
+        }
+        let heads = self.heads();
+        if heads > MAX_HEADS {
+            return Err(format!(
+                "shape `{name}`: b * h = {heads} heads, above {MAX_HEADS} (CUDA's grid y limit; the kernels run one head per grid row)"
+            ));
+        }
+        // Q and O, K and V, two bytes an element.
+        let bytes = checked_product(&[self.b, self.h, self.d, 2])
+            .and_then(|x| x.checked_mul(2 * u64::from(self.sq) + 2 * u64::from(self.sk)))
+            .filter(|&bytes| bytes <= MAX_SHAPE_BYTES);
+        if bytes.is_none() {
+            return Err(format!(
+                "shape `{name}`: Q, K, V and O would take more than {} GiB, more than any GPU holds",
+                MAX_SHAPE_BYTES >> 30
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keys query row `i` sees (0 for a row a bottom-right mask hides entirely).
+    pub fn visible_keys(&self, i: u32) -> u32 {
+        match self.causal.offset(self.sq, self.sk) {
+            None => self.sk,
+            Some(offset) => (i64::from(i) + offset + 1).clamp(0, i64::from(self.sk)) as u32,
+        }
+    }
+
+    /// (query, key) pairs the mask admits in one head: the sum over rows of [`Shape::visible_keys`], in closed form.
+    pub fn pairs_per_head(&self) -> u64 {
+        let (sq, sk) = (i128::from(self.sq), i128::from(self.sk));
+        let Some(offset) = self.causal.offset(self.sq, self.sk) else {
+            return (sq * sk) as u64;
+        };
+        // Row i sees clamp(x, 0, Sk) keys with x = i + offset + 1, x running over [first, last].
+        let (first, last) = (i128::from(offset) + 1, i128::from(offset) + sq);
+        // Rows with 0 < x < Sk see x keys: an arithmetic series.
+        let (lo, hi) = (first.max(1), last.min(sk - 1));
+        let partial = if lo <= hi {
+            (lo + hi) * (hi - lo + 1) / 2
+        } else {
+            0
+        };
+        // Rows with x >= Sk see every key.
+        let full_rows = (last - first.max(sk) + 1).max(0);
+        (partial + full_rows * sk) as u64
+    }
+
+    /// FLOPs of the two matmuls over exactly the pairs the mask admits: 4·B·H·D·pairs.
+    /// (Unmasked that is FlashAttention's 4·B·H·Sq·Sk·D; causal with Sq = Sk, about half of it.)
+    pub fn flops(&self) -> f64 {
+        4.0 * self.heads() as f64 * f64::from(self.d) * self.pairs_per_head() as f64
     }
     /// The least DRAM traffic a forward pass can make: read Q, K, V once and write O once.
     pub fn min_dram_bytes(&self, dtype: Dtype) -> f64 {
-        let rows = self.b as f64 * self.h as f64 * (2.0 * self.sq as f64 + 2.0 * self.sk as f64);
-        rows * self.d as f64 * dtype.bytes() as f64
+        (2.0 * self.q_elements() as f64 + 2.0 * self.kv_elements() as f64) * dtype.bytes() as f64
     }
     /// The kernels' `causal` argument: 0 no mask, 1 top-left (PyTorch `is_causal`), 2 bottom-right.
     pub fn causal_code(&self) -> i32 {
-        i32::from(self.causal)
+        self.causal.code()
     }
     /// Multiply-adds of a naive implementation, to size the CPU oracle.
     pub fn macs(&self) -> f64 {
-        2.0 * self.b as f64 * self.h as f64 * self.sq as f64 * self.sk as f64 * self.d as f64
+        2.0 * self.heads() as f64 * self.sq as f64 * self.sk as f64 * self.d as f64
     }
     pub fn label(&self) -> String {
+        let mask = match self.causal {
+            Causal::None => "",
+            Causal::TopLeft => ",causal",
+            Causal::BottomRight => ",causal bottom-right",
+        };
         format!(
-            "{} ({},{},{},{},{}{})",
-            self.name,
-            self.b,
-            self.h,
-            self.sq,
-            self.sk,
-            self.d,
-            if self.causal { ",causal" } else { "" }
+            "{} ({},{},{},{},{}{mask})",
+            self.name, self.b, self.h, self.sq, self.sk, self.d
         )
     }
 }
@@ -266,18 +504,113 @@ impl Policies {
                 );
             }
         }
+        for (dtype, tolerance) in &self.tolerance {
+            for (key, value) in tolerance.limits() {
+                check_number(
+                    path,
+                    text,
+                    &format!("tolerance.{dtype}.{key}"),
+                    value,
+                    Bound::Positive,
+                )?;
+            }
+        }
+        let numbers = [
+            (
+                "measure.warmup_ms",
+                self.measure.warmup_ms,
+                Bound::NonNegative("no warm-up"),
+            ),
+            (
+                "measure.min_sample_us",
+                self.measure.min_sample_us,
+                Bound::Positive,
+            ),
+            (
+                "measure.cpu_reference_max_macs",
+                self.measure.cpu_reference_max_macs,
+                Bound::NonNegative("no shape is checked on the CPU"),
+            ),
+            (
+                "profile.within_pct",
+                self.profile.within_pct,
+                Bound::NonNegative("champions only"),
+            ),
+            (
+                "guided.min_gain",
+                self.guided.min_gain,
+                Bound::NonNegative("beating the noise is enough"),
+            ),
+            (
+                "step.threshold",
+                self.step.threshold,
+                Bound::NonNegative("beating the noise is enough"),
+            ),
+        ];
+        for (key, value, bound) in numbers {
+            check_number(path, text, key, value, bound)?;
+        }
+        self.timeouts.check("timeouts", path, text)?;
+        check_timeout(path, text, "profile.timeout_s", self.profile.timeout_s)?;
+        check_timeout(
+            path,
+            text,
+            "step.proposer_timeout_s",
+            self.step.proposer_timeout_s,
+        )?;
+        if self.measure.samples < 3 {
+            return fail(
+                "samples",
+                "at least 3 samples are needed for a median and percentiles".into(),
+            );
+        }
+        if self.step.rounds < 3 {
+            return fail(
+                "rounds",
+                "at least 3 rounds are needed for a median and percentiles".into(),
+            );
+        }
+        if self.guided.max_rounds == 0 {
+            return fail("guided.max_rounds", "at least 1 round is needed".into());
+        }
+        for (arch, limits) in &self.build.targets {
+            if limits.max_threads_per_block == 0 || limits.max_smem_optin_bytes == 0 {
+                return fail(
+                    &format!("build.targets.{arch}"),
+                    "max_threads_per_block and max_smem_optin_bytes must be above 0".into(),
+                );
+            }
+        }
+        self.target_limits(&self.build.default_arch).map_err(|_| {
+            config_error_at_key(
+                path,
+                text,
+                "build.default_arch",
+                format!(
+                    "no [build.targets.{}] table gives the limits of the default arch",
+                    self.build.default_arch
+                ),
+            )
+        })?;
         if self.shapes.is_empty() {
             return fail("shapes", "at least one [[shapes]] entry is needed".into());
         }
+        let mut names = std::collections::BTreeSet::new();
         for shape in &self.shapes {
-            if shape.b == 0 || shape.h == 0 || shape.sq == 0 || shape.sk == 0 {
-                return fail(
-                    "shapes",
-                    format!("shape `{}` has a zero dimension", shape.name),
-                );
+            let at = |field: &str, message: String| {
+                Err(config_error_in_shape(
+                    path,
+                    text,
+                    &shape.name,
+                    field,
+                    message,
+                ))
+            };
+            if !names.insert(&shape.name) {
+                return at("name", format!("two shapes are named `{}`", shape.name));
             }
             if shape.d != 64 && shape.d != 128 {
-                return fail(
+                return at(
                     "d",
                     format!(
                         "shape `{}`: head dim {} is not supported (64 or 128)",
@@ -285,12 +618,7 @@ impl Policies {
                     ),
                 );
             }
-        }
-        if self.step.rounds < 3 {
-            return fail(
-                "rounds",
-                "at least 3 rounds are needed for a median and percentiles".into(),
-            );
+            shape.check_size().or_else(|why| at("name", why))?;
         }
         for rule in &self.guided.rules {
             if !self
@@ -308,18 +636,65 @@ impl Policies {
                 );
             }
         }
-        if self.measure.samples < 3 {
-            return fail(
-                "samples",
-                "at least 3 samples are needed for a median and percentiles".into(),
-            );
-        }
         Ok(())
     }
 
-    pub fn tolerance_for(&self, dtype: Dtype) -> Tolerance {
-        self.tolerance[&dtype]
+    /// The correctness limits of `dtype`; a dtype with no `[tolerance.<dtype>]` table cannot be checked.
+    pub fn tolerance(&self, dtype: Dtype) -> Result<Tolerance> {
+        self.tolerance.get(&dtype).copied().ok_or_else(|| {
+            Error::BadInput(format!(
+                "policies.toml has no [tolerance.{dtype}] table, so {dtype} results cannot be checked; add one or ask for another dtype"
+            ))
+        })
     }
+
+    /// The limits of a dtype listed in `dtypes`: load refuses a listed dtype without a table.
+    pub fn tolerance_for(&self, dtype: Dtype) -> Tolerance {
+        self.tolerance(dtype)
+            .expect("Policies::load checks every listed dtype has a [tolerance] table")
+    }
+
+    /// What a block may use on `arch` (e.g. `sm_89`), from `[build.targets]`.
+    pub fn target_limits(&self, arch: &str) -> Result<TargetLimits> {
+        self.build.targets.get(arch).copied().ok_or_else(|| {
+            let known: Vec<&str> = self.build.targets.keys().map(String::as_str).collect();
+            Error::BadInput(format!(
+                "policies.toml has no [build.targets.{arch}] table (known: {}); add one with the GPU's max_threads_per_block and max_smem_optin_bytes to build for {arch}",
+                known.join(", ")
+            ))
+        })
+    }
+}
+
+/// Which values a policy number may take beside finite ones.
+#[derive(Clone, Copy)]
+enum Bound {
+    /// Above zero.
+    Positive,
+    /// Zero or above; zero means what the text says.
+    NonNegative(&'static str),
+}
+
+/// TOML reads `nan` and `inf` as numbers: a limit that is NaN compares false and switches its check off.
+fn check_number(path: &Path, text: &str, key: &str, value: f64, bound: Bound) -> Result<()> {
+    let ok = value.is_finite()
+        && match bound {
+            Bound::Positive => value > 0.0,
+            Bound::NonNegative(_) => value >= 0.0,
+        };
+    if ok {
+        return Ok(());
+    }
+    let wanted = match bound {
+        Bound::Positive => "a finite number above 0".to_owned(),
+        Bound::NonNegative(zero) => format!("a finite number >= 0 (0: {zero})"),
+    };
+    Err(config_error_at_key(
+        path,
+        text,
+        key,
+        format!("must be {wanted}, not {value}"),
+    ))
 }
 
 pub fn read_text(path: &Path) -> Result<String> {
@@ -369,21 +744,11 @@ fn toml_error(path: &Path, text: &str, err: toml::de::Error) -> Error {
     }
 }
 
-/// A semantic error about `key`: located at the first line that assigns it, else line 1.
+/// A semantic error about `key` (dotted, e.g. `tolerance.bf16.max_abs`): located at the line that
+/// assigns it inside its table, else the first line assigning its last part, else line 1.
 pub fn config_error_at_key(path: &Path, text: &str, key: &str, message: String) -> Error {
-    let leaf = key.rsplit('.').next().unwrap_or(key);
-    let (line, column) = text
-        .lines()
-        .enumerate()
-        .find_map(|(i, l)| {
-            let trimmed = l.trim_start();
-            let indent = l.len() - trimmed.len();
-            let is_assignment = trimmed
-                .strip_prefix(leaf)
-                .is_some_and(|rest| rest.trim_start().starts_with('='));
-            let is_table = trimmed.trim_start_matches('[').starts_with(leaf);
-            (is_assignment || is_table).then_some((i + 1, indent + 1))
-        })
+    let (line, column) = key_in_table(text, key)
+        .or_else(|| leaf_anywhere(text, key))
         .unwrap_or((1, 1));
     Error::Config {
         file: path.to_path_buf(),
@@ -392,6 +757,104 @@ pub fn config_error_at_key(path: &Path, text: &str, key: &str, message: String) 
         key: key.to_owned(),
         message,
     }
+}
+
+/// A semantic error about `field` of the `[[shapes]]` entry named `shape`: located at that field
+/// in that entry (its name line when the field is not written out).
+pub fn config_error_in_shape(
+    path: &Path,
+    text: &str,
+    shape: &str,
+    field: &str,
+    message: String,
+) -> Error {
+    let lines: Vec<&str> = text.lines().collect();
+    let names_it = |l: &&str| {
+        l.split_once('=').is_some_and(|(k, v)| {
+            k.trim() == "name" && v.trim().trim_matches(|c| c == '"' || c == '\'') == shape
+        })
+    };
+    let location = lines.iter().position(names_it).map(|at| {
+        let start = lines[..at]
+            .iter()
+            .rposition(|l| table_header(l).is_some())
+            .map_or(0, |h| h + 1);
+        let end = lines[at + 1..]
+            .iter()
+            .position(|l| table_header(l).is_some())
+            .map_or(lines.len(), |n| at + 1 + n);
+        (start..end)
+            .find(|&i| assigns(lines[i], field))
+            .unwrap_or(at)
+    });
+    let (line, column) = location.map_or((1, 1), |i| (i + 1, indent(lines[i]) + 1));
+    Error::Config {
+        file: path.to_path_buf(),
+        line,
+        column,
+        key: format!("shapes.{field}"),
+        message,
+    }
+}
+
+/// `[table]` or `[[table]]` → `table`.
+fn table_header(line: &str) -> Option<&str> {
+    let t = line.trim();
+    let inner = t.strip_prefix('[')?.trim_start_matches('[');
+    let end = inner.find(']')?;
+    Some(inner[..end].trim())
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// Whether `line` is `key = ...`.
+fn assigns(line: &str, key: &str) -> bool {
+    line.trim_start()
+        .strip_prefix(key)
+        .is_some_and(|rest| rest.trim_start().starts_with('='))
+}
+
+/// The table header named `key` (or one under it), or `rest = ` under the longest table prefix of `key`.
+fn key_in_table(text: &str, key: &str) -> Option<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let under = format!("{key}.");
+    if let Some(i) = lines
+        .iter()
+        .position(|l| table_header(l).is_some_and(|t| t == key || t.starts_with(&under)))
+    {
+        return Some((i + 1, indent(lines[i]) + 1));
+    }
+    let parts: Vec<&str> = key.split('.').collect();
+    for split in (1..parts.len()).rev() {
+        let (table, rest) = (parts[..split].join("."), parts[split..].join("."));
+        let Some(h) = lines
+            .iter()
+            .position(|l| table_header(l) == Some(table.as_str()))
+        else {
+            continue;
+        };
+        for (i, l) in lines.iter().enumerate().skip(h + 1) {
+            if table_header(l).is_some() {
+                break;
+            }
+            if assigns(l, &rest) {
+                return Some((i + 1, indent(l) + 1));
+            }
+        }
+    }
+    None
+}
+
+/// The first line assigning the key's last part, or a table whose name starts with it.
+fn leaf_anywhere(text: &str, key: &str) -> Option<(usize, usize)> {
+    let leaf = key.rsplit('.').next().unwrap_or(key);
+    text.lines().enumerate().find_map(|(i, l)| {
+        let trimmed = l.trim_start();
+        let is_table = trimmed.trim_start_matches('[').starts_with(leaf);
+        (assigns(l, leaf) || is_table).then_some((i + 1, indent(l) + 1))
+    })
 }
 
 /// A semantic error about a value: located where `needle` first appears in the file.
@@ -419,7 +882,10 @@ pub fn config_error_at_text(
 
 /// 1-based line and column (in characters) of a byte offset.
 pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let offset = offset.min(text.len());
+    let mut offset = offset.min(text.len());
+    while !text.is_char_boundary(offset) {
+        offset -= 1;
+    }
     let before = &text[..offset];
     let line = before.matches('\n').count() + 1;
     let line_start = before.rfind('\n').map_or(0, |i| i + 1);
@@ -429,9 +895,10 @@ pub fn line_column(text: &str, offset: usize) -> (usize, usize) {
 /// The dotted key assigned on `line`, qualified by the table header above it.
 fn key_on_line(text: &str, line: usize) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
-    let l = lines.get(line.checked_sub(1)?)?;
+    let index = line.checked_sub(1)?;
+    let l = lines.get(index)?;
     let (key, _) = l.split_once('=')?;
-    let table = lines[..line - 1]
+    let table = lines[..index]
         .iter()
         .rev()
         .map(|l| l.trim())
@@ -478,6 +945,151 @@ impl ProjectPaths {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn shape(sq: u32, sk: u32, causal: Causal) -> Shape {
+        Shape {
+            name: "t".into(),
+            b: 2,
+            h: 3,
+            sq,
+            sk,
+            d: 64,
+            causal,
+        }
+    }
+
+    /// The definition, one (query, key) pair at a time.
+    fn brute_force_pairs(s: &Shape) -> u64 {
+        let offset = s.causal.offset(s.sq, s.sk);
+        let mut n = 0;
+        for i in 0..i64::from(s.sq) {
+            for j in 0..i64::from(s.sk) {
+                n += u64::from(offset.is_none_or(|c| j <= i + c));
+            }
+        }
+        n
+    }
+
+    #[test]
+    fn pairs_in_closed_form_match_a_brute_force_count() {
+        let sizes = [1, 2, 3, 7, 16, 77, 128, 300];
+        for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
+            for &sq in &sizes {
+                for &sk in &sizes {
+                    let s = shape(sq, sk, causal);
+                    assert_eq!(
+                        s.pairs_per_head(),
+                        brute_force_pairs(&s),
+                        "{causal:?} {sq}x{sk}"
+                    );
+                    let by_rows: u64 = (0..sq).map(|i| u64::from(s.visible_keys(i))).sum();
+                    assert_eq!(s.pairs_per_head(), by_rows, "{causal:?} {sq}x{sk}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn flops_count_what_the_mask_admits() {
+        let full = |s: &Shape| 4.0 * 6.0 * 64.0 * f64::from(s.sq) * f64::from(s.sk);
+        let square = shape(1000, 1000, Causal::TopLeft);
+        assert_eq!(square.flops(), full(&square) * 1001.0 / 2000.0);
+        // The smoke space's ragged-causal: 87 % of the full work, not half.
+        let ragged = shape(300, 77, Causal::TopLeft);
+        assert_eq!(ragged.pairs_per_head(), 77 * 78 / 2 + (300 - 77) * 77);
+        assert!((ragged.flops() / full(&ragged) - 0.873).abs() < 1e-3);
+        // Bottom-right, Sq > Sk: 223 rows see nothing, the last 77 a triangle.
+        let hidden = shape(300, 77, Causal::BottomRight);
+        assert_eq!(hidden.pairs_per_head(), 77 * 78 / 2);
+        // Decode: one query, bottom-right, sees every key; top-left sees key 0 only.
+        assert_eq!(shape(1, 4096, Causal::BottomRight).pairs_per_head(), 4096);
+        assert_eq!(shape(1, 4096, Causal::TopLeft).pairs_per_head(), 1);
+        assert_eq!(
+            shape(1, 4096, Causal::None).flops(),
+            full(&shape(1, 4096, Causal::None))
+        );
+        // Sizes where Sq·Sk overflows u32 (and i32) still count exactly.
+        let big = shape(MAX_SEQ_LEN, MAX_SEQ_LEN, Causal::TopLeft);
+        let n = u64::from(MAX_SEQ_LEN);
+        assert_eq!(big.pairs_per_head(), n * (n + 1) / 2);
+    }
+
+    #[test]
+    fn causal_reads_bools_and_names_and_writes_bools_where_it_can() {
+        #[derive(Deserialize, Serialize)]
+        struct W {
+            causal: Causal,
+        }
+        for (toml_value, want) in [
+            ("true", Causal::TopLeft),
+            ("false", Causal::None),
+            ("\"none\"", Causal::None),
+            ("\"top-left\"", Causal::TopLeft),
+            ("\"bottom-right\"", Causal::BottomRight),
+        ] {
+            let w: W = toml::from_str(&format!("causal = {toml_value}")).unwrap();
+            assert_eq!(w.causal, want, "{toml_value}");
+        }
+        let json = |c| serde_json::to_string(&W { causal: c }).unwrap();
+        assert_eq!(json(Causal::TopLeft), r#"{"causal":true}"#);
+        assert_eq!(json(Causal::None), r#"{"causal":false}"#);
+        assert_eq!(json(Causal::BottomRight), r#"{"causal":"bottom-right"}"#);
+        let back: W = serde_json::from_str(&json(Causal::BottomRight)).unwrap();
+        assert_eq!(back.causal, Causal::BottomRight);
+        let err = toml::from_str::<W>("causal = \"lower-right\"")
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("bottom-right"), "{err}");
+        assert_eq!(
+            [Causal::None, Causal::TopLeft, Causal::BottomRight].map(Causal::code),
+            [0, 1, 2]
+        );
+    }
+
+    #[test]
+    fn size_helpers_never_wrap_and_absurd_shapes_are_refused() {
+        let mut s = shape(u32::MAX, u32::MAX, Causal::None);
+        s.b = u32::MAX;
+        s.h = u32::MAX;
+        assert_eq!(s.heads(), u64::from(u32::MAX) * u64::from(u32::MAX));
+        assert_eq!(s.q_elements(), u64::MAX, "saturates instead of wrapping");
+        assert!(s.check_size().is_err());
+        let ok = shape(8192, 8192, Causal::TopLeft);
+        assert_eq!(ok.q_elements(), 6 * 8192 * 64);
+        assert_eq!(ok.rows(), 6 * 8192);
+        assert!(ok.check_size().is_ok());
+        let many_heads = Shape {
+            b: 1024,
+            h: 128,
+            ..ok.clone()
+        };
+        assert!(many_heads.check_size().unwrap_err().contains("65535"));
+        let long = Shape {
+            sk: MAX_SEQ_LEN + 1,
+            ..ok.clone()
+        };
+        assert!(long.check_size().unwrap_err().contains("2^30"));
+        let huge = Shape {
+            b: 64,
+            h: 64,
+            sq: 1 << 20,
+            sk: 1 << 20,
+            ..ok
+        };
+        assert!(huge.check_size().unwrap_err().contains("GiB"));
+    }
+
+    #[test]
+    fn keys_are_located_inside_their_table() {
+        let text = "[tolerance.f16]\nmax_abs = 1\n\n[tolerance.bf16]\n  max_abs = nan\n[build.targets.sm_80]\nx = 1\n";
+        let at = |key| match config_error_at_key(Path::new("p.toml"), text, key, String::new()) {
+            Error::Config { line, column, .. } => (line, column),
+            _ => unreachable!(),
+        };
+        assert_eq!(at("tolerance.bf16.max_abs"), (5, 3));
+        assert_eq!(at("tolerance.f16.max_abs"), (2, 1));
+        assert_eq!(at("build.targets"), (6, 1));
+    }
 
     #[test]
     fn line_column_counts_from_one() {

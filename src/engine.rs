@@ -52,6 +52,8 @@ pub struct TuneOptions {
     pub commit: bool,
     /// How points are chosen; a resumed run keeps its own.
     pub strategy: Strategy,
+    /// What to do when another flashtune run holds a chosen GPU.
+    pub when_busy: WhenBusy,
     /// Filled in as the run starts: its input seed and the roofs it measured.
     pub run: RunState,
 }
@@ -319,12 +321,13 @@ pub async fn measure_roofs(
 }
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
+    refuse_fake_commit(&opts)?;
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
+    let _locks = lock_gpus(&devices, opts.executor.is_fake(), opts.when_busy)?;
     let opts = TuneOptions { devices, ..opts };
     let run_id = new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
@@ -360,23 +363,15 @@ pub async fn resume(
     force: bool,
     reporters: Vec<Box<dyn Reporter>>,
 ) -> Result<TuneOutcome> {
+    refuse_fake_commit(&opts)?;
     let log_path = run_dir.join("log.jsonl");
-    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
-    let old = loaded
-        .header()
-        .ok_or_else(|| {
-            Error::BadInput(format!(
-                "{} has no header record: not a flashtune run log",
-                log_path.display()
-            ))
-        })?
-        .clone();
+    let (loaded, old) = read_run(&run_dir)?;
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices, opts.executor.is_fake())?;
+    let _locks = lock_gpus(&devices, opts.executor.is_fake(), opts.when_busy)?;
     let opts = TuneOptions {
         devices,
         strategy: old.strategy.clone(),
@@ -422,6 +417,63 @@ pub async fn resume(
         ..opts
     };
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
+}
+
+/// The fake GPU's figures are synthetic: they must never reach the champion table.
+fn refuse_fake_commit(opts: &TuneOptions) -> Result<()> {
+    if opts.commit && opts.executor.is_fake() {
+        return Err(Error::BadInput(
+            "--commit with --fake-gpu: the fake GPU's figures are synthetic and are never committed to the champion table; \
+             drop --commit, or run on a GPU"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A run folder as the user names it: a path (as given, or under the project root), or the bare
+/// run id `tune` prints, looked up under the project's `runs/`.
+pub fn resolve_run_dir(paths: &ProjectPaths, given: &Path) -> Result<PathBuf> {
+    let mut candidates = vec![given.to_path_buf()];
+    if given.is_relative() {
+        candidates.push(paths.root.join(given));
+    }
+    let bare_id = given.components().count() == 1;
+    if bare_id {
+        candidates.push(paths.runs().join(given));
+    }
+    candidates.dedup();
+    if let Some(found) = candidates.iter().find(|c| c.join("log.jsonl").is_file()) {
+        return Ok(found.clone());
+    }
+    let looked: Vec<String> = candidates
+        .iter()
+        .map(|c| c.join("log.jsonl").display().to_string())
+        .collect();
+    Err(Error::BadInput(format!(
+        "no run `{}`: looked for {}. Give a run folder or the run id `tune` printed (e.g. 20261122-031500-ab12)",
+        given.display(),
+        looked.join(", ")
+    )))
+}
+
+/// A run's log and its header: a log that is empty, has no header, or was written by a newer
+/// flashtune is refused (exit 2) before anything reads, resumes or rewrites it.
+pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
+    let log_path = run_dir.join("log.jsonl");
+    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
+    let header = loaded.header().cloned().ok_or_else(|| {
+        let what = if loaded.entries.is_empty() {
+            "is empty"
+        } else {
+            "has no header record"
+        };
+        Error::BadInput(format!(
+            "{} {what}: not a flashtune run log (a run writes its header first), so there is nothing to rebuild or continue",
+            log_path.display()
+        ))
+    })?;
+    Ok((loaded, header))
 }
 
 /// flashtune commits the champion table itself; uncommitted edits to it would be lost or mixed in.
@@ -498,27 +550,59 @@ fn no_gpu(reason: String) -> Error {
     ))
 }
 
-/// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid.
-pub fn lock_gpus(devices: &[u32], fake: bool) -> Result<Vec<std::fs::File>> {
+/// What a run does when another flashtune run holds one of its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WhenBusy {
+    /// Exit at once with [`crate::error::exit_code::GPU_BUSY`].
+    #[default]
+    Refuse,
+    /// Queue behind the holder (`--wait`): two overnight runs follow each other.
+    Wait,
+}
+
+/// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid, or waits for it.
+pub fn lock_gpus(devices: &[u32], fake: bool, when_busy: WhenBusy) -> Result<Vec<std::fs::File>> {
     if fake {
         return Ok(Vec::new());
     }
-    devices
-        .iter()
-        .map(|d| {
-            let path = std::env::temp_dir().join(format!("flashtune-gpu{d}.lock"));
-            let mut file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path).with_context(|| format!("cannot open {}", path.display()))?;
-            use std::os::fd::AsRawFd;
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                let holder = std::fs::read_to_string(&path).unwrap_or_default();
-                return Err(Error::BadInput(format!("GPU {d} is in use by another flashtune run (pid {}); wait for it or pick another GPU with --gpus", holder.trim())));
+    devices.iter().map(|&d| lock_gpu(d, when_busy)).collect()
+}
+
+fn lock_gpu(device: u32, when_busy: WhenBusy) -> Result<std::fs::File> {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join(format!("flashtune-gpu{device}.lock"));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let flock = |operation| unsafe { libc::flock(file.as_raw_fd(), operation) };
+    if flock(libc::LOCK_EX | libc::LOCK_NB) != 0 {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        let holder = holder.trim();
+        if when_busy == WhenBusy::Refuse {
+            return Err(Error::GpuBusy(format!(
+                "GPU {device} is in use by another flashtune run (pid {holder}); pass --wait to queue behind it, or pick another GPU with --gpus"
+            )));
+        }
+        eprintln!("GPU {device} is in use by another flashtune run (pid {holder}); waiting for it to finish (--wait)");
+        // Blocking on purpose: nothing else of this run has started, and Ctrl-C still ends it.
+        while flock(libc::LOCK_EX) != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Other(anyhow::anyhow!(
+                    "cannot wait for the lock {}: {err}",
+                    path.display()
+                )));
             }
-            use std::io::Write;
-            file.set_len(0).ok();
-            let _ = write!(file, "{}", std::process::id());
-            Ok(file)
-        })
-        .collect()
+        }
+    }
+    file.set_len(0).ok();
+    let _ = write!(file, "{}", std::process::id());
+    Ok(file)
 }
 
 /// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
@@ -980,17 +1064,31 @@ pub struct BuiltRow {
     pub gate: Option<String>,
 }
 
-/// Compile and gate every valid point without a GPU, for the policy's default device.
+/// What `arch` allows a block, from policies.toml's `[build.targets]` (no GPU to ask).
+pub fn offline_limits(project: &Project, arch: &str) -> Result<DeviceLimits> {
+    let target = project.policies.target_limits(arch).map_err(|e| {
+        crate::config::config_error_at_key(
+            &project.paths.policies(),
+            &project.policies_text,
+            "build.targets",
+            e.to_string(),
+        )
+    })?;
+    Ok(DeviceLimits {
+        max_threads_per_block: target.max_threads_per_block,
+        max_smem_optin_bytes: target.max_smem_optin_bytes,
+    })
+}
+
+/// Compile and gate every valid point without a GPU, for `arch` (default: policies.toml's `default_arch`) and its limits.
 pub async fn build_space(
     project: &Project,
     arch: Option<&str>,
 ) -> Result<(Vec<PlannedPoint>, Vec<BuiltRow>)> {
-    let dev = &project.policies.build.default_device;
-    let arch = arch.unwrap_or(&dev.arch).to_owned();
-    let limits = DeviceLimits {
-        max_threads_per_block: dev.max_threads_per_block,
-        max_smem_optin_bytes: dev.max_smem_optin_bytes,
-    };
+    let arch = arch
+        .unwrap_or(&project.policies.build.default_arch)
+        .to_owned();
+    let limits = offline_limits(project, &arch)?;
     let planned = project.space.plan(&project.head_dims(), &limits)?;
     let specs = project.build_specs(&planned, &arch, &BTreeSet::new());
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
@@ -1021,14 +1119,9 @@ pub async fn ablate(
     variant: Option<&str>,
     reporters: Vec<Box<dyn Reporter>>,
 ) -> Result<TuneOutcome> {
+    refuse_fake_commit(&opts)?;
     let log_path = parent_dir.join("log.jsonl");
-    let log = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
-    let header = log.header().ok_or_else(|| {
-        Error::BadInput(format!(
-            "{} has no header record: not a flashtune run log",
-            log_path.display()
-        ))
-    })?;
+    let (log, header) = read_run(parent_dir)?;
     let (id, champion) = crate::ablate::choose_champion(&log, variant)
         .map_err(|e| Error::BadInput(format!("{}: {e}", log_path.display())))?;
     eprintln!("ablating around `{id}` from run {}", header.run_id);
@@ -1052,14 +1145,10 @@ pub async fn profile_on_demand(
     dtypes: &[Dtype],
 ) -> Result<Vec<(String, Dtype, Option<crate::profile::ProfileOutcome>)>> {
     let log_path = run_dir.join("log.jsonl");
-    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
-    let header = loaded
-        .header()
-        .ok_or_else(|| Error::BadInput(format!("{} has no header record", log_path.display())))?
-        .clone();
+    let (loaded, header) = read_run(run_dir)?;
     let project = Project::load(opts.paths.clone(), Some(&header.space_path))?;
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices[..1], opts.executor.is_fake())?;
+    let _locks = lock_gpus(&devices[..1], opts.executor.is_fake(), opts.when_busy)?;
     if device.name != header.device.name {
         return Err(Error::BadInput(format!(
             "run {} was timed on {}, this GPU is {}: profile it where it ran",
@@ -1079,6 +1168,9 @@ pub async fn profile_on_demand(
     } else {
         dtypes.to_vec()
     };
+    for &dtype in &dtypes {
+        project.policies.tolerance(dtype)?;
+    }
     let mut events = Events {
         log: RunLog::reopen(&log_path, &loaded)?,
         reporters: Vec::new(),

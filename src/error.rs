@@ -7,6 +7,8 @@ pub mod exit_code {
     pub const BAD_INPUT: u8 = 2;
     pub const NO_GPU: u8 = 3;
     pub const TOOL_MISSING: u8 = 4;
+    /// Another flashtune run holds the GPU (`--wait` queues behind it instead).
+    pub const GPU_BUSY: u8 = 5;
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -25,6 +27,9 @@ pub enum Error {
     BadInput(String),
     #[error("no usable GPU: {0}")]
     NoGpu(String),
+    /// Another flashtune run holds a GPU this one needs.
+    #[error("{0}")]
+    GpuBusy(String),
     #[error("{tool} not found: {hint}")]
     ToolMissing { tool: &'static str, hint: String },
     #[error(transparent)]
@@ -37,6 +42,7 @@ impl Error {
             Error::Config { .. } | Error::BadInput(_) => exit_code::BAD_INPUT,
             Error::NoGpu(_) => exit_code::NO_GPU,
             Error::ToolMissing { .. } => exit_code::TOOL_MISSING,
+            Error::GpuBusy(_) => exit_code::GPU_BUSY,
             Error::Other(_) => exit_code::FAILURE,
         }
     }

@@ -254,7 +254,7 @@ impl FakeGpu {
         Ok((0..q.len() / d)
             .map(|row| {
                 let (bh, i) = (row / sq, row % sq);
-                (0..check::visible_keys(shape, i))
+                (0..shape.visible_keys(i as u32) as usize)
                     .map(|j| {
                         q[row * d..][..d]
                             .iter()

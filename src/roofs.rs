@@ -96,7 +96,7 @@ mod tests {
             sq: 8192,
             sk: 8192,
             d: 128,
-            causal: false,
+            causal: crate::config::Causal::None,
         }
     }
 

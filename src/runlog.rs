@@ -442,6 +442,9 @@ pub fn read(path: &Path) -> Result<LoadedLog> {
     let lines: Vec<String> = BufReader::new(file)
         .lines()
         .collect::<std::io::Result<_>>()?;
+    if let Some(first) = lines.iter().find(|l| !l.trim().is_empty()) {
+        refuse_newer_schema(path, first)?;
+    }
     let mut entries = Vec::new();
     let mut torn_tail = false;
     let last_nonempty = lines.iter().rposition(|l| !l.trim().is_empty());
@@ -456,4 +459,24 @@ pub fn read(path: &Path) -> Result<LoadedLog> {
         }
     }
     Ok(LoadedLog { entries, torn_tail })
+}
+
+/// A newer flashtune may have changed what records mean: reading its log as ours would be a guess.
+/// Checked on the raw header line, before its records are parsed (they may not parse at all).
+fn refuse_newer_schema(path: &Path, first_line: &str) -> Result<()> {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(first_line) else {
+        return Ok(());
+    };
+    let version = value
+        .get("schema_version")
+        .filter(|_| value.get("event").and_then(|e| e.as_str()) == Some("header"))
+        .and_then(|v| v.as_u64());
+    match version {
+        Some(v) if v > u64::from(SCHEMA_VERSION) => anyhow::bail!(
+            "{}: written by a newer flashtune (log schema {v}; this flashtune {} reads schema {SCHEMA_VERSION} and older); use a newer flashtune",
+            path.display(),
+            env!("CARGO_PKG_VERSION")
+        ),
+        _ => Ok(()),
+    }
 }

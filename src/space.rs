@@ -174,8 +174,13 @@ impl Space {
     pub fn load(path: &Path) -> Result<Self> {
         let text = config::read_text(path)?;
         let file: SpaceFile = config::parse_toml(path, &text)?;
+        check_names(path, &text, &file)?;
+        if let Some(timeouts) = &file.timeouts {
+            timeouts.check("timeouts", path, &text)?;
+        }
         // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
-        let probe = expr_context(&file.baseline, &file.symbols, 64);
+        let probe = expr_context(&file.baseline, &file.symbols, 64)
+            .map_err(|e| config::config_error_at_key(path, &text, "baseline", e))?;
         let compile = |key: &str, src: &str| -> Result<Expr> {
             let at = |message: String| config::config_error_at_text(path, &text, src, key, message);
             let tree = evalexpr::build_operator_tree(src)
@@ -294,6 +299,19 @@ impl Space {
 
     /// Every grid point, in file order (the last parameter varies fastest).
     pub fn variants(&self) -> Result<Vec<Variant>> {
+        let points = self
+            .params
+            .values()
+            .try_fold(1usize, |n, values| n.checked_mul(values.len()))
+            .filter(|&n| n <= MAX_GRID_POINTS);
+        if points.is_none() {
+            return Err(config::config_error_at_key(
+                &self.path,
+                &self.text,
+                "params",
+                format!("the grid has more than {MAX_GRID_POINTS} points; list fewer values, or prune with a chain"),
+            ));
+        }
         if let Some(chain) = &self.chain {
             return Ok(chain
                 .iter()
@@ -400,7 +418,13 @@ impl Space {
         head_dim: u32,
         limits: &DeviceLimits,
     ) -> Result<PlannedPoint> {
-        let ctx = expr_context(&variant.params, &self.symbols, head_dim);
+        let ctx = expr_context(&variant.params, &self.symbols, head_dim).map_err(|e| {
+            Error::BadInput(format!(
+                "{}: point {}: {e}",
+                self.path.display(),
+                variant.id
+            ))
+        })?;
         let invalid = |reason: String| PlannedPoint {
             variant: variant.clone(),
             head_dim,
@@ -487,17 +511,98 @@ impl Space {
     }
 }
 
-fn expr_context(params: &Params, symbols: &IndexMap<String, i64>, head_dim: u32) -> HashMapContext {
-    let mut ctx = HashMapContext::new();
-    for (k, v) in params {
-        ctx.set_value(k.clone(), v.to_expr_value(symbols))
-            .expect("fresh context accepts any value");
+/// Names the planner sets itself for every point; a space cannot make them parameters.
+const PLANNER_NAMES: [(&str, &str); 3] = [
+    ("HEAD_DIM", "each shape's head dim"),
+    ("ELEM_BYTES", "the element size of the dtype"),
+    ("DTYPE", "each dtype the policies list"),
+];
+
+/// Far more points than any run could build; a grid this large is a mistake in the file.
+pub const MAX_GRID_POINTS: usize = 1_000_000;
+
+/// Parameter names and symbolic values become `-D` tokens: they must be C identifiers, and not the
+/// names the planner defines itself.
+fn check_names(path: &Path, text: &str, file: &SpaceFile) -> Result<()> {
+    let is_identifier = |s: &str| {
+        s.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    };
+    let grid_names = file.params.iter().flat_map(|grid| grid.iter());
+    let chain_names = file.chain.iter().flatten().flat_map(|step| {
+        step.params
+            .iter()
+            .map(|(k, v)| (k, std::slice::from_ref(v)))
+    });
+    let all = grid_names
+        .map(|(k, v)| (k, v.as_slice()))
+        .chain(chain_names)
+        .chain(
+            file.baseline
+                .iter()
+                .map(|(k, v)| (k, std::slice::from_ref(v))),
+        );
+    for (name, values) in all {
+        let key = if file.params.is_some() {
+            format!("params.{name}")
+        } else {
+            "chain".to_owned()
+        };
+        if let Some((_, what)) = PLANNER_NAMES.iter().find(|(n, _)| n == name) {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                &key,
+                format!(
+                    "`{name}` cannot be a parameter: flashtune sets it from {what} for every point"
+                ),
+            ));
+        }
+        if !is_identifier(name) {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                &key,
+                format!("parameter name `{name}` must be a C identifier (letters, digits, _): it becomes a -D define"),
+            ));
+        }
+        for value in values {
+            if let ParamValue::Name(s) = value {
+                if !is_identifier(s) {
+                    return Err(config::config_error_at_key(
+                        path,
+                        text,
+                        &key,
+                        format!("value \"{s}\" of `{name}` must be a number or a C identifier (letters, digits, _): it becomes -D{name}={name}_{}", s.to_uppercase()),
+                    ));
+                }
+            }
+        }
     }
-    ctx.set_value("HEAD_DIM".into(), Value::Int(head_dim as i64))
-        .expect("fresh context");
-    ctx.set_value("ELEM_BYTES".into(), Value::Int(2))
-        .expect("fresh context");
-    ctx
+    Ok(())
+}
+
+/// The expression variables of one point: its parameters, the head dim and the element size.
+fn expr_context(
+    params: &Params,
+    symbols: &IndexMap<String, i64>,
+    head_dim: u32,
+) -> std::result::Result<HashMapContext, String> {
+    let mut ctx = HashMapContext::new();
+    let values = params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.to_expr_value(symbols)))
+        .chain([
+            ("HEAD_DIM".to_owned(), Value::Int(i64::from(head_dim))),
+            ("ELEM_BYTES".to_owned(), Value::Int(2)),
+        ]);
+    for (name, value) in values {
+        ctx.set_value(name.clone(), value)
+            .map_err(|e| format!("cannot set `{name}` in the expression context: {e}"))?;
+    }
+    Ok(ctx)
 }
 
 /// How a search moves one parameter: along the space's list of values, or to a named value.

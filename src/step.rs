@@ -36,6 +36,8 @@ pub struct StepOptions {
     pub time_limit: Option<Duration>,
     pub device: u32,
     pub executor: Executor,
+    /// Queue behind another flashtune run that holds the GPU, or refuse at once.
+    pub when_busy: engine::WhenBusy,
 }
 
 pub struct StepOutcome {
@@ -68,7 +70,7 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
             "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
         ))
     })?;
-    let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake())?;
+    let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
     let run_id = engine::new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
     let mut session = Session {

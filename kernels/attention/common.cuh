@@ -29,6 +29,22 @@ typedef __half2 elem2_t;
 
 static_assert(sizeof(elem_t) == 2, "the smem formula reported to the planner assumes ELEM_BYTES == 2");
 
+// The kernels' `int causal` argument (Shape::causal_code on the host). 1 is top-left because the
+// argument used to be a bool: `true` must keep meaning what PyTorch's is_causal means.
+constexpr int kCausalNone = 0;
+constexpr int kCausalTopLeft = 1;        // query i sees keys j <= i (PyTorch is_causal)
+constexpr int kCausalBottomRight = 2;    // query i sees keys j <= i + Sk - Sq (FA >= 2.1, causal_lower_right)
+static_assert(kCausalNone == 0 && kCausalTopLeft == 1, "causal codes 0 and 1 are the old bool false and true");
+
+// Every mask admits a prefix of the keys: query i sees keys j <= i + causal_offset and j < Sk.
+// With no mask the offset is Sk, so that one comparison (j > i + offset) never fires for j < Sk.
+// A row with i + offset < 0 sees no key (bottom-right, Sq > Sk): its O is 0 and its LSE -inf.
+// Sq and Sk are below 2^30 (the host refuses larger shapes), so i + offset fits an int.
+__device__ __forceinline__ int causal_offset(int causal, int sq, int sk) {
+    if (causal != kCausalNone && causal != kCausalTopLeft && causal != kCausalBottomRight) __trap();
+    return causal == kCausalTopLeft ? 0 : causal == kCausalBottomRight ? sk - sq : sk;
+}
+
 // log2(e): the softmax runs in base 2 so that exp2f (one MUFU op) replaces expf.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

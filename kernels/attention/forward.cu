@@ -154,14 +154,15 @@ __device__ __forceinline__ void load_tile_async(elem_t* dst, const elem_t* __res
 
 // What every path needs to know about the CTA's work.
 struct Ctx {
-    int q0;            // first query row of the block
+    int q0;             // first query row of the block
     int sq, sk;
-    bool causal;
-    float scale_log2;  // softmax_scale * log2(e): scores go straight into exp2f
+    int causal_offset;  // query i sees keys j <= i + causal_offset (common.cuh; Sk when unmasked)
+    float scale_log2;   // softmax_scale * log2(e): scores go straight into exp2f
 };
 
+// Both tests are needed even unmasked: tails of K past Sk are zero-filled, not absent.
 __device__ __forceinline__ bool key_masked(const Ctx& ctx, int i, int j) {
-    return j >= ctx.sk || (ctx.causal && j > i);
+    return j >= ctx.sk || j > i + ctx.causal_offset;
 }
 
 // Where results go: O/LSE directly with one split, float partials otherwise. Each partial is
@@ -605,12 +606,14 @@ struct MmaPath {
             }
         }
 
-        // Only tiles that cross the end of K or the causal diagonal need per-element masks.
+        // Only tiles that cross the end of K or the causal diagonal need per-element masks: the
+        // block's first row sees keys <= q0 + causal_offset, its later rows more (unmasked, the
+        // offset is Sk and only the tail test can fire).
         const int g = lane / 4;
         const int t = lane % 4;
         const int key0 = kv0 + wn * kKeysW + koff;
         const int row_base = ctx.q0 + wm * 16 * kMT;
-        const bool needs_mask = (kv0 + kBlockN > ctx.sk) || (ctx.causal && kv0 + kBlockN - 1 > ctx.q0);
+        const bool needs_mask = (kv0 + kBlockN > ctx.sk) || (kv0 + kBlockN - 1 > ctx.q0 + ctx.causal_offset);
         if (needs_mask) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
@@ -831,12 +834,15 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
     ctx.sq = Sq;
     ctx.sk = Sk;
-    ctx.causal = causal != 0;
+    ctx.causal_offset = causal_offset(causal, Sq, Sk);
     ctx.scale_log2 = softmax_scale * kLog2e;
 
-    // Keys the whole query block may see. Causal is top-left: the block's last row i sees
-    // keys <= i, so KV blocks past it are fully masked and skipped here, not masked later.
-    const int kv_len = ctx.causal ? min(Sk, min(Sq, ctx.q0 + kBlockM)) : Sk;
+    // Keys the whole query block may see: its last row i sees keys <= i + causal_offset, so KV
+    // blocks past that are fully masked and skipped here, not masked later. A block whose rows
+    // all see no key (bottom-right, Sq > Sk) runs no KV block at all and its epilogue writes
+    // O = 0, LSE = -inf (l = 0); a row with no key inside a running block ends the same way.
+    const int last_row = min(Sq, ctx.q0 + kBlockM) - 1;
+    const int kv_len = max(0, min(Sk, last_row + ctx.causal_offset + 1));
     const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
     // Balanced contiguous shares; a split may get none (then it writes LSE -inf and O 0
     // through the ordinary epilogue, since m = -inf and l = 0).

@@ -32,9 +32,18 @@ attn_reference(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
     for (int d = lane; d < D; d += 32) q_s[warp][d] = to_float(q[d]);
     __syncwarp();
 
-    // Top-left causal alignment (PyTorch is_causal): query i sees keys 0..i, so every row
-    // has at least key 0 and the running max is finite after the first chunk.
-    const int kv_len = causal ? min(Sk, i + 1) : Sk;
+    // Every mask admits a prefix of the keys, written out here rather than shared with the
+    // kernels it judges: 0..i top-left (PyTorch is_causal), 0..i + Sk - Sq bottom-right
+    // (causal_lower_right). A bottom-right row with Sq > Sk may see none: the loop below does
+    // not run, l stays 0, and the row gets O = 0 and LSE = -inf, the forward kernels' convention.
+    int last_key;
+    switch (causal) {
+        case kCausalNone: last_key = Sk - 1; break;
+        case kCausalTopLeft: last_key = i; break;
+        case kCausalBottomRight: last_key = i + (Sk - Sq); break;
+        default: __trap();
+    }
+    const int kv_len = max(0, min(Sk, last_key + 1));
 
     float m = neg_inf();
     float l = 0.0f;
@@ -71,10 +80,12 @@ attn_reference(const elem_t* __restrict__ Q, const elem_t* __restrict__ K,
         }
     }
 
-    const float inv_l = 1.0f / l;
+    // l > 0 whenever a key was seen (the max key contributes exp(0) = 1).
+    const bool saw_key = kv_len > 0;
+    const float inv_l = saw_key ? 1.0f / l : 0.0f;
     float* o = O + (bh * Sq + i) * D;
 #pragma unroll
     for (int e = 0; e < kRefMaxDimsPerLane; ++e)
         if (e < dims_per_lane) o[lane + 32 * e] = acc[e] * inv_l;
-    if (lane == 0) LSE[bh * Sq + i] = m + logf(l);
+    if (lane == 0) LSE[bh * Sq + i] = saw_key ? m + logf(l) : neg_inf();
 }
