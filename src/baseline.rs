@@ -14,6 +14,10 @@ pub struct BaselineRow {
     pub shape: String,
     pub dtype: Dtype,
     pub outcome: Result<TimingStats, String>,
+    /// Times it was timed again because its p10..p90 spread was above `[baseline] max_spread`.
+    pub remeasured: u32,
+    /// Its spread stayed above the limit: the figure is reported, marked as not to be trusted.
+    pub noisy: bool,
 }
 
 /// A roof of the GPU the adapter measured in the same session (dense matmul, device copy).
@@ -154,6 +158,8 @@ pub async fn measure_with_ceilings(
                 shape: r.shape,
                 dtype: r.dtype,
                 outcome,
+                remeasured: 0,
+                noisy: false,
             }
         })
         .collect();

@@ -1,9 +1,9 @@
 //! The champion table: per (shape, dtype) the fastest correct variant of a run, with the log line that proves it; committed with git2.
 use crate::config::Dtype;
-use crate::runlog::{LoadedLog, Record};
+use crate::runindex::RunIndex;
+use crate::runlog::LoadedLog;
 use crate::space::Params;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::Path;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,58 +26,37 @@ pub struct Table {
     pub champion: Vec<Champion>,
 }
 
-/// The fastest timed variant per (shape, dtype); later records win ties and re-measurements.
+/// The fastest timed variant per (shape, dtype), each case as its last record left it.
 pub fn from_log(log: &LoadedLog) -> Vec<Champion> {
-    let Some(header) = log.header() else {
+    from_index(&RunIndex::new(log))
+}
+
+pub fn from_index(ix: &RunIndex) -> Vec<Champion> {
+    let Some(header) = ix.header else {
         return Vec::new();
     };
-    let mut params: BTreeMap<String, Params> = BTreeMap::new();
-    let mut timed: BTreeMap<(String, Dtype, String), (f64, f64, usize)> = BTreeMap::new();
-    for (line, e) in &log.entries {
-        match &e.record {
-            Record::Planned {
-                variant, params: p, ..
-            } => {
-                params.insert(variant.clone(), p.clone());
-            }
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => {
-                timed.insert(
-                    (shape.clone(), *dtype, variant.clone()),
-                    (timing.median_us, timing.tflops, *line),
-                );
-            }
-            _ => {}
-        }
-    }
     let mut out = Vec::new();
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
-            let best = timed
-                .iter()
-                .filter(|((s, d, _), _)| s == &shape.name && *d == dtype)
-                .min_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
-            let Some(((_, _, variant), &(median_us, tflops, log_line))) = best else {
+            let Some(pick) = ix.pick(&shape.name, dtype) else {
                 continue;
             };
-            let baseline = timed
-                .get(&(shape.name.clone(), dtype, header.baseline.clone()))
-                .map(|b| b.0 / median_us);
+            let best = pick.best;
+            let timing = best.measured().expect("a pick is measured");
+            let baseline = ix
+                .case(&header.baseline, &shape.name, dtype)
+                .and_then(|c| c.measured())
+                .map(|b| b.median_us / timing.median_us);
             out.push(Champion {
                 shape: shape.name.clone(),
                 dtype,
-                variant: variant.clone(),
-                params: params.get(variant).cloned().unwrap_or_default(),
-                median_us,
-                tflops,
+                variant: best.variant.to_owned(),
+                params: ix.params_of(best.variant).cloned().unwrap_or_default(),
+                median_us: timing.median_us,
+                tflops: timing.tflops,
                 speedup_vs_baseline: baseline,
                 run: header.run_id.clone(),
-                log_line,
+                log_line: best.log_line(),
             });
         }
     }

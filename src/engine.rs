@@ -844,6 +844,8 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                         shape,
                         dtype,
                         timing,
+                        remeasured: row.remeasured,
+                        noisy: row.noisy,
                     },
                     Err(reason) => Record::BaselineUnavailable {
                         backend: Some(backend),

@@ -21,6 +21,7 @@ pub mod progress;
 pub mod protocol;
 pub mod ptxas;
 pub mod report;
+pub mod runindex;
 pub mod runlog;
 pub mod scheduler;
 pub mod search;

@@ -1,6 +1,7 @@
 //! Turns a run log into the Markdown table people read: one row per (variant, dtype), every figure from a log record.
 use crate::config::Dtype;
 use crate::engine::REFERENCE;
+use crate::runindex::{BuildOutcome, Outcome, RunIndex};
 use crate::runlog::{LoadedLog, Record};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -27,7 +28,7 @@ struct Row {
 /// What `tune` prints when it ends: the run line, the best per shape (and an ablation's factor ranking), failures
 /// in one line, and how the run ended. The whole report is in the run folder.
 pub fn summary(log: &LoadedLog) -> String {
-    let md = markdown(log);
+    let md = markdown(&RunIndex::new(log));
     let mut parts = md.split("\n## ");
     let preamble = parts.next().unwrap_or("");
     let mut out: String = preamble
@@ -53,9 +54,9 @@ pub fn summary(log: &LoadedLog) -> String {
     out
 }
 
-pub fn markdown(log: &LoadedLog) -> String {
+pub fn markdown(ix: &RunIndex) -> String {
     let mut md = String::new();
-    let Some(header) = log.header() else {
+    let Some(header) = ix.header else {
         return "No header record: this is not a flashtune run log.\n".into();
     };
     let _ = writeln!(md, "# flashtune run {}\n", header.run_id);
@@ -81,10 +82,7 @@ pub fn markdown(log: &LoadedLog) -> String {
     let mut order: Vec<(String, Dtype)> = Vec::new();
     // Reason → (count, first few examples): a big space rules out thousands of points for a handful of reasons.
     let mut invalid: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-    let mut worker_problems: Vec<String> = Vec::new();
-    let mut profiles: BTreeMap<(String, String, Dtype), String> = BTreeMap::new();
-    let mut finished = None;
-    let mut interrupted = None;
+    let mut worker_problems: Vec<(usize, String)> = Vec::new();
     let mut row =
         |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
             let key = (v.to_owned(), dt);
@@ -95,161 +93,131 @@ pub fn markdown(log: &LoadedLog) -> String {
             key
         };
     let mut params_of: BTreeMap<String, String> = BTreeMap::new();
-    for (line, entry) in &log.entries {
-        match &entry.record {
-            Record::Planned {
-                variant,
-                step,
-                params,
-                head_dim,
-                invalid: why,
-                ..
-            } => {
-                let described = params
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let described = match step {
-                    Some(step) => format!("**{step}**: {described}"),
-                    None => described,
-                };
-                params_of.insert(variant.clone(), described);
-                if let Some(why) = why {
-                    let entry = invalid.entry(why.clone()).or_default();
-                    entry.0 += 1;
-                    if entry.1.len() < 3 {
-                        entry
-                            .1
-                            .push(format!("`{variant}` d={head_dim} (log line {line})"));
-                    }
-                }
+    for p in &ix.planned {
+        let described = p
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let described = match p.step {
+            Some(step) => format!("**{step}**: {described}"),
+            None => described,
+        };
+        params_of.insert(p.variant.to_owned(), described);
+        if let Some(why) = p.invalid {
+            let entry = invalid.entry(why.to_owned()).or_default();
+            entry.0 += 1;
+            if entry.1.len() < 3 {
+                entry.1.push(format!(
+                    "`{}` d={} (log line {})",
+                    p.variant, p.head_dim, p.line
+                ));
             }
-            Record::Built {
-                variant,
-                dtype,
-                entries,
-                ..
-            } if variant != REFERENCE => {
-                let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
+        }
+    }
+    // Rows are made in log order: builds and failed checks as they happened.
+    enum Seen<'a> {
+        Resources(&'a [crate::ptxas::EntryResources]),
+        Problem(String),
+    }
+    let mut seen: Vec<(usize, &str, Dtype, Seen)> = Vec::new();
+    for b in &ix.builds {
+        let line = b.line;
+        match b.outcome {
+            BuildOutcome::Built { .. } if b.variant == REFERENCE => {}
+            BuildOutcome::Built { entries, .. } => {
+                seen.push((line, b.variant, b.dtype, Seen::Resources(entries)))
+            }
+            BuildOutcome::Failed { reason } | BuildOutcome::Rejected { reason } => {
+                if b.variant == REFERENCE {
+                    let text =
+                        format!("reference kernel ({}): {reason} (log line {line})", b.dtype);
+                    worker_problems.push((line, text));
+                    continue;
+                }
+                let text = format!("d={}: {reason} (log line {line})", b.head_dim);
+                seen.push((line, b.variant, b.dtype, Seen::Problem(text)));
+            }
+        }
+    }
+    for f in &ix.check_failures {
+        let text = format!("{}: {} (log line {})", f.shape, f.reason, f.line);
+        seen.push((f.line, f.variant, f.dtype, Seen::Problem(text)));
+    }
+    seen.sort_by_key(|s| s.0);
+    for (_, variant, dtype, what) in seen {
+        let k = row(&mut rows, variant, dtype);
+        let r = rows.get_mut(&k).expect("row exists");
+        match what {
+            Seen::Resources(entries) => {
                 for e in entries {
                     r.registers = r.registers.max(e.registers);
                     r.spills = r.spills.max(e.spill_bytes());
                 }
             }
-            Record::BuildFailed {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-                ..
-            }
-            | Record::Rejected {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-            } => {
-                if variant == REFERENCE {
-                    worker_problems.push(format!(
-                        "reference kernel ({dtype}): {reason} (log line {line})"
-                    ));
-                    continue;
-                }
-                let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
-                r.problems
-                    .push(format!("d={head_dim}: {reason} (log line {line})"));
-            }
-            Record::CheckFailed {
-                variant,
-                shape,
-                dtype,
-                reason,
-                ..
-            } => {
-                let k = row(&mut rows, variant, *dtype);
-                rows.get_mut(&k)
-                    .expect("row exists")
-                    .problems
-                    .push(format!("{shape}: {reason} (log line {line})"));
-            }
+            Seen::Problem(text) => r.problems.push(text),
+        }
+    }
+    for &(line, record) in &ix.incidents {
+        let text = match record {
             Record::WorkerCrashed {
                 variant,
                 detail,
                 cases_not_run,
-            } => {
-                worker_problems.push(format!(
-                    "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
-                    cases_not_run.join(", ")
-                ));
-            }
+            } => format!(
+                "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
+                cases_not_run.join(", ")
+            ),
             Record::TimedOut {
                 variant,
                 stage,
                 seconds,
                 cases_not_run,
-            } => {
-                worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
-            }
-            Record::Profiled {
-                variant,
-                shape,
-                dtype,
-                profile,
-            } => {
-                profiles.insert(
-                    (variant.clone(), shape.clone(), *dtype),
-                    profile_summary(profile, *line),
-                );
-            }
-            Record::Interrupted { reason } => interrupted = Some(reason.clone()),
-            Record::BudgetReached { reason, variants_not_measured } => {
-                worker_problems.push(format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")));
-            }
-            Record::Quarantined { variant, reason, .. } => worker_problems.push(format!("`{variant}` quarantined: {reason} (log line {line})")),
-            Record::GpuUnhealthy { device, reason } => worker_problems.push(format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})")),
-            Record::Finished {
-                seconds,
-                variants,
-                measured_cases,
-                failed_cases,
-            } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
-            _ => {}
-        }
-    }
-    // Each case's outcome is decided once, in export::cases; the table only lays it out.
-    let cases = crate::export::cases(log);
-    for case in cases.iter().cloned() {
-        let k = row(&mut rows, &case.variant, case.dtype);
-        let r = rows.get_mut(&k).expect("row exists");
-        let cell = match (case.status.as_str(), case.median_us, case.tflops) {
-            ("timed", Some(median_us), Some(tflops)) => {
-                r.checked = true;
-                r.max_abs = r.max_abs.max(case.max_abs.unwrap_or(0.0));
-                r.max_rel_l2 = r.max_rel_l2.max(case.rel_l2.unwrap_or(0.0));
-                Cell::Timed { median_us, tflops }
-            }
-            ("not_run", ..) => continue,
-            ("build_failed", ..) => Cell::Failed("build".into()),
-            ("timed_out", ..) => Cell::Failed("timed out".into()),
-            (status, ..) => Cell::Failed(status.into()),
+            } => format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")),
+            Record::BudgetReached { reason, variants_not_measured } => format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")),
+            Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
+            Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),
+            _ => continue,
         };
-        r.cells.insert(case.shape, cell);
+        worker_problems.push((line, text));
+    }
+    worker_problems.sort_by_key(|p| p.0);
+    let mut profiles: BTreeMap<(&str, &str, Dtype), String> = BTreeMap::new();
+    for p in &ix.profiles {
+        profiles.insert(
+            (p.variant, p.shape, p.dtype),
+            profile_summary(p.profile, p.line),
+        );
+    }
+    // Each case's outcome is decided once, in the run index; the table only lays it out.
+    for case in &ix.cases {
+        let k = row(&mut rows, case.variant, case.dtype);
+        let r = rows.get_mut(&k).expect("row exists");
+        let cell = match &case.outcome {
+            Outcome::Measured { timing, .. } => {
+                r.checked = true;
+                r.max_abs = r.max_abs.max(case.check.map_or(0.0, |c| c.max_abs));
+                r.max_rel_l2 = r.max_rel_l2.max(case.check.map_or(0.0, |c| c.rel_l2));
+                Cell::Timed {
+                    median_us: timing.median_us,
+                    tflops: timing.tflops,
+                }
+            }
+            Outcome::NotRun => continue,
+            outcome => Cell::Failed(match outcome.status() {
+                "build_failed" => "build".into(),
+                "timed_out" => "timed out".into(),
+                status => status.into(),
+            }),
+        };
+        r.cells.insert(case.shape.name.clone(), cell);
     }
     for ((variant, _), r) in rows.iter_mut() {
         r.params = params_of.get(variant).cloned().unwrap_or_default();
     }
     // Rows follow the space's order (baseline family first as written), then the policy's dtype order.
-    let planned_order: Vec<String> = log
-        .entries
-        .iter()
-        .filter_map(|(_, e)| match &e.record {
-            Record::Planned { variant, .. } => Some(variant.clone()),
-            _ => None,
-        })
-        .collect();
+    let planned_order: Vec<&str> = ix.planned.iter().map(|p| p.variant).collect();
     order.sort_by_key(|(v, d)| {
         (
             planned_order
@@ -309,15 +277,13 @@ pub fn markdown(log: &LoadedLog) -> String {
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
-    md.push_str(&best_per_shape(&crate::findings::best_per_shape(
-        log, &cases,
-    )));
-    if let Some(chain) = crate::findings::chain(log, &cases) {
+    md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
+    if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
     }
     for section in [
-        crate::ablate::factors_section(log),
-        crate::search::proposals_section(log),
+        crate::ablate::factors_section(ix.log),
+        crate::search::proposals_section(ix.log),
     ]
     .into_iter()
     .flatten()
@@ -339,7 +305,7 @@ pub fn markdown(log: &LoadedLog) -> String {
                 .iter()
                 .map(move |p| format!("- `{}` {}: {p}", k.0, k.1))
         })
-        .chain(worker_problems.iter().map(|p| format!("- {p}")))
+        .chain(worker_problems.iter().map(|p| format!("- {}", p.1)))
         .collect();
     if !problems.is_empty() {
         md.push_str("\n## Failures\n\n");
@@ -356,20 +322,24 @@ pub fn markdown(log: &LoadedLog) -> String {
             let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
         }
     }
-    md.push_str(&run_statistics(log));
+    md.push_str(&run_statistics(ix));
     md.push('\n');
-    if let Some(reason) = interrupted {
+    if let Some(reason) = ix.interrupted {
         let _ = writeln!(md, "Run interrupted: {reason}.");
     }
-    match finished {
-        Some((seconds, variants, measured, failed)) => {
-            let _ = writeln!(md, "Finished in {seconds:.1} s: {variants} variants, {measured} cases measured, {failed} failed.");
+    match ix.finished {
+        Some(f) => {
+            let _ = writeln!(
+                md,
+                "Finished in {:.1} s: {} variants, {} cases measured, {} failed.",
+                f.seconds, f.variants, f.measured_cases, f.failed_cases
+            );
         }
         None => {
             md.push_str("The run has no `finished` record: it was interrupted or is still going.\n")
         }
     }
-    if log.torn_tail {
+    if ix.log.torn_tail {
         md.push_str("The log's last line was cut short (a crash while writing) and was ignored.\n");
     }
     md
@@ -545,37 +515,35 @@ fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow
 }
 
 /// Where the wall time went: builds, GPU workers, and the gaps between workers (flashtune's own overhead).
-fn run_statistics(log: &LoadedLog) -> String {
+fn run_statistics(ix: &RunIndex) -> String {
     let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) =
         (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut wall = 0.0f64;
-    let mut replay_seconds = 0.0f64;
-    for (_, e) in &log.entries {
-        wall = wall.max(e.t);
-        match &e.record {
-            Record::Timed { timing, .. } => {
-                replay_seconds +=
-                    timing.samples_us.iter().sum::<f64>() * timing.launches_per_sample as f64 / 1e6
-            }
-            Record::Built { cached: true, .. } => cached += 1,
-            Record::Built { seconds, .. } => {
+    let wall = ix.wall_seconds;
+    let replay_seconds: f64 = ix
+        .timings
+        .iter()
+        .map(|t| {
+            t.timing.samples_us.iter().sum::<f64>() * t.timing.launches_per_sample as f64 / 1e6
+        })
+        .sum();
+    for b in &ix.builds {
+        match b.outcome {
+            BuildOutcome::Built { cached: true, .. } => cached += 1,
+            BuildOutcome::Built { seconds, .. } => {
                 compiled += 1;
                 nvcc_seconds += seconds;
-                last_build_t = last_build_t.max(e.t);
+                last_build_t = last_build_t.max(b.t);
             }
-            Record::BuildFailed { .. } => last_build_t = last_build_t.max(e.t),
-            Record::WorkerRan {
-                device,
-                started_t,
-                seconds,
-                ..
-            } => workers
-                .entry(*device)
-                .or_default()
-                .push((*started_t, *seconds)),
-            _ => {}
+            BuildOutcome::Failed { .. } => last_build_t = last_build_t.max(b.t),
+            BuildOutcome::Rejected { .. } => {}
         }
+    }
+    for w in &ix.workers {
+        workers
+            .entry(w.device)
+            .or_default()
+            .push((w.started_t, w.seconds));
     }
     if workers.is_empty() {
         return String::new();

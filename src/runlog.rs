@@ -135,6 +135,12 @@ pub enum Record {
         shape: String,
         dtype: Dtype,
         timing: TimingStats,
+        /// Times it was timed again because its p10..p90 spread was above `[baseline] max_spread`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        remeasured: u32,
+        /// Still above that limit after the re-measurements: a figure not to be trusted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        noisy: bool,
     },
     /// The reference library could not be timed: all of it (no fields set) or one backend/shape.
     BaselineUnavailable {
@@ -275,6 +281,10 @@ pub enum Record {
         commit: Option<String>,
         restored: Vec<String>,
     },
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 pub struct RunLog {

@@ -140,10 +140,8 @@ mod ncu_fixtures {
 
     #[test]
     fn mixed_stdout_is_skipped_and_split_kv_has_two_kernels() {
-        let k = parse_raw_csv(&fixture(
-            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
-        ))
-        .unwrap();
+        let k =
+            parse_raw_csv(&fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
         assert_eq!(k.len(), 3);
         assert!(k[0].kernel.starts_with("void flash_fwd_splitkv_kernel"));
         assert!(k[1]
@@ -169,18 +167,14 @@ mod ncu_fixtures {
         let out = fixture("ncu/no_kernels_profiled.txt");
         assert!(no_kernels_profiled(&out));
         assert!(parse_raw_csv(&out).is_err());
-        assert!(!no_kernels_profiled(&fixture(
-            "ncu/profile_run_stdout.txt"
-        )));
+        assert!(!no_kernels_profiled(&fixture("ncu/profile_run_stdout.txt")));
     }
 
     #[test]
     fn classifier_names_the_bottleneck_from_real_numbers() {
         // PyTorch's split-KV flash kernel at the seed shape: 0.48 waves.
-        let flash = parse_raw_csv(&fixture(
-            "ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv",
-        ))
-        .unwrap();
+        let flash =
+            parse_raw_csv(&fixture("ncu/torch_sdpa_flash_1_8_512_64_mixed_stdout.csv")).unwrap();
         let named = classify(&flash[0], &rules());
         assert_eq!(
             named.first().map(String::as_str),
@@ -214,7 +208,7 @@ mod exports {
         let schema = t4_schema();
         let validator = jsonschema::validator_for(&schema).unwrap();
         for name in ["smoke-h200.log.jsonl", "smoke-killed-torn.log.jsonl"] {
-            let t4 = export::t4(&fixture_log(name));
+            let t4 = export::t4(&flashtune::runindex::RunIndex::new(&fixture_log(name)));
             let errors: Vec<String> = validator.iter_errors(&t4).map(|e| e.to_string()).collect();
             assert!(errors.is_empty(), "{name}: {errors:?}");
             assert!(!t4["results"].as_array().unwrap().is_empty());
@@ -228,7 +222,7 @@ mod exports {
     #[test]
     fn csv_has_one_row_per_case_and_traces_each_to_the_log() {
         let log = fixture_log("smoke-h200.log.jsonl");
-        let text = export::csv(&log);
+        let text = export::csv(&flashtune::runindex::RunIndex::new(&log));
         let mut reader = csv::Reader::from_reader(text.as_bytes());
         let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
         assert_eq!(rows.len(), 4 * 6 * 2, "4 variants x 6 shapes x 2 dtypes");
@@ -251,16 +245,17 @@ mod exports {
     fn a_killed_run_with_a_torn_line_still_reports() {
         let log = fixture_log("smoke-killed-torn.log.jsonl");
         assert!(log.torn_tail);
-        let md = flashtune::report::markdown(&log);
+        let ix = flashtune::runindex::RunIndex::new(&log);
+        let md = flashtune::report::markdown(&ix);
         assert!(
             md.contains("no `finished` record") && md.contains("cut short"),
             "{md}"
         );
-        let rows = export::cases(&log);
+        let rows = export::cases(&ix);
         assert!(
             rows.iter().any(|r| r.status == "timed") && rows.iter().any(|r| r.status == "not_run")
         );
-        let json = export::json(&log);
+        let json = export::json(&ix);
         assert!(json["torn_tail"].as_bool().unwrap());
         assert!(!json["champions"].as_array().unwrap().is_empty());
     }

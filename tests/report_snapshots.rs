@@ -1,6 +1,7 @@
 //! Snapshot tests of every report format (md, html, csv, json, t4.json) written from the fixed run logs in tests/fixtures/runs; a log added there gets its snapshots on the next run.
 use flashtune::config::Dtype;
 use flashtune::export;
+use flashtune::runindex::RunIndex;
 use flashtune::runlog::{self, Entry, LoadedLog, Record};
 use std::path::PathBuf;
 
@@ -61,13 +62,13 @@ fn every_format_of_every_fixture_log_matches_its_snapshot() {
 fn reports_are_deterministic() {
     for (name, log) in fixture_logs() {
         assert_eq!(
-            flashtune::html::page(&log),
-            flashtune::html::page(&log),
+            flashtune::html::page(&RunIndex::new(&log)),
+            flashtune::html::page(&RunIndex::new(&log)),
             "{name}"
         );
         assert_eq!(
-            flashtune::report::markdown(&log),
-            flashtune::report::markdown(&log),
+            flashtune::report::markdown(&RunIndex::new(&log)),
+            flashtune::report::markdown(&RunIndex::new(&log)),
             "{name}"
         );
     }
@@ -79,7 +80,7 @@ fn t4_of_every_fixture_log_is_valid_against_the_schema() {
         serde_json::from_str(&fixture("schemas/t4-1.0.0/results-schema.json")).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();
     for (name, log) in fixture_logs() {
-        let t4 = export::t4(&log);
+        let t4 = export::t4(&RunIndex::new(&log));
         let errors: Vec<String> = validator.iter_errors(&t4).map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "{name}: {errors:?}");
     }
@@ -88,7 +89,7 @@ fn t4_of_every_fixture_log_is_valid_against_the_schema() {
 #[test]
 fn the_html_page_is_self_contained() {
     for (name, log) in fixture_logs() {
-        let page = flashtune::html::page(&log);
+        let page = flashtune::html::page(&RunIndex::new(&log));
         assert!(page.contains("<table>") && page.contains("<svg"), "{name}");
         for outside in ["http://", "https://", "<script", "<link", "src=\""] {
             let hits: Vec<&str> = page
@@ -110,14 +111,14 @@ fn smoke_log() -> LoadedLog {
 fn a_log_without_timings_still_renders_and_says_so() {
     let mut log = smoke_log();
     log.entries.truncate(3);
-    let page = flashtune::html::page(&log);
+    let page = flashtune::html::page(&RunIndex::new(&log));
     assert!(page.contains("No timed records in this log"), "{page}");
     assert!(!page.contains("<svg"));
 }
 
 #[test]
 fn without_ceilings_the_report_says_not_measured() {
-    let md = flashtune::report::markdown(&smoke_log());
+    let md = flashtune::report::markdown(&RunIndex::new(&smoke_log()));
     assert!(md.contains("| % of matmul ceiling | % of bandwidth ceiling |"));
     assert!(md.contains("| not measured | not measured |"));
     assert!(md.contains("Ceilings not measured in this run"));
@@ -141,8 +142,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .push((n + 1, ceiling("matmul", Some(Dtype::F16), 500.0, "TFLOP/s")));
     log.entries
         .push((n + 2, ceiling("copy", None, 4000.0, "GB/s")));
-    let cases = export::cases(&log);
-    let found = flashtune::findings::best_per_shape(&log, &cases);
+    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
     let seed_f16 = found
         .rows
         .iter()
@@ -160,7 +160,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .find(|r| r.shape.name == "seed" && r.dtype == Dtype::Bf16)
         .unwrap();
     assert!(seed_bf16.pct_of_matmul.is_none() && seed_bf16.pct_of_copy.is_some());
-    let md = flashtune::report::markdown(&log);
+    let md = flashtune::report::markdown(&RunIndex::new(&log));
     assert!(
         md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)),
         "{md}"
@@ -168,7 +168,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
     // A faster read-only stream becomes the bandwidth roof; a slower one does not.
     log.entries
         .push((n + 3, ceiling("read", None, 5000.0, "GB/s")));
-    let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
+    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
     let row = found
         .rows
         .iter()
@@ -176,7 +176,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .unwrap();
     assert!((row.pct_of_copy.unwrap() - 100.0 * bytes / us / 1e3 / 5000.0).abs() < 1e-9);
     log.entries.last_mut().unwrap().1 = ceiling("read", None, 3000.0, "GB/s");
-    let found = flashtune::findings::best_per_shape(&log, &export::cases(&log));
+    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
     let row = found
         .rows
         .iter()
