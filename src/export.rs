@@ -26,6 +26,13 @@ pub struct CaseRow {
     pub build_seconds: f64,
     pub reason: Option<String>,
     pub log_line: usize,
+    /// `yes` for its (shape, dtype)'s fastest case; `tied` for that case and its runner-up when
+    /// the two are within the noise (then neither is the finding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub champion: Option<String>,
+    /// The other variant of a tie.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tied_with: Option<String>,
 }
 
 impl CaseRow {
@@ -48,13 +55,43 @@ impl CaseRow {
             build_seconds: c.build_seconds,
             reason: c.outcome.reason().map(str::to_owned),
             log_line: c.log_line(),
+            champion: None,
+            tied_with: None,
         }
     }
 }
 
 /// Every (variant, shape, dtype) the run planned as valid, in the order first planned, each as its last terminal record left it.
 pub fn cases(ix: &RunIndex) -> Vec<CaseRow> {
-    ix.cases.iter().map(CaseRow::of).collect()
+    let mut rows: Vec<CaseRow> = ix.cases.iter().map(CaseRow::of).collect();
+    let Some(header) = ix.header else {
+        return rows;
+    };
+    let mut mark = |variant: &str, shape: &str, dtype: Dtype, what: &str, other: Option<&str>| {
+        if let Some(r) = rows
+            .iter_mut()
+            .find(|r| r.variant == variant && r.shape == shape && r.dtype == dtype)
+        {
+            r.champion = Some(what.to_owned());
+            r.tied_with = other.map(str::to_owned);
+        }
+    };
+    for shape in &header.shapes {
+        for &dtype in &header.dtypes {
+            let Some(pick) = ix.pick(&shape.name, dtype) else {
+                continue;
+            };
+            match (pick.tie, pick.runner_up) {
+                (Some(_), Some(r)) => {
+                    let best = pick.best.variant;
+                    mark(best, &shape.name, dtype, "tied", Some(r.variant));
+                    mark(r.variant, &shape.name, dtype, "tied", Some(best));
+                }
+                _ => mark(pick.best.variant, &shape.name, dtype, "yes", None),
+            }
+        }
+    }
+    rows
 }
 
 pub fn csv(ix: &RunIndex) -> String {
@@ -79,11 +116,16 @@ pub fn csv(ix: &RunIndex) -> String {
             "rel_l2",
             "reason",
             "log_line",
+            "champion",
+            "tied_with",
+            "fake",
         ]
         .map(String::from),
     );
     w.write_record(&header).expect("in-memory CSV");
     let opt = |x: Option<f64>| x.map(|v| format!("{v}")).unwrap_or_default();
+    // On every row, so a filtered or concatenated CSV still says its figures were not measured.
+    let fake = ix.fake().to_string();
     for r in &rows {
         let mut rec: Vec<String> = vec![r.variant.clone(), r.step.clone().unwrap_or_default()];
         rec.extend(
@@ -103,6 +145,9 @@ pub fn csv(ix: &RunIndex) -> String {
             opt(r.rel_l2),
             r.reason.clone().unwrap_or_default(),
             r.log_line.to_string(),
+            r.champion.clone().unwrap_or_default(),
+            r.tied_with.clone().unwrap_or_default(),
+            fake.clone(),
         ]);
         w.write_record(&rec).expect("in-memory CSV");
     }
@@ -110,8 +155,20 @@ pub fn csv(ix: &RunIndex) -> String {
 }
 
 pub fn json(ix: &RunIndex) -> Value {
+    let a = &ix.accounting;
     json!({
         "header": ix.header,
+        "fake": ix.fake(),
+        "accounting": {
+            "planned": a.planned,
+            "measured": a.measured,
+            "failed": a.failed,
+            "implausible": a.implausible,
+            "skipped": a.skipped,
+            "not_run": a.not_run,
+            "holds": a.holds(),
+            "problems": a.problems,
+        },
         "cases": cases(ix),
         "champions": crate::champions::from_index(ix),
         "torn_tail": ix.log.torn_tail,
@@ -119,8 +176,10 @@ pub fn json(ix: &RunIndex) -> Value {
 }
 
 /// T4 results (schema 1.0.0): one result per (variant, shape, dtype); times in milliseconds as Kernel Tuner writes them.
+/// `metadata` (T4's metadata schema) names the GPU and says whether the figures are the fake GPU's.
 pub fn t4(ix: &RunIndex) -> Value {
     let started = ix.header.map(|h| h.started_at.clone()).unwrap_or_default();
+    let fake = ix.fake();
     let results: Vec<Value> = cases(ix)
         .iter()
         .map(|r| {
@@ -129,31 +188,72 @@ pub fn t4(ix: &RunIndex) -> Value {
             configuration["dtype"] = json!(r.dtype);
             let invalidity = match r.status.as_str() {
                 "timed" => "correct",
-                "wrong" => "correctness",
+                // Faster than the GPU can go: what was timed is not the work that was asked for.
+                "wrong" | "implausible" => "correctness",
                 "build_failed" => "compile",
                 "timed_out" => "timeout",
                 _ => "runtime",
             };
+            let correct = invalidity == "correct";
             let mut measurements = Vec::new();
-            if let (Some(us), Some(tf)) = (r.median_us, r.tflops) {
+            if let (true, Some(us), Some(tf)) = (correct, r.median_us, r.tflops) {
                 measurements.push(json!({"name": "time", "value": us / 1000.0, "unit": "ms"}));
                 measurements.push(json!({"name": "tflops", "value": tf, "unit": "TFLOP/s"}));
             }
+            let runtimes: Vec<f64> = if correct {
+                r.samples_us.iter().map(|us| us / 1000.0).collect()
+            } else {
+                Vec::new()
+            };
             json!({
                 "timestamp": started,
                 "configuration": configuration,
                 "objectives": ["time"],
                 "times": {
                     "compilation_time": r.build_seconds * 1000.0,
-                    "runtimes": r.samples_us.iter().map(|us| us / 1000.0).collect::<Vec<_>>(),
+                    "runtimes": runtimes,
                 },
                 "invalidity": invalidity,
-                "correctness": if invalidity == "correct" { 1 } else { 0 },
+                // No correctness claim without a kernel: the fake GPU runs none.
+                "correctness": if correct && !fake { 1 } else { 0 },
                 "measurements": measurements,
             })
         })
         .collect();
-    json!({"schema_version": "1.0.0", "results": results})
+    json!({"schema_version": "1.0.0", "metadata": t4_metadata(ix), "results": results})
+}
+
+/// The run's environment in T4's metadata schema, plus flashtune's own block (run id, fake or measured).
+fn t4_metadata(ix: &RunIndex) -> Value {
+    let Some(h) = ix.header else {
+        return json!({});
+    };
+    let d = &h.device;
+    json!({
+        "environment": {
+            "device_query": {
+                "name": d.name,
+                "sm_count": d.sm_count,
+                "compute_capability": format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
+                "arch": d.arch,
+                "driver_version": d.driver_version,
+                "fake": d.fake,
+            },
+            "requirements": [
+                format!("flashtune {}", h.flashtune_version),
+                h.toolchain.version.clone(),
+            ],
+        },
+        "flashtune": {
+            "run_id": h.run_id,
+            "fake": d.fake,
+            "figures": if d.fake {
+                "synthetic: the fake GPU (a test double) ran no kernel; no figure here was measured"
+            } else {
+                "measured"
+            },
+        },
+    })
 }
 
 /// Write every format beside the log; returns the Markdown.

@@ -23,15 +23,38 @@ pub struct BestRow {
     pub dtype: Dtype,
     /// (variant, median µs, TFLOP/s).
     pub best: Option<(String, f64, f64)>,
+    /// The runner-up when it is within the noise of the best: the two are tied.
+    pub tie: Option<TiedRow>,
     /// The space's baseline variant on this shape, µs.
     pub baseline_us: Option<f64>,
-    /// Per PyTorch backend (in `BestPerShape::backends` order): µs, why not, or not measured.
-    pub torch: Vec<Option<Result<f64, String>>>,
+    /// Per PyTorch backend (in `BestPerShape::backends` order): its figure, why not, or not measured.
+    pub torch: Vec<Option<Result<TorchFigure, String>>>,
     pub fastest_torch_us: Option<f64>,
+    /// The fastest PyTorch figure stayed above the spread limit: the ratio rests on a noisy figure.
+    pub fastest_torch_noisy: bool,
     /// Achieved TFLOP/s ÷ the measured matmul ceiling of this dtype, in percent.
     pub pct_of_matmul: Option<f64>,
     /// Least-traffic bandwidth ÷ the bandwidth roof (the faster measured stream), in percent.
     pub pct_of_copy: Option<f64>,
+}
+
+/// The runner-up that ties a shape's best.
+#[derive(Debug, Clone)]
+pub struct TiedRow {
+    pub variant: String,
+    pub median_us: f64,
+    pub closeness: crate::runindex::Closeness,
+}
+
+/// One PyTorch backend on one (shape, dtype).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TorchFigure {
+    pub median_us: f64,
+    /// (p90 - p10) / median of its samples.
+    pub spread: f64,
+    pub noisy: bool,
+    pub remeasured: u32,
+    pub line: usize,
 }
 
 pub struct BestPerShape {
@@ -45,13 +68,19 @@ pub struct BestPerShape {
 pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
     let ceilings = ix.ceilings.clone();
     let mut backends: Vec<String> = Vec::new();
-    let mut torch: BTreeMap<(&str, Dtype, &str), Result<f64, String>> = BTreeMap::new();
+    let mut torch: BTreeMap<(&str, Dtype, &str), Result<TorchFigure, String>> = BTreeMap::new();
     for b in &ix.baselines {
         if !backends.iter().any(|x| x == b.backend) {
             backends.push(b.backend.to_owned());
         }
         let cell = match &b.outcome {
-            Ok(t) => Ok(t.timing.median_us),
+            Ok(t) => Ok(TorchFigure {
+                median_us: t.timing.median_us,
+                spread: crate::runindex::spread(t.timing),
+                noisy: t.noisy,
+                remeasured: t.remeasured,
+                line: b.line,
+            }),
             Err(reason) => Err(reason.to_string()),
         };
         torch.insert((b.shape, b.dtype, b.backend), cell);
@@ -68,15 +97,24 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
     let mut rows = Vec::new();
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
-            let best = ix.pick(&shape.name, dtype).map(|p| {
+            let pick = ix.pick(&shape.name, dtype);
+            let best = pick.map(|p| {
                 let t = p.best.measured().expect("a pick is measured");
                 (p.best.variant.to_owned(), t.median_us, t.tflops)
+            });
+            let tie = pick.and_then(|p| {
+                let runner_up = p.runner_up?;
+                Some(TiedRow {
+                    variant: runner_up.variant.to_owned(),
+                    median_us: runner_up.measured()?.median_us,
+                    closeness: p.tie?,
+                })
             });
             let baseline_us = ix
                 .case(&header.baseline, &shape.name, dtype)
                 .and_then(|c| c.measured())
                 .map(|t| t.median_us);
-            let torch: Vec<Option<Result<f64, String>>> = backends
+            let torch: Vec<Option<Result<TorchFigure, String>>> = backends
                 .iter()
                 .map(|b| {
                     torch
@@ -84,10 +122,10 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                         .cloned()
                 })
                 .collect();
-            let fastest_torch_us = torch
+            let fastest_torch = torch
                 .iter()
                 .filter_map(|t| t.as_ref()?.as_ref().ok().copied())
-                .min_by(f64::total_cmp);
+                .min_by(|a, b| a.median_us.total_cmp(&b.median_us));
             let pct_of_matmul = match (&best, ceilings.matmul_tflops.get(&dtype)) {
                 (Some((_, _, tf)), Some(roof)) => Some(100.0 * tf / roof.value),
                 _ => None,
@@ -102,9 +140,11 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 shape: shape.clone(),
                 dtype,
                 best,
+                tie,
                 baseline_us,
                 torch,
-                fastest_torch_us,
+                fastest_torch_us: fastest_torch.map(|t| t.median_us),
+                fastest_torch_noisy: fastest_torch.is_some_and(|t| t.noisy),
                 pct_of_matmul,
                 pct_of_copy,
             });

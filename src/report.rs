@@ -43,6 +43,12 @@ pub fn summary(log: &LoadedLog) -> String {
             out.push_str("\n## ");
             out.push_str(section.trim_end());
             out.push('\n');
+        } else if title.starts_with("Implausible") {
+            let count = section.lines().filter(|l| l.starts_with("| `")).count();
+            let _ = writeln!(
+                out,
+                "\n{count} implausible figure(s), beyond a measured roof: see the Implausible figures section of report.md."
+            );
         } else if title.starts_with("Failures") {
             let count = section.lines().filter(|l| l.starts_with("- ")).count();
             let _ = writeln!(
@@ -77,6 +83,7 @@ pub fn markdown(ix: &RunIndex) -> String {
     if d.fake {
         md.push_str("> **Fake GPU.** These figures come from the test double, not from a GPU. Nothing here was measured.\n\n");
     }
+    md.push_str(&accounting(ix));
 
     let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
     let mut order: Vec<(String, Dtype)> = Vec::new();
@@ -278,6 +285,7 @@ pub fn markdown(ix: &RunIndex) -> String {
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
     md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
+    md.push_str(&implausible(ix));
     if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
     }
@@ -324,7 +332,7 @@ pub fn markdown(ix: &RunIndex) -> String {
     }
     md.push_str(&run_statistics(ix));
     md.push('\n');
-    if let Some(reason) = ix.interrupted {
+    if let Some((_, reason)) = ix.interrupted {
         let _ = writeln!(md, "Run interrupted: {reason}.");
     }
     match ix.finished {
@@ -381,7 +389,7 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
     let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
     for b in backends {
-        let _ = write!(md, " PyTorch {b} µs |");
+        let _ = write!(md, " PyTorch {b} µs (spread) |");
     }
     if backends.is_empty() {
         md.push_str(" PyTorch |");
@@ -396,6 +404,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
             None => ("none passed".into(), "—".into(), "—".into()),
         };
+        let name = match &row.tie {
+            Some(t) => format!("{name} **tied** with `{}`", t.variant),
+            None => name,
+        };
         let _ = write!(
             md,
             "| {} | {} | {name} | {us} | {tf} |",
@@ -404,7 +416,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
         );
         for cell in &row.torch {
             let cell = match cell {
-                Some(Ok(t)) => format!("{t:.1}"),
+                Some(Ok(t)) if t.noisy => {
+                    format!("{:.1} ({:.1}%, **noisy**)", t.median_us, 100.0 * t.spread)
+                }
+                Some(Ok(t)) => format!("{:.1} ({:.1}%)", t.median_us, 100.0 * t.spread),
                 Some(Err(e)) => {
                     format!("unsupported ({})", e.chars().take(60).collect::<String>())
                 }
@@ -416,6 +431,9 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             md.push_str(" not measured |");
         }
         let ratio = match (&row.best, row.fastest_torch_us) {
+            (Some((_, us, _)), Some(f)) if row.fastest_torch_noisy => {
+                format!("{:.2}× (noisy PyTorch figure)", us / f)
+            }
             (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
             _ => "—".into(),
         };
@@ -432,9 +450,125 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             pct(row.pct_of_copy, c.bandwidth().is_some())
         );
     }
+    let ties: Vec<String> = found
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let (t, (best, us, _)) = (row.tie.as_ref()?, row.best.as_ref()?);
+            Some(format!(
+                "- {} {}: `{best}` {us:.1} µs and `{}` {:.1} µs are {}: neither is faster beyond the noise.",
+                row.shape.name,
+                row.dtype,
+                t.variant,
+                t.median_us,
+                t.closeness.describe()
+            ))
+        })
+        .collect();
+    if !ties.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nTied: the runner-up is within the measured noise of the best (the larger p10..p90 spread of the two, or their interleaved duel's).\n\n{}",
+            ties.join("\n")
+        );
+    }
+    if found
+        .rows
+        .iter()
+        .any(|r| r.torch.iter().flatten().any(|t| t.is_ok()))
+    {
+        md.push_str("\nPyTorch spread: (p90 − p10) ÷ median of its samples.");
+        let noisy = found
+            .rows
+            .iter()
+            .flat_map(|r| r.torch.iter().flatten().flatten())
+            .filter(|t| t.noisy)
+            .count();
+        if noisy > 0 {
+            let _ = write!(md, " **noisy** ({noisy}): still above the `[baseline] max_spread` limit after re-measuring; do not trust that figure or a ratio built on it.");
+        }
+        md.push('\n');
+    }
     md.push_str(&ceilings_note(&found.ceilings));
     if let Some(why) = &found.torch_missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
+}
+
+/// planned = measured + failed + implausible + skipped (+ not run), and loudly when that does not hold.
+fn accounting(ix: &RunIndex) -> String {
+    let a = &ix.accounting;
+    let not_run = if a.not_run > 0 || ix.unfinished() {
+        format!(" + {} not run", a.not_run)
+    } else {
+        String::new()
+    };
+    let sum = a.measured + a.failed + a.implausible + a.skipped + a.not_run;
+    let mut md = format!(
+        "Cases: {} planned {} {} measured + {} failed + {} implausible + {} skipped{not_run}.\n\n",
+        a.planned,
+        if sum == a.planned { "=" } else { "≠" },
+        a.measured,
+        a.failed,
+        a.implausible,
+        a.skipped,
+    );
+    if !a.holds() {
+        md.push_str("> **The cases do not add up.** Every planned case must end in exactly one outcome; this log breaks that:\n");
+        const SHOWN: usize = 20;
+        for p in a.problems.iter().take(SHOWN) {
+            let _ = writeln!(md, "> - {p}");
+        }
+        if a.problems.len() > SHOWN {
+            let _ = writeln!(md, "> - … and {} more", a.problems.len() - SHOWN);
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// Cases timed beyond a measured roof: their figures, the roofs, and by how much they passed them.
+fn implausible(ix: &RunIndex) -> String {
+    let cases: Vec<_> = ix
+        .cases
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Implausible { .. }))
+        .collect();
+    if cases.is_empty() {
+        return String::new();
+    }
+    let c = &ix.ceilings;
+    let mut md = String::from("\n## Implausible figures\n\nTimed faster than the GPU's measured roofs allow: a kernel that skips work or a timing that is wrong. Never a champion, never committed.\n\n");
+    md.push_str("| variant | shape | dtype | µs | TF/s | × matmul ceiling | least-traffic GB/s | × bandwidth ceiling | why | log line |\n");
+    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---|---:|\n");
+    for case in cases {
+        let Outcome::Implausible {
+            line,
+            timing,
+            reason,
+            ..
+        } = &case.outcome
+        else {
+            continue;
+        };
+        let gbs = crate::findings::min_bandwidth_gbs(case.shape, case.dtype, timing.median_us);
+        let times = |x: f64, roof: Option<crate::runindex::Measured>| {
+            roof.map_or("not measured".into(), |r| format!("{:.2}×", x / r.value))
+        };
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {:.2} | {} | {} | {:.0} | {} | {} | {line} |",
+            case.variant,
+            case.shape.label(),
+            case.dtype,
+            timing.median_us,
+            three_digits(timing.tflops),
+            times(timing.tflops, c.matmul_tflops.get(&case.dtype).copied()),
+            gbs,
+            times(gbs, c.bandwidth()),
+            reason.replace('|', "/"),
+        );
     }
     md
 }

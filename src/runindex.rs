@@ -389,7 +389,8 @@ pub struct RunIndex<'a> {
     /// Worker crashes and timeouts, budgets, quarantines and unhealthy GPUs, in log order.
     pub incidents: Vec<(usize, &'a Record)>,
     pub workers: Vec<WorkerRun<'a>>,
-    pub interrupted: Option<&'a str>,
+    /// The last `interrupted` record: its line and reason.
+    pub interrupted: Option<(usize, &'a str)>,
     pub finished: Option<Finished>,
     /// The latest run clock in the log.
     pub wall_seconds: f64,
@@ -864,7 +865,7 @@ impl<'a> RunIndex<'a> {
                     started_t: *started_t,
                     seconds: *seconds,
                 }),
-                Record::Interrupted { reason } => ix.interrupted = Some(reason),
+                Record::Interrupted { reason } => ix.interrupted = Some((line, reason)),
                 Record::Finished {
                     seconds,
                     variants,
@@ -912,6 +913,15 @@ impl<'a> RunIndex<'a> {
             .rev()
             .find(|p| p.variant == variant)
             .map(|p| p.params)
+    }
+
+    /// The run's last word is not a `finished` record: interrupted, killed, or still going.
+    pub fn unfinished(&self) -> bool {
+        match (self.finished, self.interrupted) {
+            (None, _) => true,
+            (Some(f), Some((line, _))) => line > f.line,
+            (Some(_), None) => false,
+        }
     }
 
     pub fn fake(&self) -> bool {
