@@ -617,3 +617,53 @@ fn fake_figures_are_labelled_in_every_export() {
     assert_eq!(t4["metadata"]["flashtune"]["fake"], false);
     assert_eq!(t4["results"][0]["correctness"], 1);
 }
+
+#[test]
+fn pytorch_figures_show_their_spread_and_a_noisy_one_is_marked() {
+    let mut log = Log::new(false);
+    log.plan("v0");
+    log.timed("v0", "small", 10.0, 0.01);
+    log.timed("v0", "seed", 20.0, 0.01);
+    log.record(
+        json!({"event": "baseline_timed", "backend": "flash", "shape": "small",
+        "dtype": "f16", "timing": timing(5.0, 0.02)}),
+    );
+    log.record(
+        json!({"event": "baseline_timed", "backend": "flash", "shape": "seed",
+        "dtype": "f16", "timing": timing(40.0, 0.6), "remeasured": 2, "noisy": true}),
+    );
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    let md = flashtune::report::markdown(&ix);
+    assert!(md.contains("| PyTorch flash µs (spread) |"), "{md}");
+    assert!(md.contains("| 5.0 (2.0%) | 2.00× |"), "{md}");
+    assert!(
+        md.contains("| 40.0 (60.0%, **noisy**) | 0.50× (noisy PyTorch figure) |"),
+        "{md}"
+    );
+    assert!(md.contains("**noisy** (1): still above the `[baseline] max_spread` limit"));
+    let b = &ix.baselines[1];
+    let t = b.outcome.as_ref().unwrap();
+    assert_eq!((t.remeasured, t.noisy), (2, true));
+    // Written back, the record keeps both fields; a record without them reads as clean.
+    let Record::BaselineTimed {
+        remeasured, noisy, ..
+    } = &log.entries[log.entries.len() - 3].1.record
+    else {
+        panic!("a baseline record");
+    };
+    assert_eq!((*remeasured, *noisy), (0, false));
+    let again: Entry = serde_json::from_str(
+        &serde_json::to_string(&log.entries[log.entries.len() - 2].1).unwrap(),
+    )
+    .unwrap();
+    assert!(matches!(
+        again.record,
+        Record::BaselineTimed {
+            remeasured: 2,
+            noisy: true,
+            ..
+        }
+    ));
+}
