@@ -1696,6 +1696,17 @@ mod git {
 
     #[test]
     fn kernel_edits_are_reverted_or_committed() {
+        // Interleaved samples as a duel returns them: 15 evenly spread over ±1% of the centre, so
+        // their p10..p90 spread is 1.6%.
+        let around = |center: f64| -> Vec<f64> {
+            (0..15)
+                .map(|i| center * (1.0 + 0.02 * (i as f64 / 14.0 - 0.5)))
+                .collect()
+        };
+        let duel = |challenger: f64| decide::Duel {
+            champion_us: around(100.0),
+            challenger_us: around(challenger),
+        };
         let dir = repo_project();
         let fwd = dir.path().join("kernels/attention/forward.cu");
         let original = std::fs::read_to_string(&fwd).unwrap();
@@ -1705,6 +1716,14 @@ mod git {
             "// new file\n",
         )
         .unwrap();
+        // 10% slower: rejected, and the edit (a changed file and a new one) goes back to HEAD.
+        let slower = decide::judge(&duel(110.0), 0.02);
+        assert!(!slower.accept, "{slower:?}");
+        assert!(
+            (slower.gain - (100.0 / 110.0 - 1.0)).abs() < 1e-9,
+            "{slower:?}"
+        );
+        assert!(slower.reason.contains("threshold"), "{}", slower.reason);
         let changed: Vec<String> = vcs::changed_against_head(dir.path())
             .unwrap()
             .into_iter()
@@ -1716,17 +1735,40 @@ mod git {
         assert!(!dir.path().join("kernels/attention/new.cuh").exists());
         assert!(vcs::changed_against_head(dir.path()).unwrap().is_empty());
 
+        // 1% faster, above a 0.5% threshold but inside the 1.6% p10..p90 spread: not a win either.
+        let within_noise = decide::judge(&duel(99.0), 0.005);
+        assert!(!within_noise.accept, "{within_noise:?}");
+        assert!(
+            within_noise.reason.contains("noise"),
+            "{}",
+            within_noise.reason
+        );
+
+        // 10% faster (100 / 90.9 = 1.10): accepted, committed with the gain as its trailer.
+        let faster = decide::judge(&duel(100.0 / 1.1), 0.02);
+        assert!(faster.accept, "{faster:?}");
+        assert!((faster.gain - 0.10).abs() < 1e-9, "{faster:?}");
+        assert!((faster.noise - 0.016).abs() < 1e-9, "{faster:?}");
         let before = head(dir.path());
         std::fs::write(&fwd, format!("{original}\n// faster\n")).unwrap();
         vcs::commit_paths(
             dir.path(),
             &["kernels/attention/forward.cu".into()],
-            "faster\n\nFlashtune-Speedup: 1.10x",
+            &format!("faster\n\nFlashtune-Speedup: {:.2}x", 1.0 + faster.gain),
         )
         .unwrap();
         assert_ne!(head(dir.path()), before);
         assert!(vcs::changed_against_head(dir.path()).unwrap().is_empty());
-        let _ = decide::judge; // acceptance is unit-tested in src/decide.rs
+        let message = git2::Repository::open(dir.path())
+            .unwrap()
+            .head()
+            .unwrap()
+            .peel_to_commit()
+            .unwrap()
+            .message()
+            .unwrap()
+            .to_owned();
+        assert!(message.ends_with("Flashtune-Speedup: 1.10x"), "{message}");
     }
 }
 
