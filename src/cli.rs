@@ -91,7 +91,7 @@ enum Command {
     },
     /// Rebuild a run's reports from its log (report.md, .html, .csv, .json, .t4.json) and print the Markdown.
     Report {
-        /// The run folder, e.g. runs/20261122-031500-ab12.
+        /// The run folder, e.g. runs/20261122-031500-ab12 (its log.jsonl, else log.jsonl.gz).
         run: PathBuf,
     },
     /// Judge the uncommitted edits under kernels/ against HEAD's champion: commit them if faster, else restore HEAD.
@@ -396,7 +396,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report { run } => {
-            let log = crate::runlog::read(&run.join("log.jsonl"))
+            let log = crate::runlog::read(&crate::runlog::path_in(&run))
                 .map_err(|e| Error::BadInput(format!("{e:#}")))?;
             let md = crate::export::write_all(&run, &log).map_err(|e| {
                 Error::Other(anyhow::anyhow!(

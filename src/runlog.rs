@@ -424,13 +424,31 @@ impl LoadedLog {
     }
 }
 
-/// Read a log, tolerating a torn last line; a bad line elsewhere is corruption and an error.
+/// The log of a run folder: `log.jsonl`, else a committed measurement's `log.jsonl.gz`.
+pub fn path_in(run_dir: &Path) -> PathBuf {
+    let plain = run_dir.join("log.jsonl");
+    let packed = run_dir.join("log.jsonl.gz");
+    if !plain.exists() && packed.exists() {
+        packed
+    } else {
+        plain
+    }
+}
+
+/// Read a log (gzip-compressed when its name ends in `.gz`), tolerating a torn last line; a bad
+/// line elsewhere is corruption and an error.
 pub fn read(path: &Path) -> Result<LoadedLog> {
     let file =
         File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
-    let lines: Vec<String> = BufReader::new(file)
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let lines: Vec<String> = BufReader::new(reader)
         .lines()
-        .collect::<std::io::Result<_>>()?;
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot read run log {}", path.display()))?;
     let mut entries = Vec::new();
     let mut torn_tail = false;
     let last_nonempty = lines.iter().rposition(|l| !l.trim().is_empty());
