@@ -904,8 +904,7 @@ mod reference_library {
         let p = policies_with(cmd);
         let err = baseline::measure(&repo(), &p, &shapes(&p))
             .await
-            .err()
-            .expect("no torch, no figures");
+            .expect_err("no torch, no figures");
         assert!(
             err.contains("PyTorch is not importable") && err.contains("simulated"),
             "{err}"
