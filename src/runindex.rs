@@ -368,6 +368,7 @@ pub fn spread(t: &TimingStats) -> f64 {
 
 type CaseKey<'a> = (&'a str, &'a str, Dtype);
 
+/// A run log sorted once for its readers; it borrows the log and copies no figure.
 pub struct RunIndex<'a> {
     pub log: &'a LoadedLog,
     pub header: Option<&'a Header>,
