@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
-"""Times PyTorch's scaled_dot_product_attention (flash and cuDNN backends) the way flashtune times
-its own kernels: CUDA-graph replay of back-to-back calls, timed with CUDA events after a warm-up.
+"""Times PyTorch's scaled_dot_product_attention, every backend that runs on the shape, the way
+flashtune times its own kernels: CUDA-graph replay of back-to-back calls, timed with CUDA events
+after a warm-up, the calls rotating over distinct input sets.
 
 Reads one JSON request on stdin:
-  {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal"}], "dtypes": ["f16", "bf16"],
-   "backends": ["flash", "cudnn"], "warmup_ms": 20, "samples": 30, "min_sample_us": 500, "seed": 1}
+  {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal", "sets"}], "dtypes": ["f16", "bf16"],
+   "backends": ["flash", "cudnn", "efficient", "math", "default"], "warmup_ms": 20, "samples": 30,
+   "min_sample_us": 500, "seed": 1, "ceilings": true}
+A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
+keys 0..i) or "bottom-right" (causal_lower_right: the last query sees every key, as in decoding with
+a KV cache). "sets" (default 1) is how many distinct (q, k, v) sets the timed calls rotate over, so
+that call i reads set i % sets and small inputs do not sit in L2 between calls. The backend
+"default" is PyTorch's own dispatch (no sdpa_kernel context). "ceilings": false skips the roofs
+(a re-measurement of noisy rows needs none).
 Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [...]}; a row holds
 either "samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
 The ceilings are the GPU's roofs measured in the same session and timed the same way: dense matmul
@@ -17,6 +25,9 @@ import json
 import math
 import statistics
 import sys
+
+# The backends flashtune knows, in the order the report lists them; "default" is PyTorch's dispatch.
+BACKENDS = ("flash", "cudnn", "efficient", "math", "default")
 
 
 def main() -> int:
@@ -32,39 +43,73 @@ def main() -> int:
         return 3
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
+                "default": None}
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device="cuda").manual_seed(int(request.get("seed", 1)))
     rows = []
     for shape in request["shapes"]:
         for dtype_name in request["dtypes"]:
-            for backend in request.get("backends", ["flash", "cudnn"]):
+            for backend in request.get("backends", list(BACKENDS)):
                 row = {"shape": shape["name"], "dtype": dtype_name, "backend": backend}
                 try:
+                    if backend not in backends:
+                        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
                     row["samples_us"], row["launches_per_sample"] = time_one(
                         torch, sdpa_kernel, backends[backend], dtypes[dtype_name], shape, request, gen)
                 except Exception as exc:  # a backend that does not support the shape says so here
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                     torch.cuda.synchronize()
                 rows.append(row)
-    ceilings = measure_ceilings(torch, dtypes, request, gen)
+    ceilings = measure_ceilings(torch, dtypes, request, gen) if request.get("ceilings", True) else []
     json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows,
                "ceilings": ceilings}, sys.stdout)
     print()
     return 0
 
 
+def alignment(causal):
+    """A shape's mask: None, "top-left" or "bottom-right" (flashtune writes true for top-left)."""
+    if causal is True or causal == "top-left":
+        return "top-left"
+    if causal is False or causal is None or causal == "none":
+        return None
+    if causal == "bottom-right":
+        return "bottom-right"
+    raise ValueError(f"unknown causal alignment {causal!r}")
+
+
+def sdpa_call(torch, shape):
+    """The call to time, given one (q, k, v) set, with the shape's mask aligned as it says."""
+    f = torch.nn.functional.scaled_dot_product_attention
+    mask = alignment(shape.get("causal", False))
+    if mask == "bottom-right":
+        from torch.nn.attention.bias import causal_lower_right
+        bias = causal_lower_right(shape["sq"], shape["sk"])
+        return lambda q, k, v: f(q, k, v, attn_mask=bias, is_causal=False)
+    causal = mask == "top-left"
+    return lambda q, k, v: f(q, k, v, is_causal=causal)
+
+
 def time_one(torch, sdpa_kernel, backend, dtype, shape, request, gen):
     b, h, sq, sk, d = (shape[k] for k in ("b", "h", "sq", "sk", "d"))
-    # Random normal inputs, never zeros: zeros can run faster than real data.
-    q = torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=gen)
-    k = torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen)
-    v = torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen)
-    causal = bool(shape.get("causal", False))
-    f = torch.nn.functional.scaled_dot_product_attention
+    n_sets = max(1, int(shape.get("sets", 1)))
+    # Random normal inputs, never zeros (zeros can run faster than real data), a fresh draw per set.
+    sets = [(torch.randn(b, h, sq, d, device="cuda", dtype=dtype, generator=gen),
+             torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen),
+             torch.randn(b, h, sk, d, device="cuda", dtype=dtype, generator=gen))
+            for _ in range(n_sets)]
+    attend = sdpa_call(torch, shape)
+
+    def call(i):
+        return attend(*sets[i % n_sets])
+
+    if backend is None:  # PyTorch's own choice, as a user who names no backend gets it
+        call(0)
+        return graph_samples(torch, call, request, n_sets)
     with sdpa_kernel(backend):
-        f(q, k, v, is_causal=causal)  # raises if the backend cannot run this shape
-        return graph_samples(torch, lambda: f(q, k, v, is_causal=causal), request)
+        call(0)  # raises if the backend cannot run this shape
+        return graph_samples(torch, call, request, n_sets)
 
 
 # A matmul this size runs long enough on any datacenter GPU to reach its sustained clock.
@@ -82,7 +127,7 @@ def measure_ceilings(torch, dtypes, request, gen):
             a = torch.randn(n, n, device="cuda", dtype=dtypes[name], generator=gen)
             b = torch.randn(n, n, device="cuda", dtype=dtypes[name], generator=gen)
             c = torch.empty(n, n, device="cuda", dtype=dtypes[name])
-            samples, _ = graph_samples(torch, lambda: torch.matmul(a, b, out=c), request)
+            samples, _ = graph_samples(torch, lambda i: torch.matmul(a, b, out=c), request)
             entry.update(value=2.0 * n ** 3 / statistics.median(samples) / 1e6, unit="TFLOP/s")
             del a, b, c
         except Exception as exc:
@@ -92,7 +137,7 @@ def measure_ceilings(torch, dtypes, request, gen):
     try:
         src = torch.randint(0, 256, (COPY_BYTES,), device="cuda", dtype=torch.uint8, generator=gen)
         dst = torch.empty_like(src)
-        samples, _ = graph_samples(torch, lambda: dst.copy_(src), request)
+        samples, _ = graph_samples(torch, lambda i: dst.copy_(src), request)
         entry.update(value=2.0 * COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
         del src, dst
     except Exception as exc:
@@ -104,7 +149,8 @@ def measure_ceilings(torch, dtypes, request, gen):
     try:
         src = torch.randn(COPY_BYTES // 2, device="cuda", dtype=torch.float16, generator=gen)
         total = torch.empty((), device="cuda", dtype=torch.float32)
-        samples, _ = graph_samples(torch, lambda: torch.sum(src, 0, dtype=torch.float32, out=total), request)
+        samples, _ = graph_samples(
+            torch, lambda i: torch.sum(src, 0, dtype=torch.float32, out=total), request)
         entry.update(value=COPY_BYTES / statistics.median(samples) / 1e3, unit="GB/s")
         del src, total
     except Exception as exc:
@@ -114,28 +160,31 @@ def measure_ceilings(torch, dtypes, request, gen):
     return ceilings
 
 
-def graph_samples(torch, call, request):
-    """Per-call microseconds of `call`: enough calls per CUDA graph that a replay lasts at least
-    min_sample_us, a warm-up, then one sample per replay."""
-    call()
+def graph_samples(torch, call, request, n_sets=1):
+    """Per-call microseconds of `call(i)`: enough calls per CUDA graph that a replay lasts at least
+    min_sample_us (a whole number of rounds over the input sets, call i reading set i % n_sets), a
+    warm-up, then one sample per replay."""
+    call(0)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    call()
+    call(0)
     end.record()
     torch.cuda.synchronize()
     single_us = max(start.elapsed_time(end) * 1000.0, 0.5)
     launches = max(1, min(1000, math.ceil(request["min_sample_us"] / single_us)))
+    # Every set as often as every other: a partial round would weigh the first sets more.
+    launches = max(n_sets, math.ceil(launches / n_sets) * n_sets)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):  # warm the library's own workspace before capture
-            call()
+        for i in range(max(3, n_sets)):  # warm the library's own workspace before capture
+            call(i)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(launches):
-            call()
+        for i in range(launches):
+            call(i)
     warm_us = 0.0
     while warm_us < request["warmup_ms"] * 1000.0:
         warm_us += replay_us(torch, graph, start, end)

@@ -99,7 +99,7 @@ enum Command {
     },
     /// Rebuild a run's reports from its log (report.md, .html, .csv, .json, .t4.json) and print the Markdown.
     Report {
-        /// The run folder (runs/20261122-031500-ab12) or the run id `tune` printed (20261122-031500-ab12).
+        /// The run folder (runs/20261122-031500-ab12) or the run id `tune` printed (20261122-031500-ab12); its log.jsonl, else log.jsonl.gz.
         run: PathBuf,
     },
     /// Judge the uncommitted edits under kernels/ against HEAD's champion: commit them if faster, else restore HEAD.

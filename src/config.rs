@@ -123,6 +123,10 @@ pub struct BaselinePolicy {
     /// Program and arguments, run from the project root; empty to skip.
     pub command: Vec<String>,
     pub backends: Vec<String>,
+    /// A row whose (p90 - p10) / median is above this is timed again (0.05 = 5%).
+    pub max_spread: f64,
+    /// How many times such a row is timed again before it is reported as noisy.
+    pub remeasure: u32,
 }
 
 /// The Nsight Compute pass after timing: which variants, which metrics, how to read them.

@@ -443,7 +443,7 @@ pub fn resolve_run_dir(paths: &ProjectPaths, given: &Path) -> Result<PathBuf> {
         candidates.push(paths.runs().join(given));
     }
     candidates.dedup();
-    if let Some(found) = candidates.iter().find(|c| c.join("log.jsonl").is_file()) {
+    if let Some(found) = candidates.iter().find(|c| runlog::path_in(c).is_file()) {
         return Ok(found.clone());
     }
     let looked: Vec<String> = candidates
@@ -460,7 +460,7 @@ pub fn resolve_run_dir(paths: &ProjectPaths, given: &Path) -> Result<PathBuf> {
 /// A run's log and its header: a log that is empty, has no header, or was written by a newer
 /// flashtune is refused (exit 2) before anything reads, resumes or rewrites it.
 pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
-    let log_path = run_dir.join("log.jsonl");
+    let log_path = runlog::path_in(run_dir);
     let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
     let header = loaded.header().cloned().ok_or_else(|| {
         let what = if loaded.entries.is_empty() {
@@ -1029,6 +1029,8 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                         shape,
                         dtype,
                         timing,
+                        remeasured: row.remeasured,
+                        noisy: row.noisy,
                     },
                     Err(reason) => Record::BaselineUnavailable {
                         backend: Some(backend),

@@ -1,10 +1,10 @@
 //! Machine-readable exports of a run log: CSV (one row per variant × shape × dtype), JSON, and T4 (the auto-tuning community's results format).
 use crate::config::Dtype;
-use crate::runlog::{LoadedLog, Record};
+use crate::runindex::{Case, RunIndex};
+use crate::runlog::LoadedLog;
 use crate::space::Params;
 use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 /// What became of one (variant, shape, dtype), with the log line of its deciding record.
 #[derive(Debug, Clone, Serialize)]
@@ -14,7 +14,7 @@ pub struct CaseRow {
     pub params: Params,
     pub shape: String,
     pub dtype: Dtype,
-    /// `timed`, `wrong`, `build_failed`, `crashed`, `timed_out` or `not_run`.
+    /// `timed`, `wrong`, `build_failed`, `crashed`, `timed_out`, `implausible`, `skipped` or `not_run`.
     pub status: String,
     pub median_us: Option<f64>,
     pub p10_us: Option<f64>,
@@ -26,188 +26,76 @@ pub struct CaseRow {
     pub build_seconds: f64,
     pub reason: Option<String>,
     pub log_line: usize,
+    /// `yes` for its (shape, dtype)'s fastest case; `tied` for that case and its runner-up when
+    /// the two are within the noise (then neither is the finding).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub champion: Option<String>,
+    /// The other variant of a tie.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tied_with: Option<String>,
 }
 
-/// Every (variant, shape, dtype) the run planned as valid, in log order; later records win.
-pub fn cases(log: &LoadedLog) -> Vec<CaseRow> {
-    let Some(header) = log.header() else {
-        return Vec::new();
-    };
-    let mut rows: BTreeMap<(String, String, Dtype), CaseRow> = BTreeMap::new();
-    let mut order: Vec<(String, String, Dtype)> = Vec::new();
-    let mut build_seconds: BTreeMap<(String, Dtype, u32), f64> = BTreeMap::new();
-    for (line, e) in &log.entries {
-        match &e.record {
-            Record::Planned {
-                variant,
-                step,
-                params,
-                head_dim,
-                invalid: None,
-                ..
-            } => {
-                for shape in header.shapes.iter().filter(|s| s.d == *head_dim) {
-                    for &dtype in &header.dtypes {
-                        let key = (variant.clone(), shape.name.clone(), dtype);
-                        if !rows.contains_key(&key) {
-                            order.push(key.clone());
-                        }
-                        rows.insert(
-                            key,
-                            CaseRow {
-                                variant: variant.clone(),
-                                step: step.clone(),
-                                params: params.clone(),
-                                shape: shape.name.clone(),
-                                dtype,
-                                status: "not_run".into(),
-                                median_us: None,
-                                p10_us: None,
-                                p90_us: None,
-                                tflops: None,
-                                samples_us: Vec::new(),
-                                max_abs: None,
-                                rel_l2: None,
-                                build_seconds: 0.0,
-                                reason: None,
-                                log_line: *line,
-                            },
-                        );
-                    }
-                }
-            }
-            Record::Built {
-                variant,
-                dtype,
-                head_dim,
-                seconds,
-                ..
-            } => {
-                build_seconds.insert((variant.clone(), *dtype, *head_dim), *seconds);
-            }
-            Record::BuildFailed {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-                ..
-            }
-            | Record::Rejected {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-            } => {
-                for shape in header.shapes.iter().filter(|s| s.d == *head_dim) {
-                    if let Some(r) = rows.get_mut(&(variant.clone(), shape.name.clone(), *dtype)) {
-                        r.status = "build_failed".into();
-                        r.reason = Some(reason.clone());
-                        r.log_line = *line;
-                    }
-                }
-            }
-            Record::Checked {
-                variant,
-                shape,
-                dtype,
-                check,
-                ..
-            } => {
-                if let Some(r) = rows.get_mut(&(variant.clone(), shape.clone(), *dtype)) {
-                    r.max_abs = Some(check.max_abs);
-                    r.rel_l2 = Some(check.rel_l2);
-                }
-            }
-            Record::CheckFailed {
-                variant,
-                shape,
-                dtype,
-                check,
-                reason,
-            } => {
-                if let Some(r) = rows.get_mut(&(variant.clone(), shape.clone(), *dtype)) {
-                    r.status = if reason.starts_with("CUDA error") {
-                        "crashed".into()
-                    } else {
-                        "wrong".into()
-                    };
-                    r.max_abs = check.as_ref().map(|c| c.max_abs);
-                    r.rel_l2 = check.as_ref().map(|c| c.rel_l2);
-                    r.reason = Some(reason.clone());
-                    r.log_line = *line;
-                }
-            }
-            Record::Timed {
-                variant,
-                shape,
-                dtype,
-                timing,
-                ..
-            } => {
-                if let Some(r) = rows.get_mut(&(variant.clone(), shape.clone(), *dtype)) {
-                    r.status = "timed".into();
-                    r.median_us = Some(timing.median_us);
-                    r.p10_us = Some(timing.p10_us);
-                    r.p90_us = Some(timing.p90_us);
-                    r.tflops = Some(timing.tflops);
-                    r.samples_us = timing.samples_us.clone();
-                    r.reason = None;
-                    r.log_line = *line;
-                }
-            }
-            Record::TimedOut {
-                variant,
-                cases_not_run,
-                ..
-            }
-            | Record::WorkerCrashed {
-                variant,
-                cases_not_run,
-                ..
-            } => {
-                let status = if matches!(e.record, Record::TimedOut { .. }) {
-                    "timed_out"
-                } else {
-                    "crashed"
-                };
-                for case in cases_not_run {
-                    let Some((shape, dtype)) = case.split_once('/') else {
-                        continue;
-                    };
-                    let Ok(dtype) = serde_json::from_value::<Dtype>(json!(dtype)) else {
-                        continue;
-                    };
-                    if let Some(r) = rows.get_mut(&(variant.clone(), shape.to_owned(), dtype)) {
-                        if r.status == "not_run" {
-                            r.status = status.into();
-                            r.log_line = *line;
-                        }
-                    }
-                }
-            }
-            _ => {}
+impl CaseRow {
+    fn of(c: &Case) -> CaseRow {
+        let timing = c.outcome.timing();
+        CaseRow {
+            variant: c.variant.to_owned(),
+            step: c.step.map(str::to_owned),
+            params: c.params.clone(),
+            shape: c.shape.name.clone(),
+            dtype: c.dtype,
+            status: c.outcome.status().to_owned(),
+            median_us: timing.map(|t| t.median_us),
+            p10_us: timing.map(|t| t.p10_us),
+            p90_us: timing.map(|t| t.p90_us),
+            tflops: timing.map(|t| t.tflops),
+            samples_us: timing.map(|t| t.samples_us.clone()).unwrap_or_default(),
+            max_abs: c.check.map(|c| c.max_abs),
+            rel_l2: c.check.map(|c| c.rel_l2),
+            build_seconds: c.build_seconds,
+            reason: c.outcome.reason().map(str::to_owned),
+            log_line: c.log_line(),
+            champion: None,
+            tied_with: None,
         }
     }
-    let d_of: BTreeMap<&str, u32> = header
-        .shapes
-        .iter()
-        .map(|s| (s.name.as_str(), s.d))
-        .collect();
-    order
-        .into_iter()
-        .filter_map(|k| rows.remove(&k))
-        .map(|mut r| {
-            r.build_seconds = build_seconds
-                .get(&(r.variant.clone(), r.dtype, d_of[r.shape.as_str()]))
-                .copied()
-                .unwrap_or(0.0);
-            r
-        })
-        .collect()
 }
 
-pub fn csv(log: &LoadedLog) -> String {
-    let rows = cases(log);
+/// Every (variant, shape, dtype) the run planned as valid, in the order first planned, each as its last terminal record left it.
+pub fn cases(ix: &RunIndex) -> Vec<CaseRow> {
+    let mut rows: Vec<CaseRow> = ix.cases.iter().map(CaseRow::of).collect();
+    let Some(header) = ix.header else {
+        return rows;
+    };
+    let mut mark = |variant: &str, shape: &str, dtype: Dtype, what: &str, other: Option<&str>| {
+        if let Some(r) = rows
+            .iter_mut()
+            .find(|r| r.variant == variant && r.shape == shape && r.dtype == dtype)
+        {
+            r.champion = Some(what.to_owned());
+            r.tied_with = other.map(str::to_owned);
+        }
+    };
+    for shape in &header.shapes {
+        for &dtype in &header.dtypes {
+            let Some(pick) = ix.pick(&shape.name, dtype) else {
+                continue;
+            };
+            match (pick.tie, pick.runner_up) {
+                (Some(_), Some(r)) => {
+                    let best = pick.best.variant;
+                    mark(best, &shape.name, dtype, "tied", Some(r.variant));
+                    mark(r.variant, &shape.name, dtype, "tied", Some(best));
+                }
+                _ => mark(pick.best.variant, &shape.name, dtype, "yes", None),
+            }
+        }
+    }
+    rows
+}
+
+pub fn csv(ix: &RunIndex) -> String {
+    let rows = cases(ix);
     let param_names: Vec<String> = rows
         .first()
         .map(|r| r.params.keys().cloned().collect())
@@ -228,11 +116,16 @@ pub fn csv(log: &LoadedLog) -> String {
             "rel_l2",
             "reason",
             "log_line",
+            "champion",
+            "tied_with",
+            "fake",
         ]
         .map(String::from),
     );
     w.write_record(&header).expect("in-memory CSV");
     let opt = |x: Option<f64>| x.map(|v| format!("{v}")).unwrap_or_default();
+    // On every row, so a filtered or concatenated CSV still says its figures were not measured.
+    let fake = ix.fake().to_string();
     for r in &rows {
         let mut rec: Vec<String> = vec![r.variant.clone(), r.step.clone().unwrap_or_default()];
         rec.extend(
@@ -252,28 +145,42 @@ pub fn csv(log: &LoadedLog) -> String {
             opt(r.rel_l2),
             r.reason.clone().unwrap_or_default(),
             r.log_line.to_string(),
+            r.champion.clone().unwrap_or_default(),
+            r.tied_with.clone().unwrap_or_default(),
+            fake.clone(),
         ]);
         w.write_record(&rec).expect("in-memory CSV");
     }
     String::from_utf8(w.into_inner().expect("in-memory CSV")).expect("CSV of UTF-8 fields")
 }
 
-pub fn json(log: &LoadedLog) -> Value {
+pub fn json(ix: &RunIndex) -> Value {
+    let a = &ix.accounting;
     json!({
-        "header": log.header(),
-        "cases": cases(log),
-        "champions": crate::champions::from_log(log),
-        "torn_tail": log.torn_tail,
+        "header": ix.header,
+        "fake": ix.fake(),
+        "accounting": {
+            "planned": a.planned,
+            "measured": a.measured,
+            "failed": a.failed,
+            "implausible": a.implausible,
+            "skipped": a.skipped,
+            "not_run": a.not_run,
+            "holds": a.holds(),
+            "problems": a.problems,
+        },
+        "cases": cases(ix),
+        "champions": crate::champions::from_index(ix),
+        "torn_tail": ix.log.torn_tail,
     })
 }
 
 /// T4 results (schema 1.0.0): one result per (variant, shape, dtype); times in milliseconds as Kernel Tuner writes them.
-pub fn t4(log: &LoadedLog) -> Value {
-    let started = log
-        .header()
-        .map(|h| h.started_at.clone())
-        .unwrap_or_default();
-    let results: Vec<Value> = cases(log)
+/// `metadata` (T4's metadata schema) names the GPU and says whether the figures are the fake GPU's.
+pub fn t4(ix: &RunIndex) -> Value {
+    let started = ix.header.map(|h| h.started_at.clone()).unwrap_or_default();
+    let fake = ix.fake();
+    let results: Vec<Value> = cases(ix)
         .iter()
         .map(|r| {
             let mut configuration = serde_json::to_value(&r.params).unwrap_or(json!({}));
@@ -281,46 +188,88 @@ pub fn t4(log: &LoadedLog) -> Value {
             configuration["dtype"] = json!(r.dtype);
             let invalidity = match r.status.as_str() {
                 "timed" => "correct",
-                "wrong" => "correctness",
+                // Faster than the GPU can go: what was timed is not the work that was asked for.
+                "wrong" | "implausible" => "correctness",
                 "build_failed" => "compile",
                 "timed_out" => "timeout",
                 _ => "runtime",
             };
+            let correct = invalidity == "correct";
             let mut measurements = Vec::new();
-            if let (Some(us), Some(tf)) = (r.median_us, r.tflops) {
+            if let (true, Some(us), Some(tf)) = (correct, r.median_us, r.tflops) {
                 measurements.push(json!({"name": "time", "value": us / 1000.0, "unit": "ms"}));
                 measurements.push(json!({"name": "tflops", "value": tf, "unit": "TFLOP/s"}));
             }
+            let runtimes: Vec<f64> = if correct {
+                r.samples_us.iter().map(|us| us / 1000.0).collect()
+            } else {
+                Vec::new()
+            };
             json!({
                 "timestamp": started,
                 "configuration": configuration,
                 "objectives": ["time"],
                 "times": {
                     "compilation_time": r.build_seconds * 1000.0,
-                    "runtimes": r.samples_us.iter().map(|us| us / 1000.0).collect::<Vec<_>>(),
+                    "runtimes": runtimes,
                 },
                 "invalidity": invalidity,
-                "correctness": if invalidity == "correct" { 1 } else { 0 },
+                // No correctness claim without a kernel: the fake GPU runs none.
+                "correctness": if correct && !fake { 1 } else { 0 },
                 "measurements": measurements,
             })
         })
         .collect();
-    json!({"schema_version": "1.0.0", "results": results})
+    json!({"schema_version": "1.0.0", "metadata": t4_metadata(ix), "results": results})
+}
+
+/// The run's environment in T4's metadata schema, plus flashtune's own block (run id, fake or measured).
+fn t4_metadata(ix: &RunIndex) -> Value {
+    let Some(h) = ix.header else {
+        return json!({});
+    };
+    let d = &h.device;
+    json!({
+        "environment": {
+            "device_query": {
+                "name": d.name,
+                "sm_count": d.sm_count,
+                "compute_capability": format!("{}.{}", d.compute_capability.0, d.compute_capability.1),
+                "arch": d.arch,
+                "driver_version": d.driver_version,
+                "fake": d.fake,
+            },
+            "requirements": [
+                format!("flashtune {}", h.flashtune_version),
+                h.toolchain.version.clone(),
+            ],
+        },
+        "flashtune": {
+            "run_id": h.run_id,
+            "fake": d.fake,
+            "figures": if d.fake {
+                "synthetic: the fake GPU (a test double) ran no kernel; no figure here was measured"
+            } else {
+                "measured"
+            },
+        },
+    })
 }
 
 /// Write every format beside the log; returns the Markdown.
 pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<String> {
-    let md = crate::report::markdown(log);
+    let ix = RunIndex::new(log);
+    let md = crate::report::markdown(&ix);
     std::fs::write(run_dir.join("report.md"), &md)?;
-    std::fs::write(run_dir.join("report.csv"), csv(log))?;
+    std::fs::write(run_dir.join("report.csv"), csv(&ix))?;
     std::fs::write(
         run_dir.join("report.json"),
-        serde_json::to_string_pretty(&json(log)).expect("JSON values serialize"),
+        serde_json::to_string_pretty(&json(&ix)).expect("JSON values serialize"),
     )?;
     std::fs::write(
         run_dir.join("report.t4.json"),
-        serde_json::to_string_pretty(&t4(log)).expect("JSON values serialize"),
+        serde_json::to_string_pretty(&t4(&ix)).expect("JSON values serialize"),
     )?;
-    std::fs::write(run_dir.join("report.html"), crate::html::page(log))?;
+    std::fs::write(run_dir.join("report.html"), crate::html::page(&ix))?;
     Ok(md)
 }

@@ -1,69 +1,10 @@
 //! What the reports say about a run, worked out once from its log: the best variant per shape beside PyTorch and the measured ceilings, the ablation chain with its profiles, the champions over the run clock. Markdown and HTML only lay these out.
 use crate::config::{Dtype, Shape};
-use crate::export::CaseRow;
 use crate::profile::ProfileOutcome;
-use crate::runlog::{LoadedLog, Record};
+use crate::runindex::{BuildOutcome, RunIndex};
 use std::collections::BTreeMap;
 
-/// A measured roof of the GPU with the log line that holds it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Measured {
-    pub value: f64,
-    pub line: usize,
-}
-
-/// The roofs `baselines/torch_sdpa.py` measured in this run; absent ones were not measured.
-#[derive(Debug, Clone, Default)]
-pub struct Ceilings {
-    /// Dense matmul TFLOP/s per dtype.
-    pub matmul_tflops: BTreeMap<Dtype, Measured>,
-    /// Device copy, bytes read + written per second, in GB/s.
-    pub copy_gbs: Option<Measured>,
-    /// A read-only stream (a reduction), bytes read per second, in GB/s.
-    pub read_gbs: Option<Measured>,
-}
-
-impl Ceilings {
-    pub fn from_log(log: &LoadedLog) -> Ceilings {
-        let mut c = Ceilings::default();
-        for (line, e) in &log.entries {
-            if let Record::CeilingMeasured {
-                name,
-                dtype,
-                value,
-                unit,
-                ..
-            } = &e.record
-            {
-                let m = Measured {
-                    value: *value,
-                    line: *line,
-                };
-                match (name.as_str(), dtype, unit.as_str()) {
-                    ("matmul", Some(d), "TFLOP/s") => {
-                        c.matmul_tflops.insert(*d, m);
-                    }
-                    ("copy", _, "GB/s") => c.copy_gbs = Some(m),
-                    ("read", _, "GB/s") => c.read_gbs = Some(m),
-                    _ => {}
-                }
-            }
-        }
-        c
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.matmul_tflops.is_empty() && self.bandwidth().is_none()
-    }
-
-    /// The bandwidth roof: the faster of the measured streams (a kernel can beat a copy's read/write mix).
-    pub fn bandwidth(&self) -> Option<Measured> {
-        match (self.copy_gbs, self.read_gbs) {
-            (Some(c), Some(r)) => Some(if r.value > c.value { r } else { c }),
-            (c, r) => c.or(r),
-        }
-    }
-}
+pub use crate::runindex::{Ceilings, Measured};
 
 /// FLOP per byte of the least DRAM traffic (Q, K, V read once, O written once).
 pub fn arithmetic_intensity(shape: &Shape, dtype: Dtype) -> f64 {
@@ -82,15 +23,38 @@ pub struct BestRow {
     pub dtype: Dtype,
     /// (variant, median µs, TFLOP/s).
     pub best: Option<(String, f64, f64)>,
+    /// The runner-up when it is within the noise of the best: the two are tied.
+    pub tie: Option<TiedRow>,
     /// The space's baseline variant on this shape, µs.
     pub baseline_us: Option<f64>,
-    /// Per PyTorch backend (in `BestPerShape::backends` order): µs, why not, or not measured.
-    pub torch: Vec<Option<Result<f64, String>>>,
+    /// Per PyTorch backend (in `BestPerShape::backends` order): its figure, why not, or not measured.
+    pub torch: Vec<Option<Result<TorchFigure, String>>>,
     pub fastest_torch_us: Option<f64>,
+    /// The fastest PyTorch figure stayed above the spread limit: the ratio rests on a noisy figure.
+    pub fastest_torch_noisy: bool,
     /// Achieved TFLOP/s ÷ the measured matmul ceiling of this dtype, in percent.
     pub pct_of_matmul: Option<f64>,
     /// Least-traffic bandwidth ÷ the bandwidth roof (the faster measured stream), in percent.
     pub pct_of_copy: Option<f64>,
+}
+
+/// The runner-up that ties a shape's best.
+#[derive(Debug, Clone)]
+pub struct TiedRow {
+    pub variant: String,
+    pub median_us: f64,
+    pub closeness: crate::runindex::Closeness,
+}
+
+/// One PyTorch backend on one (shape, dtype).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TorchFigure {
+    pub median_us: f64,
+    /// (p90 - p10) / median of its samples.
+    pub spread: f64,
+    pub noisy: bool,
+    pub remeasured: u32,
+    pub line: usize,
 }
 
 pub struct BestPerShape {
@@ -101,46 +65,28 @@ pub struct BestPerShape {
     pub ceilings: Ceilings,
 }
 
-pub fn best_per_shape(log: &LoadedLog, cases: &[CaseRow]) -> BestPerShape {
-    let ceilings = Ceilings::from_log(log);
+pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
+    let ceilings = ix.ceilings.clone();
     let mut backends: Vec<String> = Vec::new();
-    let mut torch: BTreeMap<(String, Dtype, String), Result<f64, String>> = BTreeMap::new();
-    let mut torch_missing = None;
-    for (_, e) in &log.entries {
-        match &e.record {
-            Record::BaselineTimed {
-                backend,
-                shape,
-                dtype,
-                timing,
-            } => {
-                if !backends.contains(backend) {
-                    backends.push(backend.clone());
-                }
-                torch.insert(
-                    (shape.clone(), *dtype, backend.clone()),
-                    Ok(timing.median_us),
-                );
-            }
-            Record::BaselineUnavailable {
-                backend: Some(backend),
-                shape: Some(shape),
-                dtype: Some(dtype),
-                reason,
-            } => {
-                if !backends.contains(backend) {
-                    backends.push(backend.clone());
-                }
-                torch.insert(
-                    (shape.clone(), *dtype, backend.clone()),
-                    Err(reason.clone()),
-                );
-            }
-            Record::BaselineUnavailable { reason, .. } => torch_missing = Some(reason.clone()),
-            _ => {}
+    let mut torch: BTreeMap<(&str, Dtype, &str), Result<TorchFigure, String>> = BTreeMap::new();
+    for b in &ix.baselines {
+        if !backends.iter().any(|x| x == b.backend) {
+            backends.push(b.backend.to_owned());
         }
+        let cell = match &b.outcome {
+            Ok(t) => Ok(TorchFigure {
+                median_us: t.timing.median_us,
+                spread: crate::runindex::spread(t.timing),
+                noisy: t.noisy,
+                remeasured: t.remeasured,
+                line: b.line,
+            }),
+            Err(reason) => Err(reason.to_string()),
+        };
+        torch.insert((b.shape, b.dtype, b.backend), cell);
     }
-    let Some(header) = log.header() else {
+    let torch_missing = ix.baseline_missing.map(str::to_owned);
+    let Some(header) = ix.header else {
         return BestPerShape {
             backends,
             rows: Vec::new(),
@@ -151,25 +97,35 @@ pub fn best_per_shape(log: &LoadedLog, cases: &[CaseRow]) -> BestPerShape {
     let mut rows = Vec::new();
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
-            let timed = |c: &&CaseRow| c.shape == shape.name && c.dtype == dtype;
-            let best = cases
+            let pick = ix.pick(&shape.name, dtype);
+            let best = pick.map(|p| {
+                let t = p.best.measured().expect("a pick is measured");
+                (p.best.variant.to_owned(), t.median_us, t.tflops)
+            });
+            let tie = pick.and_then(|p| {
+                let runner_up = p.runner_up?;
+                Some(TiedRow {
+                    variant: runner_up.variant.to_owned(),
+                    median_us: runner_up.measured()?.median_us,
+                    closeness: p.tie?,
+                })
+            });
+            let baseline_us = ix
+                .case(&header.baseline, &shape.name, dtype)
+                .and_then(|c| c.measured())
+                .map(|t| t.median_us);
+            let torch: Vec<Option<Result<TorchFigure, String>>> = backends
                 .iter()
-                .filter(timed)
-                .filter_map(|c| Some((c.variant.clone(), c.median_us?, c.tflops?)))
-                .min_by(|a, b| a.1.total_cmp(&b.1));
-            let baseline_us = cases
-                .iter()
-                .filter(timed)
-                .find(|c| c.variant == header.baseline)
-                .and_then(|c| c.median_us);
-            let torch: Vec<Option<Result<f64, String>>> = backends
-                .iter()
-                .map(|b| torch.get(&(shape.name.clone(), dtype, b.clone())).cloned())
+                .map(|b| {
+                    torch
+                        .get(&(shape.name.as_str(), dtype, b.as_str()))
+                        .cloned()
+                })
                 .collect();
-            let fastest_torch_us = torch
+            let fastest_torch = torch
                 .iter()
                 .filter_map(|t| t.as_ref()?.as_ref().ok().copied())
-                .min_by(f64::total_cmp);
+                .min_by(|a, b| a.median_us.total_cmp(&b.median_us));
             let pct_of_matmul = match (&best, ceilings.matmul_tflops.get(&dtype)) {
                 (Some((_, _, tf)), Some(roof)) => Some(100.0 * tf / roof.value),
                 _ => None,
@@ -184,9 +140,11 @@ pub fn best_per_shape(log: &LoadedLog, cases: &[CaseRow]) -> BestPerShape {
                 shape: shape.clone(),
                 dtype,
                 best,
+                tie,
                 baseline_us,
                 torch,
-                fastest_torch_us,
+                fastest_torch_us: fastest_torch.map(|t| t.median_us),
+                fastest_torch_noisy: fastest_torch.is_some_and(|t| t.noisy),
                 pct_of_matmul,
                 pct_of_copy,
             });
@@ -262,43 +220,28 @@ pub struct ChainRow {
 }
 
 /// The ablation table of a chain space, one block of rows per shape; `None` for a grid space.
-pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<ChainRow>)>> {
-    let header = log.header()?;
-    let mut steps: Vec<(String, String, crate::space::Params)> = Vec::new();
-    let mut resources: BTreeMap<(String, Dtype, u32), (u32, u64)> = BTreeMap::new();
-    let mut profiles: BTreeMap<(String, String, Dtype), NcuFigures> = BTreeMap::new();
-    for (line, e) in &log.entries {
-        match &e.record {
-            Record::Planned {
-                variant,
-                step: Some(step),
-                params,
-                ..
-            } if !steps.iter().any(|s| &s.1 == variant) => {
-                steps.push((step.clone(), variant.clone(), params.clone()))
+pub fn chain(ix: &RunIndex) -> Option<Vec<(Shape, Vec<ChainRow>)>> {
+    let header = ix.header?;
+    let mut steps: Vec<(&str, &str, &crate::space::Params)> = Vec::new();
+    for p in &ix.planned {
+        if let Some(step) = p.step {
+            if !steps.iter().any(|s| s.1 == p.variant) {
+                steps.push((step, p.variant, p.params));
             }
-            Record::Built {
-                variant,
-                dtype,
-                head_dim,
-                entries,
-                ..
-            } => {
-                let registers = entries.iter().map(|e| e.registers).max().unwrap_or(0);
-                let spills = entries.iter().map(|e| e.spill_bytes()).max().unwrap_or(0);
-                resources.insert((variant.clone(), *dtype, *head_dim), (registers, spills));
-            }
-            Record::Profiled {
-                variant,
-                shape,
-                dtype,
-                profile,
-            } => {
-                if let Some(f) = ncu_figures(profile, *line) {
-                    profiles.insert((variant.clone(), shape.clone(), *dtype), f);
-                }
-            }
-            _ => {}
+        }
+    }
+    let mut resources: BTreeMap<(&str, Dtype, u32), (u32, u64)> = BTreeMap::new();
+    for b in &ix.builds {
+        if let BuildOutcome::Built { entries, .. } = b.outcome {
+            let registers = entries.iter().map(|e| e.registers).max().unwrap_or(0);
+            let spills = entries.iter().map(|e| e.spill_bytes()).max().unwrap_or(0);
+            resources.insert((b.variant, b.dtype, b.head_dim), (registers, spills));
+        }
+    }
+    let mut profiles: BTreeMap<(&str, &str, Dtype), NcuFigures> = BTreeMap::new();
+    for p in &ix.profiles {
+        if let Some(f) = ncu_figures(p.profile, p.line) {
+            profiles.insert((p.variant, p.shape, p.dtype), f);
         }
     }
     if steps.is_empty() {
@@ -308,17 +251,16 @@ pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<Chain
     for shape in &header.shapes {
         let mut rows = Vec::new();
         for &dtype in &header.dtypes {
-            let baseline_us = cases
-                .iter()
-                .find(|c| c.variant == header.baseline && c.shape == shape.name && c.dtype == dtype)
-                .and_then(|c| c.median_us);
+            let baseline_us = ix
+                .case(&header.baseline, &shape.name, dtype)
+                .and_then(|c| c.measured())
+                .map(|t| t.median_us);
             let mut previous_us: Option<f64> = None;
-            for (i, (step, variant, params)) in steps.iter().enumerate() {
-                let case = cases
-                    .iter()
-                    .find(|c| &c.variant == variant && c.shape == shape.name && c.dtype == dtype);
-                let Some(case) = case else { continue };
-                let changed = match i.checked_sub(1).map(|p| &steps[p].2) {
+            for (i, &(step, variant, params)) in steps.iter().enumerate() {
+                let Some(case) = ix.case(variant, &shape.name, dtype) else {
+                    continue;
+                };
+                let changed = match i.checked_sub(1).map(|p| steps[p].2) {
                     None => String::new(),
                     Some(before) => params
                         .iter()
@@ -330,26 +272,27 @@ pub fn chain(log: &LoadedLog, cases: &[CaseRow]) -> Option<Vec<(Shape, Vec<Chain
                         .collect::<Vec<_>>()
                         .join(", "),
                 };
-                let us = case.median_us;
+                let measured = case.measured();
+                let us = measured.map(|t| t.median_us);
                 let ratio = |base: Option<f64>| Some(base? / us?);
                 let (registers, spill_bytes) = resources
-                    .get(&(variant.clone(), dtype, shape.d))
+                    .get(&(variant, dtype, shape.d))
                     .map_or((None, None), |(r, s)| (Some(*r), Some(*s)));
                 rows.push(ChainRow {
-                    step: step.clone(),
-                    variant: variant.clone(),
+                    step: step.to_owned(),
+                    variant: variant.to_owned(),
                     changed,
                     dtype,
-                    status: case.status.clone(),
+                    status: case.outcome.status().to_owned(),
                     median_us: us,
-                    tflops: case.tflops,
+                    tflops: measured.map(|t| t.tflops),
                     vs_previous: ratio(previous_us),
                     vs_baseline: ratio(baseline_us),
-                    max_abs: case.max_abs,
+                    max_abs: case.check.map(|c| c.max_abs),
                     registers,
                     spill_bytes,
                     ncu: profiles
-                        .get(&(variant.clone(), shape.name.clone(), dtype))
+                        .get(&(variant, shape.name.as_str(), dtype))
                         .cloned(),
                 });
                 previous_us = us;
@@ -370,32 +313,23 @@ pub struct ChampionTrace {
 }
 
 /// Every (shape, dtype)'s trace, and the clock of the last timing (after it no champion can change).
-pub fn champion_traces(log: &LoadedLog) -> (Vec<ChampionTrace>, f64) {
-    let Some(header) = log.header() else {
+pub fn champion_traces(ix: &RunIndex) -> (Vec<ChampionTrace>, f64) {
+    let Some(header) = ix.header else {
         return (Vec::new(), 0.0);
     };
     let mut last_timed = 0.0f64;
     let mut traces: BTreeMap<(usize, usize), Vec<(f64, f64)>> = BTreeMap::new();
-    for (_, e) in &log.entries {
-        let Record::Timed {
-            shape,
-            dtype,
-            timing,
-            ..
-        } = &e.record
-        else {
-            continue;
-        };
+    for t in &ix.timings {
         let (Some(s), Some(d)) = (
-            header.shapes.iter().position(|x| &x.name == shape),
-            header.dtypes.iter().position(|x| x == dtype),
+            header.shapes.iter().position(|x| x.name == t.shape),
+            header.dtypes.iter().position(|x| *x == t.dtype),
         ) else {
             continue;
         };
-        last_timed = last_timed.max(e.t);
+        last_timed = last_timed.max(t.t);
         let points = traces.entry((s, d)).or_default();
-        if points.last().is_none_or(|p| timing.median_us < p.1) {
-            points.push((e.t, timing.median_us));
+        if points.last().is_none_or(|p| t.timing.median_us < p.1) {
+            points.push((t.t, t.timing.median_us));
         }
     }
     let traces = traces

@@ -1,5 +1,5 @@
 //! `report.html`: the Markdown report as one self-contained page (no network: inline CSS, inline SVG plots).
-use crate::runlog::LoadedLog;
+use crate::runindex::RunIndex;
 use plotters::style::RGBColor;
 
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222}\
@@ -11,8 +11,8 @@ code{font-size:12px}td code{white-space:nowrap}figcaption{font-size:13px;margin-
 table.variants td:nth-child(2){white-space:nowrap;font-size:11px}figure{margin:12px 0}svg{max-width:100%;height:auto}.missing{color:#666;font-style:italic}";
 
 /// The whole page: the report's sections as HTML, with the plots after the main table and its note.
-pub fn page(log: &LoadedLog) -> String {
-    let md = crate::report::markdown(log);
+pub fn page(ix: &RunIndex) -> String {
+    let md = crate::report::markdown(ix);
     let title = md
         .lines()
         .next()
@@ -39,7 +39,7 @@ pub fn page(log: &LoadedLog) -> String {
             .map_or(blocks.len(), |i| best + 1 + i);
         lead.extend(blocks.drain(best..end));
     }
-    lead.push(plots(log));
+    lead.push(plots(ix));
     match first_table.filter(|&t| t < first_h2) {
         Some(t) => {
             // One line per variant: its id already names the parameters, so that cell need not wrap.
@@ -59,11 +59,10 @@ pub fn page(log: &LoadedLog) -> String {
     )
 }
 
-fn plots(log: &LoadedLog) -> String {
-    let cases = crate::export::cases(log);
-    let found = crate::findings::best_per_shape(log, &cases);
-    let (traces, last_timed) = crate::findings::champion_traces(log);
-    let key = dtype_key(log);
+fn plots(ix: &RunIndex) -> String {
+    let found = crate::findings::best_per_shape(ix);
+    let (traces, last_timed) = crate::findings::champion_traces(ix);
+    let key = dtype_key(ix);
     let figures = [
         crate::plots::speedup(
             &found,
@@ -77,7 +76,7 @@ fn plots(log: &LoadedLog) -> String {
             |r| Some(r.baseline_us? / r.best.as_ref()?.1),
         )
         .map(|f| (f, key.clone())),
-        crate::plots::roofline(log, &cases, &found.ceilings).map(|f| (f, String::new())),
+        crate::plots::roofline(ix, &found.ceilings).map(|f| (f, String::new())),
         crate::plots::champions_over_time(&traces, last_timed).map(|f| (f, String::new())),
     ];
     let mut html = String::from("<h2>Plots</h2>\n");
@@ -107,8 +106,8 @@ fn plots(log: &LoadedLog) -> String {
 }
 
 /// The dtype colours of the bar charts, as a caption (a legend inside would cover bars).
-fn dtype_key(log: &LoadedLog) -> String {
-    let dtypes = log.header().map(|h| h.dtypes.clone()).unwrap_or_default();
+fn dtype_key(ix: &RunIndex) -> String {
+    let dtypes = ix.header.map(|h| h.dtypes.clone()).unwrap_or_default();
     let items: Vec<String> = dtypes
         .iter()
         .map(|&d| {

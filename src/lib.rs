@@ -22,6 +22,7 @@ pub mod protocol;
 pub mod ptxas;
 pub mod report;
 pub mod roofs;
+pub mod runindex;
 pub mod runlog;
 pub mod scheduler;
 pub mod search;

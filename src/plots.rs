@@ -1,8 +1,7 @@
 //! The report page's SVG plots (plotters, SVG backend, no font files): speedup per shape, roofline, champions over the run clock.
 use crate::config::Dtype;
-use crate::export::CaseRow;
 use crate::findings::{self, BestPerShape, Ceilings, ChampionTrace};
-use crate::runlog::LoadedLog;
+use crate::runindex::RunIndex;
 use plotters::coord::ranged1d::AsRangedCoord;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -176,20 +175,17 @@ where
 }
 
 /// Achieved TFLOP/s against arithmetic intensity for every timed case, under the measured roofs.
-pub fn roofline(
-    log: &LoadedLog,
-    cases: &[CaseRow],
-    ceilings: &Ceilings,
-) -> Option<Result<String, String>> {
-    let header = log.header()?;
-    let points: Vec<(Dtype, f64, f64)> = cases
+pub fn roofline(ix: &RunIndex, ceilings: &Ceilings) -> Option<Result<String, String>> {
+    ix.header?;
+    // Measured cases only: an implausible figure is not a point under the roof.
+    let points: Vec<(Dtype, f64, f64)> = ix
+        .cases
         .iter()
         .filter_map(|c| {
-            let shape = header.shapes.iter().find(|s| s.name == c.shape)?;
             Some((
                 c.dtype,
-                findings::arithmetic_intensity(shape, c.dtype),
-                c.tflops?,
+                findings::arithmetic_intensity(c.shape, c.dtype),
+                c.measured()?.tflops,
             ))
         })
         .collect();

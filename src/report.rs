@@ -1,6 +1,7 @@
 //! Turns a run log into the Markdown table people read: one row per (variant, dtype), every figure from a log record.
 use crate::config::Dtype;
 use crate::engine::REFERENCE;
+use crate::runindex::{BuildOutcome, Outcome, RunIndex};
 use crate::runlog::{LoadedLog, Record};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -27,7 +28,7 @@ struct Row {
 /// What `tune` prints when it ends: the run line, the best per shape (and an ablation's factor ranking), failures
 /// in one line, and how the run ended. The whole report is in the run folder.
 pub fn summary(log: &LoadedLog) -> String {
-    let md = markdown(log);
+    let md = markdown(&RunIndex::new(log));
     let mut parts = md.split("\n## ");
     let preamble = parts.next().unwrap_or("");
     let mut out: String = preamble
@@ -42,6 +43,12 @@ pub fn summary(log: &LoadedLog) -> String {
             out.push_str("\n## ");
             out.push_str(section.trim_end());
             out.push('\n');
+        } else if title.starts_with("Implausible") {
+            let count = section.lines().filter(|l| l.starts_with("| `")).count();
+            let _ = writeln!(
+                out,
+                "\n{count} implausible figure(s), beyond a measured roof: see the Implausible figures section of report.md."
+            );
         } else if title.starts_with("Failures") {
             let count = section.lines().filter(|l| l.starts_with("- ")).count();
             let _ = writeln!(
@@ -53,9 +60,9 @@ pub fn summary(log: &LoadedLog) -> String {
     out
 }
 
-pub fn markdown(log: &LoadedLog) -> String {
+pub fn markdown(ix: &RunIndex) -> String {
     let mut md = String::new();
-    let Some(header) = log.header() else {
+    let Some(header) = ix.header else {
         return "No header record: this is not a flashtune run log.\n".into();
     };
     let _ = writeln!(md, "# flashtune run {}\n", header.run_id);
@@ -76,15 +83,13 @@ pub fn markdown(log: &LoadedLog) -> String {
     if d.fake {
         md.push_str("> **Fake GPU.** These figures come from the test double, not from a GPU. Nothing here was measured.\n\n");
     }
+    md.push_str(&accounting(ix));
 
     let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
     let mut order: Vec<(String, Dtype)> = Vec::new();
     // Reason → (count, first few examples): a big space rules out thousands of points for a handful of reasons.
     let mut invalid: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-    let mut worker_problems: Vec<String> = Vec::new();
-    let mut profiles: BTreeMap<(String, String, Dtype), String> = BTreeMap::new();
-    let mut finished = None;
-    let mut interrupted = None;
+    let mut worker_problems: Vec<(usize, String)> = Vec::new();
     let mut row =
         |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
             let key = (v.to_owned(), dt);
@@ -95,161 +100,131 @@ pub fn markdown(log: &LoadedLog) -> String {
             key
         };
     let mut params_of: BTreeMap<String, String> = BTreeMap::new();
-    for (line, entry) in &log.entries {
-        match &entry.record {
-            Record::Planned {
-                variant,
-                step,
-                params,
-                head_dim,
-                invalid: why,
-                ..
-            } => {
-                let described = params
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect::<Vec<_>>()
-                    .join(" ");
-                let described = match step {
-                    Some(step) => format!("**{step}**: {described}"),
-                    None => described,
-                };
-                params_of.insert(variant.clone(), described);
-                if let Some(why) = why {
-                    let entry = invalid.entry(why.clone()).or_default();
-                    entry.0 += 1;
-                    if entry.1.len() < 3 {
-                        entry
-                            .1
-                            .push(format!("`{variant}` d={head_dim} (log line {line})"));
-                    }
-                }
+    for p in &ix.planned {
+        let described = p
+            .params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let described = match p.step {
+            Some(step) => format!("**{step}**: {described}"),
+            None => described,
+        };
+        params_of.insert(p.variant.to_owned(), described);
+        if let Some(why) = p.invalid {
+            let entry = invalid.entry(why.to_owned()).or_default();
+            entry.0 += 1;
+            if entry.1.len() < 3 {
+                entry.1.push(format!(
+                    "`{}` d={} (log line {})",
+                    p.variant, p.head_dim, p.line
+                ));
             }
-            Record::Built {
-                variant,
-                dtype,
-                entries,
-                ..
-            } if variant != REFERENCE => {
-                let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
+        }
+    }
+    // Rows are made in log order: builds and failed checks as they happened.
+    enum Seen<'a> {
+        Resources(&'a [crate::ptxas::EntryResources]),
+        Problem(String),
+    }
+    let mut seen: Vec<(usize, &str, Dtype, Seen)> = Vec::new();
+    for b in &ix.builds {
+        let line = b.line;
+        match b.outcome {
+            BuildOutcome::Built { .. } if b.variant == REFERENCE => {}
+            BuildOutcome::Built { entries, .. } => {
+                seen.push((line, b.variant, b.dtype, Seen::Resources(entries)))
+            }
+            BuildOutcome::Failed { reason } | BuildOutcome::Rejected { reason } => {
+                if b.variant == REFERENCE {
+                    let text =
+                        format!("reference kernel ({}): {reason} (log line {line})", b.dtype);
+                    worker_problems.push((line, text));
+                    continue;
+                }
+                let text = format!("d={}: {reason} (log line {line})", b.head_dim);
+                seen.push((line, b.variant, b.dtype, Seen::Problem(text)));
+            }
+        }
+    }
+    for f in &ix.check_failures {
+        let text = format!("{}: {} (log line {})", f.shape, f.reason, f.line);
+        seen.push((f.line, f.variant, f.dtype, Seen::Problem(text)));
+    }
+    seen.sort_by_key(|s| s.0);
+    for (_, variant, dtype, what) in seen {
+        let k = row(&mut rows, variant, dtype);
+        let r = rows.get_mut(&k).expect("row exists");
+        match what {
+            Seen::Resources(entries) => {
                 for e in entries {
                     r.registers = r.registers.max(e.registers);
                     r.spills = r.spills.max(e.spill_bytes());
                 }
             }
-            Record::BuildFailed {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-                ..
-            }
-            | Record::Rejected {
-                variant,
-                dtype,
-                head_dim,
-                reason,
-            } => {
-                if variant == REFERENCE {
-                    worker_problems.push(format!(
-                        "reference kernel ({dtype}): {reason} (log line {line})"
-                    ));
-                    continue;
-                }
-                let k = row(&mut rows, variant, *dtype);
-                let r = rows.get_mut(&k).expect("row exists");
-                r.problems
-                    .push(format!("d={head_dim}: {reason} (log line {line})"));
-            }
-            Record::CheckFailed {
-                variant,
-                shape,
-                dtype,
-                reason,
-                ..
-            } => {
-                let k = row(&mut rows, variant, *dtype);
-                rows.get_mut(&k)
-                    .expect("row exists")
-                    .problems
-                    .push(format!("{shape}: {reason} (log line {line})"));
-            }
+            Seen::Problem(text) => r.problems.push(text),
+        }
+    }
+    for &(line, record) in &ix.incidents {
+        let text = match record {
             Record::WorkerCrashed {
                 variant,
                 detail,
                 cases_not_run,
-            } => {
-                worker_problems.push(format!(
-                    "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
-                    cases_not_run.join(", ")
-                ));
-            }
+            } => format!(
+                "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
+                cases_not_run.join(", ")
+            ),
             Record::TimedOut {
                 variant,
                 stage,
                 seconds,
                 cases_not_run,
-            } => {
-                worker_problems.push(format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")));
-            }
-            Record::Profiled {
-                variant,
-                shape,
-                dtype,
-                profile,
-            } => {
-                profiles.insert(
-                    (variant.clone(), shape.clone(), *dtype),
-                    profile_summary(profile, *line),
-                );
-            }
-            Record::Interrupted { reason } => interrupted = Some(reason.clone()),
-            Record::BudgetReached { reason, variants_not_measured } => {
-                worker_problems.push(format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")));
-            }
-            Record::Quarantined { variant, reason, .. } => worker_problems.push(format!("`{variant}` quarantined: {reason} (log line {line})")),
-            Record::GpuUnhealthy { device, reason } => worker_problems.push(format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})")),
-            Record::Finished {
-                seconds,
-                variants,
-                measured_cases,
-                failed_cases,
-            } => finished = Some((*seconds, *variants, *measured_cases, *failed_cases)),
-            _ => {}
-        }
-    }
-    // Each case's outcome is decided once, in export::cases; the table only lays it out.
-    let cases = crate::export::cases(log);
-    for case in cases.iter().cloned() {
-        let k = row(&mut rows, &case.variant, case.dtype);
-        let r = rows.get_mut(&k).expect("row exists");
-        let cell = match (case.status.as_str(), case.median_us, case.tflops) {
-            ("timed", Some(median_us), Some(tflops)) => {
-                r.checked = true;
-                r.max_abs = r.max_abs.max(case.max_abs.unwrap_or(0.0));
-                r.max_rel_l2 = r.max_rel_l2.max(case.rel_l2.unwrap_or(0.0));
-                Cell::Timed { median_us, tflops }
-            }
-            ("not_run", ..) => continue,
-            ("build_failed", ..) => Cell::Failed("build".into()),
-            ("timed_out", ..) => Cell::Failed("timed out".into()),
-            (status, ..) => Cell::Failed(status.into()),
+            } => format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")),
+            Record::BudgetReached { reason, variants_not_measured } => format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")),
+            Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
+            Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),
+            _ => continue,
         };
-        r.cells.insert(case.shape, cell);
+        worker_problems.push((line, text));
+    }
+    worker_problems.sort_by_key(|p| p.0);
+    let mut profiles: BTreeMap<(&str, &str, Dtype), String> = BTreeMap::new();
+    for p in &ix.profiles {
+        profiles.insert(
+            (p.variant, p.shape, p.dtype),
+            profile_summary(p.profile, p.line),
+        );
+    }
+    // Each case's outcome is decided once, in the run index; the table only lays it out.
+    for case in &ix.cases {
+        let k = row(&mut rows, case.variant, case.dtype);
+        let r = rows.get_mut(&k).expect("row exists");
+        let cell = match &case.outcome {
+            Outcome::Measured { timing, .. } => {
+                r.checked = true;
+                r.max_abs = r.max_abs.max(case.check.map_or(0.0, |c| c.max_abs));
+                r.max_rel_l2 = r.max_rel_l2.max(case.check.map_or(0.0, |c| c.rel_l2));
+                Cell::Timed {
+                    median_us: timing.median_us,
+                    tflops: timing.tflops,
+                }
+            }
+            Outcome::NotRun => continue,
+            outcome => Cell::Failed(match outcome.status() {
+                "build_failed" => "build".into(),
+                "timed_out" => "timed out".into(),
+                status => status.into(),
+            }),
+        };
+        r.cells.insert(case.shape.name.clone(), cell);
     }
     for ((variant, _), r) in rows.iter_mut() {
         r.params = params_of.get(variant).cloned().unwrap_or_default();
     }
     // Rows follow the space's order (baseline family first as written), then the policy's dtype order.
-    let planned_order: Vec<String> = log
-        .entries
-        .iter()
-        .filter_map(|(_, e)| match &e.record {
-            Record::Planned { variant, .. } => Some(variant.clone()),
-            _ => None,
-        })
-        .collect();
+    let planned_order: Vec<&str> = ix.planned.iter().map(|p| p.variant).collect();
     order.sort_by_key(|(v, d)| {
         (
             planned_order
@@ -309,15 +284,14 @@ pub fn markdown(log: &LoadedLog) -> String {
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
-    md.push_str(&best_per_shape(&crate::findings::best_per_shape(
-        log, &cases,
-    )));
-    if let Some(chain) = crate::findings::chain(log, &cases) {
+    md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
+    md.push_str(&implausible(ix));
+    if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
     }
     for section in [
-        crate::ablate::factors_section(log),
-        crate::search::proposals_section(log),
+        crate::ablate::factors_section(ix.log),
+        crate::search::proposals_section(ix.log),
     ]
     .into_iter()
     .flatten()
@@ -339,7 +313,7 @@ pub fn markdown(log: &LoadedLog) -> String {
                 .iter()
                 .map(move |p| format!("- `{}` {}: {p}", k.0, k.1))
         })
-        .chain(worker_problems.iter().map(|p| format!("- {p}")))
+        .chain(worker_problems.iter().map(|p| format!("- {}", p.1)))
         .collect();
     if !problems.is_empty() {
         md.push_str("\n## Failures\n\n");
@@ -356,20 +330,24 @@ pub fn markdown(log: &LoadedLog) -> String {
             let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
         }
     }
-    md.push_str(&run_statistics(log));
+    md.push_str(&run_statistics(ix));
     md.push('\n');
-    if let Some(reason) = interrupted {
+    if let Some((_, reason)) = ix.interrupted {
         let _ = writeln!(md, "Run interrupted: {reason}.");
     }
-    match finished {
-        Some((seconds, variants, measured, failed)) => {
-            let _ = writeln!(md, "Finished in {seconds:.1} s: {variants} variants, {measured} cases measured, {failed} failed.");
+    match ix.finished {
+        Some(f) => {
+            let _ = writeln!(
+                md,
+                "Finished in {:.1} s: {} variants, {} cases measured, {} failed.",
+                f.seconds, f.variants, f.measured_cases, f.failed_cases
+            );
         }
         None => {
             md.push_str("The run has no `finished` record: it was interrupted or is still going.\n")
         }
     }
-    if log.torn_tail {
+    if ix.log.torn_tail {
         md.push_str("The log's last line was cut short (a crash while writing) and was ignored.\n");
     }
     md
@@ -411,7 +389,7 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
     let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
     for b in backends {
-        let _ = write!(md, " PyTorch {b} µs |");
+        let _ = write!(md, " PyTorch {b} µs (spread) |");
     }
     if backends.is_empty() {
         md.push_str(" PyTorch |");
@@ -426,6 +404,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
             None => ("none passed".into(), "—".into(), "—".into()),
         };
+        let name = match &row.tie {
+            Some(t) => format!("{name} **tied** with `{}`", t.variant),
+            None => name,
+        };
         let _ = write!(
             md,
             "| {} | {} | {name} | {us} | {tf} |",
@@ -434,7 +416,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
         );
         for cell in &row.torch {
             let cell = match cell {
-                Some(Ok(t)) => format!("{t:.1}"),
+                Some(Ok(t)) if t.noisy => {
+                    format!("{:.1} ({:.1}%, **noisy**)", t.median_us, 100.0 * t.spread)
+                }
+                Some(Ok(t)) => format!("{:.1} ({:.1}%)", t.median_us, 100.0 * t.spread),
                 Some(Err(e)) => {
                     format!("unsupported ({})", e.chars().take(60).collect::<String>())
                 }
@@ -446,6 +431,9 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             md.push_str(" not measured |");
         }
         let ratio = match (&row.best, row.fastest_torch_us) {
+            (Some((_, us, _)), Some(f)) if row.fastest_torch_noisy => {
+                format!("{:.2}× (noisy PyTorch figure)", us / f)
+            }
             (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
             _ => "—".into(),
         };
@@ -462,6 +450,45 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             pct(row.pct_of_copy, c.bandwidth().is_some())
         );
     }
+    let ties: Vec<String> = found
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let (t, (best, us, _)) = (row.tie.as_ref()?, row.best.as_ref()?);
+            Some(format!(
+                "- {} {}: `{best}` {us:.1} µs and `{}` {:.1} µs are {}: neither is faster beyond the noise.",
+                row.shape.name,
+                row.dtype,
+                t.variant,
+                t.median_us,
+                t.closeness.describe()
+            ))
+        })
+        .collect();
+    if !ties.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nTied: the runner-up is within the measured noise of the best (the larger p10..p90 spread of the two, or their interleaved duel's).\n\n{}",
+            ties.join("\n")
+        );
+    }
+    if found
+        .rows
+        .iter()
+        .any(|r| r.torch.iter().flatten().any(|t| t.is_ok()))
+    {
+        md.push_str("\nPyTorch spread: (p90 − p10) ÷ median of its samples.");
+        let noisy = found
+            .rows
+            .iter()
+            .flat_map(|r| r.torch.iter().flatten().flatten())
+            .filter(|t| t.noisy)
+            .count();
+        if noisy > 0 {
+            let _ = write!(md, " **noisy** ({noisy}): still above the `[baseline] max_spread` limit after re-measuring; do not trust that figure or a ratio built on it.");
+        }
+        md.push('\n');
+    }
     md.push_str(&ceilings_note(&found.ceilings));
     if let Some(why) = &found.torch_missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
@@ -469,10 +496,94 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     md
 }
 
+/// planned = measured + failed + implausible + skipped (+ not run), and loudly when that does not hold.
+fn accounting(ix: &RunIndex) -> String {
+    let a = &ix.accounting;
+    let not_run = if a.not_run > 0 || ix.unfinished() {
+        format!(" + {} not run", a.not_run)
+    } else {
+        String::new()
+    };
+    let sum = a.measured + a.failed + a.implausible + a.skipped + a.not_run;
+    let mut md = format!(
+        "Cases: {} planned {} {} measured + {} failed + {} implausible + {} skipped{not_run}.\n\n",
+        a.planned,
+        if sum == a.planned { "=" } else { "≠" },
+        a.measured,
+        a.failed,
+        a.implausible,
+        a.skipped,
+    );
+    if !a.holds() {
+        md.push_str("> **The cases do not add up.** Every planned case must end in exactly one outcome; this log breaks that:\n");
+        const SHOWN: usize = 20;
+        for p in a.problems.iter().take(SHOWN) {
+            let _ = writeln!(md, "> - {p}");
+        }
+        if a.problems.len() > SHOWN {
+            let _ = writeln!(md, "> - … and {} more", a.problems.len() - SHOWN);
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// Cases timed beyond a measured roof: their figures, the roofs, and by how much they passed them.
+fn implausible(ix: &RunIndex) -> String {
+    let cases: Vec<_> = ix
+        .cases
+        .iter()
+        .filter(|c| matches!(c.outcome, Outcome::Implausible { .. }))
+        .collect();
+    if cases.is_empty() {
+        return String::new();
+    }
+    let c = &ix.ceilings;
+    let mut md = String::from("\n## Implausible figures\n\nTimed faster than the GPU's measured roofs allow: a kernel that skips work or a timing that is wrong. Never a champion, never committed.\n\n");
+    md.push_str("| variant | shape | dtype | µs | TF/s | × matmul ceiling | least-traffic GB/s | × bandwidth ceiling | why | log line |\n");
+    md.push_str("|---|---|---|---:|---:|---:|---:|---:|---|---:|\n");
+    for case in cases {
+        let Outcome::Implausible {
+            line,
+            timing,
+            reason,
+            ..
+        } = &case.outcome
+        else {
+            continue;
+        };
+        let gbs = crate::findings::min_bandwidth_gbs(case.shape, case.dtype, timing.median_us);
+        let times = |x: f64, roof: Option<crate::runindex::Measured>| {
+            roof.map_or("not measured".into(), |r| format!("{:.2}×", x / r.value))
+        };
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {:.2} | {} | {} | {:.0} | {} | {} | {line} |",
+            case.variant,
+            case.shape.label(),
+            case.dtype,
+            timing.median_us,
+            three_digits(timing.tflops),
+            times(timing.tflops, c.matmul_tflops.get(&case.dtype).copied()),
+            gbs,
+            times(gbs, c.bandwidth()),
+            reason.replace('|', "/"),
+        );
+    }
+    md
+}
+
 /// Where the ceilings came from, or that there are none.
 fn ceilings_note(c: &crate::findings::Ceilings) -> String {
+    let missing: String = c
+        .unavailable
+        .iter()
+        .map(|(line, why)| {
+            format!("\nRoof not measured (log line {line}): {why}. Figures are not held to it.\n")
+        })
+        .collect();
     if c.is_empty() {
-        return "\nCeilings not measured in this run (the PyTorch adapter measures them beside SDPA).\n".into();
+        return format!("\nCeilings not measured in this run (the worker measures them before the variants, the PyTorch adapter beside SDPA).\n{missing}");
     }
     let mut parts: Vec<String> = c
         .matmul_tflops
@@ -497,7 +608,7 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
             m.value, m.line
         ));
     }
-    format!("\nMeasured ceilings: {}. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second ÷ the faster measured stream.\n", parts.join(", "))
+    format!("\nMeasured ceilings: {}. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second ÷ the faster measured stream.\n{missing}", parts.join(", "))
 }
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.
@@ -545,37 +656,35 @@ fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow
 }
 
 /// Where the wall time went: builds, GPU workers, and the gaps between workers (flashtune's own overhead).
-fn run_statistics(log: &LoadedLog) -> String {
+fn run_statistics(ix: &RunIndex) -> String {
     let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) =
         (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut wall = 0.0f64;
-    let mut replay_seconds = 0.0f64;
-    for (_, e) in &log.entries {
-        wall = wall.max(e.t);
-        match &e.record {
-            Record::Timed { timing, .. } => {
-                replay_seconds +=
-                    timing.samples_us.iter().sum::<f64>() * timing.launches_per_sample as f64 / 1e6
-            }
-            Record::Built { cached: true, .. } => cached += 1,
-            Record::Built { seconds, .. } => {
+    let wall = ix.wall_seconds;
+    let replay_seconds: f64 = ix
+        .timings
+        .iter()
+        .map(|t| {
+            t.timing.samples_us.iter().sum::<f64>() * t.timing.launches_per_sample as f64 / 1e6
+        })
+        .sum();
+    for b in &ix.builds {
+        match b.outcome {
+            BuildOutcome::Built { cached: true, .. } => cached += 1,
+            BuildOutcome::Built { seconds, .. } => {
                 compiled += 1;
                 nvcc_seconds += seconds;
-                last_build_t = last_build_t.max(e.t);
+                last_build_t = last_build_t.max(b.t);
             }
-            Record::BuildFailed { .. } => last_build_t = last_build_t.max(e.t),
-            Record::WorkerRan {
-                device,
-                started_t,
-                seconds,
-                ..
-            } => workers
-                .entry(*device)
-                .or_default()
-                .push((*started_t, *seconds)),
-            _ => {}
+            BuildOutcome::Failed { .. } => last_build_t = last_build_t.max(b.t),
+            BuildOutcome::Rejected { .. } => {}
         }
+    }
+    for w in &ix.workers {
+        workers
+            .entry(w.device)
+            .or_default()
+            .push((w.started_t, w.seconds));
     }
     if workers.is_empty() {
         return String::new();

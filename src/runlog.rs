@@ -146,6 +146,12 @@ pub enum Record {
         shape: String,
         dtype: Dtype,
         timing: TimingStats,
+        /// Times it was timed again because its p10..p90 spread was above `[baseline] max_spread`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        remeasured: u32,
+        /// Still above that limit after the re-measurements: a figure not to be trusted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        noisy: bool,
     },
     /// The reference library could not be timed: all of it (no fields set) or one backend/shape.
     BaselineUnavailable {
@@ -298,6 +304,10 @@ pub enum Record {
     },
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 pub struct RunLog {
     file: File,
     pub path: PathBuf,
@@ -435,13 +445,31 @@ impl LoadedLog {
     }
 }
 
-/// Read a log, tolerating a torn last line; a bad line elsewhere is corruption and an error.
+/// The log of a run folder: `log.jsonl`, else a committed measurement's `log.jsonl.gz`.
+pub fn path_in(run_dir: &Path) -> PathBuf {
+    let plain = run_dir.join("log.jsonl");
+    let packed = run_dir.join("log.jsonl.gz");
+    if !plain.exists() && packed.exists() {
+        packed
+    } else {
+        plain
+    }
+}
+
+/// Read a log (gzip-compressed when its name ends in `.gz`), tolerating a torn last line; a bad
+/// line elsewhere is corruption and an error.
 pub fn read(path: &Path) -> Result<LoadedLog> {
     let file =
         File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
-    let lines: Vec<String> = BufReader::new(file)
+    let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(flate2::read::GzDecoder::new(file))
+    } else {
+        Box::new(file)
+    };
+    let lines: Vec<String> = BufReader::new(reader)
         .lines()
-        .collect::<std::io::Result<_>>()?;
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot read run log {}", path.display()))?;
     if let Some(first) = lines.iter().find(|l| !l.trim().is_empty()) {
         refuse_newer_schema(path, first)?;
     }

@@ -208,7 +208,7 @@ mod exports {
         let schema = t4_schema();
         let validator = jsonschema::validator_for(&schema).unwrap();
         for name in ["smoke-h200.log.jsonl", "smoke-killed-torn.log.jsonl"] {
-            let t4 = export::t4(&fixture_log(name));
+            let t4 = export::t4(&flashtune::runindex::RunIndex::new(&fixture_log(name)));
             let errors: Vec<String> = validator.iter_errors(&t4).map(|e| e.to_string()).collect();
             assert!(errors.is_empty(), "{name}: {errors:?}");
             assert!(!t4["results"].as_array().unwrap().is_empty());
@@ -222,7 +222,7 @@ mod exports {
     #[test]
     fn csv_has_one_row_per_case_and_traces_each_to_the_log() {
         let log = fixture_log("smoke-h200.log.jsonl");
-        let text = export::csv(&log);
+        let text = export::csv(&flashtune::runindex::RunIndex::new(&log));
         let mut reader = csv::Reader::from_reader(text.as_bytes());
         let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
         assert_eq!(rows.len(), 4 * 6 * 2, "4 variants x 6 shapes x 2 dtypes");
@@ -245,16 +245,17 @@ mod exports {
     fn a_killed_run_with_a_torn_line_still_reports() {
         let log = fixture_log("smoke-killed-torn.log.jsonl");
         assert!(log.torn_tail);
-        let md = flashtune::report::markdown(&log);
+        let ix = flashtune::runindex::RunIndex::new(&log);
+        let md = flashtune::report::markdown(&ix);
         assert!(
             md.contains("no `finished` record") && md.contains("cut short"),
             "{md}"
         );
-        let rows = export::cases(&log);
+        let rows = export::cases(&ix);
         assert!(
             rows.iter().any(|r| r.status == "timed") && rows.iter().any(|r| r.status == "not_run")
         );
-        let json = export::json(&log);
+        let json = export::json(&ix);
         assert!(json["torn_tail"].as_bool().unwrap());
         assert!(!json["champions"].as_array().unwrap().is_empty());
     }
@@ -903,8 +904,7 @@ mod reference_library {
         let p = policies_with(cmd);
         let err = baseline::measure(&repo(), &p, &shapes(&p))
             .await
-            .err()
-            .expect("no torch, no figures");
+            .expect_err("no torch, no figures");
         assert!(
             err.contains("PyTorch is not importable") && err.contains("simulated"),
             "{err}"
@@ -935,6 +935,317 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": rows}))
             rows[1].outcome.as_ref().unwrap_err(),
             "RuntimeError: no kernel"
         );
+    }
+
+    /// An adapter that answers call N with `replies[N]` (the last one again after that) and keeps
+    /// every request it was sent as request-N.json beside itself.
+    fn scripted_adapter(dir: &Path, replies: &[serde_json::Value]) -> Vec<String> {
+        let replies = serde_json::to_string(replies).unwrap();
+        let script = dir.join("adapter.py");
+        std::fs::write(
+            &script,
+            format!(
+                r#"import json, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+n = len([f for f in os.listdir(here) if f.startswith("request-")])
+req = json.load(sys.stdin)
+json.dump(req, open(os.path.join(here, f"request-{{n}}.json"), "w"))
+replies = json.loads({replies:?})
+print(json.dumps(replies[min(n, len(replies) - 1)]))
+"#
+            ),
+        )
+        .unwrap();
+        vec!["python3".into(), script.display().to_string()]
+    }
+
+    fn sent(dir: &Path) -> Vec<serde_json::Value> {
+        (0..)
+            .map(|n| dir.join(format!("request-{n}.json")))
+            .take_while(|p| p.exists())
+            .map(|p| serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap())
+            .collect()
+    }
+
+    fn row(backend: &str, samples: &[f64]) -> serde_json::Value {
+        serde_json::json!({"shape": "small", "dtype": "f16", "backend": backend,
+            "samples_us": samples, "launches_per_sample": 50})
+    }
+
+    /// Twelve samples around 10.6 µs, one a tenth slower: spread (p90 - p10) / median = 0.4%.
+    const TIGHT: [f64; 12] = [
+        10.55, 10.6, 10.6, 10.6, 10.6, 10.6, 10.6, 10.6, 10.6, 10.62, 10.65, 11.7,
+    ];
+    /// The clock or a neighbour disturbed half the run: median 42 µs, spread far above 5%.
+    const DISTURBED: [f64; 12] = [
+        10.6, 10.6, 10.7, 10.8, 11.0, 30.0, 54.0, 70.0, 73.8, 74.0, 75.0, 80.0,
+    ];
+
+    #[tokio::test]
+    async fn a_noisy_row_is_timed_again_and_the_tightest_timing_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = scripted_adapter(
+            dir.path(),
+            &[
+                serde_json::json!({"rows": [row("flash", &DISTURBED), row("cudnn", &TIGHT)],
+                    "ceilings": [{"name": "copy", "dtype": null, "value": 3000.0, "unit": "GB/s"}]}),
+                serde_json::json!({"rows": [row("flash", &TIGHT)], "ceilings": []}),
+            ],
+        );
+        let mut p = policies_with(command);
+        p.baseline.backends = vec!["flash".into(), "cudnn".into()];
+        let (rows, ceilings) = baseline::measure_with_ceilings(&repo(), &p, &shapes(&p))
+            .await
+            .unwrap();
+        assert_eq!(ceilings.len(), 1);
+        let flash = &rows[0];
+        let t = flash.outcome.as_ref().unwrap();
+        assert_eq!(
+            (t.median_us, flash.remeasured, flash.noisy),
+            (10.6, 1, false)
+        );
+        assert_eq!((rows[1].remeasured, rows[1].noisy), (0, false));
+        // The second call re-timed only what was noisy, and measured no roofs again.
+        let requests = sent(dir.path());
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[0]["ceilings"], true);
+        assert_eq!(requests[1]["backends"], serde_json::json!(["flash"]));
+        assert_eq!(requests[1]["dtypes"], serde_json::json!(["f16"]));
+        assert_eq!(requests[1]["ceilings"], false);
+        assert_eq!(requests[1]["shapes"][0]["name"], "small");
+    }
+
+    #[tokio::test]
+    async fn a_row_that_stays_noisy_is_reported_as_noisy() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = scripted_adapter(
+            dir.path(),
+            &[serde_json::json!({"rows": [row("flash", &DISTURBED)]})],
+        );
+        let p = policies_with(command);
+        assert_eq!((p.baseline.max_spread, p.baseline.remeasure), (0.05, 2));
+        let rows = baseline::measure(&repo(), &p, &shapes(&p)).await.unwrap();
+        let flash = &rows[0];
+        assert!(flash.spread().unwrap() > 0.05);
+        assert_eq!((flash.remeasured, flash.noisy), (2, true));
+        assert_eq!(
+            sent(dir.path()).len(),
+            3,
+            "measured once, re-measured twice"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_request_names_every_backend_and_each_shape_s_input_sets() {
+        let dir = tempfile::tempdir().unwrap();
+        let command = scripted_adapter(dir.path(), &[serde_json::json!({"rows": []})]);
+        let p = policies_with(command);
+        let sets = std::collections::BTreeMap::from([("small".to_owned(), 4u32)]);
+        baseline::measure_rotating(&repo(), &p, &shapes(&p), &sets)
+            .await
+            .unwrap();
+        let request = &sent(dir.path())[0];
+        assert_eq!(
+            request["backends"],
+            serde_json::json!(["flash", "cudnn", "efficient", "math", "default"])
+        );
+        assert_eq!(request["shapes"][0]["sets"], 4);
+    }
+
+    /// A stand-in for PyTorch that runs the adapter on a CPU: every attention call is logged (the
+    /// input set it read, the mask, the backend forced), a captured graph replays its calls.
+    const FAKE_TORCH: [(&str, &str); 6] = [
+        (
+            "torch/__init__.py",
+            r#""""A stand-in for PyTorch that runs baselines/torch_sdpa.py on a CPU and logs every attention call."""
+import itertools, json, os
+from . import cuda, nn
+__version__ = "fake"
+float16, bfloat16, float32, uint8 = "float16", "bfloat16", "float32", "uint8"
+_ids = itertools.count()
+class Tensor:
+    def __init__(self, shape):
+        self.id, self.shape = next(_ids), shape
+class Generator:
+    def __init__(self, device=None): pass
+    def manual_seed(self, seed): return self
+def randn(*shape, device=None, dtype=None, generator=None): return Tensor(shape)
+def log(entry):
+    with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
+        f.write(json.dumps(entry) + "\n")
+"#,
+        ),
+        (
+            "torch/cuda/__init__.py",
+            r#"import contextlib
+_capturing = []
+def is_available(): return True
+def get_device_name(): return "fake"
+def synchronize(): pass
+class Event:
+    def __init__(self, enable_timing=False): pass
+    def record(self): pass
+    def synchronize(self): pass
+    def elapsed_time(self, end): return 0.001  # 1 µs per call or replay
+class Stream:
+    def wait_stream(self, other): pass
+def current_stream(): return Stream()
+@contextlib.contextmanager
+def stream(s): yield
+class CUDAGraph:
+    def __init__(self): self.calls = []
+    def replay(self):
+        for call in self.calls: call()
+@contextlib.contextmanager
+def graph(g):
+    _capturing.append(g)
+    try: yield
+    finally: _capturing.pop()
+"#,
+        ),
+        (
+            "torch/nn/__init__.py",
+            r#"from . import attention, functional
+"#,
+        ),
+        (
+            "torch/nn/functional.py",
+            r#"import torch
+from torch.nn import attention
+def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=False):
+    entry = {"q": q.id, "is_causal": is_causal, "backend": attention._current,
+             "mask": None if attn_mask is None else attn_mask.variant}
+    graphs = torch.cuda._capturing
+    if graphs:  # captured: logged when the graph replays
+        graphs[-1].calls.append(lambda: torch.log(dict(entry, replayed=True)))
+    else:
+        torch.log(entry)
+"#,
+        ),
+        (
+            "torch/nn/attention/__init__.py",
+            r#"import contextlib, enum
+class SDPBackend(enum.Enum):
+    FLASH_ATTENTION = "flash"; CUDNN_ATTENTION = "cudnn"; EFFICIENT_ATTENTION = "efficient"; MATH = "math"
+_current = None
+@contextlib.contextmanager
+def sdpa_kernel(backend):
+    global _current
+    _current, before = backend.value, _current
+    try: yield
+    finally: _current = before
+"#,
+        ),
+        (
+            "torch/nn/attention/bias.py",
+            r#"class CausalBias:
+    def __init__(self, variant, sq, sk): self.variant, self.sq, self.sk = variant, sq, sk
+def causal_lower_right(sq, sk): return CausalBias("lower_right", sq, sk)
+"#,
+        ),
+    ];
+
+    #[test]
+    fn the_adapter_rotates_input_sets_and_aligns_the_causal_mask() {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in FAKE_TORCH {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let calls_log = dir.path().join("calls.jsonl");
+        let request = serde_json::json!({
+            "shapes": [
+                {"name": "decode", "b": 1, "h": 1, "sq": 3, "sk": 7, "d": 64, "causal": "bottom-right", "sets": 3},
+                {"name": "square", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": true},
+                {"name": "plain", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": "none"}],
+            "dtypes": ["f16"], "backends": ["flash", "default", "bogus"],
+            "warmup_ms": 0, "samples": 2, "min_sample_us": 10, "seed": 1, "ceilings": false});
+        let mut child = Command::new("python3")
+            .arg(repo().join("baselines/torch_sdpa.py"))
+            .env("PYTHONPATH", dir.path())
+            .env("FAKE_TORCH_LOG", &calls_log)
+            .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(request.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rows = reply["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 9);
+        // 1 µs a call and 10 µs a sample make 10 calls, rounded up to whole rounds of 3 sets.
+        assert_eq!(rows[0]["launches_per_sample"], 12);
+        assert_eq!(rows[3]["launches_per_sample"], 10);
+        assert!(rows[2]["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown backend 'bogus'"));
+        let calls: Vec<serde_json::Value> = std::fs::read_to_string(&calls_log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let replayed = |backend: serde_json::Value, mask: serde_json::Value, causal: bool| {
+            calls
+                .iter()
+                .filter(|c| {
+                    c["replayed"] == true
+                        && c["backend"] == backend
+                        && c["mask"] == mask
+                        && c["is_causal"] == causal
+                })
+                .map(|c| c["q"].as_u64().unwrap())
+                .collect::<Vec<u64>>()
+        };
+        // Bottom-right: PyTorch's causal_lower_right as the mask, is_causal off; the timed calls
+        // read three distinct input sets in turn, 2 samples x 12 calls.
+        let flash = replayed(
+            serde_json::json!("flash"),
+            serde_json::json!("lower_right"),
+            false,
+        );
+        assert_eq!(flash.len(), 24);
+        assert!(flash[0] != flash[1] && flash[1] != flash[2] && flash[0] != flash[2]);
+        assert!(flash.chunks(3).all(|c| c == &flash[..3]), "{flash:?}");
+        // "default" forces no backend.
+        assert_eq!(
+            replayed(
+                serde_json::Value::Null,
+                serde_json::json!("lower_right"),
+                false
+            )
+            .len(),
+            24
+        );
+        // true is top-left (is_causal), "none" no mask at all; one input set each.
+        let top_left = replayed(serde_json::json!("flash"), serde_json::Value::Null, true);
+        assert_eq!(top_left.len(), 20);
+        assert!(top_left.iter().all(|q| *q == top_left[0]));
+        assert_eq!(
+            replayed(serde_json::json!("flash"), serde_json::Value::Null, false).len(),
+            20
+        );
+    }
+
+    #[test]
+    fn the_adapter_script_compiles() {
+        let out = Command::new("python3")
+            .args(["-m", "py_compile"])
+            .arg(repo().join("baselines/torch_sdpa.py"))
+            .env("PYTHONPYCACHEPREFIX", tempfile::tempdir().unwrap().path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
     }
 
     #[tokio::test]
@@ -1394,6 +1705,17 @@ mod git {
 
     #[test]
     fn kernel_edits_are_reverted_or_committed() {
+        // Interleaved samples as a duel returns them: 15 evenly spread over ±1% of the centre, so
+        // their p10..p90 spread is 1.6%.
+        let around = |center: f64| -> Vec<f64> {
+            (0..15)
+                .map(|i| center * (1.0 + 0.02 * (i as f64 / 14.0 - 0.5)))
+                .collect()
+        };
+        let duel = |challenger: f64| decide::Duel {
+            champion_us: around(100.0),
+            challenger_us: around(challenger),
+        };
         let dir = repo_project();
         let fwd = dir.path().join("kernels/attention/forward.cu");
         let original = std::fs::read_to_string(&fwd).unwrap();
@@ -1403,6 +1725,14 @@ mod git {
             "// new file\n",
         )
         .unwrap();
+        // 10% slower: rejected, and the edit (a changed file and a new one) goes back to HEAD.
+        let slower = decide::judge(&duel(110.0), 0.02);
+        assert!(!slower.accept, "{slower:?}");
+        assert!(
+            (slower.gain - (100.0 / 110.0 - 1.0)).abs() < 1e-9,
+            "{slower:?}"
+        );
+        assert!(slower.reason.contains("threshold"), "{}", slower.reason);
         let changed: Vec<String> = vcs::changed_against_head(dir.path())
             .unwrap()
             .into_iter()
@@ -1414,17 +1744,40 @@ mod git {
         assert!(!dir.path().join("kernels/attention/new.cuh").exists());
         assert!(vcs::changed_against_head(dir.path()).unwrap().is_empty());
 
+        // 1% faster, above a 0.5% threshold but inside the 1.6% p10..p90 spread: not a win either.
+        let within_noise = decide::judge(&duel(99.0), 0.005);
+        assert!(!within_noise.accept, "{within_noise:?}");
+        assert!(
+            within_noise.reason.contains("noise"),
+            "{}",
+            within_noise.reason
+        );
+
+        // 10% faster (100 / 90.9 = 1.10): accepted, committed with the gain as its trailer.
+        let faster = decide::judge(&duel(100.0 / 1.1), 0.02);
+        assert!(faster.accept, "{faster:?}");
+        assert!((faster.gain - 0.10).abs() < 1e-9, "{faster:?}");
+        assert!((faster.noise - 0.016).abs() < 1e-9, "{faster:?}");
         let before = head(dir.path());
         std::fs::write(&fwd, format!("{original}\n// faster\n")).unwrap();
         vcs::commit_paths(
             dir.path(),
             &["kernels/attention/forward.cu".into()],
-            "faster\n\nFlashtune-Speedup: 1.10x",
+            &format!("faster\n\nFlashtune-Speedup: {:.2}x", 1.0 + faster.gain),
         )
         .unwrap();
         assert_ne!(head(dir.path()), before);
         assert!(vcs::changed_against_head(dir.path()).unwrap().is_empty());
-        let _ = decide::judge; // acceptance is unit-tested in src/decide.rs
+        let message = git2::Repository::open(dir.path())
+            .unwrap()
+            .head()
+            .unwrap()
+            .peel_to_commit()
+            .unwrap()
+            .message()
+            .unwrap()
+            .to_owned();
+        assert!(message.ends_with("Flashtune-Speedup: 1.10x"), "{message}");
     }
 }
 
