@@ -68,6 +68,8 @@ struct SpaceFile {
     params: Option<IndexMap<String, Vec<ParamValue>>>,
     /// Or a named chain: exactly these points, in this order (an ablation).
     chain: Option<Vec<ChainStep>>,
+    /// Or a list: exactly these points, measured as a set (no steps, no order of merit).
+    points: Option<Vec<Params>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -123,6 +125,8 @@ pub struct Space {
     /// Every value each parameter takes (the grid, or the union over a chain's steps).
     pub params: IndexMap<String, Vec<ParamValue>>,
     pub chain: Option<Vec<ChainStep>>,
+    /// The points of a listed space (`points = [...]`).
+    pub points: Option<Vec<Params>>,
     pub shapes: Option<Vec<String>>,
     pub timeouts: Option<crate::config::Timeouts>,
     constraints: Vec<Expr>,
@@ -209,19 +213,35 @@ impl Space {
             .iter()
             .map(|c| compile("constraints", c))
             .collect::<Result<Vec<_>>>()?;
-        let params = match (&file.params, &file.chain) {
-            (Some(grid), None) => grid.clone(),
-            (None, Some(chain)) if !chain.is_empty() => chain_values(chain),
+        let params = match (&file.params, &file.chain, &file.points) {
+            (Some(grid), None, None) => grid.clone(),
+            (None, Some(chain), None) if !chain.is_empty() => {
+                values_of(chain.iter().map(|step| &step.params))
+            }
+            (None, None, Some(points)) if !points.is_empty() => values_of(points.iter()),
             _ => {
                 return Err(config::config_error_at_key(
                     path,
                     &text,
                     "params",
-                    "a space needs either a [params] grid or a non-empty [[chain]], not both"
+                    "a space needs exactly one of a [params] grid, a non-empty [[chain]] or a non-empty `points` list"
                         .into(),
                 ));
             }
         };
+        for point in file.points.iter().flatten() {
+            if point.keys().ne(params.keys()) {
+                return Err(config::config_error_at_key(
+                    path,
+                    &text,
+                    "points",
+                    format!(
+                        "every point must set every parameter, in the same order as the first ({})",
+                        params.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
         if let Some(chain) = &file.chain {
             for step in chain {
                 if step.params.keys().ne(params.keys()) {
@@ -288,6 +308,7 @@ impl Space {
             family,
             params,
             chain: file.chain,
+            points: file.points,
             shapes: file.shapes,
             timeouts: file.timeouts,
             constraints,
@@ -319,6 +340,16 @@ impl Space {
                     id: variant_id(&step.params),
                     params: step.params.clone(),
                     step: Some(step.name.clone()),
+                })
+                .collect());
+        }
+        if let Some(points) = &self.points {
+            return Ok(points
+                .iter()
+                .map(|params| Variant {
+                    id: variant_id(params),
+                    params: params.clone(),
+                    step: None,
                 })
                 .collect());
         }
@@ -637,11 +668,11 @@ impl Space {
     }
 }
 
-/// Each parameter's values over a chain, in first-seen order.
-fn chain_values(chain: &[ChainStep]) -> IndexMap<String, Vec<ParamValue>> {
+/// Each parameter's values over a chain's steps or a list's points, in first-seen order.
+fn values_of<'a>(points: impl Iterator<Item = &'a Params>) -> IndexMap<String, Vec<ParamValue>> {
     let mut values: IndexMap<String, Vec<ParamValue>> = IndexMap::new();
-    for step in chain {
-        for (k, v) in &step.params {
+    for params in points {
+        for (k, v) in params {
             let list = values.entry(k.clone()).or_default();
             if !list.contains(v) {
                 list.push(v.clone());

@@ -2,20 +2,10 @@
 //!
 //! After a deliberate change to the reports, rebuild them with
 //! `FLASHTUNE_BLESS_MEASUREMENTS=1 cargo test --test measurements` and commit what changed.
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    std::env::var_os("FLASHTUNE_REPO")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-}
-
-fn binary() -> PathBuf {
-    std::env::var_os("FLASHTUNE_BIN").map_or_else(
-        || PathBuf::from(env!("CARGO_BIN_EXE_flashtune")),
-        PathBuf::from,
-    )
-}
 
 /// Every measurement folder: two levels under docs/measurements with a log.jsonl.gz, in name order.
 fn measurements() -> Vec<PathBuf> {

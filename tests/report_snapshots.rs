@@ -1,21 +1,10 @@
 //! Snapshot tests of every report format (md, html, csv, json, t4.json) written from the fixed run logs in tests/fixtures/runs; a log added there gets its snapshots on the next run.
+mod common;
+use common::*;
 use flashtune::config::Dtype;
 use flashtune::export;
 use flashtune::runindex::RunIndex;
 use flashtune::runlog::{self, Entry, LoadedLog, Record};
-use std::path::PathBuf;
-
-fn repo() -> PathBuf {
-    std::env::var_os("FLASHTUNE_REPO")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-}
-
-/// A file under tests/fixtures (copied from real tool outputs; the repository stands alone).
-fn fixture(rel: &str) -> String {
-    let path = repo().join("tests/fixtures").join(rel);
-    std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
-}
 
 /// Every `*.log.jsonl` under tests/fixtures/runs, by name, in name order.
 fn fixture_logs() -> Vec<(String, LoadedLog)> {

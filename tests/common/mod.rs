@@ -1,0 +1,101 @@
+//! Helpers every test binary shares: where the checkout and the binary are, scratch projects, running the CLI.
+#![allow(dead_code)]
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The checkout; `FLASHTUNE_REPO` points elsewhere when the test binary is carried to a GPU machine.
+pub fn repo() -> PathBuf {
+    std::env::var_os("FLASHTUNE_REPO")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+}
+
+pub fn binary() -> PathBuf {
+    std::env::var_os("FLASHTUNE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_flashtune")),
+        PathBuf::from,
+    )
+}
+
+/// A file under tests/fixtures (copied from real tool outputs; the repository stands alone).
+pub fn fixture(rel: &str) -> String {
+    let path = repo().join("tests/fixtures").join(rel);
+    std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("fixture {} missing: {e}", path.display()))
+}
+
+/// Copy a folder of the checkout, subfolders included.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
+}
+
+/// A throwaway project: the shipped policies, variants, kernels and baselines, its own runs/ folder.
+/// Its default space is `smoke`, the space CI runs (the shipped default, `quick`, has shapes the
+/// test double would compute on the CPU for minutes).
+pub fn scratch_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["variants", "kernels", "baselines"] {
+        copy_tree(&repo().join(sub), &dir.path().join(sub));
+    }
+    let policies = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+    let smoke = policies.replace(
+        r#"default_space = "variants/quick.toml""#,
+        r#"default_space = "variants/smoke.toml""#,
+    );
+    assert_ne!(policies, smoke, "policies.toml's default space moved");
+    std::fs::write(dir.path().join("policies.toml"), smoke).unwrap();
+    dir
+}
+
+/// Run the CLI on a project; every test shares one content-addressed build cache.
+pub fn flashtune(root: &Path, args: &[&str]) -> Output {
+    Command::new(binary())
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .output()
+        .expect("flashtune runs")
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Make `dir` a git repository whose one commit holds everything in it.
+pub fn commit_all(dir: &Path, message: &str) {
+    let repo = git2::Repository::open(dir)
+        .or_else(|_| git2::Repository::init(dir))
+        .unwrap();
+    let mut index = repo.index().unwrap();
+    index
+        .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+        .unwrap();
+    index.write().unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let sig = git2::Signature::now("test", "test@localhost").unwrap();
+    let parents: Vec<git2::Commit> = repo
+        .head()
+        .ok()
+        .and_then(|h| h.peel_to_commit().ok())
+        .into_iter()
+        .collect();
+    let parents: Vec<&git2::Commit> = parents.iter().collect();
+    repo.commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
+        .unwrap();
+}
