@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults resume attention ablation ablate profile guided step-demo
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume attention ablation ablate profile guided step-demo
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, `step-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,8 @@ for stage in "$@"; do
       FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt"
       [ -x "$bin/step-tests" ] && FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/step-tests" --include-ignored gpu 2>&1 | tee -a "$out/gpu-tests.txt" ;;
     faults) ft tune --space variants/faults.toml 2>"$out/faults.err" | tee "$out/faults.txt"; keep faults ;;
+    cheats) ft tune --space variants/cheats.toml 2>"$out/cheats.err" | tee "$out/cheats.txt"; keep cheats ;;
+    quick) ft tune 2>"$out/quick.err" | tee "$out/quick.txt"; keep quick ;;
     resume)
       # SIGKILL the orchestrator once two variants of a new run are done, then resume it.
       before=$(ls -d runs/2*/ 2>/dev/null)

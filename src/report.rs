@@ -320,6 +320,27 @@ pub fn markdown(ix: &RunIndex) -> String {
         md.push_str(&problems.join("\n"));
         md.push('\n');
     }
+    let disqualified: Vec<String> = order
+        .iter()
+        .map(|k| k.0.as_str())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|v| ix.cases.iter().any(|c| c.variant == *v && c.measured().is_some()))
+        .filter_map(|v| {
+            ix.disqualified(v)
+                .map(|(line, why)| format!("- `{v}`: {why} (log line {line})"))
+        })
+        .collect();
+    if !disqualified.is_empty() {
+        md.push_str("
+## Never a champion
+
+These variants were measured on some cases but failed a check, or passed a roof, on another: a kernel that is wrong anywhere is not a candidate anywhere.
+
+");
+        md.push_str(&disqualified.join("\n"));
+        md.push('\n');
+    }
     if !invalid.is_empty() {
         let total: usize = invalid.values().map(|v| v.0).sum();
         let _ = writeln!(

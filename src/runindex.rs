@@ -958,12 +958,42 @@ impl<'a> RunIndex<'a> {
             .cases
             .iter()
             .filter(|c| c.shape.name == shape && c.dtype == dtype && c.measured().is_some())
+            .filter(|c| self.disqualified(c.variant).is_none())
             .collect();
         ranked.sort_by(|a, b| {
             let median = |c: &Case| c.measured().map_or(f64::INFINITY, |t| t.median_us);
             median(a).total_cmp(&median(b))
         });
         ranked
+    }
+
+    /// Why a variant may not be anyone's champion: it computed a wrong answer, or a figure beyond the
+    /// roofs, on some case. A kernel wrong on one shape is a wrong kernel; its right answers elsewhere
+    /// are luck of the shape. Returns the first such case's line and reason.
+    pub fn disqualified(&self, variant: &str) -> Option<(usize, String)> {
+        self.cases
+            .iter()
+            .filter(|c| c.variant == variant)
+            .find_map(|c| match &c.outcome {
+                Outcome::Failed {
+                    line,
+                    kind: Failure::Wrong,
+                    reason,
+                } => Some((
+                    *line,
+                    format!(
+                        "wrong on {} {}: {}",
+                        c.shape.name,
+                        c.dtype,
+                        reason.unwrap_or("see the log")
+                    ),
+                )),
+                Outcome::Implausible { line, reason, .. } => Some((
+                    *line,
+                    format!("implausible on {} {}: {reason}", c.shape.name, c.dtype),
+                )),
+                _ => None,
+            })
     }
 
     /// The champion of one (shape, dtype): the fastest measured case, and whether its runner-up ties it.
