@@ -59,6 +59,10 @@ enum Model {
     FirstLaunches,
     /// Copies the previous launch's output when the shape matches.
     ReadPreviousOutput,
+    /// Caches its outputs per (Q pointer, sign of V's first element): right through the timed
+    /// replays (both signs are cached), stale once other values sit behind the same pointers.
+    /// Test-double only: what the re-check on fresh inputs exists to catch.
+    CacheByPointerAndSign,
     /// Every other launch flips the lowest bit of one output: a race.
     Race,
     /// No max-subtraction: rows with a score past 88.7 overflow fp32 exp and come out NaN.
@@ -75,10 +79,11 @@ fn model_named(name: &str) -> Option<Model> {
         "FAULT_NAN" => Model::Nan,
         "FAULT_WRONG" => Model::Wrong,
         "FAULT_GARBAGE_REPLY" => Model::GarbageReply,
-        "FAULT_SCRIBBLE" => Model::Scribble,
+        "FAULT_SCRIBBLE" | "CHEAT_WRITE_OUTSIDE" => Model::Scribble,
         "CHEAT_CACHE_BY_POINTER" => Model::CacheByPointer,
         "CHEAT_FIRST_LAUNCHES" => Model::FirstLaunches,
         "CHEAT_READ_PREVIOUS_OUTPUT" => Model::ReadPreviousOutput,
+        "CHEAT_CACHE_BY_POINTER_AND_SIGN" => Model::CacheByPointerAndSign,
         "CHEAT_RACE" => Model::Race,
         "CHEAT_SMALL_MAGNITUDE" => Model::SmallMagnitude,
         "CHEAT_SKIP_LAST_TILE" => Model::SkipLastTile,
@@ -110,6 +115,8 @@ struct FakeKernel {
     launches: u64,
     seen: HashMap<(usize, usize), u32>,
     previous: Option<(Buf, Buf, Shape)>,
+    /// Outputs cached by (Q buffer, V's first sign bit), for `CacheByPointerAndSign`.
+    cached: HashMap<(usize, u16), (Vec<u16>, Vec<f32>)>,
     /// A reference kernel that answers NaN (`flashtune-fake: reference nan`).
     nan_reference: bool,
 }
@@ -345,6 +352,21 @@ impl FakeGpu {
             }
             _ => {}
         }
+        if model == Model::CacheByPointerAndSign {
+            let sign = self.u16s(io.v)?[0] & 0x8000;
+            let k = self.kernels[kernel.0].as_mut().expect("loaded above");
+            if let Some((o, lse)) = k.cached.get(&(io.q.0, sign)).cloned() {
+                *self.u16s_mut(io.o)? = o;
+                *self.f32s_mut(io.lse)? = lse;
+                return Ok(());
+            }
+            let answer = self.answer(dtype, shape, io, None)?;
+            self.write_answer(dtype, io, &answer)?;
+            let kept = (self.u16s(io.o)?.clone(), self.read32(io.lse)?);
+            let k = self.kernels[kernel.0].as_mut().expect("loaded above");
+            k.cached.insert((io.q.0, sign), kept);
+            return Ok(());
+        }
         let keys = (model == Model::SkipLastTile && shape.sk % block_n != 0)
             .then(|| shape.sk / block_n * block_n)
             .filter(|&keep| keep > 0);
@@ -357,7 +379,10 @@ impl FakeGpu {
             }
             Model::Wrong => self.u16s_mut(io.o)?.fill(check::to_bits(dtype, 0.0)),
             Model::Race if launch_no % 2 == 0 => self.u16s_mut(io.o)?[0] ^= 1,
-            Model::Scribble => self.u16s_mut(io.q)?[0] ^= 0x0400,
+            Model::Scribble => {
+                let q = self.u16s_mut(io.q)?;
+                q[0] = q[0].wrapping_add(1);
+            }
             Model::GarbageReply => garbage_reply(),
             Model::SmallMagnitude => {
                 let d = shape.d as usize;
@@ -531,7 +556,7 @@ impl Device for FakeGpu {
         };
         let name = named("FAULT")
             .filter(|v| v != "FAULT_NONE")
-            .or_else(|| named("CHEAT"))
+            .or_else(|| named("CHEAT").filter(|v| v != "CHEAT_NONE"))
             .or_else(|| cubin_marker(&bytes, "fault "))
             .or_else(|| cubin_marker(&bytes, "cheat "))
             .unwrap_or_else(|| "FAULT_NONE".into());
@@ -552,6 +577,7 @@ impl Device for FakeGpu {
                 launches: 0,
                 seen: HashMap::new(),
                 previous: None,
+                cached: HashMap::new(),
                 nan_reference: false,
             },
         )))
@@ -571,6 +597,7 @@ impl Device for FakeGpu {
                 launches: 0,
                 seen: HashMap::new(),
                 previous: None,
+                cached: HashMap::new(),
                 nan_reference,
             },
         )))

@@ -247,6 +247,8 @@ pub enum Stage {
     Fresh,
     /// Inputs scaled so that scores pass ±88: a missing max-subtraction overflows.
     Stress,
+    /// Every input set checksummed after the case, as it was drawn.
+    Inputs,
 }
 
 impl Stage {
@@ -260,6 +262,19 @@ impl Stage {
                 format!("wrong on fresh inputs after timing, in the same loaded module ({detail})")
             }
             Stage::Stress => format!("wrong on large-magnitude inputs ({detail})"),
+            Stage::Inputs => format!("the kernel wrote outside its outputs ({detail})"),
+        }
+    }
+
+    /// A failed check of this stage that has only a reason.
+    pub fn failed(self, why: String) -> StageCheck {
+        StageCheck {
+            stage: self,
+            detail: why,
+            stats: CheckStats {
+                failures: vec!["its inputs must stay as they were drawn".into()],
+                ..Default::default()
+            },
         }
     }
 }

@@ -802,14 +802,15 @@ pub(crate) fn judge_pair(
     };
     let stats =
         |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, shape.flops());
-    let failure = if let Some(e) = &r.error {
-        Some(format!("CUDA: {e}"))
-    } else if let Some(why) = r.challenger.failure() {
+    // The edit's own failure first: it is the one being judged, and the clearest reason.
+    let failure = if let Some(why) = r.challenger.failure() {
         Some(format!("the edit fails its checks: {why}"))
     } else if let Some(why) = r.champion.failure() {
         Some(format!(
             "HEAD's champion failed its check on these inputs: {why}"
         ))
+    } else if let Some(e) = &r.error {
+        Some(format!("the duel did not finish: {e}"))
     } else if r.champion.samples_us.is_empty() || r.challenger.samples_us.is_empty() {
         Some("no samples came back".into())
     } else {

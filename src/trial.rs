@@ -547,6 +547,14 @@ fn enter<D: Device>(
     stats.nondeterministic_count =
         check::differing_bits((&runs[0].0, &runs[0].1), (&runs[1].0, &runs[1].1));
     check::judge(&mut stats, &case.tolerance, set0.score_scale());
+    // Named first when it happens: a kernel that writes into its inputs also changes what its
+    // second run reads, and would otherwise pass for a race.
+    if set_checksum(dev, set0.buffers())? != set0.checksum {
+        stats.failures.insert(
+            0,
+            "the kernel wrote outside its outputs: input set 0 changed during the check".into(),
+        );
+    }
     result.check = Some(stats);
     Ok(Contender {
         kernel,
@@ -769,7 +777,7 @@ fn intact<D: Device>(dev: &mut D, pools: &Pools, pool: usize) -> Result<Option<S
     for set in p.all_sets() {
         if set_checksum(dev, set.buffers())? != set.checksum {
             return Ok(Some(format!(
-                "input set {} of {} changed during the case: the kernel wrote outside its outputs",
+                "input set {} of {} changed during the case",
                 set.index, p.key.shape.name
             )));
         }
@@ -832,26 +840,27 @@ pub fn run_case<D: Device>(
         result.timing = None;
     }
     if let Some(pool) = pool_index {
-        guard_inputs(dev, pools, pool, &mut result.error);
+        if let Some(why) = guard_inputs(dev, pools, pool) {
+            if result.failure().is_none() {
+                result.stages.push(Stage::Inputs.failed(why));
+                result.timing = None;
+            }
+        }
     }
     result
 }
 
-/// After a case: if the pool's inputs changed, blame the case and draw the inputs again next time.
-fn guard_inputs<D: Device>(
-    dev: &mut D,
-    pools: &mut Pools,
-    pool: usize,
-    error: &mut Option<String>,
-) {
+/// After a case: if the pool's inputs changed, say why and draw them again next time.
+fn guard_inputs<D: Device>(dev: &mut D, pools: &mut Pools, pool: usize) -> Option<String> {
     match intact(dev, pools, pool) {
-        Ok(None) => {}
+        Ok(None) => None,
         Ok(Some(why)) => {
             pools.discard(dev, pool);
-            error.get_or_insert(why);
+            Some(why)
         }
         Err(e) => {
-            error.get_or_insert(format!("checksum of the input sets: {e:#}"));
+            pools.discard(dev, pool);
+            Some(format!("the input sets could not be checksummed: {e:#}"))
         }
     }
 }
@@ -931,7 +940,11 @@ pub fn duel<D: Device>(
         result.error = Some(format!("{e:#}"));
     }
     if let Some(pool) = pool_index {
-        guard_inputs(dev, pools, pool, &mut result.error);
+        if let Some(why) = guard_inputs(dev, pools, pool) {
+            result.error.get_or_insert(format!(
+                "one of the two kernels wrote outside its outputs: {why}"
+            ));
+        }
     }
     if result.error.is_some() {
         result.champion.samples_us.clear();

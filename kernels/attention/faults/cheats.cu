@@ -8,6 +8,7 @@
 //                              and so the bits, change from run to run
 //   CHEAT_SMALL_MAGNITUDE      skips the max-subtraction: right until a score passes exp's range
 //   CHEAT_SKIP_LAST_TILE       ignores the keys of the last BLOCK_N tile when Sk is not a multiple
+//   CHEAT_WRITE_OUTSIDE        answers right, then writes into its input Q: outside its outputs
 // CHEAT_NONE is the honest kernel they are all built on. It is simple, not fast: a CTA takes
 // BLOCK_M query rows of one (batch, head), one row at a time, its WARPS warps splitting the keys
 // (warp w takes keys w, w + WARPS, ...); lane l owns output dims l, l + 32, ...
@@ -24,6 +25,7 @@
 #define CHEAT_RACE 4
 #define CHEAT_SMALL_MAGNITUDE 5
 #define CHEAT_SKIP_LAST_TILE 6
+#define CHEAT_WRITE_OUTSIDE 7
 
 #ifndef CHEAT
 #error "CHEAT must be defined (CHEAT_NONE, CHEAT_CACHE_BY_POINTER, ...)"
@@ -47,7 +49,7 @@ constexpr int kBlockN = BLOCK_N;
 constexpr int kWarps = WARPS;
 constexpr int kHeadDim = HEAD_DIM;
 constexpr int kDimsPerLane = kHeadDim / 32;
-static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_SKIP_LAST_TILE, "unknown CHEAT");
+static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_WRITE_OUTSIDE, "unknown CHEAT");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "lanes own HEAD_DIM / 32 dims each");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS in 1..32");
 static_assert(kBlockM >= 1 && kBlockN >= 1, "positive tiles");
@@ -210,6 +212,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         __syncthreads();
     }
+    // Every row of the block is answered; now one write where no output lives (the CTA's own rows
+    // of Q, which only this CTA reads, so the answers above stay right).
+    if (kCheat == CHEAT_WRITE_OUTSIDE && threadIdx.x == 0 && q0 < Sq)
+        const_cast<elem_t*>(Q)[(bh * Sq + q0) * kHeadDim] = from_float(0.0f);
 }
 
 extern "C" __global__ void attn_combine(const float* O_accum, const float* LSE_accum, elem_t* O, float* LSE,

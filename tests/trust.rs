@@ -1,0 +1,386 @@
+//! Verdicts that cannot be gamed and a tool that fails closed, on the CPU test double with real builds: every cheat rejected by name in `tune` and `step`, figures beyond the roofs called implausible, a NaN reference and a garbled reply ending as failed records, every planned case accounted for.
+mod common;
+use common::*;
+use flashtune::config::Dtype;
+use flashtune::runindex::RunIndex;
+use flashtune::runlog::{self, Record};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn run_dir_from(out: &std::process::Output) -> PathBuf {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Run log: "))
+        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
+    PathBuf::from(line).parent().unwrap().to_path_buf()
+}
+
+fn log_of(run: &Path) -> runlog::LoadedLog {
+    runlog::read(&run.join("log.jsonl")).unwrap()
+}
+
+/// f16 only, and `space` measured on `shapes` (names from policies.toml).
+fn project(space: &str, shapes: &str) -> tempfile::TempDir {
+    let dir = scratch_project();
+    let policies = dir.path().join("policies.toml");
+    let p = std::fs::read_to_string(&policies)
+        .unwrap()
+        .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
+    std::fs::write(&policies, p).unwrap();
+    let path = dir.path().join("variants").join(space);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
+    let end = start + text[start..].find('\n').unwrap();
+    std::fs::write(
+        &path,
+        format!("{}shapes = {shapes}{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    dir
+}
+
+/// Every `check_failed` reason per variant.
+fn failures(log: &runlog::LoadedLog) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, e) in &log.entries {
+        if let Record::CheckFailed {
+            variant, reason, ..
+        } = &e.record
+        {
+            out.entry(variant.clone()).or_default().push(reason.clone());
+        }
+    }
+    out
+}
+
+/// The reason each cheat of variants/cheats.toml must be rejected with.
+const CHEATS: [(&str, &str); 7] = [
+    (
+        "cache_by_pointer",
+        "output of the timed launches differs from the checked launch",
+    ),
+    (
+        "first_launches",
+        "output of the timed launches differs from the checked launch",
+    ),
+    (
+        "read_previous_output",
+        "output of the timed launches differs from the checked launch",
+    ),
+    ("race", "differ between two runs on the same inputs (race)"),
+    ("small_magnitude", "wrong on large-magnitude inputs"),
+    ("skip_last_tile", "relative L2 error"),
+    ("write_outside", "the kernel wrote outside its outputs"),
+];
+
+#[test]
+fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
+    // `ragged` (Sk = 300) is where skipping the last 64-key tile shows; `small` is a tile multiple.
+    let dir = project("cheats.toml", r#"["small", "ragged"]"#);
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/cheats.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let log = log_of(&run);
+    let failed = failures(&log);
+    for (cheat, why) in CHEATS {
+        let variant = format!("{cheat}-bm16-bn64-w4-ks1");
+        let reasons = failed
+            .get(&variant)
+            .unwrap_or_else(|| panic!("{variant} was never rejected: {failed:?}"));
+        assert!(
+            reasons.iter().any(|r| r.contains(why)),
+            "{variant} rejected, but not for `{why}`: {reasons:?}"
+        );
+    }
+    let honest = "none-bm16-bn64-w4-ks1";
+    assert!(!failed.contains_key(honest), "{:?}", failed.get(honest));
+    let ix = RunIndex::new(&log);
+    for shape in ["small", "ragged"] {
+        let pick = ix.pick(shape, Dtype::F16).expect("the honest kernel is timed");
+        assert_eq!(pick.best.variant, honest, "{shape}");
+    }
+    // skip_last_tile is right on `small` (a tile multiple) and timed there, but it is wrong on
+    // `ragged`: a kernel wrong anywhere is a candidate nowhere, and the report says so.
+    assert!(ix
+        .cases
+        .iter()
+        .any(|c| c.variant.starts_with("skip_last_tile") && c.measured().is_some()));
+    assert!(ix.disqualified("skip_last_tile-bm16-bn64-w4-ks1").is_some());
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains("## Never a champion") && report.contains("`skip_last_tile-bm16-bn64-w4-ks1`: wrong on ragged f16"),
+        "{report}"
+    );
+    assert!(ix.accounting.holds(), "{:?}", ix.accounting);
+}
+
+/// A kernel source whose variants carry markers the test double reads from the cubin.
+const MARKED: &str = r#"// Variants the test double treats differently, by a marker string compiled into the cubin.
+#define MARK_NONE 0
+#define MARK_FAST 1
+#define MARK_GARBAGE 2
+#define MARK_SIGN_CACHE 3
+#if MARK == MARK_FAST
+__device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";
+#elif MARK == MARK_GARBAGE
+__device__ char flashtune_fake_mark[] = "flashtune-fake: fault FAULT_GARBAGE_REPLY";
+#elif MARK == MARK_SIGN_CACHE
+__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_BY_POINTER_AND_SIGN";
+#endif
+#include "forward.cu"
+"#;
+
+/// A space over the scalar baseline with the MARK values given, measured on `small` and `ragged`.
+fn marked_project(marks: &str) -> tempfile::TempDir {
+    let dir = project("smoke.toml", r#"["small", "ragged"]"#);
+    std::fs::write(dir.path().join("kernels/attention/marked.cu"), MARKED).unwrap();
+    let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
+    let space = smoke
+        .replace("name = \"smoke\"", "name = \"marked\"")
+        .replace(
+            "forward = \"kernels/attention/forward.cu\"",
+            "forward = \"kernels/attention/marked.cu\"",
+        )
+        .replace(
+            "baseline = { MMA = \"scalar\",",
+            "baseline = { MARK = \"none\", MMA = \"scalar\",",
+        )
+        .replace(
+            "MMA = [\"scalar\", \"wmma\"]",
+            &format!("MARK = {marks}\nMMA = [\"scalar\"]"),
+        )
+        .replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [1]");
+    assert!(space.contains("MARK = ["), "{space}");
+    std::fs::write(dir.path().join("variants/marked.toml"), space).unwrap();
+    dir
+}
+
+#[test]
+fn figures_beyond_the_measured_roofs_are_implausible_and_never_champions() {
+    let dir = marked_project(r#"["none", "fast"]"#);
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let log = log_of(&run);
+    let implausible: Vec<(&str, &str)> = log
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Implausible {
+                variant, reason, ..
+            } => Some((variant.as_str(), reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    // 100,000 times faster than the model: beyond the double's matmul and bandwidth roofs.
+    assert_eq!(implausible.len(), 2, "{implausible:?}");
+    for (variant, reason) in &implausible {
+        assert!(variant.starts_with("fast-"), "{variant}");
+        assert!(reason.contains("roof"), "{reason}");
+    }
+    assert!(!log.timed().any(|t| t.variant.starts_with("fast-")));
+    let ix = RunIndex::new(&log);
+    for shape in ["small", "ragged"] {
+        let pick = ix.pick(shape, Dtype::F16).unwrap();
+        assert!(pick.best.variant.starts_with("none-"), "{}", pick.best.variant);
+    }
+    assert_eq!(ix.accounting.implausible, 2, "{:?}", ix.accounting);
+    assert!(ix.accounting.holds());
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(report.contains("mplausible"), "{report}");
+}
+
+#[test]
+fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_accounted_for() {
+    let dir = marked_project(r#"["none", "garbage"]"#);
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let log = log_of(&run);
+    let failed = failures(&log);
+    let garbled = failed
+        .iter()
+        .find(|(v, _)| v.starts_with("garbage-"))
+        .map(|(_, r)| r)
+        .expect("the garbled replies failed their cases");
+    assert!(
+        garbled
+            .iter()
+            .all(|r| r.contains("reply that is not protocol") && r.contains("oops this is not json")),
+        "{garbled:?}"
+    );
+    let ix = RunIndex::new(&log);
+    let a = &ix.accounting;
+    assert!(a.holds(), "{a:?}");
+    // Two cases for the honest kernel, two for the garbled one: each garbled reply fails the case
+    // in flight and ends its worker; the next case gets a fresh worker, and garbles it too.
+    assert_eq!(
+        (a.planned, a.measured, a.failed, a.implausible, a.skipped),
+        (4, 2, 2, 0, 0),
+        "{a:?}"
+    );
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains(&format!(
+            "Cases: {} planned = {} measured + {} failed + {} implausible + {} skipped",
+            a.planned, a.measured, a.failed, a.implausible, a.skipped
+        )),
+        "{report}"
+    );
+
+    // The fp32 reference itself answers NaN: every case fails, none vanishes.
+    let reference = dir.path().join("kernels/attention/reference.cu");
+    let text_ref = std::fs::read_to_string(&reference).unwrap();
+    std::fs::write(
+        &reference,
+        format!("{text_ref}\n__device__ char flashtune_fake_mark[] = \"flashtune-fake: reference nan\";\n"),
+    )
+    .unwrap();
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let log = log_of(&run_dir_from(&out));
+    let ix = RunIndex::new(&log);
+    assert_eq!(ix.accounting.measured, 0, "{:?}", ix.accounting);
+    assert!(ix.accounting.holds(), "{:?}", ix.accounting);
+    let failed = failures(&log);
+    let honest = failed
+        .iter()
+        .find(|(v, _)| v.starts_with("none-"))
+        .map(|(_, r)| r)
+        .expect("the honest kernel fails against a NaN reference");
+    assert_eq!(honest.len(), 2, "{honest:?}");
+    assert!(
+        honest
+            .iter()
+            .all(|r| r.contains("fp32 reference kernel disagrees with the CPU f64 oracle")),
+        "{honest:?}"
+    );
+}
+
+#[test]
+fn the_fresh_recheck_catches_a_cache_the_timed_replays_cannot_see() {
+    // Cached per (Q pointer, sign of V): right on every timed replay, stale on other values.
+    let dir = marked_project(r#"["none", "sign_cache"]"#);
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let log = log_of(&run_dir_from(&out));
+    let failed = failures(&log);
+    let reasons = failed
+        .iter()
+        .find(|(v, _)| v.starts_with("sign_cache-"))
+        .map(|(_, r)| r)
+        .expect("rejected");
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .all(|r| r.starts_with("wrong on fresh inputs after timing, in the same loaded module")),
+        "{reasons:?}"
+    );
+}
+
+/// Each step's proposer swaps one cheat in for forward.cu (the cheat family includes it).
+const PROPOSER: &str = r#"#!/bin/sh
+# Step N writes cheat N over the champion's source; the last step writes an honest kernel that
+# claims an impossible speed.
+set -e
+f=kernels/attention/forward.cu
+case "$FLASHTUNE_STEP" in
+  1) c=CACHE_BY_POINTER ;; 2) c=FIRST_LAUNCHES ;; 3) c=READ_PREVIOUS_OUTPUT ;; 4) c=RACE ;;
+  5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;;
+  8) printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_BY_POINTER_AND_SIGN";\n' > $f; exit 0 ;;
+  9) printf '\n__device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";\n' >> $f; exit 0 ;;
+esac
+# The marker names the cheat to the test double, which cannot run CUDA; a GPU ignores it.
+printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_%s";\n' "$c" "$c" > $f
+"#;
+
+#[test]
+fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
+    let dir = project("smoke.toml", r#"["small", "ragged"]"#);
+    let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
+    // The scalar baseline alone: every step builds one kernel per head dim.
+    let space = smoke
+        .replace("MMA = [\"scalar\", \"wmma\"]", "MMA = [\"scalar\"]")
+        .replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [1]");
+    std::fs::write(dir.path().join("variants/step-cheats.toml"), space).unwrap();
+    std::fs::write(dir.path().join("propose.sh"), PROPOSER).unwrap();
+    std::fs::write(dir.path().join(".gitignore"), "runs/\n").unwrap();
+    commit_all(dir.path(), "initial");
+    let forward = dir.path().join("kernels/attention/forward.cu");
+    let original = std::fs::read_to_string(&forward).unwrap();
+    let head = || {
+        git2::Repository::open(dir.path())
+            .unwrap()
+            .head()
+            .unwrap()
+            .peel_to_commit()
+            .unwrap()
+            .id()
+    };
+    let before = head();
+    let out = flashtune(
+        dir.path(),
+        &[
+            "step",
+            "--fake-gpu",
+            "--space",
+            "variants/step-cheats.toml",
+            "--proposer",
+            "sh propose.sh",
+            "--steps",
+            "9",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(head(), before, "nothing was committed");
+    assert_eq!(std::fs::read_to_string(&forward).unwrap(), original);
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("log.jsonl").is_file())
+        .collect();
+    let log = log_of(&runs[0]);
+    let decided: Vec<(u32, bool, String)> = log
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::StepDecided {
+                step,
+                accepted,
+                reason,
+                ..
+            } => Some((*step, *accepted, reason.clone())),
+            _ => None,
+        })
+        .collect();
+    let expected: Vec<&str> = CHEATS
+        .iter()
+        .map(|(_, why)| *why)
+        .chain([
+            "wrong on fresh inputs after timing",
+            "the edit's figure is implausible",
+        ])
+        .collect();
+    assert_eq!(decided.len(), expected.len(), "{decided:?}");
+    for ((step, accepted, reason), why) in decided.iter().zip(&expected) {
+        assert!(!accepted, "step {step} was accepted: {reason}");
+        assert!(reason.contains(why), "step {step}: `{why}` not in: {reason}");
+    }
+}
