@@ -231,7 +231,10 @@ pub struct CaseCosts {
     pub check_s: f64,
     /// GPU time inside timed replays, warm-up included.
     pub replays_s: f64,
-    /// Everything else around timing: capture, poisoning, reading back and verifying outputs.
+    /// Reading back and verifying the outputs of the timed launches.
+    #[serde(default)]
+    pub verify_s: f64,
+    /// Everything else around timing: capture, warm-up bookkeeping, poisoning, negating V.
     pub timing_overhead_s: f64,
     /// Fresh-input and large-magnitude checks after timing.
     pub recheck_s: f64,

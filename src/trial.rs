@@ -568,7 +568,7 @@ fn leave<D: Device>(dev: &mut D, c: Contender) {
     dev.unload(c.kernel);
 }
 
-/// Replays of every contender, interleaved (A B A B ...), each over the same `launches` sets with
+/// Replays of every contender, interleaved (A B, B A, ...), each over the same `launches` sets with
 /// outputs of its own; returns per contender the per-launch samples and the timed-output check.
 fn time_interleaved<D: Device>(
     dev: &mut D,
@@ -623,6 +623,7 @@ fn time_interleaved<D: Device>(
     // Which replays are read back: one the kernel cannot predict, and the last.
     let random_round = rand::rng().random_range(0..samples.max(1));
     let mut negated = false;
+    let mut verify_s = 0.0;
     /// What one side collected: samples, the first failure, the worst passing launch, and the
     /// outputs of the first verified replay (to compare the second with, bit for bit).
     #[derive(Default)]
@@ -634,7 +635,15 @@ fn time_interleaved<D: Device>(
     }
     let mut out: Vec<Side> = contenders.iter().map(|_| Side::default()).collect();
     for round in 0..samples {
-        for (side, (graph, ios)) in sides.iter().enumerate() {
+        // A B, then B A: drift falls on both sides alike, and with V negated before every replay
+        // each side sees both signs of V (in a fixed A B order, B would only ever see one).
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..sides.len()).collect()
+        } else {
+            (0..sides.len()).rev().collect()
+        };
+        for side in order {
+            let (graph, ios) = &sides[side];
             for set in &pools.pools[pool].sets[..launches] {
                 dev.negate(set.v)?;
             }
@@ -646,6 +655,7 @@ fn time_interleaved<D: Device>(
             replays_us += us;
             out[side].samples.push(us / launches as f64);
             if (round == random_round || round + 1 == samples) && out[side].failed.is_none() {
+                let verifying = Instant::now();
                 let sign = if negated { -1.0 } else { 1.0 };
                 for (i, io) in ios.iter().enumerate() {
                     let set = &pools.pools[pool].sets[i];
@@ -683,6 +693,7 @@ fn time_interleaved<D: Device>(
                         out[side].kept.push((o, lse, sign));
                     }
                 }
+                verify_s += verifying.elapsed().as_secs_f64();
             }
         }
     }
@@ -696,7 +707,9 @@ fn time_interleaved<D: Device>(
         ios.iter().for_each(|io| free_outputs(dev, io));
     }
     costs.replays_s += replays_us / 1e6;
-    costs.timing_overhead_s += (started.elapsed().as_secs_f64() - replays_us / 1e6).max(0.0);
+    costs.verify_s += verify_s;
+    costs.timing_overhead_s +=
+        (started.elapsed().as_secs_f64() - replays_us / 1e6 - verify_s).max(0.0);
     let result = out
         .into_iter()
         .map(|Side { samples: samples_us, failed, worst, .. }| {
