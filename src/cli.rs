@@ -144,6 +144,20 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
+    /// How a shape's champion moved across runs and commits, from the results store (runs/results.sqlite).
+    ///
+    /// One row per run and dtype: when it ran, the git commit it ran at, the GPU, its fastest variant
+    /// on the shape, µs and TF/s, and what changed against the run before it on the same GPU model.
+    /// A figure a run reused names the run it was measured in. `flashtune report <run>` adds a run
+    /// that is not in the store yet (one from before the store, or one copied from elsewhere).
+    History {
+        /// A shape of policies.toml (matched by its geometry, so a renamed shape keeps its history),
+        /// or a name the store knows.
+        shape: String,
+        /// Only this dtype.
+        #[arg(long, value_parser = parse_dtype)]
+        dtype: Option<crate::config::Dtype>,
+    },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
     /// The GPU worker process (used by tune): serves JSON requests, one per line on stdin, for one GPU.
@@ -189,6 +203,14 @@ struct RunArgs {
     /// If another flashtune run holds a chosen GPU, wait for it instead of exiting with code 5.
     #[arg(long)]
     wait: bool,
+    /// Take what the results store (runs/results.sqlite) already measured on this GPU model,
+    /// driver and nvcc with the same kernel builds, instead of measuring it again; the report marks
+    /// each such case with the run and log line it came from. Exhaustive and random runs only.
+    #[arg(long)]
+    reuse: bool,
+    /// With --reuse: measure the N fastest stored cases per shape and dtype again, to confirm them.
+    #[arg(long, value_name = "N", requires = "reuse")]
+    confirm: Option<usize>,
 }
 
 impl RunArgs {
@@ -215,6 +237,9 @@ impl RunArgs {
             strategy: crate::search::Strategy::Exhaustive,
             run: engine::RunState::default(),
             when_busy: when_busy(self.wait),
+            reuse: self.reuse.then_some(crate::anytime::Reuse {
+                confirm: self.confirm.unwrap_or(0),
+            }),
         })
     }
 
@@ -429,6 +454,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let run = engine::resolve_run_dir(&paths, &run)?;
             // Refused before anything is written: a bad log must not replace good reports.
             let (log, _) = engine::read_run(&run)?;
+            // A run from before the store, or copied from another machine, joins it here.
+            let store_path = crate::store::path(&paths);
+            let stored = crate::store::Store::open(&store_path)
+                .and_then(|mut store| crate::store::backfill(&mut store, &log));
+            if let Err(e) = stored {
+                eprintln!("warning: run not added to the results store: {e:#}");
+            }
             let md = crate::export::write_all(&run, &log).map_err(|e| {
                 Error::Other(anyhow::anyhow!(
                     "cannot write the reports in {}: {e}",
@@ -480,6 +512,36 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::History { shape, dtype } => {
+            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+            let known = policies.shapes.iter().find(|s| s.name == shape);
+            let path = crate::store::path(&paths);
+            let store = crate::store::Store::open_existing(&path)
+                .map_err(|e| Error::BadInput(format!("{e:#}")))?
+                .ok_or_else(|| {
+                    Error::BadInput(format!(
+                        "no results store at {}: `flashtune tune` fills it as it measures, and `flashtune report <run>` adds an earlier run",
+                        path.display()
+                    ))
+                })?;
+            let geometry = known.map(crate::store::geometry);
+            let rows = store
+                .history(&shape, geometry.as_deref())
+                .map_err(|e| Error::Other(e.context(format!("cannot read {}", path.display()))))?;
+            let rows: Vec<_> = rows
+                .into_iter()
+                .filter(|r| dtype.is_none_or(|d| d == r.dtype))
+                .collect();
+            if rows.is_empty() {
+                return Err(Error::BadInput(format!(
+                    "{} holds no measurement of shape `{shape}`{}",
+                    path.display(),
+                    dtype.map_or(String::new(), |d| format!(" in {d}"))
+                )));
+            }
+            print!("{}", history_table(&shape, known, &rows));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             let checks = crate::doctor::run(&paths).await;
             for c in &checks {
@@ -496,6 +558,68 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Worker { .. } => unreachable!("handled before the runtime starts"),
     }
+}
+
+/// `flashtune history`: one row per run and dtype, grouped by GPU model, with what changed.
+fn history_table(
+    shape: &str,
+    known: Option<&crate::config::Shape>,
+    rows: &[crate::store::HistoryRow],
+) -> String {
+    let mut t = String::new();
+    let title = known.map_or_else(|| format!("`{shape}`"), |s| s.label());
+    let _ = writeln!(t, "Champion of {title} per run\n");
+    let _ = writeln!(
+        t,
+        "| started | run | git | GPU | dtype | champion | µs | TF/s | change |"
+    );
+    let _ = writeln!(t, "|---|---|---|---|---|---|---:|---:|---|");
+    let mut before: Option<&crate::store::HistoryRow> = None;
+    for r in rows {
+        let same_line = before.filter(|b| b.gpu == r.gpu && b.fake == r.fake && b.dtype == r.dtype);
+        let change = match same_line {
+            None => "first".to_owned(),
+            Some(b) if b.variant == r.variant => format!(
+                "same champion, {:+.1}%",
+                100.0 * (r.median_us / b.median_us - 1.0)
+            ),
+            Some(b) => format!(
+                "was `{}` {:.1} µs: {:+.1}%",
+                b.variant,
+                b.median_us,
+                100.0 * (r.median_us / b.median_us - 1.0)
+            ),
+        };
+        let change = if r.origin_run == r.run_id {
+            change
+        } else {
+            format!(
+                "{change} (reused from run {} line {})",
+                r.origin_run, r.origin_line
+            )
+        };
+        let git = r
+            .git_head
+            .as_deref()
+            .map_or("—".to_owned(), |g| g.chars().take(10).collect());
+        let gpu = if r.fake {
+            format!("{} (fake)", r.gpu.split(" (").next().unwrap_or(&r.gpu))
+        } else {
+            r.gpu.clone()
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {} | {git} | {gpu} | {} | `{}` | {:.2} | {} | {change} |",
+            r.started_at,
+            r.run_id,
+            r.dtype,
+            r.variant,
+            r.median_us,
+            crate::report::three_digits(r.tflops)
+        );
+        before = Some(r);
+    }
+    t
 }
 
 fn build_table(

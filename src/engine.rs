@@ -20,11 +20,34 @@ pub trait Reporter: Send {
 pub struct Events {
     pub log: RunLog,
     reporters: Vec<Box<dyn Reporter>>,
+    /// The results store, written as records are logged (none when it cannot be opened).
+    store: Option<crate::store::Recorder>,
 }
 
 impl Events {
     pub fn new(log: RunLog, reporters: Vec<Box<dyn Reporter>>) -> Self {
-        Events { log, reporters }
+        Events {
+            log,
+            reporters,
+            store: None,
+        }
+    }
+
+    /// From now on also put every measurement into the results store as it is logged; `earlier`
+    /// (a resumed or reopened log) goes in first. A store that cannot be opened is warned about and
+    /// left out: it is a cache of the logs, never the record.
+    pub fn record_into_store(&mut self, paths: &ProjectPaths, earlier: Option<&runlog::LoadedLog>) {
+        let path = crate::store::path(paths);
+        let lines =
+            std::fs::read(&self.log.path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+        let recorder = crate::store::Store::open(&path)
+            .and_then(|store| crate::store::Recorder::new(store, earlier, lines));
+        match recorder {
+            Ok(r) => self.store = Some(r),
+            Err(e) => eprintln!(
+                "warning: results store left out: {e:#}; this run's measurements stay in its log (`flashtune report <run>` adds them to the store later)"
+            ),
+        }
     }
 
     /// Seconds on the run log's clock now.
@@ -34,6 +57,9 @@ impl Events {
 
     pub fn emit(&mut self, record: Record) -> Result<()> {
         let entry = self.log.append(record)?;
+        if let Some(store) = &mut self.store {
+            store.on_entry(&entry);
+        }
         for r in &mut self.reporters {
             r.on_entry(&entry);
         }
@@ -56,6 +82,8 @@ pub struct TuneOptions {
     pub when_busy: WhenBusy,
     /// Filled in as the run starts: its input seed and the roofs it measured.
     pub run: RunState,
+    /// `--reuse`: take matching measurements from the results store instead of measuring them.
+    pub reuse: Option<crate::anytime::Reuse>,
 }
 
 /// What a run fixes before it measures anything, for every stage after.
@@ -322,6 +350,7 @@ pub async fn measure_roofs(
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
     refuse_fake_commit(&opts)?;
+    crate::anytime::refuse_reuse(opts.reuse, &opts.strategy)?;
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
     if opts.commit {
         refuse_dirty_table(&project)?;
@@ -334,7 +363,8 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
-    let mut events = Events { log, reporters };
+    let mut events = Events::new(log, reporters);
+    events.record_into_store(&project.paths, None);
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy);
     head.run_seed = Some(seed);
@@ -366,6 +396,7 @@ pub async fn resume(
     refuse_fake_commit(&opts)?;
     let log_path = run_dir.join("log.jsonl");
     let (loaded, old) = read_run(&run_dir)?;
+    crate::anytime::refuse_reuse(opts.reuse, &old.strategy)?;
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
     if opts.commit {
         refuse_dirty_table(&project)?;
@@ -396,7 +427,8 @@ pub async fn resume(
         .collect();
     let after_line = loaded.entries.last().map_or(0, |(l, _)| *l);
     let log = RunLog::reopen(&log_path, &loaded)?;
-    let mut events = Events { log, reporters };
+    let mut events = Events::new(log, reporters);
+    events.record_into_store(&project.paths, Some(&loaded));
     events.emit(Record::Resumed {
         after_line,
         finished_variants: done.len(),
@@ -727,6 +759,7 @@ pub async fn measure_points(
             proposed_by: reasons.get(&p.variant.id).cloned(),
         })?;
     }
+    let prepared = crate::anytime::prepare(project, device, opts, events, done, planned, budget)?;
     let scheduler = Scheduler {
         project,
         executor: &opts.executor,
@@ -736,8 +769,9 @@ pub async fn measure_points(
         done,
         run_seed: opts.run.seed,
         roofs: &opts.run.roofs,
+        reused: &prepared.reused,
     };
-    scheduler.run(planned, events).await
+    scheduler.run(&prepared.planned, events).await
 }
 
 pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
@@ -788,6 +822,23 @@ async fn profile_stage(
             .entry((t.shape.to_owned(), t.dtype))
             .or_default()
             .push((t.variant.to_owned(), t.timing.median_us));
+    }
+    // A reused champion is still the champion: it is not profiled again here (this run did not
+    // build it), and no slower variant is profiled in its place.
+    for (_, e) in &log.entries {
+        if let Record::Reused {
+            variant,
+            shape,
+            dtype,
+            timing,
+            ..
+        } = &e.record
+        {
+            timed
+                .entry((shape.clone(), *dtype))
+                .or_default()
+                .push((variant.clone(), timing.median_us));
+        }
     }
     // An ablation explains each step only if each step has its own profile.
     let every_step = policy.chain_steps && project.space.chain.is_some();
@@ -1182,10 +1233,8 @@ pub async fn profile_on_demand(
     for &dtype in &dtypes {
         project.policies.tolerance(dtype)?;
     }
-    let mut events = Events {
-        log: RunLog::reopen(&log_path, &loaded)?,
-        reporters: Vec::new(),
-    };
+    let mut events = Events::new(RunLog::reopen(&log_path, &loaded)?, Vec::new());
+    events.record_into_store(&project.paths, Some(&loaded));
     let mut out = Vec::new();
     for shape in project
         .shapes

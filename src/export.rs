@@ -33,6 +33,15 @@ pub struct CaseRow {
     /// The other variant of a tie.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tied_with: Option<String>,
+    /// Taken from the results store (`--reuse`): the run and log line that measured it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_from: Option<ReusedFrom>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReusedFrom {
+    pub run: String,
+    pub line: usize,
 }
 
 impl CaseRow {
@@ -53,10 +62,18 @@ impl CaseRow {
             max_abs: c.check.map(|c| c.max_abs),
             rel_l2: c.check.map(|c| c.rel_l2),
             build_seconds: c.build_seconds,
-            reason: c.outcome.reason().map(str::to_owned),
+            // A reused case has no failure to explain: its reason says where its figures came from.
+            reason: c.outcome.reason().map(str::to_owned).or_else(|| {
+                c.reused()
+                    .map(|r| format!("reused from run {} line {}", r.run, r.line))
+            }),
             log_line: c.log_line(),
             champion: None,
             tied_with: None,
+            reused_from: c.reused().map(|r| ReusedFrom {
+                run: r.run.to_owned(),
+                line: r.line,
+            }),
         }
     }
 }
@@ -156,7 +173,7 @@ pub fn csv(ix: &RunIndex) -> String {
 
 pub fn json(ix: &RunIndex) -> Value {
     let a = &ix.accounting;
-    json!({
+    let mut value = json!({
         "header": ix.header,
         "fake": ix.fake(),
         "accounting": {
@@ -172,7 +189,15 @@ pub fn json(ix: &RunIndex) -> Value {
         "cases": cases(ix),
         "champions": crate::champions::from_index(ix),
         "torn_tail": ix.log.torn_tail,
-    })
+    });
+    // Only where it says something, so reports of runs without the store read as before.
+    if a.reused > 0 {
+        value["accounting"]["reused"] = json!(a.reused);
+    }
+    if let Some((line, order)) = ix.dispatch_order {
+        value["dispatch_order"] = json!({"line": line, "order": order});
+    }
+    value
 }
 
 /// T4 results (schema 1.0.0): one result per (variant, shape, dtype); times in milliseconds as Kernel Tuner writes them.

@@ -25,6 +25,8 @@ pub struct BestRow {
     pub best: Option<(String, f64, f64)>,
     /// The runner-up when it is within the noise of the best: the two are tied.
     pub tie: Option<TiedRow>,
+    /// The best's figures came from the results store: the run and log line that measured them.
+    pub reused: Option<(String, usize)>,
     /// The space's baseline variant on this shape, µs.
     pub baseline_us: Option<f64>,
     /// Per PyTorch backend (in `BestPerShape::backends` order): its figure, why not, or not measured.
@@ -102,6 +104,9 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 let t = p.best.measured().expect("a pick is measured");
                 (p.best.variant.to_owned(), t.median_us, t.tflops)
             });
+            let reused = pick
+                .and_then(|p| p.best.reused())
+                .map(|r| (r.run.to_owned(), r.line));
             let tie = pick.and_then(|p| {
                 let runner_up = p.runner_up?;
                 Some(TiedRow {
@@ -141,6 +146,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 dtype,
                 best,
                 tie,
+                reused,
                 baseline_us,
                 torch,
                 fastest_torch_us: fastest_torch.map(|t| t.median_us),

@@ -1,5 +1,6 @@
 //! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
 pub mod ablate;
+pub mod anytime;
 pub mod baseline;
 pub mod build;
 pub mod champions;
@@ -28,6 +29,7 @@ pub mod scheduler;
 pub mod search;
 pub mod space;
 pub mod step;
+pub mod store;
 pub mod trial;
 pub mod vcs;
 pub mod worker;

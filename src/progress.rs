@@ -112,6 +112,7 @@ impl Reporter for ProgressReporter {
                     ));
                 }
             }
+            Record::Reused { .. } => self.cases.inc(1),
             Record::CheckFailed {
                 variant,
                 shape,

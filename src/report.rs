@@ -8,7 +8,12 @@ use std::fmt::Write;
 
 #[derive(Debug, Clone)]
 enum Cell {
-    Timed { median_us: f64, tflops: f64 },
+    Timed {
+        median_us: f64,
+        tflops: f64,
+        /// Taken from the results store, not measured in this run.
+        reused: bool,
+    },
     Failed(String),
 }
 
@@ -48,6 +53,16 @@ pub fn summary(log: &LoadedLog) -> String {
             let _ = writeln!(
                 out,
                 "\n{count} implausible figure(s), beyond a measured roof: see the Implausible figures section of report.md."
+            );
+        } else if title.starts_with("Not measured") {
+            let count = section
+                .lines()
+                .filter(|l| l.starts_with("| "))
+                .count()
+                .saturating_sub(1);
+            let _ = writeln!(
+                out,
+                "\n{count} variant(s) not reached under the budget: see the Not measured section of report.md."
             );
         } else if title.starts_with("Failures") {
             let count = section.lines().filter(|l| l.starts_with("- ")).count();
@@ -209,6 +224,7 @@ pub fn markdown(ix: &RunIndex) -> String {
                 Cell::Timed {
                     median_us: timing.median_us,
                     tflops: timing.tflops,
+                    reused: case.reused().is_some(),
                 }
             }
             Outcome::NotRun => continue,
@@ -258,9 +274,15 @@ pub fn markdown(ix: &RunIndex) -> String {
         let _ = write!(md, "| `{}` | {} | {} |", key.0, r.params, key.1);
         for s in &header.shapes {
             let text = match r.cells.get(&s.name) {
-                Some(Cell::Timed { median_us, tflops }) => {
-                    format!("{median_us:.1} ({})", three_digits(*tflops))
-                }
+                Some(Cell::Timed {
+                    median_us,
+                    tflops,
+                    reused,
+                }) => format!(
+                    "{median_us:.1} ({}){}",
+                    three_digits(*tflops),
+                    if *reused { " ↺" } else { "" }
+                ),
                 Some(Cell::Failed(what)) => format!("**{what}**"),
                 None => "—".into(),
             };
@@ -284,7 +306,12 @@ pub fn markdown(ix: &RunIndex) -> String {
         );
     }
     md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
+    if ix.accounting.reused > 0 {
+        md.push_str("↺: taken from the results store (`--reuse`), measured by an earlier run; see Reused from earlier runs.\n");
+    }
     md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
+    md.push_str(&reused(ix));
+    md.push_str(&not_measured(ix));
     md.push_str(&implausible(ix));
     if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
@@ -429,6 +456,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             Some(t) => format!("{name} **tied** with `{}`", t.variant),
             None => name,
         };
+        let name = match &row.reused {
+            Some((run, line)) => format!("{name} ↺ (run {run}, line {line})"),
+            None => name,
+        };
         let _ = write!(
             md,
             "| {} | {} | {name} | {us} | {tf} |",
@@ -526,8 +557,13 @@ fn accounting(ix: &RunIndex) -> String {
         String::new()
     };
     let sum = a.measured + a.failed + a.implausible + a.skipped + a.not_run;
+    let reused = if a.reused > 0 {
+        format!(" ({} of them reused from earlier runs)", a.reused)
+    } else {
+        String::new()
+    };
     let mut md = format!(
-        "Cases: {} planned {} {} measured + {} failed + {} implausible + {} skipped{not_run}.\n\n",
+        "Cases: {} planned {} {} measured{reused} + {} failed + {} implausible + {} skipped{not_run}.\n\n",
         a.planned,
         if sum == a.planned { "=" } else { "≠" },
         a.measured,
@@ -545,6 +581,145 @@ fn accounting(ix: &RunIndex) -> String {
             let _ = writeln!(md, "> - … and {} more", a.problems.len() - SHOWN);
         }
         md.push('\n');
+    }
+    md
+}
+
+/// What the results store supplied (`--reuse`), by the run that measured it, and what was measured
+/// again to confirm it (`--confirm`), stored figure beside new.
+pub fn reused(ix: &RunIndex) -> String {
+    let mut from: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for c in &ix.cases {
+        if let Some(r) = c.reused() {
+            from.entry(r.run).or_default().push(r.line);
+        }
+    }
+    if from.is_empty() && ix.confirmations.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Reused from earlier runs\n\n");
+    if !from.is_empty() {
+        md.push_str("Not measured again: the results store held a measurement of the same kernel build (sources, defines, flags, nvcc) checked against the same reference build, on the same GPU model and driver, shape and dtype. Each counts as measured; its `reused` record in this log names the run and log line of the measurement, as do the CSV's `reason` and the JSON's `reused_from`.\n\n");
+        for (run, mut lines) in from {
+            lines.sort_unstable();
+            let _ = writeln!(
+                md,
+                "- {} case(s) from run {run}, its log lines {}",
+                lines.len(),
+                line_ranges(&lines)
+            );
+        }
+    }
+    if !ix.confirmations.is_empty() {
+        md.push_str("\nMeasured again to confirm (`--confirm`): the fastest stored cases of each shape.\n\n| variant | shape | dtype | stored µs | from | now µs | change |\n|---|---|---|---:|---|---:|---:|\n");
+        for c in &ix.confirmations {
+            let now = ix
+                .case(c.variant, c.shape, c.dtype)
+                .and_then(|case| Some((case.measured()?, case.log_line())));
+            let (now_s, change) = match now {
+                Some((t, line)) => (
+                    format!("{:.2} (line {line})", t.median_us),
+                    format!("{:+.1}%", 100.0 * (t.median_us / c.stored_median_us - 1.0)),
+                ),
+                None => ("not measured".into(), "—".into()),
+            };
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {:.2} | run {} line {} | {now_s} | {change} |",
+                c.variant, c.shape, c.dtype, c.stored_median_us, c.from_run, c.from_line
+            );
+        }
+    }
+    md
+}
+
+/// `3-5, 9, 12-13` for sorted line numbers; `33 to 91` when that would be a long list.
+fn line_ranges(lines: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let mut j = i;
+        while j + 1 < lines.len() && lines[j + 1] == lines[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            lines[i].to_string()
+        } else {
+            format!("{}-{}", lines[i], lines[j])
+        });
+        i = j + 1;
+    }
+    match (parts.len(), lines.first(), lines.last()) {
+        (n, Some(first), Some(last)) if n > 4 => format!("{first} to {last}"),
+        _ => parts.join(", "),
+    }
+}
+
+/// Under a budget: the variants it left out, in the order they would have come, each with the
+/// strategy's estimate of its promise (its rank and why) and what earlier runs measured of it.
+fn not_measured(ix: &RunIndex) -> String {
+    let mut left: Vec<&str> = Vec::new();
+    let mut why: Option<&str> = None;
+    for c in &ix.cases {
+        if let Outcome::Skipped { reason, .. } = c.outcome {
+            if let Some(budget) = reason.strip_prefix("not measured: ") {
+                why.get_or_insert(budget);
+                if !left.contains(&c.variant) {
+                    left.push(c.variant);
+                }
+            }
+        }
+    }
+    let Some(why) = why else {
+        return String::new();
+    };
+    let order = ix.dispatch_order.map_or(&[][..], |(_, o)| o);
+    let ranked = |v: &str| order.iter().find(|r| r.variant == v);
+    left.sort_by_key(|v| ranked(v).map_or(usize::MAX, |r| r.rank));
+    let measured = ix
+        .dispatch_order
+        .map(|(line, o)| {
+            format!(
+                " The run dispatched variants best first (log line {line}); {} of {} were reached.",
+                o.len().saturating_sub(left.len()),
+                o.len()
+            )
+        })
+        .unwrap_or_default();
+    let mut md = format!(
+        "\n## Not measured ({why})\n\nThe budget ran out before these variants were reached.{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).\n\n| rank | variant | why it was there | earlier figures |\n|---:|---|---|---|\n"
+    );
+    for v in left {
+        let (rank, reason, earlier) = match ranked(v) {
+            Some(r) => {
+                let earlier: Vec<String> = r
+                    .earlier
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{} {} {:.1} µs{} (run {} line {})",
+                            f.shape,
+                            f.dtype,
+                            f.median_us,
+                            if f.current { " ✓" } else { "" },
+                            f.run,
+                            f.line
+                        )
+                    })
+                    .collect();
+                (
+                    r.rank.to_string(),
+                    r.reason.replace('|', "/"),
+                    if earlier.is_empty() {
+                        "none".into()
+                    } else {
+                        earlier.join("; ")
+                    },
+                )
+            }
+            None => ("—".into(), "—".into(), "—".into()),
+        };
+        let _ = writeln!(md, "| {rank} | `{v}` | {reason} | {earlier} |");
     }
     md
 }

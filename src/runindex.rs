@@ -54,6 +54,8 @@ pub enum Outcome<'a> {
         line: usize,
         timing: &'a TimingStats,
         kv_splits: u32,
+        /// Taken from the results store (`tune --reuse`): the run and log line that measured it.
+        reused: Option<ReusedFrom<'a>>,
     },
     Failed {
         line: usize,
@@ -74,6 +76,25 @@ pub enum Outcome<'a> {
     },
     /// No record decided it: the run was interrupted, or an older flashtune wrote no `case_skipped`.
     NotRun,
+}
+
+/// Where a reused case's figures were measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReusedFrom<'a> {
+    pub run: &'a str,
+    pub line: usize,
+}
+
+/// A case the store could have supplied, measured again to confirm it (`--reuse --confirm N`).
+#[derive(Debug, Clone)]
+pub struct Confirmation<'a> {
+    pub line: usize,
+    pub variant: &'a str,
+    pub shape: &'a str,
+    pub dtype: Dtype,
+    pub stored_median_us: f64,
+    pub from_run: &'a str,
+    pub from_line: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +201,14 @@ impl<'a> Case<'a> {
     pub fn measured(&self) -> Option<&'a TimingStats> {
         match self.outcome {
             Outcome::Measured { timing, .. } => Some(timing),
+            _ => None,
+        }
+    }
+
+    /// Where the figures came from when the results store supplied them.
+    pub fn reused(&self) -> Option<ReusedFrom<'a>> {
+        match self.outcome {
+            Outcome::Measured { reused, .. } => reused,
             _ => None,
         }
     }
@@ -304,6 +333,8 @@ pub struct Finished {
 pub struct Accounting {
     pub planned: usize,
     pub measured: usize,
+    /// Of `measured`, the cases the results store supplied (`--reuse`).
+    pub reused: usize,
     pub failed: usize,
     pub implausible: usize,
     pub skipped: usize,
@@ -394,6 +425,10 @@ pub struct RunIndex<'a> {
     pub workers: Vec<WorkerRun<'a>>,
     /// The last `interrupted` record: its line and reason.
     pub interrupted: Option<(usize, &'a str)>,
+    /// The last `dispatch_order` record: a budgeted run's order, best first, with its line.
+    pub dispatch_order: Option<(usize, &'a [crate::runlog::Ranked])>,
+    /// Cases measured again to confirm what the store held.
+    pub confirmations: Vec<Confirmation<'a>>,
     pub finished: Option<Finished>,
     /// The latest run clock in the log.
     pub wall_seconds: f64,
@@ -432,6 +467,8 @@ impl<'a> RunIndex<'a> {
             incidents: Vec::new(),
             workers: Vec::new(),
             interrupted: None,
+            dispatch_order: None,
+            confirmations: Vec::new(),
             finished: None,
             wall_seconds: 0.0,
             accounting: Accounting::default(),
@@ -647,6 +684,7 @@ impl<'a> RunIndex<'a> {
                         line,
                         timing,
                         kv_splits: *kv_splits,
+                        reused: None,
                     };
                     match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
                         Some(&i) => settle(
@@ -663,6 +701,56 @@ impl<'a> RunIndex<'a> {
                         }
                     }
                 }
+                Record::Reused {
+                    variant,
+                    shape,
+                    dtype,
+                    kv_splits,
+                    timing,
+                    from_run,
+                    from_line,
+                } => {
+                    let outcome = Outcome::Measured {
+                        line,
+                        timing,
+                        kv_splits: *kv_splits,
+                        reused: Some(ReusedFrom {
+                            run: from_run,
+                            line: *from_line,
+                        }),
+                    };
+                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
+                        Some(&i) => settle(
+                            &mut ix.cases[i],
+                            &mut decided[i],
+                            outcome,
+                            session,
+                            false,
+                            &mut problems,
+                        ),
+                        None => {
+                            unplanned
+                                .insert((variant.clone(), shape.clone(), *dtype), ("reused", line));
+                        }
+                    }
+                }
+                Record::Confirming {
+                    variant,
+                    shape,
+                    dtype,
+                    stored_median_us,
+                    from_run,
+                    from_line,
+                } => ix.confirmations.push(Confirmation {
+                    line,
+                    variant,
+                    shape,
+                    dtype: *dtype,
+                    stored_median_us: *stored_median_us,
+                    from_run,
+                    from_line: *from_line,
+                }),
+                Record::DispatchOrder { order } => ix.dispatch_order = Some((line, order)),
                 Record::Implausible {
                     variant,
                     shape,
@@ -1096,10 +1184,11 @@ fn account(
     for c in cases {
         count(c.outcome.bin());
     }
+    a.reused = cases.iter().filter(|c| c.reused().is_some()).count();
     for ((variant, shape, dtype), (event, line)) in unplanned {
         // Counted where it says it belongs, so the sum visibly exceeds what was planned.
         count(match *event {
-            "timed" => Bin::Measured,
+            "timed" | "reused" => Bin::Measured,
             "implausible" => Bin::Implausible,
             "case_skipped" => Bin::Skipped,
             _ => Bin::Failed,

@@ -199,6 +199,33 @@ pub enum Record {
         reason: String,
         variants_not_measured: Vec<String>,
     },
+    /// Under a budget: the order variants are dispatched in, likely winners first, and why each
+    /// came where it did. A budget that admits k variants measures the first k.
+    DispatchOrder {
+        order: Vec<Ranked>,
+    },
+    /// `tune --reuse`: a case not measured again, because the results store holds a measurement of
+    /// the same kernel build (and reference build) on the same GPU model, driver and shape. Counts
+    /// as measured; the figures are the earlier run's, cited by its run id and log line.
+    Reused {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        kv_splits: u32,
+        timing: TimingStats,
+        from_run: String,
+        from_line: usize,
+    },
+    /// `tune --reuse --confirm N`: a case the store could have supplied, measured again because it
+    /// is among the N fastest stored for its shape; its `timed` record follows.
+    Confirming {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        stored_median_us: f64,
+        from_run: String,
+        from_line: usize,
+    },
     /// The champion table went into git on its own branch.
     ChampionsCommitted {
         branch: String,
@@ -302,6 +329,47 @@ pub enum Record {
         commit: Option<String>,
         restored: Vec<String>,
     },
+}
+
+/// One variant's place in a budgeted run's dispatch order.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Ranked {
+    /// 1 for the first variant dispatched.
+    pub rank: usize,
+    pub variant: String,
+    pub why: RankReason,
+    /// In words: "committed champion for seed f16", "guided: latency bound → bigger BLOCK_M", ...
+    pub reason: String,
+    /// What the results store already knew of this variant on this GPU model: its best figure
+    /// per (shape, dtype), for the report's list of what a budget left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<EarlierFigure>,
+}
+
+/// Why a variant came where it did, strongest evidence first.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum RankReason {
+    /// Named by the champion table committed at HEAD.
+    Committed,
+    /// Champion of an earlier run on this GPU model (the results store).
+    EarlierChampion,
+    /// A neighbour the `[guided]` rules propose from an earlier profile of a champion.
+    Guided,
+    /// Everything else, each next one as unlike those before it as the space allows.
+    Spread,
+}
+
+/// A figure the results store holds for a variant, from an earlier run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EarlierFigure {
+    pub shape: String,
+    pub dtype: Dtype,
+    pub median_us: f64,
+    pub run: String,
+    pub line: usize,
+    /// Measured on the kernel build this run would make (same sources, defines, flags, nvcc, driver).
+    pub current: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

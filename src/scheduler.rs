@@ -79,6 +79,8 @@ pub struct Scheduler<'a> {
     pub run_seed: u64,
     /// The roofs figures are held to; a case beyond one is `implausible`, never `timed`.
     pub roofs: &'a crate::roofs::Roofs,
+    /// Cases the results store supplied (`--reuse`): never measured, never skipped.
+    pub reused: &'a BTreeSet<crate::anytime::CaseKey>,
 }
 
 impl Scheduler<'_> {
@@ -141,8 +143,9 @@ impl Scheduler<'_> {
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut interrupted = false;
         loop {
-            // Dispatch what is ready, in the space's order, one job per free GPU: work stays in
-            // `ready` until a GPU takes it, so budgets and Ctrl-C apply to everything not started.
+            // Dispatch what is ready, in the plan's order (best first under a budget), one job per
+            // free GPU: work stays in `ready` until a GPU takes it, so budgets and Ctrl-C apply to
+            // everything not started.
             if references_left == 0 && stopping.is_none() {
                 ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
                 while in_flight < live_gpus && !ready.is_empty() {
@@ -171,9 +174,21 @@ impl Scheduler<'_> {
                         build_tasks.abort_all();
                         break;
                     }
+                    // --max-variants N measures exactly the first N of the order: the next one
+                    // waits for its own build rather than let a later one that built sooner in.
+                    let next = variant_order
+                        .iter()
+                        .find(|v| !finished.contains(*v) && !running.contains(*v));
+                    if self.budget.max_variants.is_some() && next != ready.first() {
+                        break;
+                    }
                     let variant = ready.remove(0);
                     dispatched += 1;
-                    let cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
+                    let mut cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
+                    cases.retain(|c| {
+                        let case = (variant.clone(), c.shape.name.clone(), c.dtype);
+                        !self.reused.contains(&case)
+                    });
                     if cases.is_empty() {
                         finished.insert(variant.clone());
                         events.emit(Record::VariantDone {
@@ -345,7 +360,10 @@ impl Scheduler<'_> {
                 .any(|p| p.variant.id == variant && p.head_dim == shape.d && p.invalid.is_none());
             if valid {
                 for &dtype in &self.project.policies.dtypes {
-                    names.push((shape.name.clone(), dtype));
+                    let case = (variant.to_owned(), shape.name.clone(), dtype);
+                    if !self.reused.contains(&case) {
+                        names.push((shape.name.clone(), dtype));
+                    }
                 }
             }
         }

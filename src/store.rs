@@ -1,0 +1,696 @@
+//! The results store `runs/results.sqlite`: every measurement of every run, keyed on what makes two figures comparable, for `tune --reuse`, the best-first order of budgeted runs and `history`.
+//!
+//! A measurement matches a later case when the GPU model, driver, nvcc banner, shape geometry and
+//! dtype are the same and so are the content addresses of both builds it stood on: the forward
+//! kernel that was timed and the reference kernel it was checked against. A build's address (see
+//! `build::Builder::key`) hashes exactly the files its source's `#include` closure reaches, its
+//! defines (the variant's parameters, dtype, head dim), flags, nvcc and target: an edit to one kernel
+//! file changes the address of exactly the builds that include it, and so retires exactly their rows.
+//! Rows are never deleted; a row that no longer matches is history.
+//!
+//! The run log stays the record. The store is filled from it, as each record is logged or afterwards
+//! (`report`, `resume`), and a row names the run and log line it came from; a store that cannot be
+//! opened or written costs the reuse and the ordering, never the run.
+use crate::config::{Dtype, Shape};
+use crate::protocol::TimingStats;
+use crate::runlog::{Entry, LoadedLog, Record};
+use crate::space::Params;
+use anyhow::{Context, Result};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Where the store lives, beside the run folders (ignored by git with the rest of `runs/`).
+pub fn path(paths: &crate::config::ProjectPaths) -> PathBuf {
+    paths.runs().join("results.sqlite")
+}
+
+/// The schema this flashtune writes; a store written by a newer one is left alone.
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    started_at TEXT NOT NULL,
+    git_head TEXT,
+    gpu TEXT NOT NULL,
+    driver INTEGER NOT NULL,
+    nvcc TEXT NOT NULL,
+    arch TEXT NOT NULL,
+    fake INTEGER NOT NULL,
+    space TEXT NOT NULL,
+    kernel_sources_hash TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    run_id TEXT NOT NULL,
+    log_line INTEGER NOT NULL,
+    gpu TEXT NOT NULL,
+    driver INTEGER NOT NULL,
+    nvcc TEXT NOT NULL,
+    fake INTEGER NOT NULL,
+    build_key TEXT NOT NULL,
+    reference_key TEXT NOT NULL,
+    variant TEXT NOT NULL,
+    params TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    geometry TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    kv_splits INTEGER NOT NULL,
+    median_us REAL NOT NULL,
+    p10_us REAL NOT NULL,
+    p90_us REAL NOT NULL,
+    tflops REAL NOT NULL,
+    timing TEXT NOT NULL,
+    origin_run TEXT NOT NULL,
+    origin_line INTEGER NOT NULL,
+    PRIMARY KEY (run_id, log_line)
+);
+CREATE INDEX IF NOT EXISTS measurements_match
+    ON measurements (build_key, reference_key, geometry, dtype, gpu, driver, nvcc, fake);
+CREATE INDEX IF NOT EXISTS measurements_geometry ON measurements (geometry, dtype);
+CREATE TABLE IF NOT EXISTS profiles (
+    run_id TEXT NOT NULL,
+    log_line INTEGER NOT NULL,
+    gpu TEXT NOT NULL,
+    fake INTEGER NOT NULL,
+    variant TEXT NOT NULL,
+    params TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    geometry TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    bottlenecks TEXT NOT NULL,
+    PRIMARY KEY (run_id, log_line)
+);
+";
+
+/// A shape by what the kernel computes, not by its name: names are the policy's and may change.
+pub fn geometry(s: &Shape) -> String {
+    format!(
+        "b{} h{} sq{} sk{} d{} {}",
+        s.b,
+        s.h,
+        s.sq,
+        s.sk,
+        s.d,
+        s.causal.name()
+    )
+}
+
+/// Everything a stored measurement must share with a case to stand for it.
+#[derive(Debug, Clone)]
+pub struct Key<'a> {
+    pub gpu: &'a str,
+    pub driver: i32,
+    pub nvcc: &'a str,
+    pub fake: bool,
+    /// Content address of the forward build timed.
+    pub build_key: &'a str,
+    /// Content address of the reference build it was checked against.
+    pub reference_key: &'a str,
+    pub geometry: &'a str,
+    pub dtype: Dtype,
+}
+
+/// A stored measurement that matches a case.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub kv_splits: u32,
+    pub timing: TimingStats,
+    /// The run and log line of the measurement itself (a reused row points past itself to it).
+    pub origin_run: String,
+    pub origin_line: usize,
+}
+
+/// The fastest row of one earlier run on one (shape geometry, dtype).
+#[derive(Debug, Clone)]
+pub struct StoredChampion {
+    pub run_id: String,
+    pub started_at: String,
+    pub geometry: String,
+    pub dtype: Dtype,
+    pub variant: String,
+    pub params: Params,
+    pub median_us: f64,
+}
+
+/// A stored row of one variant, for the best-first order's notes on what a budget left out.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub geometry: String,
+    pub dtype: Dtype,
+    pub median_us: f64,
+    pub origin_run: String,
+    pub origin_line: usize,
+    pub build_key: String,
+    pub reference_key: String,
+    pub driver: i32,
+    pub nvcc: String,
+}
+
+/// One run's champion on one (shape, dtype), for `history`.
+#[derive(Debug, Clone)]
+pub struct HistoryRow {
+    pub run_id: String,
+    pub started_at: String,
+    pub git_head: Option<String>,
+    pub gpu: String,
+    pub fake: bool,
+    pub dtype: Dtype,
+    pub variant: String,
+    pub median_us: f64,
+    pub tflops: f64,
+    /// Where the figure was measured: this run, or the earlier run it was reused from.
+    pub origin_run: String,
+    pub origin_line: usize,
+}
+
+pub struct Store {
+    conn: Connection,
+    pub path: PathBuf,
+}
+
+fn dtype_of(s: &str) -> Option<Dtype> {
+    match s {
+        "f16" => Some(Dtype::F16),
+        "bf16" => Some(Dtype::Bf16),
+        _ => None,
+    }
+}
+
+impl Store {
+    /// Open the store, creating it (and its tables) when it is not there yet.
+    pub fn open(path: &Path) -> Result<Store> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
+        let conn = Connection::open(path)
+            .with_context(|| format!("cannot open the results store {}", path.display()))?;
+        Self::prepare(conn, path)
+    }
+
+    /// Open the store only if it exists (readers: `history`, the best-first order without --reuse).
+    pub fn open_existing(path: &Path) -> Result<Option<Store>> {
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Self::open(path).map(Some)
+    }
+
+    fn prepare(conn: Connection, path: &Path) -> Result<Store> {
+        let at = || format!("results store {}", path.display());
+        // Two runs on two GPUs may write at once: WAL lets readers go on, the timeout queues writers.
+        conn.busy_timeout(std::time::Duration::from_secs(30))
+            .with_context(at)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .with_context(at)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .with_context(at)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .with_context(at)?;
+        if version > SCHEMA_VERSION {
+            anyhow::bail!(
+                "{}: written by a newer flashtune (store schema {version}; this one writes {SCHEMA_VERSION}); use a newer flashtune, or move the file away to start a new store",
+                path.display()
+            );
+        }
+        conn.execute_batch(SCHEMA).with_context(at)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .with_context(at)?;
+        Ok(Store {
+            conn,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The newest measurement that matches `key`, if any.
+    pub fn lookup(&self, key: &Key) -> Result<Option<Stored>> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT kv_splits, timing, origin_run, origin_line FROM measurements
+                 WHERE build_key = ?1 AND reference_key = ?2 AND geometry = ?3 AND dtype = ?4
+                   AND gpu = ?5 AND driver = ?6 AND nvcc = ?7 AND fake = ?8
+                 ORDER BY rowid DESC LIMIT 1",
+                params![
+                    key.build_key,
+                    key.reference_key,
+                    key.geometry,
+                    key.dtype.name(),
+                    key.gpu,
+                    key.driver,
+                    key.nvcc,
+                    key.fake
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, u32>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)? as usize,
+                    ))
+                },
+            )
+            .optional()
+            .with_context(|| format!("cannot read {}", self.path.display()))?;
+        let Some((kv_splits, timing, origin_run, origin_line)) = row else {
+            return Ok(None);
+        };
+        let timing: TimingStats = serde_json::from_str(&timing).with_context(|| {
+            format!(
+                "{}: unreadable timing of run {origin_run} line {origin_line}",
+                self.path.display()
+            )
+        })?;
+        Ok(Some(Stored {
+            kv_splits,
+            timing,
+            origin_run,
+            origin_line,
+        }))
+    }
+
+    /// Each earlier run's fastest variant per (shape geometry, dtype) on this GPU model, newest run first.
+    pub fn champions(&self, gpu: &str, fake: bool) -> Result<Vec<StoredChampion>> {
+        // SQLite takes the bare columns of an aggregate query from the row that holds the MIN.
+        let mut stmt = self.conn.prepare(
+            "SELECT m.run_id, r.started_at, m.geometry, m.dtype, m.variant, m.params, MIN(m.median_us)
+             FROM measurements m JOIN runs r ON r.run_id = m.run_id
+             WHERE m.gpu = ?1 AND m.fake = ?2
+             GROUP BY m.run_id, m.geometry, m.dtype
+             ORDER BY r.started_at DESC, m.run_id DESC, m.geometry, m.dtype",
+        )?;
+        let rows = stmt.query_map(params![gpu, fake], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, String>(5)?,
+                r.get::<_, f64>(6)?,
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (run_id, started_at, geometry, dtype, variant, params, median_us) = row?;
+            let (Some(dtype), Ok(params)) = (dtype_of(&dtype), serde_json::from_str(&params))
+            else {
+                continue;
+            };
+            out.push(StoredChampion {
+                run_id,
+                started_at,
+                geometry,
+                dtype,
+                variant,
+                params,
+                median_us,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The bottlenecks of the newest profile of a variant on one (shape geometry, dtype) on this GPU model.
+    pub fn bottlenecks(
+        &self,
+        gpu: &str,
+        fake: bool,
+        params: &Params,
+        geometry: &str,
+        dtype: Dtype,
+    ) -> Result<Option<(String, Vec<String>)>> {
+        let params = serde_json::to_string(params)?;
+        let row = self
+            .conn
+            .query_row(
+                "SELECT run_id, bottlenecks FROM profiles
+                 WHERE gpu = ?1 AND fake = ?2 AND params = ?3 AND geometry = ?4 AND dtype = ?5
+                 ORDER BY rowid DESC LIMIT 1",
+                params![gpu, fake, params, geometry, dtype.name()],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()?;
+        Ok(row.and_then(|(run, b)| Some((run, serde_json::from_str(&b).ok()?))))
+    }
+
+    /// Every original measurement (not a reuse) of a variant on this GPU model.
+    pub fn figures(&self, gpu: &str, fake: bool, params: &Params) -> Result<Vec<Figure>> {
+        let params = serde_json::to_string(params)?;
+        let mut stmt = self.conn.prepare(
+            "SELECT geometry, dtype, median_us, origin_run, origin_line, build_key, reference_key, driver, nvcc
+             FROM measurements
+             WHERE gpu = ?1 AND fake = ?2 AND params = ?3 AND run_id = origin_run AND log_line = origin_line
+             ORDER BY rowid",
+        )?;
+        let rows = stmt.query_map(params![gpu, fake, params], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                Figure {
+                    geometry: String::new(),
+                    dtype: Dtype::F16,
+                    median_us: r.get(2)?,
+                    origin_run: r.get(3)?,
+                    origin_line: r.get::<_, i64>(4)? as usize,
+                    build_key: r.get(5)?,
+                    reference_key: r.get(6)?,
+                    driver: r.get(7)?,
+                    nvcc: r.get(8)?,
+                },
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (geometry, dtype, figure) = row?;
+            let Some(dtype) = dtype_of(&dtype) else {
+                continue;
+            };
+            out.push(Figure {
+                geometry,
+                dtype,
+                ..figure
+            });
+        }
+        Ok(out)
+    }
+
+    /// Per run (oldest first) and dtype: its fastest row on `shape`, matched by geometry when the
+    /// shape is known (else by name), for `history`.
+    pub fn history(&self, shape: &str, geometry: Option<&str>) -> Result<Vec<HistoryRow>> {
+        let (column, value) = match geometry {
+            Some(g) => ("m.geometry", g),
+            None => ("m.shape", shape),
+        };
+        let sql = format!(
+            "SELECT m.run_id, r.started_at, r.git_head, m.gpu, m.fake, m.dtype, m.variant, MIN(m.median_us), m.tflops, m.origin_run, m.origin_line
+             FROM measurements m JOIN runs r ON r.run_id = m.run_id
+             WHERE {column} = ?1
+             GROUP BY m.run_id, m.dtype
+             ORDER BY m.gpu, m.fake, m.dtype, r.started_at, r.rowid"
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let rows = stmt.query_map(params![value], |r| {
+            Ok((
+                r.get::<_, String>(5)?,
+                HistoryRow {
+                    run_id: r.get(0)?,
+                    started_at: r.get(1)?,
+                    git_head: r.get(2)?,
+                    gpu: r.get(3)?,
+                    fake: r.get(4)?,
+                    dtype: Dtype::F16,
+                    variant: r.get(6)?,
+                    median_us: r.get(7)?,
+                    tflops: r.get(8)?,
+                    origin_run: r.get(9)?,
+                    origin_line: r.get::<_, i64>(10)? as usize,
+                },
+            ))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (dtype, h) = row?;
+            if let Some(dtype) = dtype_of(&dtype) {
+                out.push(HistoryRow { dtype, ..h });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Measurements held, all runs together.
+    pub fn count(&self) -> Result<usize> {
+        Ok(self
+            .conn
+            .query_row("SELECT COUNT(*) FROM measurements", [], |r| {
+                r.get::<_, i64>(0)
+            })? as usize)
+    }
+}
+
+/// What a log has said so far that a measurement row needs: the run, the parameters, the builds.
+#[derive(Default)]
+struct Seen {
+    run: Option<RunRow>,
+    shapes: Vec<Shape>,
+    params: BTreeMap<String, Params>,
+    /// Build key per (variant, dtype, head dim); the reference's under head dim 0.
+    keys: BTreeMap<(String, Dtype, u32), String>,
+}
+
+#[derive(Clone)]
+struct RunRow {
+    run_id: String,
+    gpu: String,
+    driver: i32,
+    nvcc: String,
+    fake: bool,
+}
+
+/// Writes a run's records into the store as they are logged; `backfill` does the same for a log after the fact.
+pub struct Recorder {
+    store: Store,
+    ctx: Seen,
+    /// The line the next record gets in the log.
+    next_line: usize,
+    warned: bool,
+}
+
+impl Recorder {
+    /// Follow a log that holds `lines_so_far` lines; `earlier` (a resumed log) is written first, so
+    /// its measurements are in the store too and its builds are known.
+    pub fn new(mut store: Store, earlier: Option<&LoadedLog>, lines_so_far: usize) -> Result<Self> {
+        let mut ctx = Seen::default();
+        if let Some(log) = earlier {
+            write_log(&mut store, &mut ctx, log)?;
+        }
+        Ok(Recorder {
+            store,
+            ctx,
+            next_line: lines_so_far + 1,
+            warned: false,
+        })
+    }
+
+    /// One record just appended to the log. A store that cannot be written is warned about once:
+    /// the log holds the measurement, and `flashtune report` puts it in the store later.
+    pub fn on_entry(&mut self, entry: &Entry) {
+        let line = self.next_line;
+        self.next_line += 1;
+        if let Err(e) = write_record(&self.store, &mut self.ctx, line, &entry.record) {
+            if !self.warned {
+                self.warned = true;
+                eprintln!(
+                    "warning: cannot write to the results store {}: {e:#}; the run goes on (`flashtune report <run>` fills the store from the log later)",
+                    self.store.path.display()
+                );
+            }
+        }
+    }
+}
+
+/// Put every measurement and profile of a log into the store; rows already there are kept as they
+/// are. Returns the number of measurement rows the store holds afterwards.
+pub fn backfill(store: &mut Store, log: &LoadedLog) -> Result<usize> {
+    write_log(store, &mut Seen::default(), log)?;
+    store.count()
+}
+
+fn write_log(store: &mut Store, ctx: &mut Seen, log: &LoadedLog) -> Result<()> {
+    let tx = store.conn.transaction()?;
+    for (line, e) in &log.entries {
+        write_record_in(&tx, &store.path, ctx, *line, &e.record)?;
+    }
+    tx.commit()
+        .with_context(|| format!("cannot write {}", store.path.display()))
+}
+
+fn write_record(store: &Store, ctx: &mut Seen, line: usize, record: &Record) -> Result<()> {
+    write_record_in(&store.conn, &store.path, ctx, line, record)
+}
+
+fn write_record_in(
+    conn: &Connection,
+    path: &Path,
+    ctx: &mut Seen,
+    line: usize,
+    record: &Record,
+) -> Result<()> {
+    let at = || format!("cannot write {}", path.display());
+    match record {
+        Record::Header(h) => {
+            let run = RunRow {
+                run_id: h.run_id.clone(),
+                gpu: h.device.name.clone(),
+                driver: h.device.driver_version,
+                nvcc: h.toolchain.version.clone(),
+                fake: h.device.fake,
+            };
+            conn.execute(
+                "INSERT OR IGNORE INTO runs (run_id, started_at, git_head, gpu, driver, nvcc, arch, fake, space, kernel_sources_hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    h.run_id,
+                    h.started_at,
+                    h.git_head,
+                    run.gpu,
+                    run.driver,
+                    run.nvcc,
+                    h.device.arch,
+                    run.fake,
+                    h.space,
+                    h.kernel_sources_hash
+                ],
+            )
+            .with_context(at)?;
+            ctx.shapes = h.shapes.clone();
+            ctx.run = Some(run);
+        }
+        Record::Planned {
+            variant, params, ..
+        } => {
+            ctx.params.insert(variant.clone(), params.clone());
+        }
+        Record::Built {
+            variant,
+            dtype,
+            head_dim,
+            key,
+            ..
+        } => {
+            ctx.keys
+                .insert((variant.clone(), *dtype, *head_dim), key.clone());
+        }
+        Record::Timed {
+            variant,
+            shape,
+            dtype,
+            kv_splits,
+            timing,
+            ..
+        } => insert_measurement(
+            conn, ctx, line, variant, shape, *dtype, *kv_splits, timing, None,
+        )
+        .with_context(at)?,
+        Record::Reused {
+            variant,
+            shape,
+            dtype,
+            kv_splits,
+            timing,
+            from_run,
+            from_line,
+        } => insert_measurement(
+            conn,
+            ctx,
+            line,
+            variant,
+            shape,
+            *dtype,
+            *kv_splits,
+            timing,
+            Some((from_run, *from_line)),
+        )
+        .with_context(at)?,
+        Record::Profiled {
+            variant,
+            shape,
+            dtype,
+            profile: crate::profile::ProfileOutcome::Profiled { bottlenecks, .. },
+        } => {
+            let (Some(run), Some(s), Some(params)) = (
+                &ctx.run,
+                ctx.shapes.iter().find(|s| &s.name == shape),
+                ctx.params.get(variant),
+            ) else {
+                return Ok(());
+            };
+            conn.execute(
+                "INSERT OR IGNORE INTO profiles (run_id, log_line, gpu, fake, variant, params, shape, geometry, dtype, bottlenecks)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                params![
+                    run.run_id,
+                    line as i64,
+                    run.gpu,
+                    run.fake,
+                    variant,
+                    serde_json::to_string(params)?,
+                    shape,
+                    geometry(s),
+                    dtype.name(),
+                    serde_json::to_string(bottlenecks)?
+                ],
+            )
+            .with_context(at)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert_measurement(
+    conn: &Connection,
+    ctx: &Seen,
+    line: usize,
+    variant: &str,
+    shape: &str,
+    dtype: Dtype,
+    kv_splits: u32,
+    timing: &TimingStats,
+    reused_from: Option<(&String, usize)>,
+) -> Result<()> {
+    // Without its run, shape, parameters and both builds a row could match the wrong case: skip it.
+    let Some(run) = &ctx.run else {
+        return Ok(());
+    };
+    let Some(s) = ctx.shapes.iter().find(|s| s.name == shape) else {
+        return Ok(());
+    };
+    let build = ctx.keys.get(&(variant.to_owned(), dtype, s.d));
+    let reference = ctx
+        .keys
+        .get(&(crate::engine::REFERENCE.to_owned(), dtype, 0));
+    let (Some(build), Some(reference), Some(params)) = (build, reference, ctx.params.get(variant))
+    else {
+        return Ok(());
+    };
+    if !timing.median_us.is_finite() {
+        return Ok(());
+    }
+    let (origin_run, origin_line) = match reused_from {
+        Some((run, line)) => (run.as_str(), line),
+        None => (run.run_id.as_str(), line),
+    };
+    conn.execute(
+        "INSERT OR IGNORE INTO measurements (run_id, log_line, gpu, driver, nvcc, fake, build_key, reference_key,
+             variant, params, shape, geometry, dtype, kv_splits, median_us, p10_us, p90_us, tflops, timing,
+             origin_run, origin_line)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+        params![
+            run.run_id,
+            line as i64,
+            run.gpu,
+            run.driver,
+            run.nvcc,
+            run.fake,
+            build,
+            reference,
+            variant,
+            serde_json::to_string(params)?,
+            shape,
+            geometry(s),
+            dtype.name(),
+            kv_splits,
+            timing.median_us,
+            timing.p10_us,
+            timing.p90_us,
+            timing.tflops,
+            serde_json::to_string(timing)?,
+            origin_run,
+            origin_line as i64
+        ],
+    )?;
+    Ok(())
+}
