@@ -1,6 +1,7 @@
 //! What the reports say about a run, worked out once from its log: the best variant per shape beside PyTorch and the measured ceilings, the ablation chain with its profiles, the champions over the run clock. Markdown and HTML only lay these out.
 use crate::config::{Dtype, Shape};
 use crate::profile::ProfileOutcome;
+use crate::protocol::Condition;
 use crate::runindex::{BuildOutcome, RunIndex};
 use std::collections::BTreeMap;
 
@@ -23,6 +24,12 @@ pub struct BestRow {
     pub dtype: Dtype,
     /// (variant, median µs, TFLOP/s).
     pub best: Option<(String, f64, f64)>,
+    /// What the best was measured under, when no clean case of this shape was measured: it is
+    /// reported, marked, but it did not win against a clean figure.
+    pub under: Vec<Condition>,
+    /// Faster figures passed over because they were measured under a condition while a clean case
+    /// exists: (variant, median µs, conditions, log line).
+    pub passed_over: Vec<(String, f64, Vec<Condition>, usize)>,
     /// The runner-up when it is within the noise of the best: the two are tied.
     pub tie: Option<TiedRow>,
     /// The space's baseline variant on this shape, µs.
@@ -98,11 +105,28 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
             let pick = ix.pick(&shape.name, dtype);
-            let best = pick.map(|p| {
+            let best = pick.as_ref().map(|p| {
                 let t = p.best.measured().expect("a pick is measured");
                 (p.best.variant.to_owned(), t.median_us, t.tflops)
             });
-            let tie = pick.and_then(|p| {
+            let under = pick
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.best.conditions().to_vec());
+            let passed_over = pick.as_ref().map_or_else(Vec::new, |p| {
+                p.passed_over
+                    .iter()
+                    .filter_map(|c| {
+                        let t = c.measured()?;
+                        Some((
+                            c.variant.to_owned(),
+                            t.median_us,
+                            c.conditions().to_vec(),
+                            c.log_line(),
+                        ))
+                    })
+                    .collect()
+            });
+            let tie = pick.as_ref().and_then(|p| {
                 let runner_up = p.runner_up?;
                 Some(TiedRow {
                     variant: runner_up.variant.to_owned(),
@@ -140,6 +164,8 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 shape: shape.clone(),
                 dtype,
                 best,
+                under,
+                passed_over,
                 tie,
                 baseline_us,
                 torch,

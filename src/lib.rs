@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod search;
 pub mod space;
 pub mod step;
+pub mod stop;
 pub mod trial;
 pub mod vcs;
 pub mod worker;
