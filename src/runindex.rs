@@ -999,12 +999,13 @@ impl<'a> RunIndex<'a> {
                 } => {
                     let index = ix.sentinels.len();
                     for t in ix.timings.iter_mut().rev() {
+                        if t.device.is_some_and(|d| d != *device) {
+                            continue;
+                        }
                         if t.sentinel_after.is_some() {
                             break;
                         }
-                        if t.device.is_none_or(|d| d == *device) {
-                            t.sentinel_after = Some(index);
-                        }
+                        t.sentinel_after = Some(index);
                     }
                     ix.sentinels.push(SentinelPoint {
                         line,
