@@ -261,7 +261,8 @@ impl RunArgs {
             println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
         }
         if outcome.interrupted {
-            ExitCode::from(exit_code::INTERRUPTED)
+            // 128 + the signal, as the shell reports a process it killed: 130 Ctrl-C, 143 SIGTERM.
+            ExitCode::from(crate::stop::exit_code())
         } else {
             ExitCode::SUCCESS
         }
@@ -326,13 +327,19 @@ pub fn run() -> ExitCode {
             return ExitCode::from(exit_code::FAILURE);
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    let code = match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())
         }
-    }
+    };
+    // Whatever path the run took out (an error, a signal), no worker, nvcc or ncu outlives it:
+    // its tasks are stopped (and with them what they would start next), then every child group.
+    crate::stop::kill_children();
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    crate::stop::kill_children();
+    code
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {

@@ -24,7 +24,40 @@ pub struct Policies {
     pub timeouts: Timeouts,
     /// `flashtune step`: when a kernel edit beats HEAD's champion.
     pub step: StepPolicy,
+    /// Free space a run needs before it starts.
+    pub disk: DiskPolicy,
+    /// The drift sentinel: a fixed kernel timed through the run to show the GPU drifting.
+    pub sentinel: SentinelPolicy,
+    /// Which states of the GPU make a timing be taken again (and flagged if they stay).
+    pub gpu_state: GpuStatePolicy,
     pub shapes: Vec<Shape>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskPolicy {
+    /// `tune` and `resume` refuse to start with less free space than this (GiB) under `runs/` or
+    /// under the build cache.
+    pub min_free_gib: f64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SentinelPolicy {
+    /// Seconds between two sentinels on a GPU while it measures (0: before every variant).
+    pub every_s: u64,
+    /// A sentinel more than this fraction away from the run's first one is drift (0.03 = 3%).
+    pub max_drift: f64,
+    /// Timings of each sentinel kernel per sentinel.
+    pub reps: usize,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuStatePolicy {
+    /// A case timed under one of these (`thermal`, `power`, `neighbour`) is timed again once; if the
+    /// condition stays, the figure is flagged and never decides a champion alone.
+    pub retime_on: Vec<crate::protocol::Condition>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -550,6 +583,16 @@ impl Policies {
                 self.step.threshold,
                 Bound::NonNegative("beating the noise is enough"),
             ),
+            (
+                "disk.min_free_gib",
+                self.disk.min_free_gib,
+                Bound::NonNegative("no floor"),
+            ),
+            (
+                "sentinel.max_drift",
+                self.sentinel.max_drift,
+                Bound::Positive,
+            ),
         ];
         for (key, value, bound) in numbers {
             check_number(path, text, key, value, bound)?;
@@ -572,6 +615,12 @@ impl Policies {
             return fail(
                 "rounds",
                 "at least 3 rounds are needed for a median and percentiles".into(),
+            );
+        }
+        if self.sentinel.reps < 3 {
+            return fail(
+                "sentinel.reps",
+                "at least 3 timings are needed for a median and percentiles".into(),
             );
         }
         if self.guided.max_rounds == 0 {

@@ -261,26 +261,39 @@ fn git(paths: &ProjectPaths) -> Check {
     }
 }
 
+/// Free space under runs/ and the build cache against `[disk] min_free_gib`: the very figures
+/// `tune` and `resume` refuse to start below.
 fn disk(paths: &ProjectPaths) -> Check {
-    let c = std::ffi::CString::new(paths.root.as_os_str().as_encoded_bytes()).unwrap_or_default();
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return check("disk", Status::Warn, "cannot read free space", None);
+    let (floor, from) = match crate::config::Policies::load(&paths.policies()) {
+        Ok((p, _)) => (p.disk.min_free_gib, "policies.toml [disk] min_free_gib"),
+        Err(_) => (2.0, "the default, policies.toml not loaded"),
+    };
+    let room = crate::engine::disk_room(paths);
+    let mut parts = Vec::new();
+    let mut short = Vec::new();
+    for (what, dir, free) in &room {
+        match free {
+            Some(free) => {
+                parts.push(format!("{free:.1} GiB free under {} ({what})", dir.display()));
+                if *free < floor {
+                    short.push(dir.display().to_string());
+                }
+            }
+            None => parts.push(format!("free space under {} unreadable", dir.display())),
+        }
     }
-    let free_gib = st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64;
-    if free_gib < 2.0 {
-        check(
-            "disk",
-            Status::Fail,
-            format!("{free_gib:.1} GiB free under {}", paths.root.display()),
-            Some("free space: builds and ncu reports need a few GiB"),
-        )
+    let detail = format!("{}; floor {floor} GiB ({from})", parts.join(", "));
+    if short.is_empty() {
+        check("disk", Status::Pass, detail, None)
     } else {
-        check(
-            "disk",
-            Status::Pass,
-            format!("{free_gib:.1} GiB free"),
-            None,
-        )
+        Check {
+            name: "disk",
+            status: Status::Fail,
+            detail: format!("{detail}: tune and resume refuse to start"),
+            fix: Some(format!(
+                "free space under {}, move the build cache with FLASHTUNE_CACHE_DIR, or lower min_free_gib",
+                short.join(" and ")
+            )),
+        }
     }
 }

@@ -349,9 +349,11 @@ pub async fn measure_roofs(
 }
 
 pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Result<TuneOutcome> {
+    listen_for_stop()?;
     refuse_fake_commit(&opts)?;
     crate::anytime::refuse_reuse(opts.reuse, &opts.strategy)?;
     let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
+    check_free_space(&project)?;
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
@@ -393,11 +395,13 @@ pub async fn resume(
     force: bool,
     reporters: Vec<Box<dyn Reporter>>,
 ) -> Result<TuneOutcome> {
+    listen_for_stop()?;
     refuse_fake_commit(&opts)?;
     let log_path = run_dir.join("log.jsonl");
     let (loaded, old) = read_run(&run_dir)?;
     crate::anytime::refuse_reuse(opts.reuse, &old.strategy)?;
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
+    check_free_space(&project)?;
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
@@ -449,6 +453,65 @@ pub async fn resume(
         ..opts
     };
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
+}
+
+/// From here on SIGINT, SIGTERM and SIGHUP end the run in order (see `stop`).
+fn listen_for_stop() -> Result<()> {
+    crate::stop::listen()
+        .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for signals: {e}")))
+}
+
+/// Free GiB an unprivileged user may still write on the filesystem holding `path` (or its nearest
+/// existing parent: `runs/` need not exist yet); `None` when it cannot be read.
+pub fn free_gib(path: &Path) -> Option<f64> {
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct it is given and reads a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64)
+}
+
+/// The folders a run writes to and how much is free under each: runs/, then the build cache.
+pub fn disk_room(paths: &ProjectPaths) -> Vec<(&'static str, PathBuf, Option<f64>)> {
+    let mut out = vec![("runs/", paths.runs(), free_gib(&paths.runs()))];
+    let cache = paths.build_cache();
+    out.push(("the build cache", cache.clone(), free_gib(&cache)));
+    out
+}
+
+/// A run that starts on a nearly full disk stops mid-night: refuse it before it starts.
+fn check_free_space(project: &Project) -> Result<()> {
+    let floor = project.policies.disk.min_free_gib;
+    for (what, dir, free) in disk_room(&project.paths) {
+        match free {
+            Some(free) if free < floor => {
+                return Err(Error::DiskFull(format!(
+                    "only {free:.2} GiB free under {} ({what}); policies.toml [disk] min_free_gib asks for {floor} GiB before a run starts. \
+                     Free space there (or move the build cache with FLASHTUNE_CACHE_DIR), or lower the floor.",
+                    dir.display()
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Run a stage unless a stop is requested first; a stop requested while it runs abandons it (its
+/// future is dropped, and with it the process group of any tool it started).
+async fn unless_stopped<T>(
+    stage: impl std::future::Future<Output = Result<T>>,
+) -> Result<Option<T>> {
+    if crate::stop::requested().is_some() {
+        return Ok(None);
+    }
+    tokio::select! {
+        done = stage => done.map(Some),
+        _ = crate::stop::reached(1) => Ok(None),
+    }
 }
 
 /// The fake GPU's figures are synthetic: they must never reach the champion table.
@@ -692,25 +755,27 @@ async fn drive(
             search.run(events, &limits).await?
         }
     };
-    let interrupted = match ending {
-        Ending::Finished(t) => {
-            profile_stage(project, device, events, &run_dir).await?;
-            baseline_stage(project, device, events).await?;
+    let mut interrupted = matches!(ending, Ending::Interrupted(_));
+    if let Ending::Finished(t) = ending {
+        // Each stage after the measurements is abandoned on a signal, as the one in flight.
+        unless_stopped(reduel_across_drift(project, device, opts, events)).await?;
+        unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
+        unless_stopped(baseline_stage(project, device, events)).await?;
+        interrupted = crate::stop::requested().is_some();
+        if !interrupted {
             events.emit(Record::Finished {
                 seconds: started.elapsed().as_secs_f64(),
                 variants: t.variants,
                 measured_cases: t.measured,
                 failed_cases: t.failed,
             })?;
-            false
         }
-        Ending::Interrupted(_) => {
-            events.emit(Record::Interrupted {
-                reason: "Ctrl-C".into(),
-            })?;
-            true
-        }
-    };
+    }
+    if interrupted {
+        events.emit(Record::Interrupted {
+            reason: crate::stop::reason(),
+        })?;
+    }
     if opts.commit && !interrupted {
         let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
         let champions = crate::champions::from_log(&loaded);
@@ -734,6 +799,102 @@ async fn drive(
         summary,
         interrupted,
     })
+}
+
+/// Champions whose case and runner-up's were timed on different sides of a drift of the sentinel
+/// (their sentinels further apart than `[sentinel] max_drift`) are re-timed against each other,
+/// interleaved in one worker on the same inputs, before the champion table is committed: the
+/// `drift_duel` record decides which of the two holds the case.
+async fn reduel_across_drift(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+) -> Result<()> {
+    let log = runlog::read(&events.log.path)?;
+    let ix = crate::runindex::RunIndex::new(&log);
+    let max_drift = project.policies.sentinel.max_drift;
+    let mut pairs = Vec::new();
+    let mut names = Vec::new();
+    for shape in &project.shapes {
+        for &dtype in &project.policies.dtypes {
+            let Some(pick) = ix.pick(&shape.name, dtype) else {
+                continue;
+            };
+            let Some(runner_up) = pick.runner_up else {
+                continue;
+            };
+            let (best, runner_up) = (pick.best.variant, runner_up.variant);
+            let Some(drift) = ix.drift_between(pick.best, pick.runner_up.expect("some")) else {
+                continue;
+            };
+            let judged = ix.drift_duels.iter().any(|d| {
+                d.shape == shape.name
+                    && d.dtype == dtype
+                    && [d.champion, d.runner_up].contains(&best)
+                    && [d.champion, d.runner_up].contains(&runner_up)
+            });
+            if drift <= max_drift || judged {
+                continue;
+            }
+            let (Some(a), Some(b)) = (
+                logged_case(project, &log, best, shape, dtype),
+                logged_case(project, &log, runner_up, shape, dtype),
+            ) else {
+                continue;
+            };
+            pairs.push(DuelPair {
+                champion: a.spec,
+                challenger: b.spec,
+            });
+            names.push((
+                shape.clone(),
+                dtype,
+                best.to_owned(),
+                runner_up.to_owned(),
+                drift,
+            ));
+        }
+    }
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    let measure = &project.policies.measure;
+    let rounds = project.policies.step.rounds;
+    let request = DuelRequest {
+        measure: MeasureSpec {
+            warmup_ms: measure.warmup_ms,
+            samples: rounds,
+            min_sample_us: measure.min_sample_us,
+        },
+        rounds,
+        pairs,
+    };
+    let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
+    let outcome = opts.executor.duel(device.ordinal, request, timeout).await;
+    for (i, (shape, dtype, champion, runner_up, drift)) in names.into_iter().enumerate() {
+        // Which of the two is faster beyond the duel's own noise: no threshold on top.
+        let judged = crate::step::judge_pair(
+            outcome.duels.get(i),
+            &outcome,
+            0.0,
+            &shape,
+            &opts.run.roofs,
+            project.policies.gates.plausibility_margin,
+        );
+        events.emit(Record::DriftDuel {
+            shape: shape.name.clone(),
+            dtype,
+            champion,
+            runner_up,
+            drift,
+            champion_us: judged.champion.map(|t| t.median_us),
+            runner_up_us: judged.challenger.map(|t| t.median_us),
+            verdict: judged.verdict,
+            failure: judged.failure,
+        })?;
+    }
+    Ok(())
 }
 
 /// Log the points (with the search's reason for each), then build, check and time the valid ones not yet done.

@@ -9,6 +9,10 @@ pub mod exit_code {
     pub const TOOL_MISSING: u8 = 4;
     /// Another flashtune run holds the GPU (`--wait` queues behind it instead).
     pub const GPU_BUSY: u8 = 5;
+    /// A write failed (a full disk, a quota, a read-only filesystem), or the free space under
+    /// `runs/` or the build cache is below `[disk] min_free_gib`: sysexits' EX_IOERR.
+    pub const IO: u8 = 74;
+    /// Ctrl-C (SIGINT); SIGTERM and SIGHUP exit with 128 + their own number (143, 129).
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -32,8 +36,41 @@ pub enum Error {
     GpuBusy(String),
     #[error("{tool} not found: {hint}")]
     ToolMissing { tool: &'static str, hint: String },
-    #[error(transparent)]
+    /// Too little free space to start a run.
+    #[error("{0}")]
+    DiskFull(String),
+    #[error("{}", describe_other(.0))]
     Other(#[from] anyhow::Error),
+}
+
+/// A write that failed: which file, doing what, and the operating system's own words
+/// ("No space left on device (os error 28)"), so the fix is obvious from the message alone.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} {}: {source}", path.display())]
+pub struct WriteError {
+    pub what: &'static str,
+    pub path: PathBuf,
+    pub source: std::io::Error,
+}
+
+impl WriteError {
+    pub fn new(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        WriteError {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// An error from inside: its outermost message, and the whole chain when a write failed somewhere in
+/// it (the OS cause is the part that says what to do).
+fn describe_other(e: &anyhow::Error) -> String {
+    if e.chain().any(|c| c.is::<WriteError>()) {
+        format!("{e:#}")
+    } else {
+        e.to_string()
+    }
 }
 
 impl Error {
@@ -43,8 +80,16 @@ impl Error {
             Error::NoGpu(_) => exit_code::NO_GPU,
             Error::ToolMissing { .. } => exit_code::TOOL_MISSING,
             Error::GpuBusy(_) => exit_code::GPU_BUSY,
+            Error::DiskFull(_) => exit_code::IO,
+            Error::Other(e) if e.chain().any(|c| c.is::<WriteError>()) => exit_code::IO,
             Error::Other(_) => exit_code::FAILURE,
         }
+    }
+}
+
+impl From<WriteError> for Error {
+    fn from(e: WriteError) -> Self {
+        Error::Other(anyhow::Error::new(e))
     }
 }
 

@@ -40,6 +40,8 @@ pub struct WorkerOutcome {
     /// Answers to a duel request, one per pair finished.
     pub duels: Vec<DuelResult>,
     pub roofs: Vec<RoofMeasured>,
+    /// The drift sentinel's answer, to a sentinel request.
+    pub sentinel: Option<SentinelResult>,
     pub end: WorkerEnd,
 }
 
@@ -50,7 +52,16 @@ impl WorkerOutcome {
             cases: Vec::new(),
             duels: Vec::new(),
             roofs: Vec::new(),
+            sentinel: None,
             end: WorkerEnd::Clean,
+        }
+    }
+
+    /// An outcome with no replies, ended as `end`.
+    pub fn ended(end: WorkerEnd) -> Self {
+        WorkerOutcome {
+            end,
+            ..WorkerOutcome::new()
         }
     }
 
@@ -334,6 +345,7 @@ impl Session {
                     Ok(WorkerMessage::Case(c)) => outcome.cases.push(*c),
                     Ok(WorkerMessage::Duel(d)) => outcome.duels.push(*d),
                     Ok(WorkerMessage::Roofs { roofs }) => outcome.roofs = roofs,
+                    Ok(WorkerMessage::Sentinel(r)) => outcome.sentinel = Some(r),
                     Ok(WorkerMessage::Fatal { message }) => return Some(WorkerEnd::Fatal(message)),
                     Ok(WorkerMessage::Done) => return Some(WorkerEnd::Clean),
                     Err(_) => return Some(WorkerEnd::Garbled { line }),

@@ -5,6 +5,22 @@
 //! computes attention with the CPU oracle; a fault or cheat misbehaves the way its name says. Times are
 //! synthetic, from a fixed model of the parameters (below) times the cubin's `flashtune-fake: time xS`
 //! marker. The device says it is fake, and every report says so: nothing it reports was measured.
+//!
+//! The GPU's state beside each timing is modelled too, so CI exercises what a hot or shared GPU does:
+//! - a kernel's state comes from a `FAKE_STATE` define (a space parameter `FAKE_STATE = ["thermal"]`
+//!   becomes `-DFAKE_STATE=FAKE_STATE_THERMAL`) or a `flashtune-fake: state thermal` marker:
+//!   `thermal` (hardware thermal slowdown), `power` (software power cap) or `neighbour` (another
+//!   process, pid 4242 with 2 GiB, on the GPU) on every timing of the case; with `_once` (`thermal_once`)
+//!   on the first timing of each (kernel, shape) only, so the re-timing comes out clean. Times are not
+//!   changed by a state: a throttled kernel can be the fastest, and only its flag keeps it from
+//!   deciding a champion alone. Otherwise the state is clean, and the temperature rises 0.2 °C per
+//!   case timed from 40 °C;
+//! - `FLASHTUNE_FAKE_DRIFT=after_cases=N,factor=F` (read by the fake worker) makes every time the
+//!   worker reports, the sentinel's and the kernels', F times longer (and its SM clock F times lower)
+//!   once it has timed N cases: a GPU that drifts mid-run. A new worker (a duel) starts undrifted;
+//! - `FLASHTUNE_FAKE_NVML=absent` makes the state unreadable, as on a machine without NVML.
+//!
+//! The sentinel's figures are fixed: `fma` 1000 µs and `read` 400 µs (times the drift factor).
 use crate::check;
 use crate::config::{Dtype, Shape};
 use crate::protocol::*;
@@ -38,7 +54,11 @@ pub const FAKE_READ_GBPS: f64 = 2500.0;
 
 pub fn serve(arch: &str, ordinal: u32) -> std::process::ExitCode {
     let mut reply = crate::worker::reply_channel();
-    let gpu = FakeGpu::new(device(arch, ordinal));
+    let mut gpu = FakeGpu::new(device(arch, ordinal));
+    gpu.drift = std::env::var("FLASHTUNE_FAKE_DRIFT")
+        .ok()
+        .and_then(|spec| parse_drift(&spec));
+    gpu.nvml_absent = std::env::var("FLASHTUNE_FAKE_NVML").is_ok_and(|v| v == "absent");
     crate::trial::serve(gpu, std::io::stdin().lock(), &mut reply, 256 << 20)
 }
 
@@ -91,6 +111,50 @@ fn model_named(name: &str) -> Option<Model> {
     })
 }
 
+/// `after_cases=N,factor=F`: (N, F).
+fn parse_drift(spec: &str) -> Option<(u64, f64)> {
+    let mut after = None;
+    let mut factor = None;
+    for part in spec.split(',') {
+        match part.trim().split_once('=')? {
+            ("after_cases", v) => after = v.parse().ok(),
+            ("factor", v) => factor = v.parse().ok().filter(|f: &f64| *f > 0.0),
+            _ => return None,
+        }
+    }
+    Some((after?, factor?))
+}
+
+/// What the GPU was doing while a modelled kernel was timed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StateModel {
+    Clean,
+    Thermal,
+    Power,
+    Neighbour,
+}
+
+/// A state name (`thermal`, `power_once`, `FAKE_STATE_NEIGHBOUR`): the state, and whether it holds
+/// for the first timing only.
+fn state_named(name: &str) -> Option<(StateModel, bool)> {
+    let name = name.trim_start_matches("FAKE_STATE_").to_ascii_lowercase();
+    let (base, once) = match name
+        .strip_suffix("_once")
+        .or_else(|| name.strip_suffix("-once"))
+    {
+        Some(b) => (b.to_owned(), true),
+        None => (name, false),
+    };
+    let model = match base.as_str() {
+        "clean" | "none" => StateModel::Clean,
+        "thermal" => StateModel::Thermal,
+        "power" => StateModel::Power,
+        "neighbour" | "neighbor" => StateModel::Neighbour,
+        _ => return None,
+    };
+    Some((model, once))
+}
+
 /// The word after `flashtune-fake: <what>` in the cubin's bytes (string constants survive compilation).
 fn cubin_marker(bytes: &[u8], what: &str) -> Option<String> {
     let needle = format!("flashtune-fake: {what}");
@@ -119,6 +183,9 @@ struct FakeKernel {
     cached: HashMap<(usize, u16), (Vec<u16>, Vec<f32>)>,
     /// A reference kernel that answers NaN (`flashtune-fake: reference nan`).
     nan_reference: bool,
+    /// The GPU's state while this kernel is timed, and whether only on its first timing.
+    state: (StateModel, bool),
+    cubin: std::path::PathBuf,
 }
 
 enum Memory {
@@ -139,6 +206,14 @@ pub struct FakeGpu {
     graphs: Vec<Option<(KernelId, Shape, LaunchShape, Vec<Io>)>>,
     answers: HashMap<[u8; 32], Answer>,
     hashes: HashCache,
+    /// `FLASHTUNE_FAKE_DRIFT`: after this many cases timed, every time is this many times longer.
+    drift: Option<(u64, f64)>,
+    nvml_absent: bool,
+    cases_timed: u64,
+    /// The kernel and shape of the last replay: whose state the next reading reports.
+    last_replayed: Option<(KernelId, String)>,
+    /// Timings so far per (cubin, shape), for the states that hold on the first only.
+    timings_of: HashMap<(std::path::PathBuf, String), u32>,
 }
 
 fn slot<T>(slab: &mut Vec<Option<T>>, item: T) -> usize {
@@ -178,6 +253,19 @@ impl FakeGpu {
             graphs: Vec::new(),
             answers: HashMap::new(),
             hashes: HashMap::new(),
+            drift: None,
+            nvml_absent: false,
+            cases_timed: 0,
+            last_replayed: None,
+            timings_of: HashMap::new(),
+        }
+    }
+
+    /// How much longer every time is now: the drift factor once it has set in, else 1.
+    fn drift_factor(&self) -> f64 {
+        match self.drift {
+            Some((after, factor)) if self.cases_timed >= after => factor,
+            _ => 1.0,
         }
     }
 
@@ -567,6 +655,12 @@ impl Device for FakeGpu {
             .filter(|x| *x > 0.0)
             .unwrap_or(1.0);
         let block_n = kernel.launch.kv_rows_per_block.max(1);
+        let state_name = named("FAKE_STATE").or_else(|| cubin_marker(&bytes, "state "));
+        let state = match state_name {
+            None => (StateModel::Clean, false),
+            Some(name) => state_named(&name)
+                .ok_or_else(|| anyhow!("the test double has no state model `{name}`"))?,
+        };
         Ok(KernelId(slot(
             &mut self.kernels,
             FakeKernel {
@@ -579,6 +673,8 @@ impl Device for FakeGpu {
                 previous: None,
                 cached: HashMap::new(),
                 nan_reference: false,
+                state,
+                cubin: kernel.cubin.clone(),
             },
         )))
     }
@@ -599,6 +695,8 @@ impl Device for FakeGpu {
                 previous: None,
                 cached: HashMap::new(),
                 nan_reference,
+                state: (StateModel::Clean, false),
+                cubin: kernel.cubin.clone(),
             },
         )))
     }
@@ -652,7 +750,7 @@ impl Device for FakeGpu {
         let k = self.kernels[kernel.0]
             .as_ref()
             .ok_or_else(|| anyhow!("unloaded"))?;
-        Ok(Self::model_us(k, shape, launch))
+        Ok(Self::model_us(k, shape, launch) * self.drift_factor())
     }
 
     fn capture(
@@ -672,6 +770,7 @@ impl Device for FakeGpu {
         let (kernel, shape, launch, ios) = self.graphs[graph.0]
             .clone()
             .ok_or_else(|| anyhow!("no graph {}", graph.0))?;
+        self.last_replayed = Some((kernel, shape.name.clone()));
         let mut us = 0.0;
         for io in &ios {
             us += self.time_forward(kernel, &shape, &launch, io)?;
@@ -707,6 +806,74 @@ impl Device for FakeGpu {
 
     fn health_check(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    fn sentinel(&mut self, _reps: usize) -> Result<Vec<SentinelFigure>> {
+        let factor = self.drift_factor();
+        Ok([("fma", 1000.0), ("read", 400.0)]
+            .into_iter()
+            .map(|(name, us)| SentinelFigure {
+                name: name.into(),
+                median_us: us * factor,
+                p10_us: us * factor,
+                p90_us: us * factor,
+            })
+            .collect())
+    }
+
+    fn gpu_state_begin(&mut self) {
+        self.last_replayed = None;
+    }
+
+    fn gpu_state(&mut self) -> std::result::Result<GpuState, String> {
+        let factor = self.drift_factor();
+        // A reading right after a case's replays: that case is timed.
+        let replayed = self.last_replayed.take();
+        let mut model = StateModel::Clean;
+        if let Some((kernel, shape)) = replayed {
+            self.cases_timed += 1;
+            if let Some(k) = self.kernels.get(kernel.0).and_then(Option::as_ref) {
+                let (state, once) = k.state;
+                let n = self.timings_of.entry((k.cubin.clone(), shape)).or_insert(0);
+                *n += 1;
+                if !once || *n == 1 {
+                    model = state;
+                }
+            }
+        }
+        if self.nvml_absent {
+            return Err("NVML cannot be loaded (fake GPU: FLASHTUNE_FAKE_NVML=absent)".into());
+        }
+        let mut state = GpuState {
+            sm_clock_mhz: Some((1980.0 / factor).round() as u32),
+            mem_clock_mhz: Some(2619),
+            temperature_c: Some(40 + (self.cases_timed / 5).min(35) as u32),
+            power_w: Some(350.0),
+            power_violation_ms: Some(0.0),
+            thermal_violation_ms: Some(0.0),
+            ..Default::default()
+        };
+        match model {
+            StateModel::Clean => {}
+            StateModel::Thermal => {
+                state.sm_clock_mhz = Some(1410);
+                state.temperature_c = Some(88);
+                state.throttle_reasons = vec!["hw_thermal_slowdown".into()];
+                state.thermal_violation_ms = Some(12.0);
+            }
+            StateModel::Power => {
+                state.power_w = Some(700.0);
+                state.throttle_reasons = vec!["sw_power_cap".into()];
+                state.power_violation_ms = Some(30.0);
+            }
+            StateModel::Neighbour => {
+                state.other_processes = vec![GpuProcess {
+                    pid: 4242,
+                    used_bytes: Some(2 << 30),
+                }];
+            }
+        }
+        Ok(state)
     }
 
     fn launch_cap(&self) -> u32 {

@@ -1,6 +1,7 @@
 //! What the reports say about a run, worked out once from its log: the best variant per shape beside PyTorch and the measured ceilings, the ablation chain with its profiles, the champions over the run clock. Markdown and HTML only lay these out.
 use crate::config::{Dtype, Shape};
 use crate::profile::ProfileOutcome;
+use crate::protocol::Condition;
 use crate::runindex::{BuildOutcome, RunIndex};
 use std::collections::BTreeMap;
 
@@ -23,6 +24,12 @@ pub struct BestRow {
     pub dtype: Dtype,
     /// (variant, median µs, TFLOP/s).
     pub best: Option<(String, f64, f64)>,
+    /// What the best was measured under, when no clean case of this shape was measured: it is
+    /// reported, marked, but it did not win against a clean figure.
+    pub under: Vec<Condition>,
+    /// Faster figures passed over because they were measured under a condition while a clean case
+    /// exists: (variant, median µs, conditions, log line).
+    pub passed_over: Vec<(String, f64, Vec<Condition>, usize)>,
     /// The runner-up when it is within the noise of the best: the two are tied.
     pub tie: Option<TiedRow>,
     /// The best's figures came from the results store: the run and log line that measured them.
@@ -100,14 +107,32 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
             let pick = ix.pick(&shape.name, dtype);
-            let best = pick.map(|p| {
+            let best = pick.as_ref().map(|p| {
                 let t = p.best.measured().expect("a pick is measured");
                 (p.best.variant.to_owned(), t.median_us, t.tflops)
             });
             let reused = pick
+                .as_ref()
                 .and_then(|p| p.best.reused())
                 .map(|r| (r.run.to_owned(), r.line));
-            let tie = pick.and_then(|p| {
+            let under = pick
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.best.conditions().to_vec());
+            let passed_over = pick.as_ref().map_or_else(Vec::new, |p| {
+                p.passed_over
+                    .iter()
+                    .filter_map(|c| {
+                        let t = c.measured()?;
+                        Some((
+                            c.variant.to_owned(),
+                            t.median_us,
+                            c.conditions().to_vec(),
+                            c.log_line(),
+                        ))
+                    })
+                    .collect()
+            });
+            let tie = pick.as_ref().and_then(|p| {
                 let runner_up = p.runner_up?;
                 Some(TiedRow {
                     variant: runner_up.variant.to_owned(),
@@ -145,6 +170,8 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 shape: shape.clone(),
                 dtype,
                 best,
+                under,
+                passed_over,
                 tie,
                 reused,
                 baseline_us,
@@ -347,4 +374,98 @@ pub fn champion_traces(ix: &RunIndex) -> (Vec<ChampionTrace>, f64) {
         })
         .collect();
     (traces, last_timed)
+}
+
+/// The GPU's state at one moment of the run: after a case's timed replays, or after a sentinel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatePoint {
+    pub t: f64,
+    pub device: Option<u32>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+}
+
+/// Every state the log holds, in run-clock order.
+pub fn gpu_states(ix: &RunIndex) -> Vec<StatePoint> {
+    let point = |t: f64, device: Option<u32>, s: &crate::protocol::GpuState| StatePoint {
+        t,
+        device,
+        sm_clock_mhz: s.sm_clock_mhz,
+        mem_clock_mhz: s.mem_clock_mhz,
+        temperature_c: s.temperature_c,
+        power_w: s.power_w,
+    };
+    let mut out: Vec<StatePoint> = ix
+        .timings
+        .iter()
+        .filter_map(|t| Some(point(t.t, t.device, t.gpu?)))
+        .chain(
+            ix.disturbed
+                .iter()
+                .filter_map(|d| Some(point(d.t, None, d.gpu?))),
+        )
+        .chain(
+            ix.sentinels
+                .iter()
+                .filter_map(|s| Some(point(s.t, Some(s.device), s.gpu?))),
+        )
+        .collect();
+    out.sort_by(|a, b| a.t.total_cmp(&b.t));
+    out
+}
+
+/// One GPU's sentinels: each figure over the run as a multiple of its first.
+#[derive(Debug, Clone)]
+pub struct SentinelTrace {
+    pub device: u32,
+    /// The policy's limit, as the records carry it.
+    pub max_drift: f64,
+    /// Per figure (`fma`, `read`): its first median (µs) and (run clock, median ÷ first, log line).
+    pub figures: Vec<(String, f64, Vec<(f64, f64, usize)>)>,
+    /// The furthest a sentinel stood from the first: (gap, run clock, log line).
+    pub worst: Option<(f64, f64, usize)>,
+    /// The first sentinel beyond the limit: (gap, run clock, log line).
+    pub first_beyond: Option<(f64, f64, usize)>,
+    /// Sentinels that could not be timed: (log line, why).
+    pub failed: Vec<(usize, String)>,
+}
+
+pub fn sentinel_traces(ix: &RunIndex) -> Vec<SentinelTrace> {
+    let mut traces: BTreeMap<u32, SentinelTrace> = BTreeMap::new();
+    for s in &ix.sentinels {
+        let tr = traces.entry(s.device).or_insert_with(|| SentinelTrace {
+            device: s.device,
+            max_drift: s.max_drift,
+            figures: Vec::new(),
+            worst: None,
+            first_beyond: None,
+            failed: Vec::new(),
+        });
+        if let Some(why) = s.error {
+            tr.failed.push((s.line, why.to_owned()));
+            continue;
+        }
+        for f in s.figures {
+            match tr.figures.iter_mut().find(|x| x.0 == f.name) {
+                Some((_, first, points)) => points.push((s.t, f.median_us / *first, s.line)),
+                None => tr
+                    .figures
+                    .push((f.name.clone(), f.median_us, vec![(s.t, 1.0, s.line)])),
+            }
+        }
+    }
+    for (s, gap) in ix.sentinel_drift() {
+        let Some(tr) = traces.get_mut(&s.device) else {
+            continue;
+        };
+        if tr.worst.is_none_or(|w| gap > w.0) {
+            tr.worst = Some((gap, s.t, s.line));
+        }
+        if gap > s.max_drift && tr.first_beyond.is_none() {
+            tr.first_beyond = Some((gap, s.t, s.line));
+        }
+    }
+    traces.into_values().collect()
 }

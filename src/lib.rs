@@ -30,6 +30,7 @@ pub mod search;
 pub mod space;
 pub mod step;
 pub mod store;
+pub mod stop;
 pub mod trial;
 pub mod vcs;
 pub mod worker;

@@ -354,3 +354,137 @@ pub fn champions_over_time(traces: &[ChampionTrace], end_t: f64) -> Option<Resul
         legend(&mut chart, SeriesLabelPosition::UpperLeft)
     }))
 }
+
+/// Each GPU's sentinel figures over the run clock as a multiple of their first, inside the band the
+/// policy allows; `None` without two sentinels.
+pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<String, String>> {
+    let lines: Vec<(String, Vec<(f64, f64)>)> = traces
+        .iter()
+        .flat_map(|tr| {
+            tr.figures.iter().map(move |(name, first, points)| {
+                (
+                    format!("GPU {} {name} (first {first:.1} µs)", tr.device),
+                    points.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(),
+                )
+            })
+        })
+        .filter(|(_, points)| !points.is_empty())
+        .collect();
+    if lines.iter().all(|l| l.1.len() < 2) {
+        return None;
+    }
+    let limit = traces.iter().map(|t| t.max_drift).fold(0.0, f64::max);
+    let end_t = lines
+        .iter()
+        .flat_map(|l| l.1.iter().map(|p| p.0))
+        .fold(0.0, f64::max);
+    let lo = lines
+        .iter()
+        .flat_map(|l| l.1.iter().map(|p| p.1))
+        .fold(1.0 - limit, f64::min);
+    let hi = lines
+        .iter()
+        .flat_map(|l| l.1.iter().map(|p| p.1))
+        .fold(1.0 + limit, f64::max);
+    let pad = (hi - lo) * 0.15;
+    Some(svg(|root| {
+        let title = "Drift sentinel over the run: time ÷ the first sentinel's";
+        let x = 0.0..(end_t * 1.05).max(1e-3);
+        let mut chart = chart(root, title, x, (lo - pad)..(hi + pad))?;
+        chart
+            .configure_mesh()
+            .x_desc("run clock (s)")
+            .y_desc("sentinel time ÷ first (1 = as at the start)")
+            .y_label_formatter(&|y| format!("{y:.3}"))
+            .label_style((FONT, 14))
+            .light_line_style(BLACK.mix(0.04))
+            .bold_line_style(BLACK.mix(0.15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for bound in [1.0 - limit, 1.0 + limit] {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, bound), (end_t * 1.05, bound)],
+                    6,
+                    6,
+                    BLACK.mix(0.5).stroke_width(1),
+                ))
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+            .map_err(|e| e.to_string())?
+            .label(format!("limit ±{:.1}% ([sentinel] max_drift)", 100.0 * limit))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));
+        for (i, (name, points)) in lines.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| e.to_string())?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|&p| Circle::new(p, 3, color.filled())),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)
+    }))
+}
+
+/// The SM clock (above) and the temperature (below) NVML read over the run; `None` without readings.
+pub fn state_over_time(points: &[findings::StatePoint]) -> Option<Result<String, String>> {
+    let sm: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| Some((p.t, f64::from(p.sm_clock_mhz?))))
+        .collect();
+    let temp: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| Some((p.t, f64::from(p.temperature_c?))))
+        .collect();
+    if sm.len() < 2 && temp.len() < 2 {
+        return None;
+    }
+    let end_t = points.iter().map(|p| p.t).fold(0.0, f64::max);
+    let span = |xs: &[(f64, f64)]| {
+        let lo = xs.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+        let pad = ((hi - lo) * 0.15).max(5.0);
+        (lo - pad)..(hi + pad)
+    };
+    Some(svg(|root| {
+        let panels = root.split_evenly((2, 1));
+        let series = [
+            ("SM clock and temperature over the run: SM clock", "SM clock (MHz)", &sm, RGBColor(31, 119, 180)),
+            ("temperature", "temperature (°C)", &temp, RGBColor(214, 39, 40)),
+        ];
+        for (panel, (title, desc, xs, color)) in panels.iter().zip(series) {
+            if xs.is_empty() {
+                continue;
+            }
+            let mut chart = chart(panel, title, 0.0..(end_t * 1.05).max(1e-3), span(xs))?;
+            chart
+                .configure_mesh()
+                .x_desc("run clock (s)")
+                .y_desc(desc)
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .label_style((FONT, 13))
+                .light_line_style(BLACK.mix(0.04))
+                .bold_line_style(BLACK.mix(0.15))
+                .draw()
+                .map_err(|e| e.to_string())?;
+            chart
+                .draw_series(xs.iter().map(|&p| Circle::new(p, 2, color.mix(0.7).filled())))
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }))
+}

@@ -20,6 +20,8 @@ pub enum WorkerRequest {
     Duel(DuelRequest),
     /// Measure the GPU's roofs: device copy and read-only bandwidth, dense matmul per dtype.
     Roofs { dtypes: Vec<Dtype> },
+    /// Time the drift sentinel: the worker's own fixed kernels, `reps` times each.
+    Sentinel { reps: usize },
 }
 
 /// Per pair (one shape and dtype): both kernels loaded in one process, on the same inputs.
@@ -122,6 +124,7 @@ pub enum WorkerMessage {
     Roofs {
         roofs: Vec<RoofMeasured>,
     },
+    Sentinel(SentinelResult),
     /// The worker cannot go on (no GPU, a sticky CUDA error); it exits after this.
     Fatal {
         message: String,
@@ -182,6 +185,12 @@ pub struct CaseResult {
     /// Where the worker's time went on this case.
     #[serde(default)]
     pub costs: CaseCosts,
+    /// The GPU's state read right after the timed replays (NVML on a GPU; a model on the double).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_state: Option<GpuState>,
+    /// Why there is no state: NVML cannot be loaded or read (CI, a container without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_state_missing: Option<String>,
 }
 
 impl CaseResult {
@@ -196,6 +205,8 @@ impl CaseResult {
             kv_splits,
             error: None,
             costs: CaseCosts::default(),
+            gpu_state: None,
+            gpu_state_missing: None,
         }
     }
 
@@ -221,6 +232,119 @@ fn failure_of(check: Option<&CheckStats>, stages: &[StageCheck]) -> Option<Strin
             s.stats.failures.join("; ")
         )
     })
+}
+
+/// What the GPU was doing while a case was timed: read right after its timed replays (NVML in the
+/// worker, the process that holds the GPU), with the throttling counted during them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GpuState {
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_clock_mhz: Option<u32>,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f64>,
+    /// NVML's clock throttle reasons when read (`sw_power_cap`, `hw_thermal_slowdown`, ...);
+    /// `gpu_idle` and `applications_clocks_setting` are not throttling and are not listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub throttle_reasons: Vec<String>,
+    /// Milliseconds the driver held the clocks down for power, and for heat, during the timed
+    /// replays (NVML's violation counters), where the GPU counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_violation_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thermal_violation_ms: Option<f64>,
+    /// Other processes with a compute context on this GPU (the worker itself left out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_processes: Vec<GpuProcess>,
+}
+
+/// Another process on the GPU, as NVML sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct GpuProcess {
+    /// As the driver knows it (in a container, the host's pid).
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
+}
+
+/// What a figure may have been measured under, besides the kernel itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// Clocks held down for heat (software or hardware thermal slowdown).
+    Thermal,
+    /// Clocks held down for power (the software power cap, a hardware power brake).
+    Power,
+    /// Another process had a compute context on the GPU.
+    Neighbour,
+}
+
+impl Condition {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Condition::Thermal => "thermal throttling",
+            Condition::Power => "power throttling",
+            Condition::Neighbour => "another process on the GPU",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Condition::Thermal => "thermal",
+            Condition::Power => "power",
+            Condition::Neighbour => "neighbour",
+        }
+    }
+}
+
+/// Throttle reasons (as `GpuState` names them) that mean heat, and power.
+pub const THERMAL_REASONS: [&str; 3] =
+    ["sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"];
+pub const POWER_REASONS: [&str; 2] = ["sw_power_cap", "hw_power_brake_slowdown"];
+
+impl GpuState {
+    /// The conditions this state shows, in a fixed order.
+    pub fn conditions(&self) -> Vec<Condition> {
+        let has = |names: &[&str]| {
+            self.throttle_reasons
+                .iter()
+                .any(|r| names.contains(&r.as_str()))
+        };
+        let counted = |ms: Option<f64>| ms.is_some_and(|ms| ms > 0.0);
+        let mut out = Vec::new();
+        if has(&THERMAL_REASONS) || counted(self.thermal_violation_ms) {
+            out.push(Condition::Thermal);
+        }
+        if has(&POWER_REASONS) || counted(self.power_violation_ms) {
+            out.push(Condition::Power);
+        }
+        if !self.other_processes.is_empty() {
+            out.push(Condition::Neighbour);
+        }
+        out
+    }
+}
+
+/// One figure of the drift sentinel: a fixed kernel on a fixed buffer, timed `reps` times.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SentinelFigure {
+    /// `fma` (a compute-bound chain of fused multiply-adds: follows the SM clock) or `read` (a
+    /// read-only stream: follows the memory clock).
+    pub name: String,
+    #[serde(with = "tagged_f64")]
+    pub median_us: f64,
+    #[serde(with = "tagged_f64")]
+    pub p10_us: f64,
+    #[serde(with = "tagged_f64")]
+    pub p90_us: f64,
+}
+
+/// The sentinel's answer: its figures and the GPU's state after them, or why it could not run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SentinelResult {
+    pub figures: Vec<SentinelFigure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_state: Option<GpuState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Seconds of worker time on one case, by what it was spent on.

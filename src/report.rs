@@ -43,7 +43,13 @@ pub fn summary(log: &LoadedLog) -> String {
         .collect();
     for section in parts {
         let title = section.lines().next().unwrap_or("");
-        let keep = ["Best per shape", "Factor ablation", "Run statistics"];
+        let keep = [
+            "Best per shape",
+            "Factor ablation",
+            "GPU state",
+            "Drift sentinel",
+            "Run statistics",
+        ];
         if keep.iter().any(|k| title.starts_with(k)) {
             out.push_str("\n## ");
             out.push_str(section.trim_end());
@@ -313,6 +319,8 @@ pub fn markdown(ix: &RunIndex) -> String {
     md.push_str(&reused(ix));
     md.push_str(&not_measured(ix));
     md.push_str(&implausible(ix));
+    md.push_str(&gpu_state(ix));
+    md.push_str(&drift(ix));
     if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
     }
@@ -456,6 +464,11 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             Some(t) => format!("{name} **tied** with `{}`", t.variant),
             None => name,
         };
+        let name = if row.under.is_empty() {
+            name
+        } else {
+            format!("{name} (measured under {}: no clean figure)", conditions_text(&row.under))
+        };
         let name = match &row.reused {
             Some((run, line)) => format!("{name} ↺ (run {run}, line {line})"),
             None => name,
@@ -517,6 +530,27 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
             ))
         })
         .collect();
+    let passed: Vec<String> = found
+        .rows
+        .iter()
+        .flat_map(|row| {
+            row.passed_over.iter().map(move |(variant, us, conditions, line)| {
+                format!(
+                    "- {} {}: `{variant}` {us:.1} µs was faster but measured under {} (log line {line}), still there when timed again: it does not decide the champion while a clean figure exists.",
+                    row.shape.name,
+                    row.dtype,
+                    conditions_text(conditions)
+                )
+            })
+        })
+        .collect();
+    if !passed.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nPassed over: figures measured on a throttled or shared GPU.\n\n{}",
+            passed.join("\n")
+        );
+    }
     if !ties.is_empty() {
         let _ = writeln!(
             md,
@@ -544,6 +578,202 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     md.push_str(&ceilings_note(&found.ceilings));
     if let Some(why) = &found.torch_missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
+}
+
+/// "thermal throttling and another process on the GPU".
+fn conditions_text(conditions: &[crate::protocol::Condition]) -> String {
+    conditions
+        .iter()
+        .map(|c| c.describe())
+        .collect::<Vec<_>>()
+        .join(" and ")
+}
+
+/// What the GPU was doing while cases were timed: the ranges NVML read, the timings taken again
+/// because the GPU was throttled or shared, the figures that stayed so; or that it could not be read.
+fn gpu_state(ix: &RunIndex) -> String {
+    let states = crate::findings::gpu_states(ix);
+    if states.is_empty() && ix.disturbed.is_empty() && ix.state_unavailable.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## GPU state\n\n");
+    for (line, device, why) in &ix.state_unavailable {
+        let _ = writeln!(
+            md,
+            "GPU {device}: its state could not be read (log line {line}): {why}. Timings carry no clocks or temperature and none was timed again for them.\n"
+        );
+    }
+    let range = |xs: Vec<f64>, unit: &str, digits: usize| -> Option<String> {
+        let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo.is_finite() && hi.is_finite())
+            .then(|| format!("{lo:.digits$}–{hi:.digits$} {unit}"))
+    };
+    let figures: Vec<String> = [
+        (
+            "SM clock",
+            range(
+                states.iter().filter_map(|s| s.sm_clock_mhz).map(f64::from).collect(),
+                "MHz",
+                0,
+            ),
+        ),
+        (
+            "memory clock",
+            range(
+                states.iter().filter_map(|s| s.mem_clock_mhz).map(f64::from).collect(),
+                "MHz",
+                0,
+            ),
+        ),
+        (
+            "temperature",
+            range(
+                states.iter().filter_map(|s| s.temperature_c).map(f64::from).collect(),
+                "°C",
+                0,
+            ),
+        ),
+        (
+            "power",
+            range(states.iter().filter_map(|s| s.power_w).collect(), "W", 0),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, r)| Some(format!("{name} {}", r?)))
+    .collect();
+    if !figures.is_empty() {
+        let _ = writeln!(
+            md,
+            "Read right after each case's timed replays and each sentinel ({} readings): {}.\n",
+            states.len(),
+            figures.join(", ")
+        );
+    }
+    if !ix.disturbed.is_empty() {
+        let _ = writeln!(
+            md,
+            "{} timing(s) taken on a throttled or shared GPU were taken again in the same worker:\n",
+            ix.disturbed.len()
+        );
+        md.push_str("| variant | shape | dtype | first timing µs | under | again |\n|---|---|---|---:|---|---|\n");
+        for d in &ix.disturbed {
+            let again = match ix.case(d.variant, d.shape, d.dtype).map(|c| &c.outcome) {
+                Some(Outcome::Measured {
+                    timing,
+                    conditions,
+                    line,
+                    ..
+                }) if conditions.is_empty() => {
+                    format!("{:.1} µs, clean (log line {line})", timing.median_us)
+                }
+                Some(Outcome::Measured {
+                    timing,
+                    conditions,
+                    line,
+                    ..
+                }) => format!(
+                    "{:.1} µs, **still under {}** (log line {line}): flagged",
+                    timing.median_us,
+                    conditions_text(conditions)
+                ),
+                Some(o) => o.status().replace('_', " "),
+                None => "—".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {:.1} | {} (log line {}) | {again} |",
+                d.variant,
+                d.shape,
+                d.dtype,
+                d.timing.median_us,
+                conditions_text(d.conditions),
+                d.line
+            );
+        }
+    }
+    md
+}
+
+/// The drift sentinel over the run: each GPU's spread, whether it passed the policy's limit, and
+/// the champions re-timed because their decision spanned the drift.
+fn drift(ix: &RunIndex) -> String {
+    let traces = crate::findings::sentinel_traces(ix);
+    if traces.is_empty() && ix.drift_duels.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Drift sentinel\n\n");
+    for tr in &traces {
+        let spread: Vec<String> = tr
+            .figures
+            .iter()
+            .map(|(name, first, points)| {
+                let lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+                let hi = points.iter().map(|p| p.1).fold(0.0, f64::max);
+                format!(
+                    "{name} {first:.1} µs at first, then {:.3}–{:.3}× of it over {} sentinels (spread {:.1}%)",
+                    lo,
+                    hi,
+                    points.len(),
+                    100.0 * (hi / lo - 1.0)
+                )
+            })
+            .collect();
+        let _ = writeln!(md, "GPU {}: {}.", tr.device, spread.join("; "));
+        match (tr.first_beyond, tr.worst) {
+            (Some((gap, t, line)), Some((worst, _, worst_line))) => {
+                let _ = writeln!(
+                    md,
+                    "**Drifted beyond the limit**: {:.1}% from the first sentinel at {t:.0} s (log line {line}), at most {:.1}% (log line {worst_line}); the policy's limit is {:.1}% (`[sentinel] max_drift`). Figures timed on either side of it are not comparable as they stand.",
+                    100.0 * gap,
+                    100.0 * worst,
+                    100.0 * tr.max_drift
+                );
+            }
+            (None, Some((worst, _, line))) => {
+                let _ = writeln!(
+                    md,
+                    "Within the limit: at most {:.1}% from the first sentinel (log line {line}); the policy's limit is {:.1}%.",
+                    100.0 * worst,
+                    100.0 * tr.max_drift
+                );
+            }
+            _ => {}
+        }
+        for (line, why) in &tr.failed {
+            let _ = writeln!(md, "A sentinel could not be timed (log line {line}): {why}.");
+        }
+        md.push('\n');
+    }
+    if !ix.drift_duels.is_empty() {
+        md.push_str("Champions whose case and runner-up's were timed on either side of a drift, re-timed against each other interleaved at the end of the run:\n\n");
+        md.push_str("| shape | dtype | champion by its figure | runner-up | sentinel apart | champion µs | runner-up µs | verdict | log line |\n|---|---|---|---|---:|---:|---:|---|---:|\n");
+        for d in &ix.drift_duels {
+            let us = |x: Option<f64>| x.map_or("—".into(), |v| format!("{v:.1}"));
+            let verdict = match (d.verdict, d.failure) {
+                (_, Some(why)) => format!("not judged: {}", why.replace('|', "/")),
+                (Some(v), None) if v.accept => format!("`{}` is faster: {}", d.runner_up, v.reason),
+                (Some(v), None) if v.gain < 0.0 && -v.gain > v.noise => {
+                    format!("`{}` holds: {}", d.champion, v.reason)
+                }
+                (Some(v), None) => format!("tied: {}", v.reason),
+                (None, None) => "—".into(),
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | `{}` | `{}` | {:.1}% | {} | {} | {verdict} | {} |",
+                d.shape,
+                d.dtype,
+                d.champion,
+                d.runner_up,
+                100.0 * d.drift,
+                us(d.champion_us),
+                us(d.runner_up_us),
+                d.line
+            );
+        }
     }
     md
 }

@@ -2,7 +2,7 @@
 use crate::config::{Dtype, Shape};
 use crate::decide::Verdict;
 use crate::profile::ProfileOutcome;
-use crate::protocol::{CheckStats, TimingStats};
+use crate::protocol::{CheckStats, Condition, GpuState, SentinelFigure, TimingStats};
 use crate::ptxas::EntryResources;
 use crate::runlog::{Header, LoadedLog, Record};
 use crate::search::Proposal;
@@ -56,6 +56,8 @@ pub enum Outcome<'a> {
         kv_splits: u32,
         /// Taken from the results store (`tune --reuse`): the run and log line that measured it.
         reused: Option<ReusedFrom<'a>>,
+        /// What the figure was measured under, still there when timed again: never a champion alone.
+        conditions: &'a [Condition],
     },
     Failed {
         line: usize,
@@ -212,6 +214,14 @@ impl<'a> Case<'a> {
             _ => None,
         }
     }
+
+    /// What a measured case was timed under (throttling, another process); empty when clean.
+    pub fn conditions(&self) -> &'a [Condition] {
+        match self.outcome {
+            Outcome::Measured { conditions, .. } => conditions,
+            _ => &[],
+        }
+    }
 }
 
 /// Every `timed` record, re-timings included, with its run clock.
@@ -223,6 +233,65 @@ pub struct Timing<'a> {
     pub shape: &'a str,
     pub dtype: Dtype,
     pub timing: &'a TimingStats,
+    /// The GPU that timed it (from the `worker_ran` record before it), when the log says.
+    pub device: Option<u32>,
+    pub gpu: Option<&'a GpuState>,
+    /// The sentinels of its GPU just before and just after it, as indexes into `RunIndex::sentinels`.
+    pub sentinel_before: Option<usize>,
+    pub sentinel_after: Option<usize>,
+}
+
+/// One `sentinel` record: the fixed kernels timed on one GPU.
+#[derive(Debug, Clone)]
+pub struct SentinelPoint<'a> {
+    pub line: usize,
+    pub t: f64,
+    pub device: u32,
+    pub when: &'a str,
+    pub figures: &'a [SentinelFigure],
+    pub gpu: Option<&'a GpuState>,
+    pub max_drift: f64,
+    pub error: Option<&'a str>,
+}
+
+/// A `disturbed` record: a timing taken under a condition, then taken again.
+#[derive(Debug, Clone)]
+pub struct DisturbedTiming<'a> {
+    pub line: usize,
+    pub t: f64,
+    pub variant: &'a str,
+    pub shape: &'a str,
+    pub dtype: Dtype,
+    pub conditions: &'a [Condition],
+    pub timing: &'a TimingStats,
+    pub gpu: Option<&'a GpuState>,
+}
+
+/// A `drift_duel` record: a champion re-timed against its runner-up after a drift.
+#[derive(Debug, Clone)]
+pub struct DriftDuel<'a> {
+    pub line: usize,
+    pub shape: &'a str,
+    pub dtype: Dtype,
+    pub champion: &'a str,
+    pub runner_up: &'a str,
+    pub drift: f64,
+    pub champion_us: Option<f64>,
+    pub runner_up_us: Option<f64>,
+    pub verdict: Option<&'a Verdict>,
+    pub failure: Option<&'a str>,
+}
+
+/// How far apart two sentinels are: the largest relative gap over the figures both have
+/// (slower / faster - 1); `None` when they share no figure.
+pub fn sentinel_gap(a: &[SentinelFigure], b: &[SentinelFigure]) -> Option<f64> {
+    a.iter()
+        .filter_map(|fa| {
+            let fb = b.iter().find(|fb| fb.name == fa.name)?;
+            let (x, y) = (fa.median_us, fb.median_us);
+            (x > 0.0 && y > 0.0).then(|| x.max(y) / x.min(y) - 1.0)
+        })
+        .fold(None, |m: Option<f64>, g| Some(m.map_or(g, |m| m.max(g))))
 }
 
 /// Every `check_failed` record, superseded ones included (the report lists each failure).
@@ -386,12 +455,15 @@ impl Closeness {
 }
 
 /// One (shape, dtype)'s fastest measured case and its runner-up.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Pick<'i, 'a> {
     pub best: &'i Case<'a>,
     pub runner_up: Option<&'i Case<'a>>,
     /// Set when the runner-up is within the noise: the two are tied and neither is the finding.
     pub tie: Option<Closeness>,
+    /// Faster cases passed over because they were measured under a condition (throttling, another
+    /// process) and a clean case exists.
+    pub passed_over: Vec<&'i Case<'a>>,
 }
 
 /// (p90 - p10) / median of one timed case.
@@ -422,6 +494,13 @@ pub struct RunIndex<'a> {
     pub search: Vec<(usize, &'a Record)>,
     /// Worker crashes and timeouts, budgets, quarantines and unhealthy GPUs, in log order.
     pub incidents: Vec<(usize, &'a Record)>,
+    /// The drift sentinels, in log order.
+    pub sentinels: Vec<SentinelPoint<'a>>,
+    /// Timings taken under a condition and taken again.
+    pub disturbed: Vec<DisturbedTiming<'a>>,
+    pub drift_duels: Vec<DriftDuel<'a>>,
+    /// GPUs whose state could not be read, and why (log line, device, reason).
+    pub state_unavailable: Vec<(usize, u32, &'a str)>,
     pub workers: Vec<WorkerRun<'a>>,
     /// The last `interrupted` record: its line and reason.
     pub interrupted: Option<(usize, &'a str)>,
@@ -465,6 +544,10 @@ impl<'a> RunIndex<'a> {
             duels: Vec::new(),
             search: Vec::new(),
             incidents: Vec::new(),
+            sentinels: Vec::new(),
+            disturbed: Vec::new(),
+            drift_duels: Vec::new(),
+            state_unavailable: Vec::new(),
             workers: Vec::new(),
             interrupted: None,
             dispatch_order: None,
@@ -482,6 +565,8 @@ impl<'a> RunIndex<'a> {
         let mut problems: Vec<String> = Vec::new();
         let mut session = 0usize;
         let mut build_seconds: BTreeMap<(&str, Dtype, u32), f64> = BTreeMap::new();
+        // The GPU each variant's last worker ran on: its cases' records follow that `worker_ran`.
+        let mut device_of: BTreeMap<&str, u32> = BTreeMap::new();
         for (line, e) in &log.entries {
             let line = *line;
             ix.wall_seconds = ix.wall_seconds.max(e.t);
@@ -670,8 +755,15 @@ impl<'a> RunIndex<'a> {
                     dtype,
                     kv_splits,
                     timing,
+                    gpu,
+                    conditions,
                     ..
                 } => {
+                    let device = device_of.get(variant.as_str()).copied();
+                    let sentinel_before = ix
+                        .sentinels
+                        .iter()
+                        .rposition(|s| Some(s.device) == device || device.is_none());
                     ix.timings.push(Timing {
                         line,
                         t: e.t,
@@ -679,12 +771,17 @@ impl<'a> RunIndex<'a> {
                         shape,
                         dtype: *dtype,
                         timing,
+                        device,
+                        gpu: gpu.as_ref(),
+                        sentinel_before,
+                        sentinel_after: None,
                     });
                     let outcome = Outcome::Measured {
                         line,
                         timing,
                         kv_splits: *kv_splits,
                         reused: None,
+                        conditions,
                     };
                     match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
                         Some(&i) => settle(
@@ -718,6 +815,8 @@ impl<'a> RunIndex<'a> {
                             run: from_run,
                             line: *from_line,
                         }),
+                        // The store keeps figures measured clean only (see `store::record_run`).
+                        conditions: &[],
                     };
                     match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
                         Some(&i) => settle(
@@ -970,13 +1069,97 @@ impl<'a> RunIndex<'a> {
                     started_t,
                     seconds,
                     ..
-                } => ix.workers.push(WorkerRun {
-                    line,
+                } => {
+                    device_of.insert(variant, *device);
+                    ix.workers.push(WorkerRun {
+                        line,
+                        variant,
+                        device: *device,
+                        started_t: *started_t,
+                        seconds: *seconds,
+                    })
+                }
+                Record::Sentinel {
+                    device,
+                    when,
+                    figures,
+                    gpu,
+                    max_drift,
+                    error,
+                } => {
+                    let index = ix.sentinels.len();
+                    for t in ix.timings.iter_mut().rev() {
+                        if t.device.is_some_and(|d| d != *device) {
+                            continue;
+                        }
+                        if t.sentinel_after.is_some() {
+                            break;
+                        }
+                        t.sentinel_after = Some(index);
+                    }
+                    ix.sentinels.push(SentinelPoint {
+                        line,
+                        t: e.t,
+                        device: *device,
+                        when,
+                        figures,
+                        gpu: gpu.as_ref(),
+                        max_drift: *max_drift,
+                        error: error.as_deref(),
+                    });
+                }
+                Record::Disturbed {
                     variant,
-                    device: *device,
-                    started_t: *started_t,
-                    seconds: *seconds,
+                    shape,
+                    dtype,
+                    conditions,
+                    timing,
+                    gpu,
+                } => ix.disturbed.push(DisturbedTiming {
+                    line,
+                    t: e.t,
+                    variant,
+                    shape,
+                    dtype: *dtype,
+                    conditions,
+                    timing,
+                    gpu: gpu.as_ref(),
                 }),
+                Record::GpuStateUnavailable { device, reason } => {
+                    ix.state_unavailable.push((line, *device, reason))
+                }
+                Record::DriftDuel {
+                    shape,
+                    dtype,
+                    champion,
+                    runner_up,
+                    drift,
+                    champion_us,
+                    runner_up_us,
+                    verdict,
+                    failure,
+                } => {
+                    ix.duels.push(DuelRecord {
+                        line,
+                        shape,
+                        dtype: *dtype,
+                        champion,
+                        challenger: Some(runner_up),
+                        verdict: verdict.as_ref(),
+                    });
+                    ix.drift_duels.push(DriftDuel {
+                        line,
+                        shape,
+                        dtype: *dtype,
+                        champion,
+                        runner_up,
+                        drift: *drift,
+                        champion_us: *champion_us,
+                        runner_up_us: *runner_up_us,
+                        verdict: verdict.as_ref(),
+                        failure: failure.as_deref(),
+                    });
+                }
                 Record::Interrupted { reason } => ix.interrupted = Some((line, reason)),
                 Record::Finished {
                     seconds,
@@ -1085,18 +1268,111 @@ impl<'a> RunIndex<'a> {
     }
 
     /// The champion of one (shape, dtype): the fastest measured case, and whether its runner-up ties it.
+    /// Cases measured under a condition (throttling, another process) are passed over when a clean
+    /// one exists; a drift duel of the two decides between them when the run re-timed them.
     pub fn pick(&self, shape: &str, dtype: Dtype) -> Option<Pick<'_, 'a>> {
         let ranked = self.ranked(shape, dtype);
-        let best = *ranked.first()?;
-        let runner_up = ranked.get(1).copied();
+        let clean: Vec<&Case<'a>> = ranked
+            .iter()
+            .copied()
+            .filter(|c| c.conditions().is_empty())
+            .collect();
+        let pool = if clean.is_empty() { &ranked } else { &clean };
+        let mut best = *pool.first()?;
+        let mut runner_up = pool.get(1).copied();
+        if let Some(r) = runner_up {
+            if self.drift_duel_won(r, best) {
+                runner_up = Some(best);
+                best = r;
+            }
+        }
         let tie = runner_up
             .and_then(|r| self.closeness(best, r))
             .filter(Closeness::tied);
+        let best_us = best.measured().map_or(f64::INFINITY, |t| t.median_us);
+        let passed_over = ranked
+            .iter()
+            .copied()
+            .filter(|c| {
+                !c.conditions().is_empty()
+                    && best.conditions().is_empty()
+                    && c.measured().is_some_and(|t| t.median_us < best_us)
+            })
+            .collect();
         Some(Pick {
             best,
             runner_up,
             tie,
+            passed_over,
         })
+    }
+
+    /// Whether `challenger` beat `holder` in the last drift duel between the two.
+    fn drift_duel_won(&self, challenger: &Case, holder: &Case) -> bool {
+        self.drift_duels
+            .iter()
+            .rev()
+            .find(|d| {
+                d.shape == holder.shape.name
+                    && d.dtype == holder.dtype
+                    && ((d.champion == holder.variant && d.runner_up == challenger.variant)
+                        || (d.champion == challenger.variant && d.runner_up == holder.variant))
+            })
+            .and_then(|d| Some((d, d.verdict?)))
+            .is_some_and(|(d, v)| {
+                // The verdict judges the runner-up as the challenger.
+                if d.runner_up == challenger.variant {
+                    v.accept
+                } else {
+                    v.gain < 0.0 && -v.gain > v.noise
+                }
+            })
+    }
+
+    /// The sentinels of a measured case's GPU just before and after it was timed (its last timing).
+    pub fn sentinels_around(
+        &self,
+        case: &Case,
+    ) -> (Option<&SentinelPoint<'a>>, Option<&SentinelPoint<'a>>) {
+        let Some(line) = case.outcome.line() else {
+            return (None, None);
+        };
+        let Some(t) = self.timings.iter().find(|t| t.line == line) else {
+            return (None, None);
+        };
+        let at = |i: Option<usize>| i.and_then(|i| self.sentinels.get(i));
+        (at(t.sentinel_before), at(t.sentinel_after))
+    }
+
+    /// How far apart the sentinel stood when two measured cases were timed: the larger gap of their
+    /// sentinels before, and of their sentinels after; `None` without sentinels around both.
+    pub fn drift_between(&self, a: &Case, b: &Case) -> Option<f64> {
+        let (a0, a1) = self.sentinels_around(a);
+        let (b0, b1) = self.sentinels_around(b);
+        let gap = |x: Option<&SentinelPoint>, y: Option<&SentinelPoint>| {
+            let (x, y) = (x?, y?);
+            if x.error.is_some() || y.error.is_some() {
+                return None;
+            }
+            sentinel_gap(x.figures, y.figures)
+        };
+        match (gap(a0, b0), gap(a1, b1)) {
+            (Some(g), Some(h)) => Some(g.max(h)),
+            (g, h) => g.or(h),
+        }
+    }
+
+    /// Each GPU's sentinels against its first good one: (point, drift from the first).
+    pub fn sentinel_drift(&self) -> Vec<(&SentinelPoint<'a>, f64)> {
+        let mut first: BTreeMap<u32, &SentinelPoint<'a>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for s in self.sentinels.iter().filter(|s| s.error.is_none()) {
+            let reference = *first.entry(s.device).or_insert(s);
+            if let Some(gap) = sentinel_gap(s.figures, reference.figures) {
+                out.push((s, gap));
+            }
+        }
+        out
     }
 
     /// How close two measured cases of one (shape, dtype) are: by the last interleaved duel of the

@@ -1,7 +1,10 @@
 //! The run log `runs/<id>/log.jsonl`: a header, then one record per event, each appended and flushed before anything depends on it.
 use crate::build::Toolchain;
 use crate::config::{Dtype, Shape};
-use crate::protocol::{CheckStats, DeviceInfo, FunctionAttributes, TimingStats};
+use crate::error::WriteError;
+use crate::protocol::{
+    CheckStats, Condition, DeviceInfo, FunctionAttributes, GpuState, SentinelFigure, TimingStats,
+};
 use crate::ptxas::EntryResources;
 use crate::space::{LaunchShape, Params};
 use anyhow::{Context, Result};
@@ -132,6 +135,60 @@ pub enum Record {
         /// Where the worker's time on this case went.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         costs: Option<crate::protocol::CaseCosts>,
+        /// The GPU's state right after the timed replays: clocks, temperature, power, throttling,
+        /// other processes (absent where NVML could not be read).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuState>,
+        /// What the figure was measured under and still was when timed again (thermal or power
+        /// throttling, another process on the GPU): it never decides a champion alone.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        conditions: Vec<Condition>,
+    },
+    /// A timing taken under a condition (throttling, another process on the GPU): not kept; the
+    /// case is timed again once, in the same worker, and its terminal record follows.
+    Disturbed {
+        variant: String,
+        shape: String,
+        dtype: Dtype,
+        conditions: Vec<Condition>,
+        timing: TimingStats,
+        gpu: Option<GpuState>,
+    },
+    /// The GPU's state cannot be read on this GPU (no NVML: CI, a container without it): timings
+    /// carry no state and are never re-timed for one. Logged once per GPU; never fails a run.
+    GpuStateUnavailable {
+        device: u32,
+        reason: String,
+    },
+    /// The drift sentinel: the worker's fixed known-good kernels timed on one GPU at the start of
+    /// the measurements, every `[sentinel] every_s`, and at the end.
+    Sentinel {
+        device: u32,
+        /// `start`, `periodic` or `end`.
+        when: String,
+        figures: Vec<SentinelFigure>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gpu: Option<GpuState>,
+        /// The policy's limit (`[sentinel] max_drift`) the figures are held to, against the run's first.
+        max_drift: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A champion whose case and its runner-up's were timed on different sides of a drift of the
+    /// sentinel, re-timed against each other interleaved at the end of the run, before the champion
+    /// table is committed: the duel decides which of the two holds the case.
+    DriftDuel {
+        shape: String,
+        dtype: Dtype,
+        champion: String,
+        runner_up: String,
+        /// How far apart the sentinel stood when the two were timed (0.1 = 10%).
+        drift: f64,
+        champion_us: Option<f64>,
+        runner_up_us: Option<f64>,
+        /// The runner-up judged as the challenger (gain = champion median / runner-up median - 1).
+        verdict: Option<crate::decide::Verdict>,
+        failure: Option<String>,
     },
     /// Nsight Compute on a champion (or near-champion): metrics per launch and the bottleneck named.
     Profiled {
@@ -390,7 +447,7 @@ impl RunLog {
             .create_new(true)
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot create run log {}", path.display()))?;
+            .map_err(|e| WriteError::new("create the run log", path, e))?;
         Ok(RunLog {
             file,
             path: path.to_path_buf(),
@@ -399,22 +456,26 @@ impl RunLog {
         })
     }
 
-    /// Continue an existing log: a torn last line is cut off first, so every line stays whole.
+    /// Continue an existing log: a torn last line is cut off first, so every line stays whole. The
+    /// file is repaired in place (cut, or one newline appended), never rewritten: on a full disk a
+    /// rewrite could lose the very log it was repairing.
     pub fn reopen(path: &Path, loaded: &LoadedLog) -> Result<Self> {
-        let mut bytes =
+        let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        if loaded.torn_tail {
-            let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-            bytes.truncate(keep);
-        } else if !bytes.is_empty() && !bytes.ends_with(b"\n") {
-            bytes.push(b'\n');
-        }
-        std::fs::write(path, &bytes)
-            .with_context(|| format!("cannot repair {}", path.display()))?;
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .append(true)
             .open(path)
-            .with_context(|| format!("cannot append to {}", path.display()))?;
+            .map_err(|e| WriteError::new("append to", path, e))?;
+        if loaded.torn_tail {
+            let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            file.set_len(keep as u64)
+                .map_err(|e| WriteError::new("cut the torn last line of", path, e))?;
+        } else if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+            file.write_all(b"\n")
+                .map_err(|e| WriteError::new("append to", path, e))?;
+        }
+        file.sync_data()
+            .map_err(|e| WriteError::new("flush", path, e))?;
         let offset = loaded.entries.last().map_or(0.0, |(_, e)| e.t);
         Ok(RunLog {
             file,
@@ -429,7 +490,9 @@ impl RunLog {
         self.offset + self.started.elapsed().as_secs_f64()
     }
 
-    /// Append one record and push it to the disk before returning.
+    /// Append one record and push it to the disk before returning. A write that fails (a full disk)
+    /// is undone to the last whole line, so the log stays a sequence of whole records that `resume`
+    /// continues once there is room again; the error names the file and the OS cause.
     pub fn append(&mut self, record: Record) -> Result<Entry> {
         let entry = Entry {
             t: self.offset + self.started.elapsed().as_secs_f64(),
@@ -437,14 +500,55 @@ impl RunLog {
         };
         let mut line = serde_json::to_vec(&entry)?;
         line.push(b'\n');
-        self.file
-            .write_all(&line)
-            .with_context(|| format!("cannot append to {}", self.path.display()))?;
-        self.file
-            .sync_data()
-            .with_context(|| format!("cannot flush {}", self.path.display()))?;
+        let before = self.file.metadata().map(|m| m.len()).ok();
+        let written = match injected_failure(&mut self.file, &line) {
+            Some(e) => Err(WriteError::new("append to", &self.path, e)),
+            None => self
+                .file
+                .write_all(&line)
+                .map_err(|e| WriteError::new("append to", &self.path, e))
+                .and_then(|()| {
+                    self.file
+                        .sync_data()
+                        .map_err(|e| WriteError::new("flush", &self.path, e))
+                }),
+        };
+        if let Err(e) = written {
+            // Shrinking needs no free space: cut what part of the line reached the file.
+            if let Some(len) = before {
+                let _ = self.file.set_len(len);
+                let _ = self.file.sync_data();
+            }
+            return Err(e.into());
+        }
         Ok(entry)
     }
+}
+
+/// Debug builds only (tests): `FLASHTUNE_TEST_FAIL_APPEND=EVENT:N` makes the N-th append of an
+/// `EVENT` record in this process write half its line and fail as a full disk does, so CI can show
+/// what a full disk does to a run without a filesystem to fill.
+#[cfg(debug_assertions)]
+fn injected_failure(file: &mut File, line: &[u8]) -> Option<std::io::Error> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static SEEN: AtomicUsize = AtomicUsize::new(0);
+    let spec = std::env::var("FLASHTUNE_TEST_FAIL_APPEND").ok()?;
+    let (event, n) = spec.split_once(':')?;
+    let n: usize = n.parse().ok()?;
+    let tag = format!("\"event\":\"{event}\"");
+    if !String::from_utf8_lossy(line).contains(&tag) {
+        return None;
+    }
+    if SEEN.fetch_add(1, Ordering::SeqCst) + 1 != n {
+        return None;
+    }
+    let _ = file.write_all(&line[..line.len() / 2]);
+    Some(std::io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
+#[cfg(not(debug_assertions))]
+fn injected_failure(_: &mut File, _: &[u8]) -> Option<std::io::Error> {
+    None
 }
 
 /// A log read back: the entries in order with their 1-based line numbers.

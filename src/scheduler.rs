@@ -1,4 +1,4 @@
-//! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined.
+//! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined; a case timed on a throttled or shared GPU is timed again once; the drift sentinel is timed between variants.
 use crate::build::{self, BuildFailure, BuildOutput, BuildSpec};
 use crate::config::Dtype;
 use crate::engine::{input_seed, Events, Project, REFERENCE};
@@ -60,8 +60,48 @@ struct JobResult {
     started: Instant,
     seconds: f64,
     outcome: WorkerOutcome,
+    /// First timings replaced by a re-timing (taken under a condition of `[gpu_state] retime_on`).
+    disturbed: Vec<CaseResult>,
     /// Set when the GPU failed its health check after this job: that GPU takes no more work.
     unhealthy: Option<String>,
+}
+
+/// What a GPU's queue reports: a finished job, or a drift sentinel timed between jobs.
+enum GpuEvent {
+    Job(JobResult),
+    Sentinel {
+        device: u32,
+        when: &'static str,
+        result: SentinelResult,
+    },
+}
+
+/// How a GPU's queue measures: the case policy, the sentinel's, and when a timing is taken again.
+struct LoopPolicy {
+    measure: MeasureSpec,
+    timeout: Duration,
+    sentinel_every: Duration,
+    sentinel_reps: usize,
+    retime_on: Vec<Condition>,
+}
+
+/// The GPU queues of one scheduler run: aborted (their workers killed) however the run returns.
+struct GpuTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for GpuTasks {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|t| t.abort());
+    }
+}
+
+/// The conditions of `[gpu_state] retime_on` a case was timed under.
+fn flagged(case: &CaseResult, retime_on: &[Condition]) -> Vec<Condition> {
+    case.gpu_state.as_ref().map_or_else(Vec::new, |s| {
+        s.conditions()
+            .into_iter()
+            .filter(|c| retime_on.contains(c))
+            .collect()
+    })
 }
 
 /// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
@@ -108,22 +148,28 @@ impl Scheduler<'_> {
         // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
         let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
         let job_rx = Arc::new(Mutex::new(job_rx));
-        let (result_tx, mut result_rx) = mpsc::unbounded_channel::<JobResult>();
-        let mut gpu_tasks = Vec::new();
-        let policy = &project.policies.measure;
-        let measure = MeasureSpec {
-            warmup_ms: policy.warmup_ms,
-            samples: policy.samples,
-            min_sample_us: policy.min_sample_us,
-        };
+        let (result_tx, mut result_rx) = mpsc::unbounded_channel::<GpuEvent>();
+        let mut gpu_tasks = GpuTasks(Vec::new());
+        let policies = &project.policies;
+        let loop_policy = Arc::new(LoopPolicy {
+            measure: MeasureSpec {
+                warmup_ms: policies.measure.warmup_ms,
+                samples: policies.measure.samples,
+                min_sample_us: policies.measure.min_sample_us,
+            },
+            timeout: Duration::from_secs(project.timeouts.worker_s),
+            sentinel_every: Duration::from_secs(policies.sentinel.every_s),
+            sentinel_reps: policies.sentinel.reps,
+            retime_on: policies.gpu_state.retime_on.clone(),
+        });
+        let max_drift = policies.sentinel.max_drift;
+        let mut state_reported: BTreeSet<u32> = BTreeSet::new();
         for &device in self.devices {
             let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
-            let timeout = Duration::from_secs(project.timeouts.worker_s);
-            gpu_tasks.push(tokio::spawn(gpu_loop(
+            gpu_tasks.0.push(tokio::spawn(gpu_loop(
                 executor,
                 device,
-                measure.clone(),
-                timeout,
+                loop_policy.clone(),
                 rx,
                 tx,
             )));
@@ -136,13 +182,27 @@ impl Scheduler<'_> {
         let mut ready: Vec<String> = Vec::new();
         let mut in_flight = 0usize;
         let mut dispatched = 0usize;
-        // One listener for the whole run: a Ctrl-C that lands while the loop is busy is kept, not lost.
-        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
-            .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for Ctrl-C: {e}")))?;
+        // SIGINT, SIGTERM and SIGHUP are kept process-wide: one that landed before this run started,
+        // or while the loop was busy, is not lost.
+        crate::stop::listen()
+            .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for signals: {e}")))?;
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut interrupted = false;
         loop {
+            // Counted before looking: a signal that lands after this wakes the select below at once.
+            let signals = crate::stop::count();
+            if signals >= 2 {
+                // Second signal: stop now; the tasks' drop kills the workers and nvcc.
+                build_tasks.abort_all();
+                return Ok(Ending::Interrupted(totals));
+            }
+            if !interrupted && signals >= 1 {
+                interrupted = true;
+                let signal = crate::stop::requested().map_or("a signal", crate::stop::name);
+                stopping = Some(signal.into());
+                build_tasks.abort_all();
+            }
             // Dispatch what is ready, in the plan's order (best first under a budget), one job per
             // free GPU: work stays in `ready` until a GPU takes it, so budgets and Ctrl-C apply to
             // everything not started.
@@ -214,6 +274,15 @@ impl Scheduler<'_> {
                 Some((key, result)) = build_rx.recv(), if building => {
                     builds_left -= 1;
                     let (variant, dtype, head_dim) = key.clone();
+                    if let Err(failure) = &result {
+                        // Not the variant's fault: logged as a failed build, resume would skip it.
+                        if let Some(why) = out_of_space(failure) {
+                            return Err(Error::DiskFull(format!(
+                                "the build of {variant} ({dtype}, d={head_dim}) ran out of disk space: {why}\nFree space under {} and the run folder, then `flashtune resume` the run: nothing it logged is lost.",
+                                project.paths.build_cache().display()
+                            )));
+                        }
+                    }
                     match record_build(project, events, key, result)? {
                         Ok(cubin) => {
                             cubins.insert((variant.clone(), dtype, head_dim), cubin);
@@ -235,14 +304,21 @@ impl Scheduler<'_> {
                         return Err(Error::Other(anyhow::anyhow!("the reference kernel did not build; see the build_failed record")));
                     }
                 }
-                Some(result) = result_rx.recv(), if in_flight > 0 => {
+                Some(event) = result_rx.recv(), if in_flight > 0 => {
+                    let result = match event {
+                        GpuEvent::Sentinel { device, when, result } => {
+                            record_sentinel(events, device, when, result, max_drift)?;
+                            continue;
+                        }
+                        GpuEvent::Job(result) => result,
+                    };
                     in_flight -= 1;
                     if let Some(reason) = &result.unhealthy {
                         live_gpus -= 1;
                         events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
                     }
                     let variant = result.job.variant.clone();
-                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals)? {
+                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals, &mut state_reported)? {
                         in_flight += 1;
                         let tx = job_tx.clone();
                         tokio::spawn(async move {
@@ -257,26 +333,30 @@ impl Scheduler<'_> {
                         return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
                     }
                 }
-                _ = sigint.recv() => {
-                    if interrupted {
-                        // Second Ctrl-C: stop now; dropping the tasks kills the workers.
-                        for t in &gpu_tasks {
-                            t.abort();
-                        }
-                        build_tasks.abort_all();
-                        return Ok(Ending::Interrupted(totals));
-                    }
-                    interrupted = true;
-                    stopping = Some("Ctrl-C".into());
-                    build_tasks.abort_all();
-                    eprintln!("\nCtrl-C: finishing the measurement in flight; press Ctrl-C again to stop at once.");
-                }
+                // The top of the loop acts on it.
+                _ = crate::stop::reached(signals + 1) => {}
             }
         }
+        // Each queue times its last sentinel once it sees the queue closed (not when stopping).
         drop(job_tx);
-        for t in gpu_tasks {
-            t.abort();
+        let drain = async {
+            while let Some(event) = result_rx.recv().await {
+                if let GpuEvent::Sentinel {
+                    device,
+                    when,
+                    result,
+                } = event
+                {
+                    record_sentinel(events, device, when, result, max_drift)?;
+                }
+            }
+            Ok::<(), Error>(())
+        };
+        tokio::select! {
+            drained = drain => drained?,
+            _ = crate::stop::reached(2) => {}
         }
+        drop(gpu_tasks);
         Ok(if interrupted {
             Ending::Interrupted(totals)
         } else {
@@ -347,6 +427,8 @@ impl Scheduler<'_> {
             timing,
             verified: case.stages.clone(),
             costs: Some(case.costs.clone()),
+            gpu: case.gpu_state.clone(),
+            conditions: flagged(case, &self.project.policies.gpu_state.retime_on),
         })?;
         Ok(true)
     }
@@ -410,6 +492,7 @@ impl Scheduler<'_> {
         events: &mut Events,
         result: JobResult,
         totals: &mut Totals,
+        state_reported: &mut BTreeSet<u32>,
     ) -> Result<Option<Retry>> {
         let JobResult {
             job,
@@ -417,6 +500,7 @@ impl Scheduler<'_> {
             device,
             started,
             seconds,
+            disturbed,
             ..
         } = result;
         let variant = job.variant.clone();
@@ -429,7 +513,29 @@ impl Scheduler<'_> {
             seconds,
         })?;
         let mut measured = 0;
+        let retime_on = &self.project.policies.gpu_state.retime_on;
         for case in &outcome.cases {
+            if let Some(why) = &case.gpu_state_missing {
+                if state_reported.insert(device) {
+                    events.emit(Record::GpuStateUnavailable {
+                        device,
+                        reason: why.clone(),
+                    })?;
+                }
+            }
+            let first = disturbed
+                .iter()
+                .find(|d| d.shape == case.shape && d.dtype == case.dtype);
+            if let (Some(first), Some(timing)) = (first, first.and_then(|f| f.timing.clone())) {
+                events.emit(Record::Disturbed {
+                    variant: variant.clone(),
+                    shape: first.shape.clone(),
+                    dtype: first.dtype,
+                    conditions: flagged(first, retime_on),
+                    timing,
+                    gpu: first.gpu_state.clone(),
+                })?;
+            }
             if self.record_case(events, &variant, case, &job.cases)? {
                 totals.measured += 1;
                 measured += 1;
@@ -591,43 +697,95 @@ pub fn spawn_builds_with(
     (tasks, rx)
 }
 
+/// The session of a GPU's queue, started if there is none or the last one ended badly.
+fn live<'s>(
+    session: &'s mut Option<Session>,
+    executor: &Executor,
+    device: u32,
+) -> std::result::Result<&'s mut Session, WorkerEnd> {
+    if !session.as_ref().is_some_and(|s| s.alive) {
+        *session = Some(executor.start(device)?);
+    }
+    Ok(session.as_mut().expect("just started"))
+}
+
+/// Time the drift sentinel in the queue's session and report it.
+async fn run_sentinel(
+    executor: &Executor,
+    device: u32,
+    session: &mut Option<Session>,
+    policy: &LoopPolicy,
+    when: &'static str,
+    results: &mpsc::UnboundedSender<GpuEvent>,
+) {
+    let request = WorkerRequest::Sentinel {
+        reps: policy.sentinel_reps,
+    };
+    let outcome = match live(session, executor, device) {
+        Ok(s) => s.request(&request, policy.timeout).await,
+        Err(end) => WorkerOutcome::ended(end),
+    };
+    if outcome.end != WorkerEnd::Clean {
+        *session = None;
+    }
+    let result = outcome.sentinel.clone().unwrap_or_else(|| SentinelResult {
+        error: Some(
+            outcome
+                .trouble()
+                .unwrap_or_else(|| "the worker did not answer".into()),
+        ),
+        ..Default::default()
+    });
+    let _ = results.send(GpuEvent::Sentinel {
+        device,
+        when,
+        result,
+    });
+}
+
 /// Take jobs from the shared queue and run them on one GPU in one worker session; a session that
 /// ends badly is dropped (its process group killed), the GPU health-checked, and the next job gets a
-/// fresh worker.
+/// fresh worker. The drift sentinel runs in the same session before the first job, then whenever
+/// `[sentinel] every_s` has passed, and once more when the queue closes (unless the run is stopping).
 async fn gpu_loop(
     executor: Executor,
     device: u32,
-    measure: MeasureSpec,
-    timeout: Duration,
+    policy: Arc<LoopPolicy>,
     jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
-    results: mpsc::UnboundedSender<JobResult>,
+    results: mpsc::UnboundedSender<GpuEvent>,
 ) {
     let mut session: Option<Session> = None;
+    let mut last_sentinel: Option<Instant> = None;
     loop {
         let job = { jobs.lock().await.recv().await };
-        let Some(job) = job else { return };
+        let Some(job) = job else {
+            if last_sentinel.is_some() && crate::stop::requested().is_none() {
+                run_sentinel(&executor, device, &mut session, &policy, "end", &results).await;
+            }
+            return;
+        };
+        if last_sentinel.is_none_or(|t| t.elapsed() >= policy.sentinel_every) {
+            let when = if last_sentinel.is_none() {
+                "start"
+            } else {
+                "periodic"
+            };
+            run_sentinel(&executor, device, &mut session, &policy, when, &results).await;
+            last_sentinel = Some(Instant::now());
+        }
         let request = WorkerRequest::Run(RunRequest {
-            measure: measure.clone(),
+            measure: policy.measure.clone(),
             cases: job.cases.clone(),
         });
         let started = Instant::now();
-        let outcome = match session.as_mut().filter(|s| s.alive) {
-            Some(s) => s.request(&request, timeout).await,
-            None => match executor.start(device) {
-                Ok(mut s) => {
-                    let outcome = s.request(&request, timeout).await;
-                    session = Some(s);
-                    outcome
-                }
-                Err(end) => WorkerOutcome {
-                    device: None,
-                    cases: Vec::new(),
-                    duels: Vec::new(),
-                    roofs: Vec::new(),
-                    end,
-                },
-            },
+        let mut outcome = match live(&mut session, &executor, device) {
+            Ok(s) => s.request(&request, policy.timeout).await,
+            Err(end) => WorkerOutcome::ended(end),
         };
+        let mut disturbed = Vec::new();
+        if outcome.end == WorkerEnd::Clean && crate::stop::requested().is_none() {
+            disturbed = retime(&mut session, &policy, &job, &mut outcome).await;
+        }
         let seconds = started.elapsed().as_secs_f64();
         let unhealthy = match outcome.end {
             WorkerEnd::Clean => None,
@@ -638,20 +796,98 @@ async fn gpu_loop(
         };
         let stop = unhealthy.is_some();
         if results
-            .send(JobResult {
+            .send(GpuEvent::Job(JobResult {
                 job,
                 device,
                 started,
                 seconds,
                 outcome,
+                disturbed,
                 unhealthy,
-            })
+            }))
             .is_err()
             || stop
         {
             return;
         }
     }
+}
+
+/// Time once more, in the same session, the cases timed under a condition of `[gpu_state]
+/// retime_on`; their second results replace the first, which are returned. A re-timing that goes
+/// wrong keeps the first results (flagged) and ends the session.
+async fn retime(
+    session: &mut Option<Session>,
+    policy: &LoopPolicy,
+    job: &Job,
+    outcome: &mut WorkerOutcome,
+) -> Vec<CaseResult> {
+    let again: Vec<CaseSpec> = outcome
+        .cases
+        .iter()
+        .filter(|c| c.failure().is_none() && !flagged(c, &policy.retime_on).is_empty())
+        .filter_map(|c| {
+            job.cases
+                .iter()
+                .find(|s| s.shape.name == c.shape && s.dtype == c.dtype)
+                .cloned()
+        })
+        .collect();
+    let Some(s) = session.as_mut().filter(|s| s.alive && !again.is_empty()) else {
+        return Vec::new();
+    };
+    let request = WorkerRequest::Run(RunRequest {
+        measure: policy.measure.clone(),
+        cases: again,
+    });
+    let second = s.request(&request, policy.timeout).await;
+    if second.end != WorkerEnd::Clean {
+        *session = None;
+        return Vec::new();
+    }
+    let mut replaced = Vec::new();
+    for r in second.cases {
+        if let Some(slot) = outcome
+            .cases
+            .iter_mut()
+            .find(|c| c.shape == r.shape && c.dtype == r.dtype)
+        {
+            replaced.push(std::mem::replace(slot, r));
+        }
+    }
+    replaced
+}
+
+/// A `sentinel` record from a queue's report.
+fn record_sentinel(
+    events: &mut Events,
+    device: u32,
+    when: &str,
+    result: SentinelResult,
+    max_drift: f64,
+) -> Result<()> {
+    events.emit(Record::Sentinel {
+        device,
+        when: when.to_owned(),
+        figures: result.figures,
+        gpu: result.gpu_state,
+        max_drift,
+        error: result.error,
+    })
+}
+
+/// Why a build failure is the disk's (no space, over quota) rather than the variant's.
+fn out_of_space(failure: &BuildFailure) -> Option<String> {
+    let text = format!("{failure}\n{}", failure.log());
+    let full = [
+        "No space left on device",
+        "os error 28",
+        "Disk quota exceeded",
+        "os error 122",
+    ];
+    full.iter()
+        .any(|m| text.contains(m))
+        .then(|| build::log_tail(&text, 3))
 }
 
 /// Log a build (and its gate); the cubin when it may run, else why not.

@@ -562,14 +562,16 @@ fn write_record_in(
             ctx.keys
                 .insert((variant.clone(), *dtype, *head_dim), key.clone());
         }
+        // A figure measured under throttling or beside another process is not one to reuse.
         Record::Timed {
             variant,
             shape,
             dtype,
             kv_splits,
             timing,
+            conditions,
             ..
-        } => insert_measurement(
+        } if conditions.is_empty() => insert_measurement(
             conn, ctx, line, variant, shape, *dtype, *kv_splits, timing, None,
         )
         .with_context(at)?,

@@ -113,6 +113,15 @@ pub trait Device {
     fn roofs(&mut self, dtypes: &[Dtype]) -> Vec<RoofMeasured>;
     /// A known-good kernel still computes the right answer.
     fn health_check(&mut self) -> Result<()>;
+    /// The drift sentinel: the device's own fixed kernels on fixed buffers, each timed `reps` times.
+    fn sentinel(&mut self, reps: usize) -> Result<Vec<SentinelFigure>>;
+    /// The timed replays of a case start now: throttling is counted from here.
+    fn gpu_state_begin(&mut self) {}
+    /// The GPU's clocks, temperature, power, throttling since `gpu_state_begin` and other processes;
+    /// `Err` says why they cannot be read (no NVML). Never fails the case.
+    fn gpu_state(&mut self) -> std::result::Result<GpuState, String> {
+        Err("this device reports no state".into())
+    }
     /// Most launches one timed replay may hold.
     fn launch_cap(&self) -> u32 {
         MAX_LAUNCHES
@@ -821,6 +830,7 @@ pub fn run_case<D: Device>(
                 return Ok(());
             }
             let mut costs = std::mem::take(&mut result.costs);
+            dev.gpu_state_begin();
             let (launches, mut sides) = time_interleaved(
                 dev,
                 pools,
@@ -831,6 +841,11 @@ pub fn run_case<D: Device>(
                 measure,
                 &mut costs,
             )?;
+            // Right after the replays, before the checks: the state the figure was measured in.
+            match dev.gpu_state() {
+                Ok(state) => result.gpu_state = Some(state),
+                Err(why) => result.gpu_state_missing = Some(why),
+            }
             result.costs = costs;
             let (samples_us, timed) = sides.remove(0);
             let timed_ok = timed.stats.passed();
@@ -1019,6 +1034,22 @@ fn answer<D: Device>(
             reply(&WorkerMessage::Roofs {
                 roofs: dev.roofs(&dtypes),
             });
+            Ok(())
+        }
+        WorkerRequest::Sentinel { reps } => {
+            dev.gpu_state_begin();
+            let result = match dev.sentinel(reps.max(1)) {
+                Ok(figures) => SentinelResult {
+                    figures,
+                    gpu_state: dev.gpu_state().ok(),
+                    error: None,
+                },
+                Err(e) => SentinelResult {
+                    error: Some(format!("{e:#}")),
+                    ..Default::default()
+                },
+            };
+            reply(&WorkerMessage::Sentinel(result));
             Ok(())
         }
         WorkerRequest::Run(req) => {

@@ -14,6 +14,8 @@ use cudarc::nvrtc::Ptx;
 use std::io::Write;
 use std::sync::Arc;
 
+mod nvml;
+
 /// A kernel the driver JIT-compiles for any GPU: y = 2x + 1. It proves the GPU still computes after a fault.
 const HEALTH_PTX: &str = r#"
 .version 7.0
@@ -37,7 +39,7 @@ DONE:
 }
 "#;
 
-/// The worker's own kernels (tools.cu, compiled to PTX): input generation, negation, checksums, read roof.
+/// The worker's own kernels (tools.cu, compiled to PTX): input generation, negation, checksums, read roof, sentinel.
 pub const TOOLS_PTX: &str = include_str!("tools.ptx");
 
 /// The combine kernel's fixed geometry; kernels/attention/forward.cu asserts the same numbers.
@@ -46,6 +48,10 @@ const COMBINE_ROWS_PER_BLOCK: u32 = 4;
 /// The roofs are measured on buffers far beyond any L2, with a matmul large enough to reach the sustained clock.
 const ROOF_BYTES: usize = 1 << 30;
 const MATMUL_N: usize = 8192;
+/// The sentinel's read stream: far beyond any L2 (50 MiB on an H100), a few hundred µs on HBM.
+const SENTINEL_READ_BYTES: usize = 1 << 28;
+/// Steps of each FMA chain in the sentinel's compute kernel: about a millisecond on an H100.
+const SENTINEL_FMA_ITERS: u32 = 16384;
 
 /// Entry point of the subcommand: serve requests on stdin until it closes.
 pub fn serve(device: u32) -> std::process::ExitCode {
@@ -129,6 +135,7 @@ struct Tools {
     negate: CudaFunction,
     checksum: CudaFunction,
     read: CudaFunction,
+    fma: CudaFunction,
 }
 
 struct Gpu {
@@ -139,6 +146,8 @@ struct Gpu {
     memory: Vec<Option<Memory>>,
     kernels: Vec<Option<Loaded>>,
     graphs: Vec<Option<CudaGraph>>,
+    /// NVML on this GPU, or why it cannot be read (then no timing carries a state).
+    nvml: std::result::Result<nvml::Watch, String>,
 }
 
 fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
@@ -155,6 +164,8 @@ impl Gpu {
         if count <= ordinal as i32 {
             bail!("GPU {ordinal} requested, {count} visible");
         }
+        // Before the context: NVML then tells the worker's own process apart from the others.
+        let before = nvml::before_context();
         let ctx = CudaContext::new(ordinal as usize)
             .map_err(|e| anyhow!("cannot create a CUDA context on GPU {ordinal}: {e:?}"))?;
         // One stream, no cudarc event bookkeeping: the timed graphs must contain only our kernels.
@@ -193,8 +204,15 @@ impl Gpu {
             negate: f("ft_negate")?,
             checksum: f("ft_checksum")?,
             read: f("ft_read")?,
+            fma: f("ft_fma")?,
             _module: module,
         };
+        let pci = (
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)? as u32,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)? as u32,
+            attr(Attr::CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID)? as u32,
+        );
+        let nvml = before.and_then(|b| nvml::Watch::open(b, pci));
         Ok(Gpu {
             ctx,
             stream,
@@ -203,6 +221,7 @@ impl Gpu {
             memory: Vec::new(),
             kernels: Vec::new(),
             graphs: Vec::new(),
+            nvml,
         })
     }
 
@@ -365,6 +384,27 @@ impl Gpu {
             2.0 * ROOF_BYTES as f64 / copy_us / 1e3,
             ROOF_BYTES as f64 / read_us / 1e3,
         ))
+    }
+
+    /// `reps` timings of `f`, sorted: median, p10, p90 in µs.
+    fn sentinel_figure(
+        &self,
+        name: &str,
+        reps: usize,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<SentinelFigure> {
+        f()?;
+        let mut us = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            us.push(self.timed(&mut f)?);
+        }
+        us.sort_by(f64::total_cmp);
+        Ok(SentinelFigure {
+            name: name.into(),
+            median_us: crate::check::percentile(&us, 50.0),
+            p10_us: crate::check::percentile(&us, 10.0),
+            p90_us: crate::check::percentile(&us, 90.0),
+        })
     }
 
     fn roof_matmul(&self, dtype: Dtype) -> Result<f64> {
@@ -765,6 +805,49 @@ impl Device for Gpu {
         roofs
     }
 
+    fn sentinel(&mut self, reps: usize) -> Result<Vec<SentinelFigure>> {
+        let st = self.stream.clone();
+        let sink = st
+            .alloc_zeros::<f32>(self.info.sm_count as usize * 64)
+            .map_err(cuda)?;
+        let (iters, never) = (SENTINEL_FMA_ITERS, -1.0f32);
+        let cfg = LaunchConfig {
+            grid_dim: (self.info.sm_count * 8, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let fma = self.sentinel_figure("fma", reps, || {
+            let mut lb = st.launch_builder(&self.tools.fma);
+            lb.arg(&iters).arg(&never).arg(&sink);
+            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(cuda)
+        })?;
+        let src = st.alloc_zeros::<u8>(SENTINEL_READ_BYTES).map_err(cuda)?;
+        let words = st
+            .alloc_zeros::<u32>(self.info.sm_count as usize * 64)
+            .map_err(cuda)?;
+        let n_vec = (SENTINEL_READ_BYTES / 16) as u64;
+        let never_word = 0x9E37_79B9u32;
+        let read = self.sentinel_figure("read", reps, || {
+            let mut lb = st.launch_builder(&self.tools.read);
+            lb.arg(&src).arg(&n_vec).arg(&never_word).arg(&words);
+            unsafe { lb.launch(cfg) }.map(|_| ()).map_err(cuda)
+        })?;
+        Ok(vec![fma, read])
+    }
+
+    fn gpu_state_begin(&mut self) {
+        if let Ok(w) = self.nvml.as_mut() {
+            w.begin();
+        }
+    }
+
+    fn gpu_state(&mut self) -> std::result::Result<GpuState, String> {
+        match self.nvml.as_mut() {
+            Ok(w) => w.read(),
+            Err(why) => Err(why.clone()),
+        }
+    }
+
     fn health_check(&mut self) -> Result<()> {
         let module = self
             .ctx
@@ -807,7 +890,13 @@ pub fn tools_ptx_compiler() -> Option<&'static str> {
 mod tests {
     #[test]
     fn tools_ptx_has_every_entry() {
-        for entry in ["ft_generate", "ft_negate", "ft_checksum", "ft_read"] {
+        for entry in [
+            "ft_generate",
+            "ft_negate",
+            "ft_checksum",
+            "ft_read",
+            "ft_fma",
+        ] {
             assert!(
                 super::TOOLS_PTX.contains(&format!(".entry {entry}(")),
                 "{entry} missing from tools.ptx"

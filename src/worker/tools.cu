@@ -1,5 +1,5 @@
-// The worker's own kernels: they draw input sets, negate V between replays, checksum input sets and
-// measure the read-only bandwidth roof. They live in the flashtune binary (as the PTX beside this
+// The worker's own kernels: they draw input sets, negate V between replays, checksum input sets,
+// measure the read-only bandwidth roof and time the drift sentinel (ft_fma and ft_read). They live in the flashtune binary (as the PTX beside this
 // file, built by `nvcc -ptx` from this source) and never under kernels/, so no kernel edit can
 // change how its inputs are drawn or how its roofs are measured.
 //
@@ -67,5 +67,21 @@ extern "C" __global__ void ft_read(const uint4* src, uint64_t n_vec, uint32_t ne
         const uint4 a = __ldcs(src + i);
         acc ^= a.x ^ a.y ^ a.z ^ a.w;
     }
+    if (acc == never) sink[blockIdx.x] = acc;
+}
+
+// The drift sentinel's compute-bound half: eight independent chains of fused multiply-adds per thread,
+// in registers, `iters` steps long; it writes nothing unless the result equals `never`. No memory
+// traffic, so its time follows the SM clock alone: a GPU that heats up and throttles shows it here.
+extern "C" __global__ void ft_fma(uint32_t iters, float never, float* sink) {
+    float a[8];
+    for (int j = 0; j < 8; ++j) a[j] = (threadIdx.x + j) * 1e-3f + blockIdx.x * 1e-6f;
+    const float x = 0.9999f, y = 1e-4f;
+    for (uint32_t i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = fmaf(a[j], x, y);
+    }
+    float acc = 0.0f;
+    for (int j = 0; j < 8; ++j) acc += a[j];
     if (acc == never) sink[blockIdx.x] = acc;
 }

@@ -1,0 +1,499 @@
+//! The hostile night, on the fake GPU: signals (SIGTERM, SIGHUP, a second signal), a full disk, the
+//! free-space floor, a throttled or shared GPU, a GPU that drifts, and no child process left behind.
+mod common;
+
+use common::*;
+use flashtune::runindex::RunIndex;
+use flashtune::runlog::{self, Record};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The scratch project with the smoke space cut to `shapes` and these policy edits (`from`, `to`).
+fn project(shapes: &str, policy_edits: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = scratch_project();
+    let space = dir.path().join("variants/smoke.toml");
+    let text = std::fs::read_to_string(&space).unwrap();
+    let start = text.find("\nshapes = [").unwrap() + 1;
+    let end = start + text[start..].find('\n').unwrap();
+    let text = format!("{}shapes = {shapes}{}", &text[..start], &text[end..]);
+    std::fs::write(&space, text).unwrap();
+    edit(&dir.path().join("policies.toml"), policy_edits);
+    dir
+}
+
+fn edit(path: &Path, edits: &[(&str, &str)]) {
+    let mut text = std::fs::read_to_string(path).unwrap();
+    for (from, to) in edits {
+        assert!(text.contains(from), "{} has no `{from}`", path.display());
+        text = text.replacen(from, to, 1);
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+/// A space of listed points on the `small` shape: `points` are TOML inline tables.
+fn points_space(root: &Path, name: &str, baseline: &str, points: &[&str]) {
+    let smoke = std::fs::read_to_string(root.join("variants/smoke.toml")).unwrap();
+    let family = &smoke[smoke.find("[symbols]").unwrap()..smoke.find("[params]").unwrap()];
+    let text = format!(
+        "name = \"{name}\"\ndescription = \"night test\"\nshapes = [\"small\"]\nbaseline = {baseline}\npoints = [\n{}\n]\n\n{family}",
+        points
+            .iter()
+            .map(|p| format!("  {p},"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    std::fs::write(root.join(format!("variants/{name}.toml")), text).unwrap();
+}
+
+fn only_run(root: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("log.jsonl").is_file())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs[0].clone()
+}
+
+fn records(run: &Path) -> Vec<Record> {
+    runlog::read(&run.join("log.jsonl"))
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|(_, e)| e.record)
+        .collect()
+}
+
+/// (shape, dtype) → champion variant, as the champion table would name them.
+fn champions(run: &Path) -> Vec<(String, String, String)> {
+    let log = runlog::read(&run.join("log.jsonl")).unwrap();
+    flashtune::champions::from_log(&log)
+        .into_iter()
+        .map(|c| (c.shape, c.dtype.to_string(), c.variant))
+        .collect()
+}
+
+fn spawn(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = Command::new(binary());
+    cmd.arg("--root")
+        .arg(root)
+        .args(args)
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// The run folder whose log holds `needle`, if one does yet.
+fn find_log(root: &Path, needle: &str) -> Option<PathBuf> {
+    std::fs::read_dir(root.join("runs"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|run| {
+            std::fs::read_to_string(run.join("log.jsonl"))
+                .unwrap_or_default()
+                .contains(needle)
+        })
+}
+
+/// Wait until the run's log holds `needle`, then return the run folder.
+fn wait_for_log(root: &Path, needle: &str, limit: Duration) -> PathBuf {
+    let started = Instant::now();
+    loop {
+        assert!(started.elapsed() < limit, "the log never showed {needle}");
+        if let Some(run) = find_log(root, needle) {
+            return run;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A process as /proc shows it: (pid, start time in ticks, command line).
+type Proc = (u32, u64, String);
+
+fn stat_of(pid: u32) -> Option<(u32, char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // state, ppid, ..., starttime is field 22 of the whole line: index 19 after the name.
+    Some((
+        f.get(1)?.parse().ok()?,
+        f.first()?.chars().next()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Every process descended from `root` now.
+fn descendants(root: u32) -> Vec<Proc> {
+    let all: Vec<(u32, u32, u64)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| stat_of(pid).map(|(ppid, _, start)| (pid, ppid, start)))
+        .collect();
+    let mut found: Vec<Proc> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for &(pid, ppid, start) in &all {
+            if ppid == parent && !found.iter().any(|f| f.0 == pid) {
+                found.push((pid, start, cmdline(pid)));
+                frontier.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// The same process (same pid, same start time) still running, not a zombie.
+fn alive(p: &Proc) -> bool {
+    stat_of(p.0).is_some_and(|(_, state, start)| start == p.1 && state != 'Z')
+}
+
+/// Nothing seen under the run is alive, and nothing alive names its project folder.
+fn assert_nothing_left(seen: &BTreeSet<Proc>, root: &Path) {
+    std::thread::sleep(Duration::from_millis(300));
+    let left: Vec<&Proc> = seen.iter().filter(|p| alive(p)).collect();
+    assert!(left.is_empty(), "outlived the run: {left:?}");
+    let root = root.to_string_lossy().into_owned();
+    let me = std::process::id();
+    let naming: Vec<(u32, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .map(|pid| (pid, cmdline(pid)))
+        .filter(|(_, c)| c.contains(&root))
+        .collect();
+    assert!(naming.is_empty(), "still running in {root}: {naming:?}");
+}
+
+#[test]
+fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_champions() {
+    let shapes = r#"["small", "ragged"]"#;
+    let clean = project(shapes, &[]);
+    let out = flashtune(clean.path(), &["tune", "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let expected = champions(&only_run(clean.path()));
+    assert_eq!(expected.len(), 4, "{expected:?}");
+
+    let dir = project(shapes, &[]);
+    let child = spawn(dir.path(), &["tune", "--fake-gpu"], &[]);
+    let pid = child.id();
+    let mut seen: BTreeSet<Proc> = BTreeSet::new();
+    let started = Instant::now();
+    let run = loop {
+        assert!(started.elapsed() < Duration::from_secs(180), "no variant finished");
+        seen.extend(descendants(pid));
+        std::thread::sleep(Duration::from_millis(50));
+        if let Some(run) = find_log(dir.path(), "\"event\":\"variant_done\"") {
+            break run;
+        }
+    };
+    seen.extend(descendants(pid));
+    assert!(
+        seen.iter().any(|p| p.2.contains(" worker ")),
+        "no worker seen: {seen:?}"
+    );
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(143), "{t}");
+    assert!(t.contains("SIGTERM"), "{t}");
+    assert!(t.contains("Full report:"), "the summary is printed: {t}");
+    let recs = records(&run);
+    match recs.last() {
+        Some(Record::Interrupted { reason }) => assert!(reason.contains("SIGTERM"), "{reason}"),
+        other => panic!("last record {other:?}"),
+    }
+    assert!(!recs.iter().any(|r| matches!(r, Record::Finished { .. })));
+    assert!(run.join("report.md").is_file());
+    assert_nothing_left(&seen, dir.path());
+
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(matches!(records(&run).last(), Some(Record::Finished { .. })));
+    assert_eq!(champions(&run), expected);
+}
+
+#[test]
+fn sighup_is_a_stop_request_too() {
+    let dir = project(r#"["small"]"#, &[]);
+    let child = spawn(dir.path(), &["tune", "--fake-gpu"], &[]);
+    let run = wait_for_log(dir.path(), "\"event\":\"timed\"", Duration::from_secs(180));
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(129), "{}", text(&out));
+    match records(&run).last() {
+        Some(Record::Interrupted { reason }) => assert!(reason.contains("SIGHUP"), "{reason}"),
+        other => panic!("last record {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_signal_stops_at_once_and_no_worker_nvcc_or_ptxas_outlives_the_run() {
+    // Fresh sources and an empty cache of its own: nvcc (and its cicc and ptxas) are running when
+    // the signals land.
+    let dir = project(r#"["small", "ragged"]"#, &[]);
+    let source = dir.path().join("kernels/attention/forward.cu");
+    let mut text_cu = std::fs::read_to_string(&source).unwrap();
+    text_cu.push_str(&format!("\n// night test {}\n", std::process::id()));
+    std::fs::write(&source, text_cu).unwrap();
+    let cache = dir.path().join("cache");
+    let cache_s = cache.to_string_lossy().into_owned();
+    let child = spawn(
+        dir.path(),
+        &["tune", "--fake-gpu"],
+        &[("FLASHTUNE_CACHE_DIR", cache_s.as_str())],
+    );
+    let pid = child.id();
+    let mut seen: BTreeSet<Proc> = BTreeSet::new();
+    let started = Instant::now();
+    while !seen.iter().any(|p| p.2.contains("nvcc")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "nvcc never ran"
+        );
+        seen.extend(descendants(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seen.extend(descendants(pid));
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    std::thread::sleep(Duration::from_millis(100));
+    seen.extend(descendants(pid));
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out));
+    let recs = records(&only_run(dir.path()));
+    match recs.last() {
+        Some(Record::Interrupted { reason }) => {
+            assert!(reason.contains("SIGTERM") && reason.contains("second"), "{reason}")
+        }
+        other => panic!("last record {other:?}"),
+    }
+    assert_nothing_left(&seen, dir.path());
+}
+
+#[test]
+fn a_full_disk_names_the_os_cause_exits_74_and_resume_loses_nothing() {
+    let dir = project(r#"["small", "ragged"]"#, &[]);
+    let child = spawn(
+        dir.path(),
+        &["tune", "--fake-gpu"],
+        &[("FLASHTUNE_TEST_FAIL_APPEND", "timed:5")],
+    );
+    let out = child.wait_with_output().unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(74), "{t}");
+    assert!(
+        t.contains("No space left on device (os error 28)") && t.contains("log.jsonl"),
+        "{t}"
+    );
+    let run = only_run(dir.path());
+    // The half-written line was taken back: every line whole, nothing torn.
+    let before = runlog::read(&run.join("log.jsonl")).unwrap();
+    assert!(!before.torn_tail);
+    let timed_before: Vec<(usize, String)> = before
+        .entries
+        .iter()
+        .filter(|(_, e)| matches!(e.record, Record::Timed { .. }))
+        .map(|(l, e)| (*l, serde_json::to_string(&e.record).unwrap()))
+        .collect();
+    assert_eq!(timed_before.len(), 4);
+
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let after = runlog::read(&run.join("log.jsonl")).unwrap();
+    for (line, record) in &timed_before {
+        let kept = after.entries.iter().find(|(l, _)| l == line).unwrap();
+        assert_eq!(&serde_json::to_string(&kept.1.record).unwrap(), record);
+    }
+    let ix = RunIndex::new(&after);
+    assert!(ix.accounting.holds(), "{:?}", ix.accounting);
+    assert_eq!(ix.accounting.measured, ix.accounting.planned);
+    assert!(ix.finished.is_some());
+}
+
+#[test]
+fn the_free_space_floor_refuses_to_start_and_doctor_reports_it() {
+    let dir = project(
+        r#"["small"]"#,
+        &[("min_free_gib = 2.0", "min_free_gib = 1000000000.0")],
+    );
+    let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(74), "{t}");
+    assert!(
+        t.contains("GiB free under") && t.contains("min_free_gib"),
+        "{t}"
+    );
+    assert!(
+        !dir.path().join("runs").exists()
+            || std::fs::read_dir(dir.path().join("runs"))
+                .unwrap()
+                .flatten()
+                .all(|e| !e.path().join("log.jsonl").exists()),
+        "a run was started"
+    );
+    let out = flashtune(dir.path(), &["doctor"]);
+    let t = text(&out);
+    let disk = t.lines().find(|l| l.contains("] disk")).unwrap_or("");
+    assert!(
+        disk.contains("FAIL") && disk.contains("min_free_gib") && disk.contains("GiB free"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_throttled_case_is_retimed_and_flagged_and_never_decides_a_champion_alone() {
+    let dir = project(r#"["small"]"#, &[]);
+    let point = |mma: &str, split: u32, state: &str| {
+        format!("{{ MMA = \"{mma}\", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = {split}, STAGES = 1, FAKE_STATE = \"{state}\" }}")
+    };
+    let baseline = point("scalar", 1, "clean");
+    // The fastest kernel stays throttled; the runner-up is throttled on its first timing only.
+    points_space(
+        dir.path(),
+        "throttle",
+        &baseline,
+        &[
+            &baseline,
+            &point("wmma", 1, "thermal"),
+            &point("wmma", 4, "thermal_once"),
+            &point("scalar", 4, "neighbour_once"),
+        ],
+    );
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/throttle.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(dir.path());
+    let recs = records(&run);
+    let hot = "wmma-bm64-bn64-w4-ks1-s1-thermal";
+    let once = "wmma-bm64-bn64-w4-ks4-s1-thermal_once";
+    let shared = "scalar-bm64-bn64-w4-ks4-s1-neighbour_once";
+    for variant in [hot, once, shared] {
+        let disturbed = recs
+            .iter()
+            .filter(|r| matches!(r, Record::Disturbed { variant: v, .. } if v == variant))
+            .count();
+        assert_eq!(disturbed, 2, "{variant}: one re-timing per dtype");
+    }
+    assert!(!recs.iter().any(
+        |r| matches!(r, Record::Disturbed { variant, .. } if variant.starts_with("scalar-bm64-bn64-w4-ks1"))
+    ));
+    for r in &recs {
+        if let Record::Timed {
+            variant,
+            conditions,
+            gpu,
+            ..
+        } = r
+        {
+            assert!(gpu.is_some(), "{variant}: no GPU state");
+            let expect: &[flashtune::protocol::Condition] = if variant == hot {
+                &[flashtune::protocol::Condition::Thermal]
+            } else {
+                &[]
+            };
+            assert_eq!(conditions, expect, "{variant}");
+        }
+    }
+    // The fastest figure was measured hot: the clean runner-up holds the case, and the report says why.
+    for (_, _, variant) in champions(&run) {
+        assert_eq!(variant, once);
+    }
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains("thermal throttling") && report.contains(hot),
+        "{report}"
+    );
+}
+
+#[test]
+fn drift_mid_run_triggers_a_reduel_before_the_champions_are_decided() {
+    let dir = project(
+        r#"["small"]"#,
+        &[("every_s = 300", "every_s = 0"), ("max_drift = 0.03", "max_drift = 0.05")],
+    );
+    let point = |mma: &str| {
+        format!("{{ MMA = \"{mma}\", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = 1, STAGES = 1 }}")
+    };
+    let (scalar, wmma) = (point("scalar"), point("wmma"));
+    points_space(dir.path(), "drift", &scalar, &[&scalar, &wmma]);
+    // After the first variant's two cases, everything this worker times is 14% slower: the wmma
+    // kernel (4.07 µs) then reads 4.64 µs, beyond the scalar one (4.52 µs) timed before the drift.
+    let child = spawn(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/drift.toml"],
+        &[("FLASHTUNE_FAKE_DRIFT", "after_cases=2,factor=1.14")],
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(dir.path());
+    let recs = records(&run);
+    let sentinels = recs
+        .iter()
+        .filter(|r| matches!(r, Record::Sentinel { .. }))
+        .count();
+    assert!(sentinels >= 3, "start, between the variants, end: {sentinels}");
+    let duels: Vec<&Record> = recs
+        .iter()
+        .filter(|r| matches!(r, Record::DriftDuel { .. }))
+        .collect();
+    assert_eq!(duels.len(), 2, "one per dtype: {duels:?}");
+    for d in &duels {
+        let Record::DriftDuel { drift, verdict, .. } = d else {
+            unreachable!()
+        };
+        assert!(*drift > 0.05, "{drift}");
+        assert!(verdict.is_some(), "{d:?}");
+    }
+    // The duel, not the drift, decides: the wmma kernel is the faster one.
+    for (_, _, variant) in champions(&run) {
+        assert_eq!(variant, "wmma-bm64-bn64-w4-ks1-s1");
+    }
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(report.contains("## Drift sentinel"), "{report}");
+    assert!(report.contains("beyond the limit"), "{report}");
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(html.contains("Drift sentinel over the run"), "no sentinel plot");
+    assert!(html.contains("SM clock and temperature"), "no state plot");
+}
+
+#[test]
+fn without_nvml_the_run_says_so_once_and_goes_on() {
+    let dir = project(r#"["small"]"#, &[]);
+    let child = spawn(
+        dir.path(),
+        &["tune", "--fake-gpu", "--max-variants", "2"],
+        &[("FLASHTUNE_FAKE_NVML", "absent")],
+    );
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let recs = records(&only_run(dir.path()));
+    let unavailable = recs
+        .iter()
+        .filter(|r| matches!(r, Record::GpuStateUnavailable { .. }))
+        .count();
+    assert_eq!(unavailable, 1);
+    assert!(recs
+        .iter()
+        .all(|r| !matches!(r, Record::Timed { gpu: Some(_), .. })));
+    assert!(recs.iter().any(|r| matches!(r, Record::Timed { .. })));
+}
