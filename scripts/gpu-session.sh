@@ -12,7 +12,9 @@ trap 'tar czf "${OUT:-runs}/session.tgz" -C "$(dirname "$out")" session' EXIT
 export PATH=/usr/local/cuda/bin:$PATH
 ft() { "$bin/flashtune" "$@"; }
 # Keep a run's log and report under $OUT (two folders deep at most).
-keep() { local name=$1 run; run=$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1); [ -n "$run" ] && cp "$run" "$out/$name.log.jsonl" && cp "$(dirname "$run")/report.md" "$out/$name.report.md"; }
+keep() { local name=$1 run; run=$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1); [ -n "$run" ] && cp "$run" "$out/$name.log.jsonl" && cp "$(dirname "$run")/report.md" "$out/$name.report.md" && { cp "$(dirname "$run")/report.html" "$out/$name.report.html" 2>/dev/null; true; }; }
+# Wall seconds of a command, appended to $out/walls.txt.
+timed() { local name=$1 t0; shift; t0=$(date +%s.%N); "$@"; local rc=$?; echo "$name $(awk "BEGIN{print $(date +%s.%N) - $t0}") s (exit $rc)" | tee -a "$out/walls.txt"; return $rc; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu --format=csv | tee "$out/nvidia-smi.txt"
 for stage in "$@"; do
   echo "== $stage $(date +%T)"
@@ -39,7 +41,7 @@ for stage in "$@"; do
       echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants ($log)"
       cp "$log" "$out/killed.log.jsonl"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
-    attention) ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
+    attention) timed attention ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
     guided) ft tune --space variants/guided.toml --strategy guided ${GUIDED_TIME_LIMIT:+--time-limit $GUIDED_TIME_LIMIT} 2>"$out/guided.err" | tee "$out/guided.txt"; keep guided ;;
     guided-resume) ft resume "$(sed -n 's/^Run log: //p' "$out/guided.txt" | tail -1 | xargs dirname)" 2>"$out/guided-resume.err" | tee "$out/guided-resume.txt"; keep guided-resume ;;
@@ -53,6 +55,29 @@ for stage in "$@"; do
       run=$(dirname "$(sed -n 's/^Run log: //p' "$out/ablation.txt" | tail -1)")
       ft profile "$run" mma-bm64-bn64-w4-auto-s1 --shape seed,decode-128 2>&1 | tee "$out/profile.txt" ;;
     step-demo) bash scripts/step-demo.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-demo.txt" ;;
+    fresh)
+      # The README's first run, from a fresh clone of the committed tree (no cargo here: the binary built from it).
+      rm -rf /tmp/fresh && git clone -q "$PWD" /tmp/fresh && mkdir -p /tmp/fresh/target/release && cp "$bin/flashtune" /tmp/fresh/target/release/
+      (cd /tmp/fresh && timed fresh-tune target/release/flashtune tune 2>"$out/fresh.err" | tee "$out/fresh.txt")
+      run=$(sed -n 's/^Run log: //p' "$out/fresh.txt" | tail -1); [ -n "$run" ] && cp "/tmp/fresh/$run" "$out/fresh.log.jsonl" && cp "/tmp/fresh/$(dirname "$run")"/report.{md,html} "$out/" ;;
+    sigterm)
+      # SIGTERM the quick space mid-run (as systemd, Slurm or timeout would), then resume it.
+      before=$(ls -d runs/2*/ 2>/dev/null)
+      "$bin/flashtune" tune >"$out/sigterm.txt" 2>"$out/sigterm.err" & pid=$!
+      log=
+      for _ in $(seq 1200); do
+        sleep 0.1
+        new=$(comm -13 <(echo "$before") <(ls -d runs/2*/ 2>/dev/null) | head -1)
+        [ -n "$new" ] && [ "$(grep -c '"event":"variant_done"' "${new}log.jsonl" 2>/dev/null)" -ge 2 ] && { log=${new}log.jsonl; break; }
+      done
+      kill -TERM $pid; wait $pid; echo "tune exited $? after SIGTERM" | tee -a "$out/sigterm.txt"
+      cp "$log" "$out/sigterm.log.jsonl"
+      ps -eo pid,ppid,cmd | grep -E "flashtune|nvcc|ptxas|ncu" | grep -v grep | tee "$out/sigterm-leftovers.txt"
+      timed sigterm-resume ft resume "$(dirname "$log")" 2>"$out/sigterm-resume.err" | tee "$out/sigterm-resume.txt"; keep sigterm-resume ;;
+    step-cheats) bash scripts/step-cheats.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-cheats.txt" ;;
+    budget) timed budget ft tune --space variants/attention.toml --time-limit "${BUDGET:-3m}" 2>"$out/budget.err" | tee "$out/budget.txt"; keep budget ;;
+    reuse) timed reuse ft tune --space variants/attention.toml --reuse 2>"$out/reuse.err" | tee "$out/reuse.txt"; keep reuse ;;
+    gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done

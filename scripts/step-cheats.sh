@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# `flashtune step` against an agent that cheats, on a real GPU: a throwaway git repository made
+# from this checkout, where step N of the proposer writes cheat N of kernels/attention/faults/cheats.cu
+# over forward.cu. Every step must be rejected with the cheat's reason, nothing committed, and
+# forward.cu left as HEAD has it. (tests/trust.rs runs the same proposer on the test double.)
+#
+# usage: scripts/step-cheats.sh /path/to/flashtune      (exit 1 when a cheat got through)
+set -euo pipefail
+[ $# -eq 1 ] || { echo "usage: $0 /path/to/flashtune" >&2; exit 2; }
+bin=$(realpath "$1")
+src=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /tmp/flashtune-step-cheats.XXXXXX)
+mkdir -p "$work/variants"
+cp -r "$src/kernels" "$src/policies.toml" "$work/"
+cp "$src"/variants/*.toml "$work/variants/"
+cd "$work"
+printf 'runs/\n' > .gitignore
+# The smoke space's scalar baseline alone, on shapes with a ragged last tile and a causal one.
+sed -e 's/MMA = \["scalar", "wmma"\]/MMA = ["scalar"]/' -e 's/KV_SPLIT = \[1, 4\]/KV_SPLIT = [1]/' \
+    -e 's/^shapes = .*/shapes = ["small", "seed", "odd-causal", "ragged"]/' variants/smoke.toml > variants/step-cheats.toml
+cat > propose.sh <<'EOF'
+set -e
+f=kernels/attention/forward.cu
+case "$FLASHTUNE_STEP" in
+  1) c=CACHE_BY_POINTER ;; 2) c=FIRST_LAUNCHES ;; 3) c=READ_PREVIOUS_OUTPUT ;; 4) c=RACE ;;
+  5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;;
+esac
+printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n' "$c" > $f
+EOF
+git init -q && git add -A && git -c user.name=demo -c user.email=demo@example.com commit -qm initial
+before=$(git rev-parse HEAD)
+"$bin" step --space variants/step-cheats.toml --proposer "sh propose.sh" --steps 7 || true
+log=$(ls -d runs/*/ | head -1)log.jsonl
+echo "== step verdicts ($log)"
+grep '"event":"step_decided"' "$log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    print(f"step {r[\"step\"]}: accepted={r[\"accepted\"]}: {r[\"reason\"]}")'
+ok=1
+[ "$(git rev-parse HEAD)" = "$before" ] || { echo "FAIL: something was committed"; ok=0; }
+git diff --quiet HEAD -- kernels || { echo "FAIL: kernels differ from HEAD"; ok=0; }
+grep '"event":"step_decided"' "$log" | grep -q '"accepted":true' && { echo "FAIL: a cheat was accepted"; ok=0; }
+[ "$(grep -c '"event":"step_decided"' "$log")" -eq 7 ] || { echo "FAIL: not 7 verdicts"; ok=0; }
+cp "$log" "${OUT:-/tmp}/step-cheats.log.jsonl" 2>/dev/null || true
+[ $ok = 1 ] && echo "step-cheats: all 7 cheats rejected, nothing committed, kernel restored"
+[ $ok = 1 ]
