@@ -57,7 +57,8 @@ for stage in "$@"; do
     step-demo) bash scripts/step-demo.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-demo.txt" ;;
     fresh)
       # The README's first run, from a fresh clone of the committed tree (no cargo here: the binary built from it).
-      rm -rf /tmp/fresh && git clone -q "$PWD" /tmp/fresh && mkdir -p /tmp/fresh/target/release && cp "$bin/flashtune" /tmp/fresh/target/release/
+      # (The device's copy of the tree carries a .git of its own that may lag behind: copy the files instead.)
+      rm -rf /tmp/fresh && mkdir -p /tmp/fresh/target/release && tar -c --exclude=./.git --exclude=./target --exclude=./runs --exclude=./.tools --exclude=./.whl --exclude=./.device . | tar -x -C /tmp/fresh && cp "$bin/flashtune" /tmp/fresh/target/release/ && (cd /tmp/fresh && git init -q && git add -A && git -c user.name=fresh -c user.email=fresh@example.com commit -qm fresh)
       (cd /tmp/fresh && timed fresh-tune target/release/flashtune tune 2>"$out/fresh.err" | tee "$out/fresh.txt")
       run=$(sed -n 's/^Run log: //p' "$out/fresh.txt" | tail -1); [ -n "$run" ] && cp "/tmp/fresh/$run" "$out/fresh.log.jsonl" && cp "/tmp/fresh/$(dirname "$run")"/report.{md,html} "$out/" ;;
     sigterm)

@@ -36,7 +36,7 @@ grep '"event":"step_decided"' "$log" | python3 -c '
 import json, sys
 for line in sys.stdin:
     r = json.loads(line)
-    print(f"step {r[\"step\"]}: accepted={r[\"accepted\"]}: {r[\"reason\"]}")'
+    print("step", r["step"], "accepted" if r["accepted"] else "rejected", r["reason"])'
 ok=1
 [ "$(git rev-parse HEAD)" = "$before" ] || { echo "FAIL: something was committed"; ok=0; }
 git diff --quiet HEAD -- kernels || { echo "FAIL: kernels differ from HEAD"; ok=0; }

@@ -863,7 +863,7 @@ impl Device for FakeGpu {
             }
             StateModel::Power => {
                 state.power_w = Some(700.0);
-                state.throttle_reasons = vec!["sw_power_cap".into()];
+                state.throttle_reasons = vec!["hw_power_brake_slowdown".into()];
                 state.power_violation_ms = Some(30.0);
             }
             StateModel::Neighbour => {

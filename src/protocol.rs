@@ -271,7 +271,9 @@ pub struct GpuProcess {
 pub enum Condition {
     /// Clocks held down for heat (software or hardware thermal slowdown).
     Thermal,
-    /// Clocks held down for power (the software power cap, a hardware power brake).
+    /// Clocks held down by the hardware power brake (a signal from outside the GPU: the board or
+    /// the system's power supply). The software power cap is not a condition: a heavy kernel meets
+    /// the board's power limit on every run, on any GPU, so its figure is the figure users get.
     Power,
     /// Another process had a compute context on the GPU.
     Neighbour,
@@ -295,10 +297,13 @@ impl Condition {
     }
 }
 
-/// Throttle reasons (as `GpuState` names them) that mean heat, and power.
+/// Throttle reasons (as `GpuState` names them) that mean heat, and an outside power brake.
+/// `sw_power_cap` is recorded but is none of these (see `Condition::Power`): measured on an H100,
+/// every large-shape mma kernel ran at the power cap, and taking that as a disturbance made the
+/// slowest, coolest kernel the champion.
 pub const THERMAL_REASONS: [&str; 3] =
     ["sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown"];
-pub const POWER_REASONS: [&str; 2] = ["sw_power_cap", "hw_power_brake_slowdown"];
+pub const POWER_REASONS: [&str; 1] = ["hw_power_brake_slowdown"];
 
 impl GpuState {
     /// The conditions this state shows, in a fixed order.
@@ -313,7 +318,8 @@ impl GpuState {
         if has(&THERMAL_REASONS) || counted(self.thermal_violation_ms) {
             out.push(Condition::Thermal);
         }
-        if has(&POWER_REASONS) || counted(self.power_violation_ms) {
+        // NVML's power violation counter also counts time at the software cap: not used here.
+        if has(&POWER_REASONS) {
             out.push(Condition::Power);
         }
         if !self.other_processes.is_empty() {
@@ -595,5 +601,23 @@ mod tests {
         .unwrap();
         assert!(back.max_abs.is_nan());
         assert_eq!(back.reference_vs_cpu_rel_l2, None);
+    }
+
+    #[test]
+    fn the_power_cap_is_recorded_but_only_an_outside_brake_is_a_condition() {
+        let state = |reasons: &[&str]| GpuState {
+            throttle_reasons: reasons.iter().map(|r| r.to_string()).collect(),
+            power_violation_ms: Some(40.0),
+            ..Default::default()
+        };
+        assert!(state(&["sw_power_cap"]).conditions().is_empty());
+        assert_eq!(
+            state(&["hw_power_brake_slowdown"]).conditions(),
+            [Condition::Power]
+        );
+        assert_eq!(
+            state(&["sw_power_cap", "hw_thermal_slowdown"]).conditions(),
+            [Condition::Thermal]
+        );
     }
 }

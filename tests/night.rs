@@ -272,19 +272,22 @@ fn a_second_signal_stops_at_once_and_no_worker_nvcc_or_ptxas_outlives_the_run() 
         std::thread::sleep(Duration::from_millis(20));
     }
     seen.extend(descendants(pid));
+    // Back to back, and two different signals: the first alone aborts the builds and ends this run
+    // within milliseconds, so a second sent later may find it gone; and two SIGTERMs sent at once
+    // are one signal to the kernel (standard signals do not queue).
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    std::thread::sleep(Duration::from_millis(100));
-    seen.extend(descendants(pid));
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
     let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(143), "{}", text(&out));
     let recs = records(&only_run(dir.path()));
-    match recs.last() {
-        Some(Record::Interrupted { reason }) => {
-            assert!(reason.contains("SIGTERM") && reason.contains("second"), "{reason}")
-        }
+    let reason = match recs.last() {
+        Some(Record::Interrupted { reason }) => reason.clone(),
         other => panic!("last record {other:?}"),
-    }
+    };
+    assert!(reason.contains("second"), "{reason}");
+    // Either may be handled first; the exit code is the first's.
+    let first = if reason.starts_with("SIGTERM") { 143 } else { 129 };
+    assert!(reason.starts_with("SIGTERM") || reason.starts_with("SIGHUP"), "{reason}");
+    assert_eq!(out.status.code(), Some(first), "{reason}\n{}", text(&out));
     assert_nothing_left(&seen, dir.path());
 }
 

@@ -582,6 +582,21 @@ impl Device for Gpu {
         }
     }
 
+    fn read16_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<u16>> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::U16(m)) if start + len <= m.len() => self
+                .stream
+                .clone_dtoh(&m.slice(start..start + len))
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            Some(Memory::U16(m)) => bail!(
+                "read of {len} elements at {start} is past buffer {} ({} elements)",
+                buf.0,
+                m.len()
+            ),
+            _ => bail!("buffer {} is not 16-bit", buf.0),
+        }
+    }
+
     fn read32(&mut self, buf: Buf) -> Result<Vec<f32>> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
             Some(Memory::F32(m)) => self
