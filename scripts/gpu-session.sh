@@ -79,6 +79,7 @@ for stage in "$@"; do
     budget) timed budget ft tune --space variants/attention.toml --time-limit "${BUDGET:-3m}" 2>"$out/budget.err" | tee "$out/budget.txt"; keep budget ;;
     reuse) timed reuse ft tune --space variants/attention.toml --reuse 2>"$out/reuse.err" | tee "$out/reuse.txt"; keep reuse ;;
     gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
+    alignment) python3 scripts/causal-alignment.py 2>&1 | tee "$out/alignment.txt" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done
