@@ -12,10 +12,12 @@ What is the same as `flashtune tune --space variants/attention.toml`:
     `auto` split is resolved per shape with a port of flashtune's `auto_kv_splits` and the same occupancy
     query; split variants run attn_fwd then attn_combine, and both are inside the timed region (a
     custom runner, see SplitKvRunner), as in flashtune's CUDA-graph replays;
-  * the shapes (policies.toml, those the space names), both dtypes, the inputs' distribution
+  * the shapes (policies.toml, those the space names, with their causal alignment passed as the kernel's
+    code: 0 none, 1 top-left, 2 bottom-right), both dtypes, the inputs' distribution
     (standard normal rounded to the dtype) and the tolerances ([tolerance.<dtype>]: max abs, rel L2,
     the worst row's rel L2 where set, LSE max abs; outputs poisoned with NaN so unwritten ones are
-    caught), against PyTorch SDPA (math backend, fp32, TF32 off) on the same inputs.
+    caught), against PyTorch SDPA (math backend, fp32, TF32 off; is_causal / causal_lower_right) on the
+    same inputs, rows that see no key being O = 0 and LSE = -inf as in flashtune's check.
 
 Backend: lang="cupy" (cupy-cuda13x, built for CUDA 13). Kernel Tuner's "nvcuda" backend also loads
 with CUDA 13 (kernel_tuner 1.5 imports cuda.bindings), but it keeps no compile cache: NVRTC runs
@@ -45,6 +47,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import tomllib
@@ -197,6 +200,24 @@ class Expr:
 # The space, the shapes and the planner: a mirror of src/space.rs (Space::plan, forward_defines,
 # variant_id) and the worker's split heuristic (auto_kv_splits).
 
+# The kernels' `int causal` argument (src/config.rs Causal::code, common.cuh kCausal*): which keys
+# query row i sees. 1 must stay PyTorch's is_causal: the argument used to be a bool.
+CAUSAL_NONE, CAUSAL_TOP_LEFT, CAUSAL_BOTTOM_RIGHT = 0, 1, 2
+
+
+def causal_code(value, shape_name: str) -> int:
+    """policies.toml's `causal` (false | true | "none" | "top-left" | "bottom-right") as the kernel's code."""
+    # `is` for the bools: with ==, an integer 0 or 1 in the file would pass as one.
+    if value is False or value == "none":
+        return CAUSAL_NONE
+    if value is True or value == "top-left":
+        return CAUSAL_TOP_LEFT
+    if value == "bottom-right":
+        return CAUSAL_BOTTOM_RIGHT
+    raise SystemExit(f"policies.toml shape {shape_name}: causal = {value!r} is not one of "
+                     'false, true, "none", "top-left", "bottom-right"')
+
+
 @dataclass(frozen=True)
 class Shape:
     name: str
@@ -205,10 +226,21 @@ class Shape:
     sq: int
     sk: int
     d: int
-    causal: bool
+    causal: int  # CAUSAL_NONE / CAUSAL_TOP_LEFT / CAUSAL_BOTTOM_RIGHT, passed to the kernel as is
 
-    def label(self):
-        return f"{self.name} ({self.b},{self.h},{self.sq},{self.sk},{self.d}{',causal' if self.causal else ''})"
+    def causal_offset(self) -> int | None:
+        """Query i sees keys j <= i + offset (common.cuh causal_offset); None when no key is masked."""
+        return {CAUSAL_NONE: None, CAUSAL_TOP_LEFT: 0, CAUSAL_BOTTOM_RIGHT: self.sk - self.sq}[self.causal]
+
+    def label(self):  # as flashtune's Shape::label
+        mask = {CAUSAL_NONE: "", CAUSAL_TOP_LEFT: ",causal", CAUSAL_BOTTOM_RIGHT: ",causal bottom-right"}[self.causal]
+        return f"{self.name} ({self.b},{self.h},{self.sq},{self.sk},{self.d}{mask})"
+
+    def to_json(self) -> dict:
+        """As flashtune's run log writes a shape (false / true / "bottom-right"), plus the kernel's code."""
+        causal = {CAUSAL_NONE: False, CAUSAL_TOP_LEFT: True, CAUSAL_BOTTOM_RIGHT: "bottom-right"}[self.causal]
+        return {"name": self.name, "b": self.b, "h": self.h, "sq": self.sq, "sk": self.sk, "d": self.d,
+                "causal": causal, "causal_code": self.causal}
 
 
 @dataclass(frozen=True)
@@ -300,8 +332,35 @@ def load_policies(path: Path) -> dict:
         return tomllib.load(f)
 
 
+def arch_for(cc: tuple[int, int]) -> str:
+    """The nvcc target of a compute capability, as flashtune's worker picks it (src/worker/mod.rs
+    arch_for): the arch-specific variant (wgmma, setmaxnreg) where there is one."""
+    return f"sm_{cc[0]}{cc[1]}a" if cc in ((9, 0), (10, 0), (10, 3), (12, 0)) else f"sm_{cc[0]}{cc[1]}"
+
+
+def target_limits(policies: dict, arch: str) -> tuple[int, int]:
+    """(max threads per block, max opt-in shared memory) for `arch` from policies.toml's
+    [build.targets.<arch>]: what flashtune's planner applies without that GPU (`build --arch`,
+    the fake GPU). A GPU that is present reports its own limits instead (see tune)."""
+    targets = policies.get("build", {}).get("targets", {})
+    if arch not in targets:
+        raise SystemExit(f"policies.toml has no [build.targets.{arch}] table (known: {', '.join(sorted(targets)) or 'none'}); "
+                         f"add one with the GPU's max_threads_per_block and max_smem_optin_bytes, or pass --arch")
+    t = targets[arch]
+    return int(t["max_threads_per_block"]), int(t["max_smem_optin_bytes"])
+
+
+def arch_cc(arch: str) -> tuple[int, int]:
+    """sm_90a -> (9, 0), sm_120 -> (12, 0)."""
+    m = re.fullmatch(r"sm_(\d+)(\d)a?", arch)
+    if not m:
+        raise SystemExit(f"--arch {arch}: expected sm_<major><minor>[a], e.g. sm_90a")
+    return int(m.group(1)), int(m.group(2))
+
+
 def select_shapes(space: Space, policies: dict, only: list[str] | None) -> list[Shape]:
-    all_shapes = [Shape(s["name"], s["b"], s["h"], s["sq"], s["sk"], s["d"], bool(s.get("causal", False))) for s in policies["shapes"]]
+    all_shapes = [Shape(s["name"], s["b"], s["h"], s["sq"], s["sk"], s["d"], causal_code(s.get("causal", False), s["name"]))
+                  for s in policies["shapes"]]
     names = space.shape_names or [s.name for s in all_shapes]
     unknown = [n for n in names + (only or []) if n not in {s.name for s in all_shapes}]
     if unknown:
@@ -411,8 +470,7 @@ def flashtune_planned(log: Path) -> dict[tuple[str, int], str | None]:
 
 
 def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
-    dev = policies["build"]["default_device"]
-    max_threads, max_smem = dev["max_threads_per_block"], dev["max_smem_optin_bytes"]
+    max_threads, max_smem = target_limits(policies, args.arch)
     head_dims = sorted({s.d for s in shapes})
     _expr_selftest()
     print(f"self-tests: evalexpr translation ok, output check {_check_selftest()}")
@@ -420,7 +478,7 @@ def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
     ours = {(variant_id(p), d) for p, d, _ in plan}
     per_dim = {d: sum(1 for _, hd, _ in plan if hd == d) for d in head_dims}
     print(f"space {space.name} ({space.path.relative_to(ROOT)}): {len(space.variants())} grid points x head dims {head_dims}")
-    print(f"device limits (policies.toml [build.default_device]): {max_threads} threads, {max_smem} B smem opt-in")
+    print(f"device limits (policies.toml [build.targets.{args.arch}]): {max_threads} threads, {max_smem} B smem opt-in")
     for p, d, launch in plan if args.list else []:
         print(f"  d{d} {variant_id(p):32s} threads {launch.threads:4d} smem {launch.smem_bytes:6d} B"
               f" rows/CTA {launch.rows_per_cta:3d} split {'auto' if launch.kv_splits == 0 else launch.kv_splits}")
@@ -521,11 +579,22 @@ class SplitKvRunner:
             err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(cu.CUfunction(func.kernel.ptr), threads, smem)
             return int(n) if err == cu.CUresult.CUDA_SUCCESS else 0
 
+    log_shown = False  # the first failure's whole compiler log is printed, once per run
+
     def on_compile_failed(self, instance, error: Exception):
         vid = variant_id(self.kts.params_of(instance.params))
         text = str(error).strip().splitlines()
-        self.seen[vid] = {"compile_error": " | ".join(text[-6:])[:2000]}
-        print(f"  compile failed: {vid}: {text[-1] if text else type(error).__name__}", file=sys.stderr, flush=True)
+        # NVRTC's log ends with "Compilation terminated." or "N errors detected ..."; the cause is in
+        # the lines that name an error, so those are what each record keeps.
+        errors = [line for line in text if "error" in line.lower()] or text[-6:]
+        self.seen[vid] = {"compile_error": " | ".join(errors)[:2000]}
+        print(f"  compile failed: {vid}: {errors[0] if errors else type(error).__name__}", file=sys.stderr, flush=True)
+        if not SplitKvRunner.log_shown:
+            SplitKvRunner.log_shown = True
+            options = getattr(error, "options", None)  # CuPy's CompileException keeps NVRTC's options
+            print(f"---- first compile failure, {vid} ({type(error).__name__}), the whole log:\n{str(error).strip()}"
+                  + (f"\n---- NVRTC options: {' '.join(map(str, options))}" if options else "")
+                  + "\n---- (later failures: one line each)", file=sys.stderr, flush=True)
 
     def on_compiled(self, dev, instance, func):
         s, p = self.shape, instance.params
@@ -596,7 +665,12 @@ class Case:
         self.ref_lse_cp = cp.from_dlpack(self.ref_lse).ravel()
 
     def reference(self):
-        """PyTorch SDPA, math backend, fp32 (TF32 off), on the dtype-rounded inputs; LSE alongside."""
+        """PyTorch SDPA, math backend, fp32 (TF32 off), on the dtype-rounded inputs; LSE alongside.
+
+        The masks are PyTorch's own: top-left is SDPA's is_causal, bottom-right its causal_lower_right
+        bias, so the check also tests that flashtune's codes 1 and 2 mean what PyTorch means. A row that
+        sees no key (bottom-right with Sq > Sk) is O = 0 and LSE = -inf by flashtune's definition;
+        PyTorch gives NaN (or 0, by version) there, so those rows are set explicitly."""
         torch = self.torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -606,16 +680,35 @@ class Case:
         o = torch.empty_like(q)
         lse = torch.empty((heads, s.sq), device=q.device, dtype=torch.float32)
         per = max(1, (1 << 31) // (s.sq * s.sk * 4 * 3))  # heads per chunk: score matrices within ~2 GiB
-        mask = torch.ones(s.sq, s.sk, dtype=torch.bool, device=q.device).triu(1) if s.causal else None
+        offset = s.causal_offset()
+        hidden = None  # the mask for the LSE (True: the key is masked), and the rows that see no key
+        if offset is not None:
+            rows = torch.arange(s.sq, device=q.device)[:, None]
+            keys = torch.arange(s.sk, device=q.device)[None, :]
+            hidden = keys > rows + offset
+        sdpa_mask, is_causal = None, s.causal == CAUSAL_TOP_LEFT
+        if s.causal == CAUSAL_BOTTOM_RIGHT:
+            try:
+                from torch.nn.attention.bias import causal_lower_right
+                with warnings.catch_warnings():  # its NaN rows (Sq > Sk) are the rows set to 0 below
+                    warnings.filterwarnings("ignore", message="Lower right causal bias will produce NaNs")
+                    sdpa_mask = causal_lower_right(s.sq, s.sk)
+            except ImportError:  # older PyTorch: the same mask, spelled out (True: the key takes part)
+                sdpa_mask = ~hidden
         for i in range(0, heads, per):
             sl = slice(i, i + per)
             with sdpa_kernel(SDPBackend.MATH):
-                o[sl] = torch.nn.functional.scaled_dot_product_attention(q[sl], k[sl], v[sl], is_causal=s.causal, scale=self.scale)
+                o[sl] = torch.nn.functional.scaled_dot_product_attention(
+                    q[sl], k[sl], v[sl], attn_mask=sdpa_mask, is_causal=is_causal, scale=self.scale)
             scores = torch.matmul(q[sl], k[sl].transpose(-1, -2)) * self.scale
-            if mask is not None:
-                scores.masked_fill_(mask, float("-inf"))
-            lse[sl] = torch.logsumexp(scores, dim=-1)
+            if hidden is not None:
+                scores.masked_fill_(hidden, float("-inf"))
+            lse[sl] = torch.logsumexp(scores, dim=-1)  # -inf for a row with no key
             del scores
+        if offset is not None and offset < 0:
+            no_key = torch.arange(s.sq, device=q.device) + offset < 0  # row i sees no key: i + offset < 0
+            o[:, no_key] = 0.0
+            lse[:, no_key] = float("-inf")
         return o.reshape(-1).contiguous(), lse.reshape(-1).contiguous()
 
     def arguments(self, np):
@@ -626,7 +719,7 @@ class Case:
         lse = np.full(s.b * s.h * s.sq, POISON_F32_BITS, dtype=np.uint32).view(np.float32)
         placeholder = cp.zeros(1, dtype=cp.float32)  # O_accum / LSE_accum: the runner passes real ones when split
         return [self.q_u16, self.k_u16, self.v_u16, o, lse, placeholder, placeholder.copy(),
-                np.int32(s.b), np.int32(s.h), np.int32(s.sq), np.int32(s.sk), np.float32(self.scale), np.int32(1 if s.causal else 0)]
+                np.int32(s.b), np.int32(s.h), np.int32(s.sq), np.int32(s.sk), np.float32(self.scale), np.int32(s.causal)]
 
     def answer(self, np):
         """Kernel Tuner `answer`: the SDPA output and LSE where O and LSE sit, None elsewhere."""
@@ -664,10 +757,16 @@ def check_output(xp, dtype: str, d: int, o_bits, lse, ref_o, ref_lse, tol: dict)
     diff2, ref2 = float(row_d2.sum()), float(row_r2.sum())
     row_rel = xp.sqrt(xp.where(row_r2 > 0, row_d2 / xp.where(row_r2 > 0, row_r2, 1.0), row_d2))
     lse_c = xp.asarray(lse).view(xp.float32)
+    ref_lse64 = xp.asarray(ref_lse).astype(xp.float64)
     lse_written = lse_c.view(xp.uint32) != POISON_F32_BITS
-    lse_finite = xp.isfinite(lse_c)
-    lse_ok = lse_written & lse_finite
-    lse_err = xp.where(lse_ok, xp.abs(lse_c.astype(xp.float64) - xp.asarray(ref_lse).astype(xp.float64)), 0.0)
+    # A row that sees no key (bottom-right, Sq > Sk): -inf in both is the right answer, as in
+    # flashtune's check::compare; -inf against a finite reference is a non-finite output, and a finite
+    # value against -inf an infinite error.
+    lse_empty_row = lse_written & (lse_c == -xp.inf) & (ref_lse64 == -xp.inf)
+    lse_finite = xp.isfinite(lse_c) | lse_empty_row
+    lse_ok = lse_written & xp.isfinite(lse_c)
+    # Both sides zeroed where the output is not a finite number (no -inf - -inf NaN, no warning).
+    lse_err = xp.abs(xp.where(lse_ok, lse_c.astype(xp.float64), 0.0) - xp.where(lse_ok, ref_lse64, 0.0))
     stats = {
         "max_abs": float(diff.max()),
         "rel_l2": math.sqrt(diff2 / ref2) if ref2 > 0 else math.sqrt(diff2),
@@ -722,18 +821,56 @@ def _check_selftest():
         assert "1 NaN/inf outputs" in check_output(np, dtype, d, bad, lse, ref, lse, t)["failures"]
         wrong = lse.copy(); wrong[3] += 1e-3
         assert any(f.startswith("LSE") for f in check_output(np, dtype, d, bits, wrong, ref, lse, t)["failures"])
+        # A row that sees no key (bottom-right, Sq > Sk): O = 0 and LSE = -inf pass; a finite LSE or a
+        # non-zero O there fails, and so does -inf on a row that has keys.
+        empty_ref, empty_lse = ref.copy(), lse.copy()
+        empty_ref[2 * d:3 * d], empty_lse[2] = 0.0, -np.inf
+        empty_bits = bits.copy(); empty_bits[2 * d:3 * d] = 0
+        assert not check_output(np, dtype, d, empty_bits, empty_lse, empty_ref, empty_lse, t)["failures"]
+        s = check_output(np, dtype, d, empty_bits, lse, empty_ref, empty_lse, t)
+        assert math.isinf(s["lse_max_abs"]) and any(f.startswith("LSE") for f in s["failures"]), s
+        bad = empty_bits.copy(); bad[2 * d + 1] = 0x3800 if dtype == "f16" else 0x3F00  # 0.5
+        assert any("row 2" in f for f in check_output(np, dtype, d, bad, empty_lse, empty_ref, empty_lse, t)["failures"])
+        assert "1 NaN/inf outputs" in check_output(np, dtype, d, bits, empty_lse, ref, lse, t)["failures"]
     return "ok"
 
 
 # --------------------------------------------------------------------------------------------
 # One tune_kernel per (shape, dtype), then the JSON.
 
-def kt_compiler_options(space: Space, cc: tuple[int, int]) -> list[str]:
+# Headers forward.cu and common.cuh need from the toolkit. <mma.h> pulls in crt/mma.h, which NVRTC's
+# built-in headers lack and the pip wheel nvidia-cuda-runtime does not ship (it comes with
+# nvidia-cuda-crt). CuPy puts only one CUDA include folder on NVRTC's path, the one cuda.pathfinder
+# finds for cudart, and that is site-packages' nvidia/cu13/include when PyTorch's wheels are there:
+# without the toolkit's own folder every configuration failed with "Compilation terminated." alone.
+_CUDA_HEADERS = ("cuda_fp16.h", "cuda_bf16.h", "mma.h", "crt/mma.h")
+
+
+def cuda_include_dirs() -> list[Path]:
+    """The CUDA toolkit's include folder (and CUDA 13's include/cccl beside it, where nvcc finds
+    <cuda/std/...> on its own), looked for as CuPy's get_cuda_path does: CUDA_PATH, CUDA_HOME, the
+    nvcc on PATH, /usr/local/cuda. The first that holds every header in _CUDA_HEADERS; [] if none."""
+    roots = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        roots.append(str(Path(nvcc).resolve().parent.parent))
+    roots.append("/usr/local/cuda")
+    for root in filter(None, roots):
+        inc = Path(root) / "include"
+        if all((inc / h).is_file() for h in _CUDA_HEADERS):
+            cccl = inc / "cccl"
+            return [inc.resolve()] + ([cccl.resolve()] if (cccl / "cuda" / "std").is_dir() else [])
+    return []
+
+
+def kt_compiler_options(space: Space, cc: tuple[int, int], cuda_includes: list[Path]) -> list[str]:
     # flashtune: nvcc -O3 -std=c++17 -lineinfo for sm_90a. NVRTC rejects -O3 (it is a host-code flag for
     # nvcc; device code is optimised at ptxas's default -O3 by both); CuPy adds its own -arch (sm_90,
-    # last) and -ftz=true, which cannot be turned off through Kernel Tuner.
-    arch = f"sm_{cc[0]}{cc[1]}a" if cc in ((9, 0), (10, 0), (10, 3), (12, 0)) else f"sm_{cc[0]}{cc[1]}"
-    return ["-std=c++17", f"-arch={arch}", "-lineinfo", f"-I{space.forward.parent}", f"-I{ROOT / 'bench' / 'nvrtc-include'}"]
+    # last) and -ftz=true, which cannot be turned off through Kernel Tuner. The include order: the
+    # kernel's folder, the <stdint.h> stand-in, then the toolkit (CuPy puts its bundled CCCL first and
+    # its own folders last).
+    return (["-std=c++17", f"-arch={arch_for(cc)}", "-lineinfo", f"-I{space.forward.parent}", f"-I{ROOT / 'bench' / 'nvrtc-include'}"]
+            + [f"-I{d}" for d in cuda_includes])
 
 
 def case_seed(base: int, shape: Shape, dtype: str) -> int:
@@ -801,7 +938,7 @@ def base_doc(args, space, shapes, dtypes, planned: int, mode: str) -> dict:
     return {
         "tool": "kernel_tuner", "version": None, "mode": mode, "backend": "cupy",
         "space": space.name, "space_path": str(space.path.relative_to(ROOT)),
-        "shapes": [s.__dict__ for s in shapes], "dtypes": dtypes,
+        "shapes": [s.to_json() for s in shapes], "dtypes": dtypes,
         "started_at": datetime.datetime.fromtimestamp(T_START, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "wall_seconds": None, "time_limit_s": args.time_limit,
         "strategy": "random_sample (fraction 1, time_limit)" if args.time_limit else "brute_force",
@@ -843,7 +980,18 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
     cc = (int(dev.compute_capability[:-1]), int(dev.compute_capability[-1]))  # "90" -> (9, 0)
     props = cp.cuda.runtime.getDeviceProperties(args.device)
     gpu_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    options = kt_compiler_options(space, cc)
+    cuda_includes = cuda_include_dirs()
+    if not cuda_includes:
+        raise SystemExit("no CUDA toolkit include folder with " + ", ".join(_CUDA_HEADERS) + " under CUDA_PATH, CUDA_HOME, "
+                         "the nvcc on PATH or /usr/local/cuda: NVRTC cannot compile forward.cu without them")
+    options = kt_compiler_options(space, cc, cuda_includes)
+    # The GPU's own limits plan the space, as flashtune's planner on a GPU does; the --dry-run check
+    # before this (bench/run.sh) used policies.toml's table for the same arch, so say if they differ.
+    table = policies["build"].get("targets", {}).get(arch_for(cc))
+    if table and (table["max_threads_per_block"], table["max_smem_optin_bytes"]) != (max_threads, max_smem):
+        print(f"warning: this GPU allows {max_threads} threads and {max_smem} B of shared memory per block, policies.toml "
+              f"[build.targets.{arch_for(cc)}] says {table['max_threads_per_block']} and {table['max_smem_optin_bytes']}: "
+              "the --dry-run check planned with the table", file=sys.stderr)
 
     head_dims = sorted({s.d for s in shapes})
     kt_spaces = {d: KtSpace(space, d, max_threads, max_smem) for d in head_dims}
@@ -941,8 +1089,7 @@ def simulate(args, space: Space, policies: dict, shapes: list[Shape], dtypes: li
     from kernel_tuner import tune_kernel
     from importlib.metadata import version
 
-    dev = policies["build"]["default_device"]
-    max_threads, max_smem = dev["max_threads_per_block"], dev["max_smem_optin_bytes"]
+    max_threads, max_smem = target_limits(policies, args.arch)
     head_dims = sorted({s.d for s in shapes})
     kt_spaces = {d: KtSpace(space, d, max_threads, max_smem) for d in head_dims}
     planned = sum(len(space.plan([s.d], max_threads, max_smem)) for s in shapes) * len(dtypes)
@@ -972,12 +1119,12 @@ def simulate(args, space: Space, policies: dict, shapes: list[Shape], dtypes: li
                                      "objective": "time", "cache": entries}))
         s = shape
         args_np = [np.zeros(1, np.uint16)] * 4 + [np.zeros(1, np.float32)] * 3 + [
-            np.int32(s.b), np.int32(s.h), np.int32(s.sq), np.int32(s.sk), np.float32(1.0 / math.sqrt(s.d)), np.int32(int(s.causal))]
+            np.int32(s.b), np.int32(s.h), np.int32(s.sq), np.int32(s.sk), np.float32(1.0 / math.sqrt(s.d)), np.int32(s.causal)]
         results, _env = tune_kernel(
             space.forward_entry, str(space.forward), (lambda p, s=shape, k=kts: (s.sq, s.b * s.h, k.launch(p).kv_splits or 1)),
             args_np, kts.tune_params, grid_div_x=kts.grid_div_x, grid_div_y=1, grid_div_z=1,
             restrictions=kts.restrict, lang="cupy", smem_args={"size": kts.smem_bytes},
-            compiler_options=kt_compiler_options(space, (9, 0)), defines=kts.defines(dtype), block_size_names=[THREADS],
+            compiler_options=kt_compiler_options(space, arch_cc(args.arch), cuda_include_dirs()), defines=kts.defines(dtype), block_size_names=[THREADS],
             iterations=args.iterations, cache=str(cache), simulation_mode=True, quiet=True,
             strategy=strategy, strategy_options=strategy_options, seed=args.seed,
         )
@@ -1002,6 +1149,8 @@ def main() -> int:
     ap.add_argument("--time-limit", type=float, help="seconds for the whole tool; switches to random sampling with a time budget per case")
     ap.add_argument("--seed", type=int, help="input seed (default: policies.toml [measure] seed)")
     ap.add_argument("--device", type=int, default=0)
+    ap.add_argument("--arch", help="--dry-run / --simulate: the target whose limits (policies.toml [build.targets.<arch>]) "
+                                   "plan the space, as flashtune without that GPU (default: policies.toml build.default_arch)")
     ap.add_argument("--flashtune-log", help="a flashtune runs/<id>/log.jsonl: --dry-run compares its `planned` records")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: the configurations and the count check")
     ap.add_argument("--list", action="store_true", help="with --dry-run: print every valid configuration")
@@ -1023,6 +1172,8 @@ def main() -> int:
     os.chdir(ROOT)
     if args.seed is None:
         args.seed = int(policies["measure"]["seed"])
+    if args.arch is None:
+        args.arch = policies["build"]["default_arch"]
     shapes = select_shapes(space, policies, args.shapes.split(",") if args.shapes else None)
     args.dtypes = args.dtypes.split(",") if args.dtypes else None
     dtypes = args.dtypes or list(policies["dtypes"])
