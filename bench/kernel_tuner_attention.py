@@ -958,6 +958,26 @@ def strategy_for(deadline: float | None, now: float, calls_left: int):
     return "random_sample", {"fraction": 1.0, "time_limit": share}
 
 
+def pad_device_uuid(cp) -> None:
+    """CuPy 14 returns the device UUID (a char[16]) as a C string, cut at its first zero byte;
+    Kernel Tuner 1.5.0's CuPy backend then fails every tune_kernel call with "bytes is not a
+    16-char string" (seen on an H100 whose UUID holds a zero byte). Pad it back to 16 bytes: the
+    UUID is only Kernel Tuner's metadata, and the bytes after the zero are lost either way."""
+    runtime = cp.cuda.runtime
+    original = runtime.getDeviceProperties
+
+    def properties(device):
+        props = dict(original(device))
+        raw = props.get("uuid")
+        if isinstance(raw, str):
+            raw = raw.encode("latin-1")
+        if isinstance(raw, (bytes, bytearray)) and len(raw) != 16:
+            props["uuid"] = bytes(raw[:16]).ljust(16, b"\0")
+        return props
+
+    runtime.getDeviceProperties = properties
+
+
 def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[str]) -> int:
     import numpy as np
     import cupy as cp
@@ -971,6 +991,7 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
         print(f"warning: kernel_tuner {kt_version}, this comparison was written for {KT_VERSION}", file=sys.stderr)
     torch.cuda.set_device(args.device)
     cp.cuda.Device(args.device).use()
+    pad_device_uuid(cp)
     torch.set_float32_matmul_precision("highest")
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = cp.cuda.Device(args.device)
