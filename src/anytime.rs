@@ -1,24 +1,14 @@
 //! Anytime runs: what a run takes from before it measures anything — the stored measurements it may reuse (`--reuse`), and under a budget the dispatch order that puts the likely winners first.
 use crate::config::Dtype;
-use crate::engine::{Events, Project, TuneOptions, REFERENCE};
 use crate::error::Result;
+use crate::plan::Strategy;
 use crate::protocol::DeviceInfo;
+use crate::run::{Budget, Events, Project, Reuse, TuneOptions};
 use crate::runlog::{EarlierFigure, Ranked, Record};
-use crate::scheduler::Budget;
-use crate::search::{KnownChampion, KnownFrom, Strategy};
-use crate::space::PlannedPoint;
+use crate::scheduler::CaseKey;
+use crate::space::{Params, PlannedPoint, REFERENCE};
 use crate::store::{self, Store};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// `--reuse`: cases the results store already measured are taken from it, not measured again.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Reuse {
-    /// Per (shape, dtype), the N fastest stored cases are measured again to confirm them.
-    pub confirm: usize,
-}
-
-/// A (variant, shape, dtype).
-pub type CaseKey = (String, String, Dtype);
 
 /// `--reuse` takes figures for points fixed up front; the guided search and ablations decide from
 /// what they measure and profile themselves, so they measure everything.
@@ -157,7 +147,7 @@ pub fn prepare(
     if budgeted {
         let known = known_champions(project, device, store.as_ref());
         let rules = &project.policies.guided.rules;
-        let mut order = crate::search::best_first(&project.space, rules, &prepared.planned, &known);
+        let mut order = best_first(&project.space, rules, &prepared.planned, &known);
         if let Some(store) = &store {
             add_earlier_figures(
                 project,
@@ -412,5 +402,306 @@ fn add_earlier_figures(
             }
         }
         r.earlier = best.into_values().collect();
+    }
+}
+
+/// Where a champion known before a run comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KnownFrom {
+    /// The champion table committed at HEAD.
+    Committed,
+    /// An earlier run's fastest on this GPU model, from the results store.
+    Run(String),
+}
+
+/// A champion known before a run starts, on one of the run's (shape, dtype) where it can be named so.
+#[derive(Debug, Clone)]
+pub struct KnownChampion {
+    pub from: KnownFrom,
+    pub params: Params,
+    pub shape: String,
+    pub dtype: Dtype,
+    pub median_us: f64,
+    /// Its newest profile on that shape on this GPU model: the run that took it and the bottlenecks named.
+    pub profile: Option<(String, Vec<String>)>,
+}
+
+/// Past this many variants the spread order costs more than it is worth: the rest keep the space's order.
+const MAX_SPREAD_ORDERED: usize = 20_000;
+
+/// The dispatch order of a budgeted run, best first: the committed champions, earlier runs'
+/// champions (those that won the most cases first, then the newest), the neighbours the `[guided]`
+/// rules propose from those champions' earlier profiles, then the rest, each next one as unlike
+/// the variants before it as the space allows (the most parameters different), so that a run cut
+/// short has seen every corner of the space rather than one corner in full.
+pub fn best_first(
+    space: &crate::space::Space,
+    rules: &[crate::config::GuidedRule],
+    planned: &[PlannedPoint],
+    known: &[KnownChampion],
+) -> Vec<crate::runlog::Ranked> {
+    use crate::runlog::{RankReason, Ranked};
+    let mut variants: Vec<(&str, &Params)> = Vec::new();
+    for p in planned.iter().filter(|p| p.invalid.is_none()) {
+        if !variants.iter().any(|(id, _)| *id == p.variant.id) {
+            variants.push((&p.variant.id, &p.variant.params));
+        }
+    }
+    let find = |params: &Params| variants.iter().position(|(_, p)| *p == params);
+    let mut placed: Vec<(usize, RankReason, String)> = Vec::new();
+    let is_placed =
+        |placed: &[(usize, RankReason, String)], i: usize| placed.iter().any(|p| p.0 == i);
+    let list = |cases: &[String]| {
+        const SHOWN: usize = 4;
+        let mut s = cases
+            .iter()
+            .take(SHOWN)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if cases.len() > SHOWN {
+            s.push_str(&format!(" and {} more", cases.len() - SHOWN));
+        }
+        s
+    };
+
+    // Champions, committed first: per variant the cases it holds, most cases first.
+    for (kind, committed) in [
+        (RankReason::Committed, true),
+        (RankReason::EarlierChampion, false),
+    ] {
+        let mut held: Vec<(usize, Vec<String>)> = Vec::new();
+        for k in known
+            .iter()
+            .filter(|k| (k.from == KnownFrom::Committed) == committed)
+        {
+            let Some(i) = find(&k.params) else { continue };
+            if is_placed(&placed, i) {
+                continue;
+            }
+            let case = match &k.from {
+                KnownFrom::Committed => format!("{} {}", k.shape, k.dtype),
+                KnownFrom::Run(run) => {
+                    format!(
+                        "{} {} in run {run} ({:.1} µs)",
+                        k.shape, k.dtype, k.median_us
+                    )
+                }
+            };
+            match held.iter_mut().find(|h| h.0 == i) {
+                Some(h) => h.1.push(case),
+                None => held.push((i, vec![case])),
+            }
+        }
+        // Stable: among equals, the first seen (the newest run, or the table's order) leads.
+        held.sort_by_key(|h| std::cmp::Reverse(h.1.len()));
+        for (i, cases) in held {
+            let reason = if committed {
+                format!("committed champion for {}", list(&cases))
+            } else {
+                format!("champion of {}", list(&cases))
+            };
+            placed.push((i, kind, reason));
+        }
+    }
+
+    // The guided rules, applied to the known champions' earlier bottlenecks.
+    for k in known {
+        let Some((run, bottlenecks)) = &k.profile else {
+            continue;
+        };
+        for rule in rules.iter().filter(|r| bottlenecks.contains(&r.bottleneck)) {
+            let Some(next) = space.neighbour(&k.params, &rule.change) else {
+                continue;
+            };
+            let Some(i) = find(&next.params) else {
+                continue;
+            };
+            if is_placed(&placed, i) {
+                continue;
+            }
+            let reason = format!(
+                "guided: {}, from `{}` on {} {} ({} in run {run}'s profile)",
+                rule.name,
+                crate::space::variant_id(&k.params),
+                k.shape,
+                k.dtype,
+                rule.bottleneck
+            );
+            placed.push((i, RankReason::Guided, reason));
+        }
+    }
+
+    // The rest, spread: each next variant the one farthest (most parameters different) from
+    // everything before it; the space's order breaks ties.
+    let rest: Vec<usize> = (0..variants.len())
+        .filter(|&i| !is_placed(&placed, i))
+        .collect();
+    if rest.len() > MAX_SPREAD_ORDERED {
+        for i in rest {
+            placed.push((
+                i,
+                RankReason::Spread,
+                "remaining, in the space's order".into(),
+            ));
+        }
+    } else {
+        let distance = |a: usize, b: usize| {
+            let (pa, pb) = (variants[a].1, variants[b].1);
+            pa.iter().filter(|(k, v)| pb.get(*k) != Some(*v)).count()
+                + pb.keys().filter(|k| !pa.contains_key(*k)).count()
+        };
+        let mut nearest: Vec<usize> = rest
+            .iter()
+            .map(|&i| {
+                placed
+                    .iter()
+                    .map(|p| distance(i, p.0))
+                    .min()
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        let mut left: Vec<bool> = vec![true; rest.len()];
+        for _ in 0..rest.len() {
+            let mut pick: Option<usize> = None;
+            for j in (0..rest.len()).filter(|&j| left[j]) {
+                if pick.is_none_or(|p| nearest[j] > nearest[p]) {
+                    pick = Some(j);
+                }
+            }
+            let j = pick.expect("a variant is left");
+            left[j] = false;
+            let reason = if nearest[j] == usize::MAX {
+                "remaining, spread: the first of the space".to_owned()
+            } else {
+                format!(
+                    "remaining, spread: {} parameter(s) unlike any variant before it",
+                    nearest[j]
+                )
+            };
+            placed.push((rest[j], RankReason::Spread, reason));
+            for k in (0..rest.len()).filter(|&k| left[k]) {
+                nearest[k] = nearest[k].min(distance(rest[k], rest[j]));
+            }
+        }
+    }
+    placed
+        .into_iter()
+        .enumerate()
+        .map(|(n, (i, why, reason))| Ranked {
+            rank: n + 1,
+            variant: variants[i].0.to_owned(),
+            why,
+            reason,
+            earlier: Vec::new(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runlog::RankReason;
+    use crate::space::{DeviceLimits, ParamValue, Space};
+    use std::path::Path;
+
+    fn smoke() -> (Space, Vec<PlannedPoint>) {
+        let space = Space::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("variants/smoke.toml"))
+            .expect("the smoke space loads");
+        let limits = DeviceLimits {
+            max_threads_per_block: 1024,
+            max_smem_optin_bytes: 232448,
+        };
+        let planned = space
+            .plan(&BTreeSet::from([64]), &limits)
+            .expect("the smoke space plans");
+        (space, planned)
+    }
+
+    fn params_of(planned: &[PlannedPoint], id: &str) -> Params {
+        planned
+            .iter()
+            .find(|p| p.variant.id == id)
+            .map(|p| p.variant.params.clone())
+            .unwrap_or_else(|| panic!("no {id}"))
+    }
+
+    fn champion(from: KnownFrom, params: Params, profile: Option<&str>) -> KnownChampion {
+        KnownChampion {
+            from,
+            params,
+            shape: "small".into(),
+            dtype: Dtype::F16,
+            median_us: 4.5,
+            profile: profile.map(|b| ("r1".to_owned(), vec![b.to_owned()])),
+        }
+    }
+
+    #[test]
+    fn committed_then_earlier_then_guided_then_spread() {
+        let (space, planned) = smoke();
+        let rule = crate::config::GuidedRule {
+            bottleneck: "grid too small (waves < 1)".into(),
+            name: "waves < 1: more KV splits".into(),
+            change: [("KV_SPLIT".to_owned(), ParamValue::Name("up".into()))]
+                .into_iter()
+                .collect(),
+        };
+        let known = [
+            // Listed first, but an earlier run's word counts for less than the committed table's.
+            champion(
+                KnownFrom::Run("r1".into()),
+                params_of(&planned, "scalar-bm64-bn64-w4-ks1-s1"),
+                Some("grid too small (waves < 1)"),
+            ),
+            champion(
+                KnownFrom::Committed,
+                params_of(&planned, "wmma-bm64-bn64-w4-ks4-s1"),
+                None,
+            ),
+        ];
+        let order = best_first(&space, &[rule], &planned, &known);
+        let got: Vec<(&str, RankReason)> =
+            order.iter().map(|r| (r.variant.as_str(), r.why)).collect();
+        assert_eq!(
+            got,
+            [
+                ("wmma-bm64-bn64-w4-ks4-s1", RankReason::Committed),
+                ("scalar-bm64-bn64-w4-ks1-s1", RankReason::EarlierChampion),
+                ("scalar-bm64-bn64-w4-ks4-s1", RankReason::Guided),
+                ("wmma-bm64-bn64-w4-ks1-s1", RankReason::Spread),
+            ]
+        );
+        assert_eq!(
+            order.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
+        );
+        assert!(order[0].reason.contains("committed champion for small f16"));
+        assert!(order[1].reason.contains("run r1"), "{}", order[1].reason);
+        assert!(
+            order[2]
+                .reason
+                .starts_with("guided: waves < 1: more KV splits"),
+            "{}",
+            order[2].reason
+        );
+    }
+
+    #[test]
+    fn without_evidence_the_order_spreads_over_the_space() {
+        let (space, planned) = smoke();
+        let order = best_first(&space, &[], &planned, &[]);
+        let ids: Vec<&str> = order.iter().map(|r| r.variant.as_str()).collect();
+        // The second differs from the first in both parameters that vary, then the rest.
+        assert_eq!(
+            ids,
+            [
+                "scalar-bm64-bn64-w4-ks1-s1",
+                "wmma-bm64-bn64-w4-ks4-s1",
+                "scalar-bm64-bn64-w4-ks4-s1",
+                "wmma-bm64-bn64-w4-ks1-s1",
+            ]
+        );
+        assert!(order.iter().all(|r| r.why == RankReason::Spread));
     }
 }

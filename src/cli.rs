@@ -1,11 +1,11 @@
 //! Command-line interface: parses arguments, runs a command, maps errors to exit codes.
 use crate::config::ProjectPaths;
-use crate::engine::{self, Project, Reporter, TuneOptions};
+use crate::engine;
 use crate::error::{exit_code, Error, Result};
 use crate::executor::Executor;
+use crate::plan::Strategy;
 use crate::progress::ProgressReporter;
-use crate::scheduler::Budget;
-use crate::search::Strategy;
+use crate::run::{self, Budget, Project, Reporter, TuneOptions};
 use clap::{Parser, Subcommand};
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -234,10 +234,10 @@ impl RunArgs {
             devices: self.gpus.clone(),
             budget,
             commit: self.commit,
-            strategy: crate::search::Strategy::Exhaustive,
-            run: engine::RunState::default(),
+            strategy: crate::plan::Strategy::Exhaustive,
+            run: run::RunState::default(),
             when_busy: when_busy(self.wait),
-            reuse: self.reuse.then_some(crate::anytime::Reuse {
+            reuse: self.reuse.then_some(crate::run::Reuse {
                 confirm: self.confirm.unwrap_or(0),
             }),
         })
@@ -269,11 +269,11 @@ impl RunArgs {
     }
 }
 
-fn when_busy(wait: bool) -> engine::WhenBusy {
+fn when_busy(wait: bool) -> run::WhenBusy {
     if wait {
-        engine::WhenBusy::Wait
+        run::WhenBusy::Wait
     } else {
-        engine::WhenBusy::Refuse
+        run::WhenBusy::Refuse
     }
 }
 

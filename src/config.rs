@@ -57,7 +57,7 @@ pub struct SentinelPolicy {
 pub struct GpuStatePolicy {
     /// A case timed under one of these (`thermal`, `power`, `neighbour`) is timed again once; if the
     /// condition stays, the figure is flagged and never decides a champion alone.
-    pub retime_on: Vec<crate::protocol::Condition>,
+    pub retime_on: Vec<crate::vocab::Condition>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -209,7 +209,7 @@ pub struct GuidedRule {
     /// What the report shows as the reason for a proposal.
     pub name: String,
     /// Parameter → `"up"` (next value in the space's list), `"down"` (previous), or a value.
-    pub change: indexmap::IndexMap<String, crate::space::ParamValue>,
+    pub change: indexmap::IndexMap<String, crate::vocab::ParamValue>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

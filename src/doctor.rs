@@ -268,13 +268,16 @@ fn disk(paths: &ProjectPaths) -> Check {
         Ok((p, _)) => (p.disk.min_free_gib, "policies.toml [disk] min_free_gib"),
         Err(_) => (2.0, "the default, policies.toml not loaded"),
     };
-    let room = crate::engine::disk_room(paths);
+    let room = crate::run::disk_room(paths);
     let mut parts = Vec::new();
     let mut short = Vec::new();
     for (what, dir, free) in &room {
         match free {
             Some(free) => {
-                parts.push(format!("{free:.1} GiB free under {} ({what})", dir.display()));
+                parts.push(format!(
+                    "{free:.1} GiB free under {} ({what})",
+                    dir.display()
+                ));
                 if *free < floor {
                     short.push(dir.display().to_string());
                 }

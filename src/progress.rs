@@ -1,5 +1,5 @@
 //! Progress bars on stderr that follow the run-log records.
-use crate::engine::Reporter;
+use crate::run::Reporter;
 use crate::runlog::{Entry, Record};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 

@@ -4,6 +4,8 @@ use crate::space::LaunchShape;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+pub use crate::vocab::Condition;
+
 /// The environment variable that tells a worker which file descriptor carries its replies.
 /// Unset (a worker run by hand, or under ncu), replies go to stdout.
 pub const REPLY_FD_ENV: &str = "FLASHTUNE_REPLY_FD";
@@ -263,38 +265,6 @@ pub struct GpuProcess {
     /// As the driver knows it (in a container, the host's pid).
     pub pid: u32,
     pub used_bytes: Option<u64>,
-}
-
-/// What a figure may have been measured under, besides the kernel itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Condition {
-    /// Clocks held down for heat (software or hardware thermal slowdown).
-    Thermal,
-    /// Clocks held down by the hardware power brake (a signal from outside the GPU: the board or
-    /// the system's power supply). The software power cap is not a condition: a heavy kernel meets
-    /// the board's power limit on every run, on any GPU, so its figure is the figure users get.
-    Power,
-    /// Another process had a compute context on the GPU.
-    Neighbour,
-}
-
-impl Condition {
-    pub fn describe(self) -> &'static str {
-        match self {
-            Condition::Thermal => "thermal throttling",
-            Condition::Power => "power throttling",
-            Condition::Neighbour => "another process on the GPU",
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Condition::Thermal => "thermal",
-            Condition::Power => "power",
-            Condition::Neighbour => "neighbour",
-        }
-    }
 }
 
 /// Throttle reasons (as `GpuState` names them) that mean heat, and an outside power brake.

@@ -1,9 +1,10 @@
-//! Turns a run log into the Markdown table people read: one row per (variant, dtype), every figure from a log record.
+//! Turns a run log into the Markdown table people read: one row per (variant, dtype), every figure from a log record. The guided-search and ablation sections are rendered here too, from the records alone.
 use crate::config::Dtype;
-use crate::engine::REFERENCE;
+use crate::plan::{Proposal, Strategy, CHAMPION_STEP};
 use crate::runindex::{BuildOutcome, Outcome, RunIndex};
 use crate::runlog::{LoadedLog, Record};
-use std::collections::BTreeMap;
+use crate::space::REFERENCE;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 #[derive(Debug, Clone)]
@@ -324,12 +325,9 @@ pub fn markdown(ix: &RunIndex) -> String {
     if let Some(chain) = crate::findings::chain(ix) {
         md.push_str(&ablation_chain(&chain));
     }
-    for section in [
-        crate::ablate::factors_section(ix.log),
-        crate::search::proposals_section(ix.log),
-    ]
-    .into_iter()
-    .flatten()
+    for section in [factors_section(ix.log), proposals_section(ix.log)]
+        .into_iter()
+        .flatten()
     {
         md.push('\n');
         md.push_str(&section);
@@ -360,7 +358,11 @@ pub fn markdown(ix: &RunIndex) -> String {
         .map(|k| k.0.as_str())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
-        .filter(|v| ix.cases.iter().any(|c| c.variant == *v && c.measured().is_some()))
+        .filter(|v| {
+            ix.cases
+                .iter()
+                .any(|c| c.variant == *v && c.measured().is_some())
+        })
         .filter_map(|v| {
             ix.disqualified(v)
                 .map(|(line, why)| format!("- `{v}`: {why} (log line {line})"))
@@ -467,7 +469,10 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
         let name = if row.under.is_empty() {
             name
         } else {
-            format!("{name} (measured under {}: no clean figure)", conditions_text(&row.under))
+            format!(
+                "{name} (measured under {}: no clean figure)",
+                conditions_text(&row.under)
+            )
         };
         let name = match &row.reused {
             Some((run, line)) => format!("{name} ↺ (run {run}, line {line})"),
@@ -608,14 +613,17 @@ fn gpu_state(ix: &RunIndex) -> String {
     let range = |xs: Vec<f64>, unit: &str, digits: usize| -> Option<String> {
         let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (lo.is_finite() && hi.is_finite())
-            .then(|| format!("{lo:.digits$}–{hi:.digits$} {unit}"))
+        (lo.is_finite() && hi.is_finite()).then(|| format!("{lo:.digits$}–{hi:.digits$} {unit}"))
     };
     let figures: Vec<String> = [
         (
             "SM clock",
             range(
-                states.iter().filter_map(|s| s.sm_clock_mhz).map(f64::from).collect(),
+                states
+                    .iter()
+                    .filter_map(|s| s.sm_clock_mhz)
+                    .map(f64::from)
+                    .collect(),
                 "MHz",
                 0,
             ),
@@ -623,7 +631,11 @@ fn gpu_state(ix: &RunIndex) -> String {
         (
             "memory clock",
             range(
-                states.iter().filter_map(|s| s.mem_clock_mhz).map(f64::from).collect(),
+                states
+                    .iter()
+                    .filter_map(|s| s.mem_clock_mhz)
+                    .map(f64::from)
+                    .collect(),
                 "MHz",
                 0,
             ),
@@ -631,7 +643,11 @@ fn gpu_state(ix: &RunIndex) -> String {
         (
             "temperature",
             range(
-                states.iter().filter_map(|s| s.temperature_c).map(f64::from).collect(),
+                states
+                    .iter()
+                    .filter_map(|s| s.temperature_c)
+                    .map(f64::from)
+                    .collect(),
                 "°C",
                 0,
             ),
@@ -743,7 +759,10 @@ fn drift(ix: &RunIndex) -> String {
             _ => {}
         }
         for (line, why) in &tr.failed {
-            let _ = writeln!(md, "A sentinel could not be timed (log line {line}): {why}.");
+            let _ = writeln!(
+                md,
+                "A sentinel could not be timed (log line {line}): {why}."
+            );
         }
         md.push('\n');
     }
@@ -1193,4 +1212,246 @@ pub fn profile_summary(p: &crate::profile::ProfileOutcome, line: usize) -> Strin
             detail.lines().next().unwrap_or("")
         ),
     }
+}
+
+/// The report's guided-search section: every proposal, the rule behind it, and what it measured.
+pub fn proposals_section(log: &LoadedLog) -> Option<String> {
+    let proposals: Vec<(String, Proposal, Option<String>)> = log
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Planned {
+                variant,
+                proposed_by: Some(p),
+                invalid,
+                ..
+            } => Some((variant.clone(), p.clone(), invalid.clone())),
+            _ => None,
+        })
+        .collect();
+    let rounds: Vec<&Record> = log
+        .entries
+        .iter()
+        .map(|(_, e)| &e.record)
+        .filter(|r| {
+            matches!(
+                r,
+                Record::SearchRound { .. }
+                    | Record::SearchStopped { .. }
+                    | Record::SearchDuel { .. }
+            )
+        })
+        .collect();
+    if proposals.is_empty() && rounds.is_empty() {
+        return None;
+    }
+    let best: BTreeMap<(String, String, Dtype), (f64, usize)> = log
+        .timed()
+        .map(|t| {
+            (
+                (t.variant.to_owned(), t.shape.to_owned(), t.dtype),
+                (t.timing.median_us, t.line),
+            )
+        })
+        .collect();
+    let mut s = String::new();
+    let _ = writeln!(s, "## Guided search\n");
+    for r in &rounds {
+        match r {
+            Record::SearchRound {
+                round,
+                champions,
+                proposed,
+            } => {
+                let from: BTreeSet<&str> = champions.iter().map(|c| c.variant.as_str()).collect();
+                let _ = writeln!(
+                    s,
+                    "- round {round}: champions {} → {} proposal(s)",
+                    from.iter()
+                        .map(|v| format!("`{v}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    proposed.len()
+                );
+            }
+            Record::SearchStopped { reason } => {
+                let _ = writeln!(s, "- stopped: {reason}");
+            }
+            Record::SearchDuel {
+                shape,
+                dtype,
+                champion,
+                challenger,
+                champion_us,
+                challenger_us,
+                verdict,
+                failure,
+                ..
+            } => {
+                let times = match (champion_us, challenger_us) {
+                    (Some(a), Some(b)) => format!(" ({a:.1} → {b:.1} µs)"),
+                    _ => String::new(),
+                };
+                let outcome = match (verdict, failure) {
+                    (Some(v), _) if v.accept => format!("new champion: {}", v.reason),
+                    (Some(v), _) => format!("kept `{champion}`: {}", v.reason),
+                    (None, Some(why)) => format!("kept `{champion}`: {why}"),
+                    (None, None) => format!("kept `{champion}`"),
+                };
+                let _ = writeln!(
+                    s,
+                    "  - interleaved re-timing on {shape} {dtype}: `{challenger}` vs `{champion}`{times} → {outcome}"
+                );
+            }
+            _ => {}
+        }
+    }
+    let _ = writeln!(s, "\n| round | proposed variant | rule | bottleneck seen | from champion | on | its µs | champion's µs there | result |");
+    let _ = writeln!(s, "|---:|---|---|---|---|---|---:|---:|---|");
+    let mut seen = BTreeSet::new();
+    for (variant, p, invalid) in &proposals {
+        if !seen.insert((variant.clone(), p.round)) {
+            continue; // one row per (variant, round), not per head dim
+        }
+        let on = format!("{} {}", p.shape, p.dtype);
+        let mine = best.get(&(variant.clone(), p.shape.clone(), p.dtype));
+        let theirs = best.get(&(p.from_variant.clone(), p.shape.clone(), p.dtype));
+        let (mine_s, result) = match (mine, invalid) {
+            (Some((us, line)), _) => (
+                format!("{us:.1} (line {line})"),
+                match theirs {
+                    Some((t, _)) => format!("{:.2}× vs champion", t / us),
+                    None => "measured".into(),
+                },
+            ),
+            (None, Some(why)) if !why.is_empty() => ("—".into(), format!("not run: {why}")),
+            (None, _) => ("—".into(), "not timed on this shape (see failures)".into()),
+        };
+        let theirs_s = theirs.map_or("—".into(), |(t, line)| format!("{t:.1} (line {line})"));
+        let _ = writeln!(
+            s,
+            "| {} | `{variant}` | {} | {} | `{}` | {on} | {mine_s} | {theirs_s} | {result} |",
+            p.round, p.rule, p.bottleneck, p.from_variant
+        );
+    }
+    Some(s)
+}
+
+/// The report's factor table for an ablation run: each factor's cost, worst first.
+pub fn factors_section(log: &LoadedLog) -> Option<String> {
+    let header = log.header()?;
+    let Strategy::Ablate { parent_run, .. } = &header.strategy else {
+        return None;
+    };
+    let mut step_of: BTreeMap<String, String> = BTreeMap::new();
+    let mut invalid: BTreeMap<String, String> = BTreeMap::new();
+    for (_, e) in &log.entries {
+        if let Record::Planned {
+            variant,
+            step: Some(step),
+            invalid: why,
+            ..
+        } = &e.record
+        {
+            step_of.insert(variant.clone(), step.clone());
+            if let Some(why) = why {
+                invalid.insert(variant.clone(), why.clone());
+            }
+        }
+    }
+    let timed: BTreeMap<(String, String, Dtype), (f64, usize)> = log
+        .timed()
+        .map(|t| {
+            (
+                (t.variant.to_owned(), t.shape.to_owned(), t.dtype),
+                (t.timing.median_us, t.line),
+            )
+        })
+        .collect();
+    let champion = step_of
+        .iter()
+        .find(|(_, s)| s.as_str() == CHAMPION_STEP)
+        .map(|(v, _)| v.clone())?;
+    let cases: Vec<(String, Dtype)> = header
+        .shapes
+        .iter()
+        .flat_map(|s| header.dtypes.iter().map(move |d| (s.name.clone(), *d)))
+        .collect();
+    struct Factor {
+        step: String,
+        variant: String,
+        losses: Vec<Option<f64>>,
+        geomean: Option<f64>,
+    }
+    let mut factors: Vec<Factor> = step_of
+        .iter()
+        .filter(|(v, s)| **v != champion && s.as_str() != CHAMPION_STEP)
+        .map(|(variant, step)| {
+            let losses: Vec<Option<f64>> = cases
+                .iter()
+                .map(|(shape, dtype)| {
+                    let mine = timed.get(&(variant.clone(), shape.clone(), *dtype))?;
+                    let champ = timed.get(&(champion.clone(), shape.clone(), *dtype))?;
+                    Some(mine.0 / champ.0)
+                })
+                .collect();
+            let known: Vec<f64> = losses.iter().flatten().copied().collect();
+            let geomean = (!known.is_empty())
+                .then(|| (known.iter().map(|x| x.ln()).sum::<f64>() / known.len() as f64).exp());
+            Factor {
+                step: step.clone(),
+                variant: variant.clone(),
+                losses,
+                geomean,
+            }
+        })
+        .collect();
+    factors.sort_by(|a, b| {
+        b.geomean
+            .unwrap_or(f64::NEG_INFINITY)
+            .total_cmp(&a.geomean.unwrap_or(f64::NEG_INFINITY))
+    });
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## Factor ablation around `{champion}` (from run {parent_run})\n"
+    );
+    let _ = writeln!(
+        s,
+        "Each row sets one parameter of the champion back to the baseline's value; the figure is its time ÷ the champion's, both measured in this run. Ranked by geometric mean: the factor whose removal costs most comes first.\n"
+    );
+    let _ = write!(s, "| rank | factor (champion → baseline) | variant |");
+    for (shape, dtype) in &cases {
+        let _ = write!(s, " {shape} {dtype} |");
+    }
+    let _ = writeln!(s, " geomean |");
+    let _ = writeln!(s, "|---:|---|---|{}---:|", "---:|".repeat(cases.len()));
+    let _ = write!(s, "| — | champion | `{champion}` |");
+    for (shape, dtype) in &cases {
+        match timed.get(&(champion.clone(), shape.clone(), *dtype)) {
+            Some((us, line)) => {
+                let _ = write!(s, " {us:.1} µs (line {line}) |");
+            }
+            None => {
+                let _ = write!(s, " — |");
+            }
+        }
+    }
+    let _ = writeln!(s, " 1.00× |");
+    for (rank, f) in factors.iter().enumerate() {
+        let _ = write!(s, "| {} | {} | `{}` |", rank + 1, f.step, f.variant);
+        for loss in &f.losses {
+            let _ = match loss {
+                Some(x) => write!(s, " {x:.2}× |"),
+                None => write!(s, " — |"),
+            };
+        }
+        let g = match (&f.geomean, invalid.get(&f.variant)) {
+            (Some(g), _) => format!("**{g:.2}×**"),
+            (None, Some(why)) => format!("not measurable alone: {why}"),
+            (None, None) => "not timed (see failures)".into(),
+        };
+        let _ = writeln!(s, " {g} |");
+    }
+    Some(s)
 }

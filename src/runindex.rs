@@ -1,11 +1,11 @@
 //! One read model of a run: the log's records sorted once into the plan, the builds, what became of every planned case (with the line that decided it), the profiles, baselines, ceilings, duels and the search; every report and export reads a run through it.
 use crate::config::{Dtype, Shape};
 use crate::decide::Verdict;
+use crate::plan::Proposal;
 use crate::profile::ProfileOutcome;
 use crate::protocol::{CheckStats, Condition, GpuState, SentinelFigure, TimingStats};
 use crate::ptxas::EntryResources;
 use crate::runlog::{Header, LoadedLog, Record};
-use crate::search::Proposal;
 use crate::space::Params;
 use std::collections::BTreeMap;
 

@@ -34,7 +34,7 @@ pub struct Header {
     pub shapes: Vec<Shape>,
     /// How the measured points were chosen (logs before strategies existed walked the whole space).
     #[serde(default)]
-    pub strategy: crate::search::Strategy,
+    pub strategy: crate::plan::Strategy,
     /// Seed of this run's input sets: new every run, so no kernel meets inputs it saw before;
     /// `resume` keeps it, so a resumed run judges on the same inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,7 +65,7 @@ pub enum Record {
         invalid: Option<String>,
         /// The guided search's reason for trying this point.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        proposed_by: Option<crate::search::Proposal>,
+        proposed_by: Option<crate::plan::Proposal>,
     },
     Built {
         variant: String,
@@ -308,7 +308,7 @@ pub enum Record {
     /// A guided-search round: the champions it started from and the points it proposed.
     SearchRound {
         round: u32,
-        champions: Vec<crate::search::RoundChampion>,
+        champions: Vec<crate::plan::RoundChampion>,
         proposed: Vec<String>,
     },
     /// Why the guided search ended.

@@ -1,30 +1,23 @@
 //! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined; a case timed on a throttled or shared GPU is timed again once; the drift sentinel is timed between variants.
 use crate::build::{self, BuildFailure, BuildOutput, BuildSpec};
 use crate::config::Dtype;
-use crate::engine::{input_seed, Events, Project, REFERENCE};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, Session, WorkerEnd, WorkerOutcome};
 use crate::protocol::*;
+use crate::run::{input_seed, Budget, Events, Project, UnitKey};
 use crate::runlog::Record;
-use crate::space::PlannedPoint;
+use crate::space::{PlannedPoint, REFERENCE};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
-/// Which build serves a (variant, dtype, head dim); the reference uses head dim 0.
-pub type UnitKey = (String, Dtype, u32);
+/// A (variant, shape, dtype): the cases `anytime` takes from the results store instead of measuring.
+pub type CaseKey = (String, String, Dtype);
 
 /// A finished build, as the build tasks report it.
 pub type BuildResult = (UnitKey, std::result::Result<BuildOutput, BuildFailure>);
-
-/// Limits on one run, from the command line.
-#[derive(Debug, Clone, Default)]
-pub struct Budget {
-    pub max_variants: Option<usize>,
-    pub time_limit: Option<Duration>,
-}
 
 #[derive(Debug, Default, Clone)]
 pub struct Totals {
@@ -120,7 +113,7 @@ pub struct Scheduler<'a> {
     /// The roofs figures are held to; a case beyond one is `implausible`, never `timed`.
     pub roofs: &'a crate::roofs::Roofs,
     /// Cases the results store supplied (`--reuse`): never measured, never skipped.
-    pub reused: &'a BTreeSet<crate::anytime::CaseKey>,
+    pub reused: &'a BTreeSet<crate::scheduler::CaseKey>,
 }
 
 impl Scheduler<'_> {

@@ -1,66 +1,15 @@
-//! How a run chooses what to measure: the whole space, a random sample, the guided search (profile → bottleneck → neighbours), or an ablation.
+//! How a run explores beyond a fixed plan: a reproducible random sample, and the guided search (profile → bottleneck → neighbours, with interleaved re-timings before a challenger is crowned).
 use crate::config::{Dtype, Shape};
-use crate::engine::{self, Events, Project};
 use crate::error::Result;
+use crate::plan::{Proposal, RoundChampion};
 use crate::protocol::{DeviceInfo, TimingStats};
+use crate::run::{self, Budget, Events, Project};
 use crate::runlog::{LoadedLog, Record};
-use crate::scheduler::{Budget, Ending, Totals};
+use crate::scheduler::{Ending, Totals};
 use crate::space::{Params, PlannedPoint, Variant};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write;
 use std::path::Path;
 use std::time::Instant;
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Strategy {
-    /// Every valid point of the space (or every step of a chain).
-    #[default]
-    Exhaustive,
-    /// `count` valid points drawn without replacement, reproducibly from `seed`.
-    Random { count: usize, seed: u64 },
-    /// Start point, then neighbours proposed by the policy's rules from each champion's bottleneck.
-    Guided,
-    /// One factor at a time around `champion` (taken from run `parent_run`): each parameter set back to the baseline's value.
-    Ablate {
-        parent_run: String,
-        champion: Params,
-    },
-}
-
-impl Strategy {
-    pub fn label(&self) -> String {
-        match self {
-            Strategy::Exhaustive => "exhaustive".into(),
-            Strategy::Random { count, seed } => format!("random ({count} points, seed {seed})"),
-            Strategy::Guided => "guided".into(),
-            Strategy::Ablate { parent_run, .. } => {
-                format!("ablate (around run {parent_run}'s champion)")
-            }
-        }
-    }
-}
-
-/// Why the guided search tried a point.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Proposal {
-    pub round: u32,
-    pub rule: String,
-    pub bottleneck: String,
-    /// The champion it is a neighbour of, and where that champion was champion.
-    pub from_variant: String,
-    pub shape: String,
-    pub dtype: Dtype,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RoundChampion {
-    pub shape: String,
-    pub dtype: Dtype,
-    pub variant: String,
-    pub median_us: f64,
-}
 
 /// `count` valid variants of `planned`, drawn reproducibly; every head dim of a drawn variant comes along.
 pub fn random_sample(planned: &[PlannedPoint], count: usize, seed: u64) -> Vec<PlannedPoint> {
@@ -165,7 +114,7 @@ fn params_of(log: &LoadedLog) -> BTreeMap<String, Params> {
 pub struct Guided<'a> {
     pub project: &'a Project,
     pub device: &'a DeviceInfo,
-    pub opts: &'a engine::TuneOptions,
+    pub opts: &'a run::TuneOptions,
     /// Variants a resumed run already finished: proposed again, never measured again.
     pub done: &'a BTreeSet<String>,
     pub run_dir: &'a Path,
@@ -200,7 +149,7 @@ impl Guided<'_> {
         };
         let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
         let points = project.space.plan_points(&[start], &head_dims, limits)?;
-        let ending = engine::measure_points(
+        let ending = crate::measure::measure_points(
             project,
             self.device,
             self.opts,
@@ -227,7 +176,7 @@ impl Guided<'_> {
                 let Some(shape) = shape_named(&project.shapes, shape_name) else {
                     continue;
                 };
-                let outcome = engine::profile_case(
+                let outcome = run::profile_case(
                     project,
                     self.device,
                     events,
@@ -298,7 +247,7 @@ impl Guided<'_> {
                 .collect();
             let points = project.space.plan_points(&variants, &head_dims, limits)?;
             let budget = remaining(&self.opts.budget, totals.variants, started);
-            let ending = engine::measure_points(
+            let ending = crate::measure::measure_points(
                 project,
                 self.device,
                 self.opts,
@@ -365,8 +314,8 @@ impl Guided<'_> {
                     continue;
                 };
                 let (Some(a), Some(b)) = (
-                    engine::logged_case(project, &log, &old.variant, shape, *dtype),
-                    engine::logged_case(project, &log, &new.variant, shape, *dtype),
+                    run::logged_case(project, &log, &old.variant, shape, *dtype),
+                    run::logged_case(project, &log, &new.variant, shape, *dtype),
                 ) else {
                     continue;
                 };
@@ -402,7 +351,7 @@ impl Guided<'_> {
                 .duel(self.device.ordinal, request, timeout)
                 .await;
             for (i, (shape, dtype, champion, challenger)) in names.into_iter().enumerate() {
-                let judged = crate::step::judge_pair(
+                let judged = crate::duel::judge_pair(
                     outcome.duels.get(i),
                     &outcome,
                     policy.min_gain,
@@ -468,427 +417,4 @@ fn remaining(budget: &Budget, variants_so_far: usize, started: Instant) -> Budge
 /// Shapes of the run by name.
 pub fn shape_named<'a>(shapes: &'a [Shape], name: &str) -> Option<&'a Shape> {
     shapes.iter().find(|s| s.name == name)
-}
-
-/// The report's guided-search section: every proposal, the rule behind it, and what it measured.
-pub fn proposals_section(log: &LoadedLog) -> Option<String> {
-    let proposals: Vec<(String, Proposal, Option<String>)> = log
-        .entries
-        .iter()
-        .filter_map(|(_, e)| match &e.record {
-            Record::Planned {
-                variant,
-                proposed_by: Some(p),
-                invalid,
-                ..
-            } => Some((variant.clone(), p.clone(), invalid.clone())),
-            _ => None,
-        })
-        .collect();
-    let rounds: Vec<&Record> = log
-        .entries
-        .iter()
-        .map(|(_, e)| &e.record)
-        .filter(|r| {
-            matches!(
-                r,
-                Record::SearchRound { .. }
-                    | Record::SearchStopped { .. }
-                    | Record::SearchDuel { .. }
-            )
-        })
-        .collect();
-    if proposals.is_empty() && rounds.is_empty() {
-        return None;
-    }
-    let best: BTreeMap<(String, String, Dtype), (f64, usize)> = log
-        .timed()
-        .map(|t| {
-            (
-                (t.variant.to_owned(), t.shape.to_owned(), t.dtype),
-                (t.timing.median_us, t.line),
-            )
-        })
-        .collect();
-    let mut s = String::new();
-    let _ = writeln!(s, "## Guided search\n");
-    for r in &rounds {
-        match r {
-            Record::SearchRound {
-                round,
-                champions,
-                proposed,
-            } => {
-                let from: BTreeSet<&str> = champions.iter().map(|c| c.variant.as_str()).collect();
-                let _ = writeln!(
-                    s,
-                    "- round {round}: champions {} → {} proposal(s)",
-                    from.iter()
-                        .map(|v| format!("`{v}`"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    proposed.len()
-                );
-            }
-            Record::SearchStopped { reason } => {
-                let _ = writeln!(s, "- stopped: {reason}");
-            }
-            Record::SearchDuel {
-                shape,
-                dtype,
-                champion,
-                challenger,
-                champion_us,
-                challenger_us,
-                verdict,
-                failure,
-                ..
-            } => {
-                let times = match (champion_us, challenger_us) {
-                    (Some(a), Some(b)) => format!(" ({a:.1} → {b:.1} µs)"),
-                    _ => String::new(),
-                };
-                let outcome = match (verdict, failure) {
-                    (Some(v), _) if v.accept => format!("new champion: {}", v.reason),
-                    (Some(v), _) => format!("kept `{champion}`: {}", v.reason),
-                    (None, Some(why)) => format!("kept `{champion}`: {why}"),
-                    (None, None) => format!("kept `{champion}`"),
-                };
-                let _ = writeln!(
-                    s,
-                    "  - interleaved re-timing on {shape} {dtype}: `{challenger}` vs `{champion}`{times} → {outcome}"
-                );
-            }
-            _ => {}
-        }
-    }
-    let _ = writeln!(s, "\n| round | proposed variant | rule | bottleneck seen | from champion | on | its µs | champion's µs there | result |");
-    let _ = writeln!(s, "|---:|---|---|---|---|---|---:|---:|---|");
-    let mut seen = BTreeSet::new();
-    for (variant, p, invalid) in &proposals {
-        if !seen.insert((variant.clone(), p.round)) {
-            continue; // one row per (variant, round), not per head dim
-        }
-        let on = format!("{} {}", p.shape, p.dtype);
-        let mine = best.get(&(variant.clone(), p.shape.clone(), p.dtype));
-        let theirs = best.get(&(p.from_variant.clone(), p.shape.clone(), p.dtype));
-        let (mine_s, result) = match (mine, invalid) {
-            (Some((us, line)), _) => (
-                format!("{us:.1} (line {line})"),
-                match theirs {
-                    Some((t, _)) => format!("{:.2}× vs champion", t / us),
-                    None => "measured".into(),
-                },
-            ),
-            (None, Some(why)) if !why.is_empty() => ("—".into(), format!("not run: {why}")),
-            (None, _) => ("—".into(), "not timed on this shape (see failures)".into()),
-        };
-        let theirs_s = theirs.map_or("—".into(), |(t, line)| format!("{t:.1} (line {line})"));
-        let _ = writeln!(
-            s,
-            "| {} | `{variant}` | {} | {} | `{}` | {on} | {mine_s} | {theirs_s} | {result} |",
-            p.round, p.rule, p.bottleneck, p.from_variant
-        );
-    }
-    Some(s)
-}
-
-/// Where a champion known before a run comes from.
-#[derive(Debug, Clone, PartialEq)]
-pub enum KnownFrom {
-    /// The champion table committed at HEAD.
-    Committed,
-    /// An earlier run's fastest on this GPU model, from the results store.
-    Run(String),
-}
-
-/// A champion known before a run starts, on one of the run's (shape, dtype) where it can be named so.
-#[derive(Debug, Clone)]
-pub struct KnownChampion {
-    pub from: KnownFrom,
-    pub params: Params,
-    pub shape: String,
-    pub dtype: Dtype,
-    pub median_us: f64,
-    /// Its newest profile on that shape on this GPU model: the run that took it and the bottlenecks named.
-    pub profile: Option<(String, Vec<String>)>,
-}
-
-/// Past this many variants the spread order costs more than it is worth: the rest keep the space's order.
-const MAX_SPREAD_ORDERED: usize = 20_000;
-
-/// The dispatch order of a budgeted run, best first: the committed champions, earlier runs'
-/// champions (those that won the most cases first, then the newest), the neighbours the `[guided]`
-/// rules propose from those champions' earlier profiles, then the rest, each next one as unlike
-/// the variants before it as the space allows (the most parameters different), so that a run cut
-/// short has seen every corner of the space rather than one corner in full.
-pub fn best_first(
-    space: &crate::space::Space,
-    rules: &[crate::config::GuidedRule],
-    planned: &[PlannedPoint],
-    known: &[KnownChampion],
-) -> Vec<crate::runlog::Ranked> {
-    use crate::runlog::{RankReason, Ranked};
-    let mut variants: Vec<(&str, &Params)> = Vec::new();
-    for p in planned.iter().filter(|p| p.invalid.is_none()) {
-        if !variants.iter().any(|(id, _)| *id == p.variant.id) {
-            variants.push((&p.variant.id, &p.variant.params));
-        }
-    }
-    let find = |params: &Params| variants.iter().position(|(_, p)| *p == params);
-    let mut placed: Vec<(usize, RankReason, String)> = Vec::new();
-    let is_placed =
-        |placed: &[(usize, RankReason, String)], i: usize| placed.iter().any(|p| p.0 == i);
-    let list = |cases: &[String]| {
-        const SHOWN: usize = 4;
-        let mut s = cases
-            .iter()
-            .take(SHOWN)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join(", ");
-        if cases.len() > SHOWN {
-            s.push_str(&format!(" and {} more", cases.len() - SHOWN));
-        }
-        s
-    };
-
-    // Champions, committed first: per variant the cases it holds, most cases first.
-    for (kind, committed) in [
-        (RankReason::Committed, true),
-        (RankReason::EarlierChampion, false),
-    ] {
-        let mut held: Vec<(usize, Vec<String>)> = Vec::new();
-        for k in known
-            .iter()
-            .filter(|k| (k.from == KnownFrom::Committed) == committed)
-        {
-            let Some(i) = find(&k.params) else { continue };
-            if is_placed(&placed, i) {
-                continue;
-            }
-            let case = match &k.from {
-                KnownFrom::Committed => format!("{} {}", k.shape, k.dtype),
-                KnownFrom::Run(run) => {
-                    format!(
-                        "{} {} in run {run} ({:.1} µs)",
-                        k.shape, k.dtype, k.median_us
-                    )
-                }
-            };
-            match held.iter_mut().find(|h| h.0 == i) {
-                Some(h) => h.1.push(case),
-                None => held.push((i, vec![case])),
-            }
-        }
-        // Stable: among equals, the first seen (the newest run, or the table's order) leads.
-        held.sort_by_key(|h| std::cmp::Reverse(h.1.len()));
-        for (i, cases) in held {
-            let reason = if committed {
-                format!("committed champion for {}", list(&cases))
-            } else {
-                format!("champion of {}", list(&cases))
-            };
-            placed.push((i, kind, reason));
-        }
-    }
-
-    // The guided rules, applied to the known champions' earlier bottlenecks.
-    for k in known {
-        let Some((run, bottlenecks)) = &k.profile else {
-            continue;
-        };
-        for rule in rules.iter().filter(|r| bottlenecks.contains(&r.bottleneck)) {
-            let Some(next) = space.neighbour(&k.params, &rule.change) else {
-                continue;
-            };
-            let Some(i) = find(&next.params) else {
-                continue;
-            };
-            if is_placed(&placed, i) {
-                continue;
-            }
-            let reason = format!(
-                "guided: {}, from `{}` on {} {} ({} in run {run}'s profile)",
-                rule.name,
-                crate::space::variant_id(&k.params),
-                k.shape,
-                k.dtype,
-                rule.bottleneck
-            );
-            placed.push((i, RankReason::Guided, reason));
-        }
-    }
-
-    // The rest, spread: each next variant the one farthest (most parameters different) from
-    // everything before it; the space's order breaks ties.
-    let rest: Vec<usize> = (0..variants.len())
-        .filter(|&i| !is_placed(&placed, i))
-        .collect();
-    if rest.len() > MAX_SPREAD_ORDERED {
-        for i in rest {
-            placed.push((
-                i,
-                RankReason::Spread,
-                "remaining, in the space's order".into(),
-            ));
-        }
-    } else {
-        let distance = |a: usize, b: usize| {
-            let (pa, pb) = (variants[a].1, variants[b].1);
-            pa.iter().filter(|(k, v)| pb.get(*k) != Some(*v)).count()
-                + pb.keys().filter(|k| !pa.contains_key(*k)).count()
-        };
-        let mut nearest: Vec<usize> = rest
-            .iter()
-            .map(|&i| {
-                placed
-                    .iter()
-                    .map(|p| distance(i, p.0))
-                    .min()
-                    .unwrap_or(usize::MAX)
-            })
-            .collect();
-        let mut left: Vec<bool> = vec![true; rest.len()];
-        for _ in 0..rest.len() {
-            let mut pick: Option<usize> = None;
-            for j in (0..rest.len()).filter(|&j| left[j]) {
-                if pick.is_none_or(|p| nearest[j] > nearest[p]) {
-                    pick = Some(j);
-                }
-            }
-            let j = pick.expect("a variant is left");
-            left[j] = false;
-            let reason = if nearest[j] == usize::MAX {
-                "remaining, spread: the first of the space".to_owned()
-            } else {
-                format!(
-                    "remaining, spread: {} parameter(s) unlike any variant before it",
-                    nearest[j]
-                )
-            };
-            placed.push((rest[j], RankReason::Spread, reason));
-            for k in (0..rest.len()).filter(|&k| left[k]) {
-                nearest[k] = nearest[k].min(distance(rest[k], rest[j]));
-            }
-        }
-    }
-    placed
-        .into_iter()
-        .enumerate()
-        .map(|(n, (i, why, reason))| Ranked {
-            rank: n + 1,
-            variant: variants[i].0.to_owned(),
-            why,
-            reason,
-            earlier: Vec::new(),
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runlog::RankReason;
-    use crate::space::{DeviceLimits, ParamValue, Space};
-
-    fn smoke() -> (Space, Vec<PlannedPoint>) {
-        let space = Space::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("variants/smoke.toml"))
-            .expect("the smoke space loads");
-        let limits = DeviceLimits {
-            max_threads_per_block: 1024,
-            max_smem_optin_bytes: 232448,
-        };
-        let planned = space
-            .plan(&BTreeSet::from([64]), &limits)
-            .expect("the smoke space plans");
-        (space, planned)
-    }
-
-    fn params_of(planned: &[PlannedPoint], id: &str) -> Params {
-        planned
-            .iter()
-            .find(|p| p.variant.id == id)
-            .map(|p| p.variant.params.clone())
-            .unwrap_or_else(|| panic!("no {id}"))
-    }
-
-    fn champion(from: KnownFrom, params: Params, profile: Option<&str>) -> KnownChampion {
-        KnownChampion {
-            from,
-            params,
-            shape: "small".into(),
-            dtype: Dtype::F16,
-            median_us: 4.5,
-            profile: profile.map(|b| ("r1".to_owned(), vec![b.to_owned()])),
-        }
-    }
-
-    #[test]
-    fn committed_then_earlier_then_guided_then_spread() {
-        let (space, planned) = smoke();
-        let rule = crate::config::GuidedRule {
-            bottleneck: "grid too small (waves < 1)".into(),
-            name: "waves < 1: more KV splits".into(),
-            change: [("KV_SPLIT".to_owned(), ParamValue::Name("up".into()))]
-                .into_iter()
-                .collect(),
-        };
-        let known = [
-            // Listed first, but an earlier run's word counts for less than the committed table's.
-            champion(
-                KnownFrom::Run("r1".into()),
-                params_of(&planned, "scalar-bm64-bn64-w4-ks1-s1"),
-                Some("grid too small (waves < 1)"),
-            ),
-            champion(
-                KnownFrom::Committed,
-                params_of(&planned, "wmma-bm64-bn64-w4-ks4-s1"),
-                None,
-            ),
-        ];
-        let order = best_first(&space, &[rule], &planned, &known);
-        let got: Vec<(&str, RankReason)> =
-            order.iter().map(|r| (r.variant.as_str(), r.why)).collect();
-        assert_eq!(
-            got,
-            [
-                ("wmma-bm64-bn64-w4-ks4-s1", RankReason::Committed),
-                ("scalar-bm64-bn64-w4-ks1-s1", RankReason::EarlierChampion),
-                ("scalar-bm64-bn64-w4-ks4-s1", RankReason::Guided),
-                ("wmma-bm64-bn64-w4-ks1-s1", RankReason::Spread),
-            ]
-        );
-        assert_eq!(
-            order.iter().map(|r| r.rank).collect::<Vec<_>>(),
-            [1, 2, 3, 4]
-        );
-        assert!(order[0].reason.contains("committed champion for small f16"));
-        assert!(order[1].reason.contains("run r1"), "{}", order[1].reason);
-        assert!(
-            order[2]
-                .reason
-                .starts_with("guided: waves < 1: more KV splits"),
-            "{}",
-            order[2].reason
-        );
-    }
-
-    #[test]
-    fn without_evidence_the_order_spreads_over_the_space() {
-        let (space, planned) = smoke();
-        let order = best_first(&space, &[], &planned, &[]);
-        let ids: Vec<&str> = order.iter().map(|r| r.variant.as_str()).collect();
-        // The second differs from the first in both parameters that vary, then the rest.
-        assert_eq!(
-            ids,
-            [
-                "scalar-bm64-bn64-w4-ks1-s1",
-                "wmma-bm64-bn64-w4-ks4-s1",
-                "scalar-bm64-bn64-w4-ks4-s1",
-                "wmma-bm64-bn64-w4-ks1-s1",
-            ]
-        );
-        assert!(order.iter().all(|r| r.why == RankReason::Spread));
-    }
 }

@@ -7,23 +7,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// A parameter value as written in a variants file: an integer or a symbolic name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum ParamValue {
-    Int(i64),
-    Name(String),
-}
+pub use crate::vocab::ParamValue;
 
-impl std::fmt::Display for ParamValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ParamValue::Int(v) => write!(f, "{v}"),
-            ParamValue::Name(s) => f.write_str(s),
-        }
-    }
-}
-
+// Inherent methods kept beside the expression and define code that alone uses them.
 impl ParamValue {
     /// Names listed under `[symbols]` read as numbers in expressions (evalexpr cannot compare a string with a number).
     fn to_expr_value(&self, symbols: &IndexMap<String, i64>) -> Value {
@@ -700,6 +686,9 @@ pub fn variant_id(params: &Params) -> String {
         .collect::<Vec<_>>()
         .join("-")
 }
+
+/// The unit name under which the fp32 reference kernel is built and logged.
+pub const REFERENCE: &str = "reference";
 
 #[cfg(test)]
 mod tests {

@@ -7,14 +7,13 @@
 use crate::build::{BuildOutput, BuildSpec, Builder};
 use crate::champions::Table;
 use crate::config::{Dtype, ProjectPaths, Shape};
-use crate::decide::{self, Duel, Verdict};
-use crate::engine::{self, Events, Project, REFERENCE};
+use crate::decide::{self, Verdict};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::protocol::*;
+use crate::run::{self, Events, Project, UnitKey};
 use crate::runlog::{Record, RunLog};
-use crate::scheduler::UnitKey;
-use crate::space::{DeviceLimits, PlannedPoint};
+use crate::space::{DeviceLimits, PlannedPoint, REFERENCE};
 use anyhow::{anyhow, Context};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -37,7 +36,7 @@ pub struct StepOptions {
     pub device: u32,
     pub executor: Executor,
     /// Queue behind another flashtune run that holds the GPU, or refuse at once.
-    pub when_busy: engine::WhenBusy,
+    pub when_busy: run::WhenBusy,
 }
 
 pub struct StepOutcome {
@@ -70,8 +69,8 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
             "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
         ))
     })?;
-    let _locks = engine::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
-    let run_id = engine::new_run_id();
+    let _locks = run::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
+    let run_id = run::new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
     let mut session = Session {
         project: &project,
@@ -92,13 +91,13 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, Vec::new());
     // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
-    let strategy = crate::search::Strategy::default();
-    let mut head = engine::header(&project, &device, &run_id, &strategy);
-    session.seed = engine::fresh_run_seed(project.policies.measure.seed, &run_id);
+    let strategy = crate::plan::Strategy::default();
+    let mut head = run::header(&project, &device, &run_id, &strategy);
+    session.seed = run::fresh_run_seed(project.policies.measure.seed, &run_id);
     head.run_seed = Some(session.seed);
     events.emit(Record::Header(Box::new(head)))?;
     session.roofs =
-        engine::measure_roofs(&project, opts.device, &opts.executor, &mut events, None).await?;
+        run::measure_roofs(&project, opts.device, &opts.executor, &mut events, None).await?;
     let started = Instant::now();
     let mut last: Option<Decided> = None;
     let mut report = String::new();
@@ -653,7 +652,7 @@ impl Session<'_> {
         for p in pairings {
             let id = &p.point.variant.id;
             // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
-            let seed = engine::input_seed(
+            let seed = run::input_seed(
                 self.seed ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 &p.shape,
                 p.dtype,
@@ -685,7 +684,7 @@ impl Session<'_> {
         let mut failure: Option<String> = None;
         for (i, p) in pairings.iter().enumerate() {
             let result = outcome.duels.get(i);
-            let judged = judge_pair(
+            let judged = crate::duel::judge_pair(
                 result,
                 &outcome,
                 threshold,
@@ -768,73 +767,6 @@ impl Session<'_> {
             self.device.name,
         );
         m
-    }
-}
-
-/// One pair's figures, or why it could not be judged.
-#[derive(Default)]
-pub(crate) struct PairOutcome {
-    pub champion: Option<TimingStats>,
-    pub challenger: Option<TimingStats>,
-    pub challenger_check: Option<CheckStats>,
-    pub verdict: Option<Verdict>,
-    pub failure: Option<String>,
-}
-
-/// One duel judged: both sides must pass every check, the challenger's figure must be plausible,
-/// and only then does the interleaved timing decide.
-pub(crate) fn judge_pair(
-    result: Option<&DuelResult>,
-    outcome: &crate::executor::WorkerOutcome,
-    threshold: f64,
-    shape: &Shape,
-    roofs: &crate::roofs::Roofs,
-    margin: f64,
-) -> PairOutcome {
-    let Some(r) = result else {
-        let why = outcome
-            .trouble()
-            .unwrap_or_else(|| "the worker did not answer for this case".to_owned());
-        return PairOutcome {
-            failure: Some(why),
-            ..Default::default()
-        };
-    };
-    let stats =
-        |s: &[f64]| crate::check::summarize(s.to_vec(), r.launches_per_sample, shape.flops());
-    // The edit's own failure first: it is the one being judged, and the clearest reason.
-    let failure = if let Some(why) = r.challenger.failure() {
-        Some(format!("the edit fails its checks: {why}"))
-    } else if let Some(why) = r.champion.failure() {
-        Some(format!(
-            "HEAD's champion failed its check on these inputs: {why}"
-        ))
-    } else if let Some(e) = &r.error {
-        Some(format!("the duel did not finish: {e}"))
-    } else if r.champion.samples_us.is_empty() || r.challenger.samples_us.is_empty() {
-        Some("no samples came back".into())
-    } else {
-        roofs
-            .beyond(shape, r.dtype, &stats(&r.challenger.samples_us), margin)
-            .map(|why| format!("the edit's figure is implausible: {why}"))
-    };
-    if failure.is_some() {
-        return PairOutcome {
-            challenger_check: r.challenger.check.clone(),
-            failure,
-            ..Default::default()
-        };
-    }
-    let duel = Duel {
-        champion_us: r.champion.samples_us.clone(),
-        challenger_us: r.challenger.samples_us.clone(),
-    };
-    PairOutcome {
-        champion: Some(stats(&r.champion.samples_us)),
-        challenger: Some(stats(&r.challenger.samples_us)),
-        challenger_check: r.challenger.check.clone(),
-        verdict: Some(decide::judge(&duel, threshold)),
-        failure: None,
     }
 }
 

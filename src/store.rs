@@ -653,7 +653,7 @@ fn insert_measurement(
     let build = ctx.keys.get(&(variant.to_owned(), dtype, s.d));
     let reference = ctx
         .keys
-        .get(&(crate::engine::REFERENCE.to_owned(), dtype, 0));
+        .get(&(crate::space::REFERENCE.to_owned(), dtype, 0));
     let (Some(build), Some(reference), Some(params)) = (build, reference, ctx.params.get(variant))
     else {
         return Ok(());

@@ -2,8 +2,9 @@
 mod common;
 use common::*;
 use flashtune::config::{Causal, Policies};
-use flashtune::engine::{self, WhenBusy};
+use flashtune::engine;
 use flashtune::error::{exit_code, Error};
+use flashtune::run::{self, WhenBusy};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -453,8 +454,8 @@ mod commit_and_lock {
     #[test]
     fn a_busy_gpu_has_its_own_exit_code_and_wait_queues_behind_it() {
         let gpu = unused_gpu();
-        let held = engine::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap();
-        let e = engine::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap_err();
+        let held = run::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap();
+        let e = run::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap_err();
         assert_eq!(e.exit_code(), exit_code::GPU_BUSY);
         assert_ne!(exit_code::GPU_BUSY, exit_code::BAD_INPUT);
         assert!(
@@ -466,7 +467,7 @@ mod commit_and_lock {
 
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
-            let locks = engine::lock_gpus(&[gpu], false, WhenBusy::Wait);
+            let locks = run::lock_gpus(&[gpu], false, WhenBusy::Wait);
             tx.send(()).unwrap();
             locks
         });
@@ -498,7 +499,7 @@ mod commit_and_lock {
 mod offline_targets {
     use super::*;
     use flashtune::config::ProjectPaths;
-    use flashtune::engine::Project;
+    use flashtune::run::Project;
 
     /// One WMMA point, d = 128, BLOCK_N = 128: 138 496 bytes of shared memory, more than an L4's
     /// 99 KiB and less than Hopper's 227 KiB.

@@ -1725,7 +1725,7 @@ mod git {
 mod search {
     use super::pipeline::{records, run_dir_from};
     use super::*;
-    use flashtune::search::{Proposal, Strategy};
+    use flashtune::plan::{Proposal, Strategy};
     use std::collections::{BTreeMap, BTreeSet};
 
     /// One dtype and head dim 64 only, so each point is one real nvcc build.
