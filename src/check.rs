@@ -304,14 +304,22 @@ pub fn differing_bits(a: (&[u16], &[f32]), b: (&[u16], &[f32])) -> u64 {
 /// Outputs that differ between two runs of one kernel on one input set, where the second run's V
 /// was `sign` times the first's (O flips sign with V, exactly; LSE does not). Values, not bits, are
 /// compared, so +0 and -0 agree; a NaN on either side counts as a difference.
-pub fn differing_up_to_sign(dtype: Dtype, a: (&[u16], &[f32]), b: (&[u16], &[f32]), sign: f32) -> u64 {
-    let o = a
-        .0
-        .iter()
-        .zip(b.0)
-        .filter(|(&x, &y)| from_bits(dtype, x) != sign * from_bits(dtype, y))
-        .count();
-    let l = a.1.iter().zip(b.1).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+pub fn differing_up_to_sign(
+    dtype: Dtype,
+    a: (&[u16], &[f32]),
+    b: (&[u16], &[f32]),
+    sign: f32,
+) -> u64 {
+    let o =
+        a.0.iter()
+            .zip(b.0)
+            .filter(|(&x, &y)| from_bits(dtype, x) != sign * from_bits(dtype, y))
+            .count();
+    let l =
+        a.1.iter()
+            .zip(b.1)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
     (o + l) as u64
 }
 

@@ -80,8 +80,7 @@ fn plots(ix: &RunIndex) -> String {
         crate::plots::champions_over_time(&traces, last_timed).map(|f| (f, String::new())),
         crate::plots::sentinel_over_time(&crate::findings::sentinel_traces(ix))
             .map(|f| (f, String::new())),
-        crate::plots::state_over_time(&crate::findings::gpu_states(ix))
-            .map(|f| (f, String::new())),
+        crate::plots::state_over_time(&crate::findings::gpu_states(ix)).map(|f| (f, String::new())),
     ];
     let mut html = String::from("<h2>Plots</h2>\n");
     if figures.iter().all(Option::is_none) {

@@ -414,7 +414,10 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
         chart
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
             .map_err(|e| e.to_string())?
-            .label(format!("limit ±{:.1}% ([sentinel] max_drift)", 100.0 * limit))
+            .label(format!(
+                "limit ±{:.1}% ([sentinel] max_drift)",
+                100.0 * limit
+            ))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));
         for (i, (name, points)) in lines.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
@@ -429,11 +432,7 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
                     PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
                 });
             chart
-                .draw_series(
-                    points
-                        .iter()
-                        .map(|&p| Circle::new(p, 3, color.filled())),
-                )
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
                 .map_err(|e| e.to_string())?;
         }
         legend(&mut chart, SeriesLabelPosition::UpperLeft)
@@ -463,8 +462,18 @@ pub fn state_over_time(points: &[findings::StatePoint]) -> Option<Result<String,
     Some(svg(|root| {
         let panels = root.split_evenly((2, 1));
         let series = [
-            ("SM clock and temperature over the run: SM clock", "SM clock (MHz)", &sm, RGBColor(31, 119, 180)),
-            ("temperature", "temperature (°C)", &temp, RGBColor(214, 39, 40)),
+            (
+                "SM clock and temperature over the run: SM clock",
+                "SM clock (MHz)",
+                &sm,
+                RGBColor(31, 119, 180),
+            ),
+            (
+                "temperature",
+                "temperature (°C)",
+                &temp,
+                RGBColor(214, 39, 40),
+            ),
         ];
         for (panel, (title, desc, xs, color)) in panels.iter().zip(series) {
             if xs.is_empty() {
@@ -482,7 +491,10 @@ pub fn state_over_time(points: &[findings::StatePoint]) -> Option<Result<String,
                 .draw()
                 .map_err(|e| e.to_string())?;
             chart
-                .draw_series(xs.iter().map(|&p| Circle::new(p, 2, color.mix(0.7).filled())))
+                .draw_series(
+                    xs.iter()
+                        .map(|&p| Circle::new(p, 2, color.mix(0.7).filled())),
+                )
                 .map_err(|e| e.to_string())?;
         }
         Ok(())

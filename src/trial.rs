@@ -725,8 +725,12 @@ fn time_interleaved<D: Device>(
                     // The same launch on the same set in an earlier verified replay: a kernel whose
                     // bits move between runs is racing (V's sign may differ: compare values, negated).
                     if let Some((earlier, earlier_lse, earlier_sign)) = out[side].kept.get(i) {
-                        stats.nondeterministic_count =
-                            check::differing_up_to_sign(case.dtype, (&o, &lse), (earlier, earlier_lse), sign * earlier_sign);
+                        stats.nondeterministic_count = check::differing_up_to_sign(
+                            case.dtype,
+                            (&o, &lse),
+                            (earlier, earlier_lse),
+                            sign * earlier_sign,
+                        );
                         check::judge(&mut stats, &case.tolerance, set.score_scale());
                     }
                     let detail = format!(
@@ -773,19 +777,26 @@ fn time_interleaved<D: Device>(
         (started.elapsed().as_secs_f64() - replays_us / 1e6 - verify_s).max(0.0);
     let result = out
         .into_iter()
-        .map(|Side { samples: samples_us, failed, worst, .. }| {
-            let replays = if random_round + 1 == samples {
-                format!("replay {samples} of {samples}")
-            } else {
-                format!("replays {} and {samples} of {samples}", random_round + 1)
-            };
-            let stage = failed.unwrap_or(StageCheck {
-                stage: Stage::Timed,
-                detail: format!("{replays}, all {launches} launches each; worst launch shown"),
-                stats: worst,
-            });
-            (samples_us, stage)
-        })
+        .map(
+            |Side {
+                 samples: samples_us,
+                 failed,
+                 worst,
+                 ..
+             }| {
+                let replays = if random_round + 1 == samples {
+                    format!("replay {samples} of {samples}")
+                } else {
+                    format!("replays {} and {samples} of {samples}", random_round + 1)
+                };
+                let stage = failed.unwrap_or(StageCheck {
+                    stage: Stage::Timed,
+                    detail: format!("{replays}, all {launches} launches each; worst launch shown"),
+                    stats: worst,
+                });
+                (samples_us, stage)
+            },
+        )
         .collect();
     Ok((launches as u32, result))
 }

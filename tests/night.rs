@@ -197,7 +197,10 @@ fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_
     let mut seen: BTreeSet<Proc> = BTreeSet::new();
     let started = Instant::now();
     let run = loop {
-        assert!(started.elapsed() < Duration::from_secs(180), "no variant finished");
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "no variant finished"
+        );
         seen.extend(descendants(pid));
         std::thread::sleep(Duration::from_millis(50));
         if let Some(run) = find_log(dir.path(), "\"event\":\"variant_done\"") {
@@ -226,7 +229,10 @@ fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_
 
     let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(matches!(records(&run).last(), Some(Record::Finished { .. })));
+    assert!(matches!(
+        records(&run).last(),
+        Some(Record::Finished { .. })
+    ));
     assert_eq!(champions(&run), expected);
 }
 
@@ -283,10 +289,18 @@ fn a_second_signal_stops_at_once_and_no_worker_nvcc_or_ptxas_outlives_the_run() 
         Some(Record::Interrupted { reason }) => reason.clone(),
         other => panic!("last record {other:?}"),
     };
-    assert!(reason.contains("second"), "{reason}");
-    // Either may be handled first; the exit code is the first's.
-    let first = if reason.starts_with("SIGTERM") { 143 } else { 129 };
-    assert!(reason.starts_with("SIGTERM") || reason.starts_with("SIGHUP"), "{reason}");
+    // The second may be handled after the run has already written its record (the first alone
+    // ends a run with nothing in flight within milliseconds): then the reason names one signal.
+    // Either way the exit code is the first's and nothing is left running; either may be first.
+    let first = if reason.starts_with("SIGTERM") {
+        143
+    } else {
+        129
+    };
+    assert!(
+        reason.starts_with("SIGTERM") || reason.starts_with("SIGHUP"),
+        "{reason}"
+    );
     assert_eq!(out.status.code(), Some(first), "{reason}\n{}", text(&out));
     assert_nothing_left(&seen, dir.path());
 }
@@ -432,7 +446,10 @@ fn a_throttled_case_is_retimed_and_flagged_and_never_decides_a_champion_alone() 
 fn drift_mid_run_triggers_a_reduel_before_the_champions_are_decided() {
     let dir = project(
         r#"["small"]"#,
-        &[("every_s = 300", "every_s = 0"), ("max_drift = 0.03", "max_drift = 0.05")],
+        &[
+            ("every_s = 300", "every_s = 0"),
+            ("max_drift = 0.03", "max_drift = 0.05"),
+        ],
     );
     let point = |mma: &str| {
         format!("{{ MMA = \"{mma}\", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = 1, STAGES = 1 }}")
@@ -454,7 +471,10 @@ fn drift_mid_run_triggers_a_reduel_before_the_champions_are_decided() {
         .iter()
         .filter(|r| matches!(r, Record::Sentinel { .. }))
         .count();
-    assert!(sentinels >= 3, "start, between the variants, end: {sentinels}");
+    assert!(
+        sentinels >= 3,
+        "start, between the variants, end: {sentinels}"
+    );
     let duels: Vec<&Record> = recs
         .iter()
         .filter(|r| matches!(r, Record::DriftDuel { .. }))
@@ -475,7 +495,10 @@ fn drift_mid_run_triggers_a_reduel_before_the_champions_are_decided() {
     assert!(report.contains("## Drift sentinel"), "{report}");
     assert!(report.contains("beyond the limit"), "{report}");
     let html = std::fs::read_to_string(run.join("report.html")).unwrap();
-    assert!(html.contains("Drift sentinel over the run"), "no sentinel plot");
+    assert!(
+        html.contains("Drift sentinel over the run"),
+        "no sentinel plot"
+    );
     assert!(html.contains("SM clock and temperature"), "no state plot");
 }
 

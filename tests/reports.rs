@@ -263,7 +263,7 @@ fn two_outcomes_in_one_session_and_records_for_unplanned_cases_are_said_loudly()
     assert!(
         ix.pick("seed", F16).is_none(),
         "{:?}",
-        ix.pick("seed", F16).map(|p| p.best.variant.clone())
+        ix.pick("seed", F16).map(|p| p.best.variant)
     );
 }
 

@@ -100,7 +100,9 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     assert!(!failed.contains_key(honest), "{:?}", failed.get(honest));
     let ix = RunIndex::new(&log);
     for shape in ["small", "ragged"] {
-        let pick = ix.pick(shape, Dtype::F16).expect("the honest kernel is timed");
+        let pick = ix
+            .pick(shape, Dtype::F16)
+            .expect("the honest kernel is timed");
         assert_eq!(pick.best.variant, honest, "{shape}");
     }
     // skip_last_tile is right on `small` (a tile multiple) and timed there, but it is wrong on
@@ -112,7 +114,8 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     assert!(ix.disqualified("skip_last_tile-bm16-bn64-w4-ks1").is_some());
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
-        report.contains("## Never a champion") && report.contains("`skip_last_tile-bm16-bn64-w4-ks1`: wrong on ragged f16"),
+        report.contains("## Never a champion")
+            && report.contains("`skip_last_tile-bm16-bn64-w4-ks1`: wrong on ragged f16"),
         "{report}"
     );
     assert!(ix.accounting.holds(), "{:?}", ix.accounting);
@@ -189,7 +192,11 @@ fn figures_beyond_the_measured_roofs_are_implausible_and_never_champions() {
     let ix = RunIndex::new(&log);
     for shape in ["small", "ragged"] {
         let pick = ix.pick(shape, Dtype::F16).unwrap();
-        assert!(pick.best.variant.starts_with("none-"), "{}", pick.best.variant);
+        assert!(
+            pick.best.variant.starts_with("none-"),
+            "{}",
+            pick.best.variant
+        );
     }
     assert_eq!(ix.accounting.implausible, 2, "{:?}", ix.accounting);
     assert!(ix.accounting.holds());
@@ -214,9 +221,9 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
         .map(|(_, r)| r)
         .expect("the garbled replies failed their cases");
     assert!(
-        garbled
-            .iter()
-            .all(|r| r.contains("reply that is not protocol") && r.contains("oops this is not json")),
+        garbled.iter().all(
+            |r| r.contains("reply that is not protocol") && r.contains("oops this is not json")
+        ),
         "{garbled:?}"
     );
     let ix = RunIndex::new(&log);
@@ -381,6 +388,9 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
     assert_eq!(decided.len(), expected.len(), "{decided:?}");
     for ((step, accepted, reason), why) in decided.iter().zip(&expected) {
         assert!(!accepted, "step {step} was accepted: {reason}");
-        assert!(reason.contains(why), "step {step}: `{why}` not in: {reason}");
+        assert!(
+            reason.contains(why),
+            "step {step}: `{why}` not in: {reason}"
+        );
     }
 }
