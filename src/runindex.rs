@@ -815,7 +815,7 @@ impl<'a> RunIndex<'a> {
                             run: from_run,
                             line: *from_line,
                         }),
-                        // The store keeps figures measured clean only (see `store::record_run`).
+                        // The store keeps only figures measured clean (`store::write_record_in` skips the others).
                         conditions: &[],
                     };
                     match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
