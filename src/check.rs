@@ -293,12 +293,15 @@ pub fn judge(stats: &mut CheckStats, tol: &Tolerance, lse_scale: f64) {
 /// Bits that differ between two runs of the same kernel on the same inputs.
 pub fn differing_bits(a: (&[u16], &[f32]), b: (&[u16], &[f32])) -> u64 {
     let o = a.0.iter().zip(b.0).filter(|(x, y)| x != y).count();
-    let l =
-        a.1.iter()
-            .zip(b.1)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-    (o + l) as u64
+    (o + differing_f32_bits(a.1, b.1)) as u64
+}
+
+/// LSE entries whose bits differ (V's sign never changes the LSE).
+fn differing_f32_bits(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
 }
 
 /// Outputs that differ between two runs of one kernel on one input set, where the second run's V
@@ -315,12 +318,7 @@ pub fn differing_up_to_sign(
             .zip(b.0)
             .filter(|(&x, &y)| from_bits(dtype, x) != sign * from_bits(dtype, y))
             .count();
-    let l =
-        a.1.iter()
-            .zip(b.1)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-    (o + l) as u64
+    (o + differing_f32_bits(a.1, b.1)) as u64
 }
 
 /// Σ a·b in f64, in eight independent sums so the compiler can keep them in vector registers.

@@ -559,10 +559,7 @@ impl<'a> RunIndex<'a> {
         };
         let shapes: &[Shape] = header.map_or(&[], |h| &h.shapes);
         let dtypes: &[Dtype] = header.map_or(&[], |h| &h.dtypes);
-        let mut decided: Vec<Option<Decided>> = Vec::new();
-        let mut unplanned: BTreeMap<(String, String, Dtype), (&'static str, usize)> =
-            BTreeMap::new();
-        let mut problems: Vec<String> = Vec::new();
+        let mut ledger = Ledger::default();
         let mut session = 0usize;
         let mut build_seconds: BTreeMap<(&str, Dtype, u32), f64> = BTreeMap::new();
         // The GPU each variant's last worker ran on: its cases' records follow that `worker_ran`.
@@ -606,7 +603,7 @@ impl<'a> RunIndex<'a> {
                                 }
                                 None => {
                                     ix.by_key.insert(key, ix.cases.len());
-                                    decided.push(None);
+                                    ledger.decided.push(None);
                                     ix.cases.push(Case {
                                         variant,
                                         step: step.as_deref(),
@@ -686,11 +683,11 @@ impl<'a> RunIndex<'a> {
                         };
                         settle(
                             &mut ix.cases[i],
-                            &mut decided[i],
+                            &mut ledger.decided[i],
                             outcome,
                             session,
                             true,
-                            &mut problems,
+                            &mut ledger.problems,
                         );
                     }
                 }
@@ -729,24 +726,15 @@ impl<'a> RunIndex<'a> {
                         kind,
                         reason: Some(reason),
                     };
-                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
-                        Some(&i) => {
-                            ix.cases[i].check = check.as_ref();
-                            settle(
-                                &mut ix.cases[i],
-                                &mut decided[i],
-                                outcome,
-                                session,
-                                false,
-                                &mut problems,
-                            );
-                        }
-                        None => {
-                            unplanned.insert(
-                                (variant.clone(), shape.clone(), *dtype),
-                                ("check_failed", line),
-                            );
-                        }
+                    if let Some(i) = ledger.land(
+                        &mut ix.cases,
+                        &ix.by_key,
+                        (variant, shape, *dtype),
+                        outcome,
+                        "check_failed",
+                        session,
+                    ) {
+                        ix.cases[i].check = check.as_ref();
                     }
                 }
                 Record::Timed {
@@ -783,20 +771,14 @@ impl<'a> RunIndex<'a> {
                         reused: None,
                         conditions,
                     };
-                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
-                        Some(&i) => settle(
-                            &mut ix.cases[i],
-                            &mut decided[i],
-                            outcome,
-                            session,
-                            false,
-                            &mut problems,
-                        ),
-                        None => {
-                            unplanned
-                                .insert((variant.clone(), shape.clone(), *dtype), ("timed", line));
-                        }
-                    }
+                    ledger.land(
+                        &mut ix.cases,
+                        &ix.by_key,
+                        (variant, shape, *dtype),
+                        outcome,
+                        "timed",
+                        session,
+                    );
                 }
                 Record::Reused {
                     variant,
@@ -818,20 +800,14 @@ impl<'a> RunIndex<'a> {
                         // The store keeps only figures measured clean (`store::write_record_in` skips the others).
                         conditions: &[],
                     };
-                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
-                        Some(&i) => settle(
-                            &mut ix.cases[i],
-                            &mut decided[i],
-                            outcome,
-                            session,
-                            false,
-                            &mut problems,
-                        ),
-                        None => {
-                            unplanned
-                                .insert((variant.clone(), shape.clone(), *dtype), ("reused", line));
-                        }
-                    }
+                    ledger.land(
+                        &mut ix.cases,
+                        &ix.by_key,
+                        (variant, shape, *dtype),
+                        outcome,
+                        "reused",
+                        session,
+                    );
                 }
                 Record::Confirming {
                     variant,
@@ -864,22 +840,14 @@ impl<'a> RunIndex<'a> {
                         kv_splits: *kv_splits,
                         reason,
                     };
-                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
-                        Some(&i) => settle(
-                            &mut ix.cases[i],
-                            &mut decided[i],
-                            outcome,
-                            session,
-                            false,
-                            &mut problems,
-                        ),
-                        None => {
-                            unplanned.insert(
-                                (variant.clone(), shape.clone(), *dtype),
-                                ("implausible", line),
-                            );
-                        }
-                    }
+                    ledger.land(
+                        &mut ix.cases,
+                        &ix.by_key,
+                        (variant, shape, *dtype),
+                        outcome,
+                        "implausible",
+                        session,
+                    );
                 }
                 Record::CaseSkipped {
                     variant,
@@ -888,22 +856,14 @@ impl<'a> RunIndex<'a> {
                     reason,
                 } => {
                     let outcome = Outcome::Skipped { line, reason };
-                    match ix.by_key.get(&(variant.as_str(), shape.as_str(), *dtype)) {
-                        Some(&i) => settle(
-                            &mut ix.cases[i],
-                            &mut decided[i],
-                            outcome,
-                            session,
-                            false,
-                            &mut problems,
-                        ),
-                        None => {
-                            unplanned.insert(
-                                (variant.clone(), shape.clone(), *dtype),
-                                ("case_skipped", line),
-                            );
-                        }
-                    }
+                    ledger.land(
+                        &mut ix.cases,
+                        &ix.by_key,
+                        (variant, shape, *dtype),
+                        outcome,
+                        "case_skipped",
+                        session,
+                    );
                 }
                 Record::TimedOut {
                     variant,
@@ -1191,7 +1151,7 @@ impl<'a> RunIndex<'a> {
                 .copied()
                 .unwrap_or(0.0);
         }
-        ix.accounting = account(&ix.cases, &unplanned, problems);
+        ix.accounting = account(&ix.cases, &ledger.unplanned, ledger.problems);
         ix
     }
 
@@ -1410,6 +1370,50 @@ impl<'a> RunIndex<'a> {
 }
 
 /// Give a case the outcome of a terminal record, noting a second, different outcome in one session.
+/// What the terminal records decided so far, per planned case, and what they said of cases no plan
+/// holds.
+#[derive(Default)]
+struct Ledger {
+    decided: Vec<Option<Decided>>,
+    /// (variant, shape, dtype) → the record and line that named a case the run never planned.
+    unplanned: BTreeMap<(String, String, Dtype), (&'static str, usize)>,
+    problems: Vec<String>,
+}
+
+impl Ledger {
+    /// Settle the planned case a terminal record names, or note the record as unplanned; returns
+    /// the case's index when it was planned.
+    fn land<'a>(
+        &mut self,
+        cases: &mut [Case<'a>],
+        by_key: &BTreeMap<CaseKey<'a>, usize>,
+        (variant, shape, dtype): (&str, &str, Dtype),
+        outcome: Outcome<'a>,
+        event: &'static str,
+        session: usize,
+    ) -> Option<usize> {
+        let line = outcome.line().expect("terminal outcomes have a line");
+        match by_key.get(&(variant, shape, dtype)) {
+            Some(&i) => {
+                settle(
+                    &mut cases[i],
+                    &mut self.decided[i],
+                    outcome,
+                    session,
+                    false,
+                    &mut self.problems,
+                );
+                Some(i)
+            }
+            None => {
+                self.unplanned
+                    .insert((variant.to_owned(), shape.to_owned(), dtype), (event, line));
+                None
+            }
+        }
+    }
+}
+
 fn settle<'a>(
     case: &mut Case<'a>,
     decided: &mut Option<Decided>,

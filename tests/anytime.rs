@@ -2,7 +2,7 @@
 mod common;
 use common::*;
 use flashtune::config::Dtype;
-use flashtune::runlog::{self, RankReason, Ranked, Record};
+use flashtune::runlog::{RankReason, Ranked, Record};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -60,14 +60,7 @@ fn run_dir(out: &Output) -> PathBuf {
     Path::new(log).parent().unwrap().to_path_buf()
 }
 
-fn records(run: &Path) -> Vec<(usize, Record)> {
-    runlog::read(&run.join("log.jsonl"))
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|(l, e)| (l, e.record))
-        .collect()
-}
+use common::numbered_records as records;
 
 fn run_id(run: &Path) -> String {
     run.file_name().unwrap().to_string_lossy().into_owned()

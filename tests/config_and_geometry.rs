@@ -6,7 +6,6 @@ use flashtune::engine;
 use flashtune::error::{exit_code, Error};
 use flashtune::run::{self, WhenBusy};
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 fn edit(path: &Path, from: &str, to: &str) {
     let s = std::fs::read_to_string(path).unwrap();
@@ -35,15 +34,6 @@ fn tiny_space(dir: &Path) -> &'static str {
     let shapes = s.lines().find(|l| l.starts_with("shapes = ")).unwrap();
     edit(&space, shapes, "shapes = [\"small\"]");
     "variants/tiny.toml"
-}
-
-fn run_dir_from(out: &Output) -> PathBuf {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Run log: "))
-        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
-    PathBuf::from(line).parent().unwrap().to_path_buf()
 }
 
 /// A finished fake run of the tiny space in `dir`.

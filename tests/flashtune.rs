@@ -656,24 +656,6 @@ mod real_builds {
 mod pipeline {
     use super::*;
 
-    pub(super) fn records(run_dir: &Path) -> Vec<Record> {
-        runlog::read(&run_dir.join("log.jsonl"))
-            .unwrap()
-            .entries
-            .into_iter()
-            .map(|(_, e)| e.record)
-            .collect()
-    }
-
-    pub(super) fn run_dir_from(out: &Output) -> PathBuf {
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let line = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("Run log: "))
-            .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
-        PathBuf::from(line).parent().unwrap().to_path_buf()
-    }
-
     /// The whole tune path without a GPU: real builds, fake worker, log and report.
     #[test]
     fn tune_end_to_end_on_the_fake_gpu() {
@@ -1208,14 +1190,7 @@ mod supervision {
     use super::*;
     use std::time::{Duration, Instant};
 
-    fn records(run_dir: &Path) -> Vec<(usize, Record)> {
-        runlog::read(&run_dir.join("log.jsonl"))
-            .unwrap()
-            .entries
-            .into_iter()
-            .map(|(l, e)| (l, e.record))
-            .collect()
-    }
+    use common::numbered_records as records;
 
     fn only_run(root: &Path) -> PathBuf {
         let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
@@ -1562,7 +1537,7 @@ mod git {
         // `--commit` refuses the fake GPU's synthetic figures, so commit its run's table directly.
         let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
         assert!(out.status.success(), "{}", text(&out));
-        let log = runlog::read(&super::pipeline::run_dir_from(&out).join("log.jsonl")).unwrap();
+        let log = runlog::read(&run_dir_from(&out).join("log.jsonl")).unwrap();
         flashtune::champions::commit(
             dir.path(),
             "kernels/attention/tuned.toml",
@@ -1723,35 +1698,14 @@ mod git {
 
 /// Real-GPU tests: run with FLASHTUNE_GPU_TESTS=1 on a machine with an NVIDIA GPU.
 mod search {
-    use super::pipeline::{records, run_dir_from};
     use super::*;
     use flashtune::plan::{Proposal, Strategy};
     use std::collections::{BTreeMap, BTreeSet};
 
-    /// One dtype and head dim 64 only, so each point is one real nvcc build.
-    fn small_project(space: &str, shapes: &str) -> tempfile::TempDir {
-        let dir = scratch_project();
-        let policies = dir.path().join("policies.toml");
-        let p = std::fs::read_to_string(&policies)
-            .unwrap()
-            .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
-        std::fs::write(&policies, p).unwrap();
-        let path = dir.path().join("variants").join(space);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
-        let end = start + text[start..].find('\n').unwrap();
-        std::fs::write(
-            &path,
-            format!("{}shapes = {shapes}{}", &text[..start], &text[end..]),
-        )
-        .unwrap();
-        dir
-    }
-
     /// Every proposal names a policy rule for a bottleneck that the profile of the champion it came from showed.
     #[test]
     fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
-        let dir = small_project("guided.toml", r#"["seed", "decode"]"#);
+        let dir = f16_project("guided.toml", r#"["seed", "decode"]"#);
         let out = flashtune(
             dir.path(),
             &[
@@ -1895,7 +1849,7 @@ mod search {
 
     #[test]
     fn random_strategy_measures_the_sample_size_reproducibly() {
-        let dir = small_project("smoke.toml", r#"["small"]"#);
+        let dir = f16_project("smoke.toml", r#"["small"]"#);
         let planned = |out: &Output| -> BTreeSet<String> {
             records(&run_dir_from(out))
                 .into_iter()
@@ -1925,7 +1879,7 @@ mod search {
     /// The ablation run measures the champion and, per parameter that differs from the baseline, the champion with that one parameter reset.
     #[test]
     fn ablate_resets_one_factor_at_a_time_and_ranks_them() {
-        let dir = small_project("ablation.toml", r#"["seed"]"#);
+        let dir = f16_project("ablation.toml", r#"["seed"]"#);
         let tuned = flashtune(
             dir.path(),
             &["tune", "--fake-gpu", "--space", "variants/ablation.toml"],

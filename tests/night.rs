@@ -57,15 +57,6 @@ fn only_run(root: &Path) -> PathBuf {
     runs[0].clone()
 }
 
-fn records(run: &Path) -> Vec<Record> {
-    runlog::read(&run.join("log.jsonl"))
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|(_, e)| e.record)
-        .collect()
-}
-
 /// (shape, dtype) → champion variant, as the champion table would name them.
 fn champions(run: &Path) -> Vec<(String, String, String)> {
     let log = runlog::read(&run.join("log.jsonl")).unwrap();

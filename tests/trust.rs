@@ -7,37 +7,26 @@ use flashtune::runlog::{self, Record};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-fn run_dir_from(out: &std::process::Output) -> PathBuf {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Run log: "))
-        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
-    PathBuf::from(line).parent().unwrap().to_path_buf()
-}
-
 fn log_of(run: &Path) -> runlog::LoadedLog {
     runlog::read(&run.join("log.jsonl")).unwrap()
 }
 
-/// f16 only, and `space` measured on `shapes` (names from policies.toml).
-fn project(space: &str, shapes: &str) -> tempfile::TempDir {
-    let dir = scratch_project();
-    let policies = dir.path().join("policies.toml");
-    let p = std::fs::read_to_string(&policies)
-        .unwrap()
-        .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
-    std::fs::write(&policies, p).unwrap();
-    let path = dir.path().join("variants").join(space);
-    let text = std::fs::read_to_string(&path).unwrap();
-    let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
-    let end = start + text[start..].find('\n').unwrap();
-    std::fs::write(
-        &path,
-        format!("{}shapes = {shapes}{}", &text[..start], &text[end..]),
-    )
-    .unwrap();
-    dir
+/// `tune --fake-gpu` on `space` in `dir`, which must succeed: its run folder and log.
+fn tune_fake(dir: &Path, space: &str) -> (PathBuf, runlog::LoadedLog) {
+    let out = flashtune(dir, &["tune", "--fake-gpu", "--space", space]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let log = log_of(&run);
+    (run, log)
+}
+
+/// The `check_failed` reasons of the variant whose id starts with `prefix`; it must have some.
+fn rejections<'f>(failed: &'f BTreeMap<String, Vec<String>>, prefix: &str) -> &'f [String] {
+    failed
+        .iter()
+        .find(|(v, _)| v.starts_with(prefix))
+        .map(|(_, r)| r.as_slice())
+        .unwrap_or_else(|| panic!("`{prefix}` was never rejected: {failed:?}"))
 }
 
 /// Every `check_failed` reason per variant.
@@ -77,14 +66,8 @@ const CHEATS: [(&str, &str); 7] = [
 #[test]
 fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     // `ragged` (Sk = 300) is where skipping the last 64-key tile shows; `small` is a tile multiple.
-    let dir = project("cheats.toml", r#"["small", "ragged"]"#);
-    let out = flashtune(
-        dir.path(),
-        &["tune", "--fake-gpu", "--space", "variants/cheats.toml"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let run = run_dir_from(&out);
-    let log = log_of(&run);
+    let dir = f16_project("cheats.toml", r#"["small", "ragged"]"#);
+    let (run, log) = tune_fake(dir.path(), "variants/cheats.toml");
     let failed = failures(&log);
     for (cheat, why) in CHEATS {
         let variant = format!("{cheat}-bm16-bn64-w4-ks1");
@@ -139,7 +122,7 @@ __device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_BY_PO
 
 /// A space over the scalar baseline with the MARK values given, measured on `small` and `ragged`.
 fn marked_project(marks: &str) -> tempfile::TempDir {
-    let dir = project("smoke.toml", r#"["small", "ragged"]"#);
+    let dir = f16_project("smoke.toml", r#"["small", "ragged"]"#);
     std::fs::write(dir.path().join("kernels/attention/marked.cu"), MARKED).unwrap();
     let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
     let space = smoke
@@ -165,13 +148,7 @@ fn marked_project(marks: &str) -> tempfile::TempDir {
 #[test]
 fn figures_beyond_the_measured_roofs_are_implausible_and_never_champions() {
     let dir = marked_project(r#"["none", "fast"]"#);
-    let out = flashtune(
-        dir.path(),
-        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let run = run_dir_from(&out);
-    let log = log_of(&run);
+    let (run, log) = tune_fake(dir.path(), "variants/marked.toml");
     let implausible: Vec<(&str, &str)> = log
         .entries
         .iter()
@@ -207,19 +184,9 @@ fn figures_beyond_the_measured_roofs_are_implausible_and_never_champions() {
 #[test]
 fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_accounted_for() {
     let dir = marked_project(r#"["none", "garbage"]"#);
-    let out = flashtune(
-        dir.path(),
-        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let run = run_dir_from(&out);
-    let log = log_of(&run);
+    let (run, log) = tune_fake(dir.path(), "variants/marked.toml");
     let failed = failures(&log);
-    let garbled = failed
-        .iter()
-        .find(|(v, _)| v.starts_with("garbage-"))
-        .map(|(_, r)| r)
-        .expect("the garbled replies failed their cases");
+    let garbled = rejections(&failed, "garbage-");
     assert!(
         garbled.iter().all(
             |r| r.contains("reply that is not protocol") && r.contains("oops this is not json")
@@ -253,21 +220,12 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
         format!("{text_ref}\n__device__ char flashtune_fake_mark[] = \"flashtune-fake: reference nan\";\n"),
     )
     .unwrap();
-    let out = flashtune(
-        dir.path(),
-        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let log = log_of(&run_dir_from(&out));
+    let (_, log) = tune_fake(dir.path(), "variants/marked.toml");
     let ix = RunIndex::new(&log);
     assert_eq!(ix.accounting.measured, 0, "{:?}", ix.accounting);
     assert!(ix.accounting.holds(), "{:?}", ix.accounting);
     let failed = failures(&log);
-    let honest = failed
-        .iter()
-        .find(|(v, _)| v.starts_with("none-"))
-        .map(|(_, r)| r)
-        .expect("the honest kernel fails against a NaN reference");
+    let honest = rejections(&failed, "none-");
     assert_eq!(honest.len(), 2, "{honest:?}");
     assert!(
         honest
@@ -281,18 +239,9 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
 fn the_fresh_recheck_catches_a_cache_the_timed_replays_cannot_see() {
     // Cached per (Q pointer, sign of V): right on every timed replay, stale on other values.
     let dir = marked_project(r#"["none", "sign_cache"]"#);
-    let out = flashtune(
-        dir.path(),
-        &["tune", "--fake-gpu", "--space", "variants/marked.toml"],
-    );
-    assert!(out.status.success(), "{}", text(&out));
-    let log = log_of(&run_dir_from(&out));
+    let (_, log) = tune_fake(dir.path(), "variants/marked.toml");
     let failed = failures(&log);
-    let reasons = failed
-        .iter()
-        .find(|(v, _)| v.starts_with("sign_cache-"))
-        .map(|(_, r)| r)
-        .expect("rejected");
+    let reasons = rejections(&failed, "sign_cache-");
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons
@@ -320,7 +269,7 @@ printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char fla
 
 #[test]
 fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
-    let dir = project("smoke.toml", r#"["small", "ragged"]"#);
+    let dir = f16_project("smoke.toml", r#"["small", "ragged"]"#);
     let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
     // The scalar baseline alone: every step builds one kernel per head dim.
     let space = smoke

@@ -99,3 +99,52 @@ pub fn commit_all(dir: &Path, message: &str) {
     repo.commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
         .unwrap();
 }
+
+/// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`).
+pub fn run_dir_from(out: &Output) -> PathBuf {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Run log: "))
+        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
+    PathBuf::from(line).parent().unwrap().to_path_buf()
+}
+
+/// A run's records with the log line each came from.
+pub fn numbered_records(run_dir: &Path) -> Vec<(usize, flashtune::runlog::Record)> {
+    flashtune::runlog::read(&run_dir.join("log.jsonl"))
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|(l, e)| (l, e.record))
+        .collect()
+}
+
+/// A run's records.
+pub fn records(run_dir: &Path) -> Vec<flashtune::runlog::Record> {
+    numbered_records(run_dir)
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect()
+}
+
+/// A scratch project that measures f16 only, with `space` measured on `shapes` (a TOML list of
+/// names from policies.toml): each point is one real nvcc build per head dim.
+pub fn f16_project(space: &str, shapes: &str) -> tempfile::TempDir {
+    let dir = scratch_project();
+    let policies = dir.path().join("policies.toml");
+    let p = std::fs::read_to_string(&policies)
+        .unwrap()
+        .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
+    std::fs::write(&policies, p).unwrap();
+    let path = dir.path().join("variants").join(space);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
+    let end = start + text[start..].find('\n').unwrap();
+    std::fs::write(
+        &path,
+        format!("{}shapes = {shapes}{}", &text[..start], &text[end..]),
+    )
+    .unwrap();
+    dir
+}
