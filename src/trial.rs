@@ -718,21 +718,33 @@ fn time_interleaved<D: Device>(
             if (round == random_round || round + 1 == samples) && out[side].failed.is_none() {
                 let verifying = Instant::now();
                 let sign = if negated { -1.0 } else { 1.0 };
-                for (i, io) in ios.iter().enumerate() {
-                    let set = &pools.pools[pool].sets[i];
-                    let (o, lse) = (dev.read16(io.o)?, dev.read32(io.lse)?);
-                    let mut stats = judged(&o, &lse, set, sign, case);
+                let mut outputs = Vec::with_capacity(ios.len());
+                for io in ios {
+                    outputs.push((dev.read16(io.o)?, dev.read32(io.lse)?));
+                }
+                let sets = &pools.pools[pool].sets;
+                let kept = &out[side].kept;
+                let launches_checked: Vec<(usize, &(Vec<u16>, Vec<f32>))> =
+                    outputs.iter().enumerate().collect();
+                // Every launch is verified; the launches are independent, so on every core.
+                let verdicts = check::parallel_map(&launches_checked, |&(i, (o, lse))| {
+                    let set = &sets[i];
+                    let mut stats = judged(o, lse, set, sign, case);
                     // The same launch on the same set in an earlier verified replay: a kernel whose
                     // bits move between runs is racing (V's sign may differ: compare values, negated).
-                    if let Some((earlier, earlier_lse, earlier_sign)) = out[side].kept.get(i) {
+                    if let Some((earlier, earlier_lse, earlier_sign)) = kept.get(i) {
                         stats.nondeterministic_count = check::differing_up_to_sign(
                             case.dtype,
-                            (&o, &lse),
+                            (o, lse),
                             (earlier, earlier_lse),
                             sign * earlier_sign,
                         );
                         check::judge(&mut stats, &case.tolerance, set.score_scale());
                     }
+                    stats
+                });
+                drop(launches_checked);
+                for (i, (stats, (o, lse))) in verdicts.into_iter().zip(outputs).enumerate() {
                     let detail = format!(
                         "replay {} of {samples}, launch {} of {launches}, input set {i}",
                         round + 1,
