@@ -5,7 +5,6 @@ use flashtune::config::Dtype;
 use flashtune::runlog::{RankReason, Ranked, Record};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 /// The smoke space's four variants (scalar and WMMA, with and without a KV split) on the `small`
 /// shape alone: a run of it on the CPU double takes seconds.
@@ -48,16 +47,7 @@ fn tune(root: &Path, args: &[&str]) -> PathBuf {
     all.extend_from_slice(args);
     let out = flashtune(root, &all);
     assert!(out.status.success(), "{args:?}: {}", text(&out));
-    run_dir(&out)
-}
-
-fn run_dir(out: &Output) -> PathBuf {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let log = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("Run log: "))
-        .unwrap_or_else(|| panic!("no run log named in: {}", text(out)));
-    Path::new(log).parent().unwrap().to_path_buf()
+    run_dir_from(&out)
 }
 
 use common::numbered_records as records;

@@ -348,11 +348,7 @@ mod config_errors {
     #[test]
     fn cli_exits_2_on_bad_policies() {
         let dir = scratch_project();
-        let p = dir.path().join("policies.toml");
-        let s = std::fs::read_to_string(&p)
-            .unwrap()
-            .replace("seed = ", "sed = ");
-        std::fs::write(&p, s).unwrap();
+        replace_in(&dir.path().join("policies.toml"), "seed = ", "sed = ");
         let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
         assert_eq!(out.status.code(), Some(2), "{}", text(&out));
         assert!(text(&out).contains("policies.toml:"), "{}", text(&out));
@@ -622,11 +618,11 @@ mod real_builds {
         let dir = scratch_project();
         let k = dir.path().join("kernels/attention");
         std::fs::copy(repo().join("tests/fixtures/spill.cu"), k.join("spill.cu")).unwrap();
-        let policies = dir.path().join("policies.toml");
-        let p = std::fs::read_to_string(&policies)
-            .unwrap()
-            .replace("nvcc_flags = [", "nvcc_flags = [\"-maxrregcount=32\", ");
-        std::fs::write(&policies, p).unwrap();
+        replace_in(
+            &dir.path().join("policies.toml"),
+            "nvcc_flags = [",
+            "nvcc_flags = [\"-maxrregcount=32\", ",
+        );
         let space = dir.path().join("variants/spill.toml");
         let s = std::fs::read_to_string(dir.path().join("variants/smoke.toml"))
             .unwrap()
@@ -1421,11 +1417,11 @@ mod supervision {
             .any(|(_, r)| matches!(r, Record::BudgetReached { .. })));
         assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 1);
 
-        let policies = dir.path().join("policies.toml");
-        let changed = std::fs::read_to_string(&policies)
-            .unwrap()
-            .replace("samples = 30", "samples = 31");
-        std::fs::write(&policies, changed).unwrap();
+        replace_in(
+            &dir.path().join("policies.toml"),
+            "samples = 30",
+            "samples = 31",
+        );
         let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");

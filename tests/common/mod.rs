@@ -100,6 +100,12 @@ pub fn commit_all(dir: &Path, message: &str) {
         .unwrap();
 }
 
+/// Rewrite a file with every `from` replaced by `to`.
+pub fn replace_in(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap().replace(from, to);
+    std::fs::write(path, text).unwrap();
+}
+
 /// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`).
 pub fn run_dir_from(out: &Output) -> PathBuf {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -132,11 +138,11 @@ pub fn records(run_dir: &Path) -> Vec<flashtune::runlog::Record> {
 /// names from policies.toml): each point is one real nvcc build per head dim.
 pub fn f16_project(space: &str, shapes: &str) -> tempfile::TempDir {
     let dir = scratch_project();
-    let policies = dir.path().join("policies.toml");
-    let p = std::fs::read_to_string(&policies)
-        .unwrap()
-        .replace("dtypes = [\"f16\", \"bf16\"]", "dtypes = [\"f16\"]");
-    std::fs::write(&policies, p).unwrap();
+    replace_in(
+        &dir.path().join("policies.toml"),
+        "dtypes = [\"f16\", \"bf16\"]",
+        "dtypes = [\"f16\"]",
+    );
     let path = dir.path().join("variants").join(space);
     let text = std::fs::read_to_string(&path).unwrap();
     let start = text.find("\nshapes = [").expect("space selects shapes") + 1;
