@@ -1,5 +1,6 @@
 //! flashtune: an unattended tuning orchestrator for CUDA attention kernels.
 pub mod ablate;
+pub mod agent;
 pub mod anytime;
 pub mod baseline;
 pub mod build;
@@ -18,6 +19,7 @@ pub mod fakegpu;
 pub mod findings;
 pub mod html;
 pub mod measure;
+pub mod pack;
 pub mod plan;
 pub mod plots;
 pub mod profile;
@@ -36,6 +38,7 @@ pub mod step;
 pub mod stop;
 pub mod store;
 pub mod trial;
+pub mod usage;
 pub mod vcs;
 pub mod vocab;
 pub mod worker;
