@@ -160,6 +160,7 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
         device: ro.device,
         executor: ro.executor,
         when_busy: ro.when_busy,
+        quiet: false,
     };
     let agent = AgentOptions {
         name: settings.agent.clone(),
@@ -365,7 +366,9 @@ impl Runner<'_> {
         let bench = self.bench;
         let session = self.session();
         let root = &bench.root;
-        let step_dir = bench.run_dir.join(format!("step-{n}"));
+        // Absolute: agents run in their worktrees, and paths handed to them must not depend on the cwd.
+        let step_dir = std::path::absolute(bench.run_dir.join(format!("step-{n}")))
+            .with_context(|| format!("cannot resolve {}", bench.run_dir.display()))?;
         let repo = git2::Repository::open(root).map_err(git)?;
         let (base, base_ref) = step::head_of(&repo)?;
         let pairings = session.champions(&repo)?;
@@ -1471,7 +1474,11 @@ impl Ledger {
 
     /// Dollars the agents reported (or the price table gave); unknown dollars count as none.
     fn known_usd(&self) -> f64 {
-        self.rows.iter().filter_map(|r| r.usd).sum()
+        // Starts at +0: an empty f64 sum is -0, which prints as "-0.000".
+        self.rows
+            .iter()
+            .filter_map(|r| r.usd)
+            .fold(0.0, |a, b| a + b)
     }
 
     fn unknown_usd(&self) -> usize {
@@ -1523,8 +1530,16 @@ impl Ledger {
         let kept = self.speedup_kept();
         let usd = self.known_usd();
         let unknown = self.unknown_usd();
-        let gpu: f64 = self.rows.iter().filter_map(|r| r.gpu_seconds).sum();
-        let agent: f64 = self.rows.iter().filter_map(|r| r.agent_seconds).sum();
+        let gpu: f64 = self
+            .rows
+            .iter()
+            .filter_map(|r| r.gpu_seconds)
+            .fold(0.0, |a, b| a + b);
+        let agent: f64 = self
+            .rows
+            .iter()
+            .filter_map(|r| r.agent_seconds)
+            .fold(0.0, |a, b| a + b);
         let _ = writeln!(
             m,
             "- steps: {}, candidates: {candidates}, committed: {committed}",
@@ -1739,6 +1754,7 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
         device: opts.device,
         executor: opts.executor,
         when_busy: opts.when_busy,
+        quiet: true,
     })
     .await?;
     verdict_from_log(&outcome.run_dir)

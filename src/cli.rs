@@ -615,6 +615,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 device: gpu,
                 executor,
                 when_busy: when_busy(wait),
+                quiet: false,
             };
             if agent.is_some() || candidates.is_some() {
                 let (name, command, usage) = crate::agent::AgentOptions::named(

@@ -82,7 +82,10 @@ struct LogMeta {
 
 /// Every run log under `runs_dir` with step records, oldest first (by run id, which starts with the time).
 fn step_logs(runs_dir: &Path) -> Vec<(LogMeta, runlog::LoadedLog)> {
-    logs_where(runs_dir, |text| text.contains("\"event\":\"step_started\""))
+    logs_where(runs_dir, |text| {
+        text.contains("\"event\":\"step_started\"")
+            || text.contains("\"event\":\"candidate_started\"")
+    })
 }
 
 fn logs_where(runs_dir: &Path, wanted: impl Fn(&str) -> bool) -> Vec<(LogMeta, runlog::LoadedLog)> {

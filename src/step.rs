@@ -37,6 +37,8 @@ pub struct StepOptions {
     pub executor: Executor,
     /// Queue behind another flashtune run that holds the GPU, or refuse at once.
     pub when_busy: run::WhenBusy,
+    /// Print nothing on stdout (the caller prints the verdict itself, e.g. as JSON).
+    pub quiet: bool,
 }
 
 pub struct StepOutcome {
@@ -78,7 +80,9 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         }
         let (decided, markdown) = session.one_step(n, last.as_ref(), &mut events).await?;
         // Printed as each step ends: an unattended loop shows its progress.
-        println!("{markdown}");
+        if !opts.quiet {
+            println!("{markdown}");
+        }
         report.push_str(&markdown);
         report.push('\n');
         if decided.accepted {

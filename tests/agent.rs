@@ -328,7 +328,7 @@ fn cost_limit_and_patience_stop_a_session() {
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let records = records(&only_run(dir.path()));
+    let records = common::records(&only_run(dir.path()));
     let steps = records
         .iter()
         .filter(|r| matches!(r, Record::StepDecided { .. }))
