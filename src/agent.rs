@@ -1308,6 +1308,9 @@ pub struct LedgerRow {
     pub diff_stat: Option<String>,
 }
 
+/// One case of a candidate's duel: shape, dtype, HEAD's median and the candidate's (µs).
+type DuelMedians = (String, crate::config::Dtype, Option<f64>, Option<f64>);
+
 /// Every candidate of an agent session, from its log.
 struct Ledger {
     rows: Vec<LedgerRow>,
@@ -1322,10 +1325,7 @@ impl Ledger {
         let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
         let mut rows: BTreeMap<(u32, u32), LedgerRow> = BTreeMap::new();
         let mut steps = Vec::new();
-        let mut duels: BTreeMap<
-            (u32, u32),
-            Vec<(String, crate::config::Dtype, Option<f64>, Option<f64>)>,
-        > = BTreeMap::new();
+        let mut duels: BTreeMap<(u32, u32), Vec<DuelMedians>> = BTreeMap::new();
         for (_, e) in &log.entries {
             match &e.record {
                 Record::CandidateStarted {
