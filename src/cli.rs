@@ -143,6 +143,55 @@ enum Command {
         /// If another flashtune run holds the GPU, wait for it instead of exiting with code 5.
         #[arg(long)]
         wait: bool,
+        /// Run a coding agent named in policies.toml's [agents] (claude, codex, gemini, aider, or
+        /// your own) as the proposer: an agent session. Each candidate works in its own git worktree
+        /// of HEAD holding AGENTS.md, PROMPT.md and context/ (figures, bottleneck, history, budget);
+        /// the best accepted candidate is committed, every candidate and its cost is logged.
+        /// `--proposer CMD` with --candidates runs CMD the same way (placeholders as in [agents]).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Candidates per step, side by side (an agent session; default 1 with --agent).
+        #[arg(long)]
+        candidates: Option<u32>,
+        /// Agent sessions: start no step once the agents' reported dollars reach this.
+        #[arg(long)]
+        max_cost_usd: Option<f64>,
+        /// Agent sessions: stop once every case's champion reaches this fraction of its binding
+        /// measured roof (matmul or bandwidth), e.g. 0.9.
+        #[arg(long)]
+        stop_at_roof: Option<f64>,
+        /// Agent sessions: stop after this many steps in a row with nothing accepted.
+        #[arg(long)]
+        patience: Option<u32>,
+    },
+    /// Judge the working tree's edit under kernels/ once, as `step` does (commit or restore), and print the verdict.
+    Judge {
+        #[arg(long)]
+        space: Option<PathBuf>,
+        #[arg(long)]
+        variant: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        gpu: u32,
+        #[arg(long)]
+        fake_gpu: bool,
+        #[arg(long)]
+        wait: bool,
+        /// Print the verdict as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The context pack for the next step at HEAD: champion figures, bottleneck, roofs, history (from the run logs).
+    Context {
+        #[arg(long)]
+        space: Option<PathBuf>,
+        #[arg(long)]
+        variant: Option<String>,
+        /// Print the pack as JSON (default: PROMPT.md).
+        #[arg(long)]
+        json: bool,
+        /// Also write AGENTS.md, PROMPT.md and context/ into this folder.
+        #[arg(long)]
+        write: Option<PathBuf>,
     },
     /// How a shape's champion moved across runs and commits, from the results store (runs/results.sqlite).
     ///
@@ -150,10 +199,16 @@ enum Command {
     /// on the shape, µs and TF/s, and what changed against the run before it on the same GPU model.
     /// A figure a run reused names the run it was measured in. `flashtune report <run>` adds a run
     /// that is not in the store yet (one from before the store, or one copied from elsewhere).
+    ///
+    /// Without a shape: every step and agent candidate tried on this project (from the run logs),
+    /// with its diff summary, verdict, reason, figures and cost.
     History {
         /// A shape of policies.toml (matched by its geometry, so a renamed shape keeps its history),
         /// or a name the store knows.
-        shape: String,
+        shape: Option<String>,
+        /// Print as JSON.
+        #[arg(long)]
+        json: bool,
         /// Only this dtype.
         #[arg(long, value_parser = parse_dtype)]
         dtype: Option<crate::config::Dtype>,
@@ -283,6 +338,37 @@ fn parse_dtype(s: &str) -> std::result::Result<crate::config::Dtype, String> {
         "bf16" => Ok(crate::config::Dtype::Bf16),
         other => Err(format!("unknown dtype `{other}` (f16 or bf16)")),
     }
+}
+
+/// The worker double with `--fake-gpu`, else the GPU worker.
+fn executor(fake_gpu: bool, policies: &crate::config::Policies) -> Result<Executor> {
+    let probe = Duration::from_secs(PROBE_TIMEOUT_S);
+    if fake_gpu {
+        Executor::fake(probe, &policies.build.default_arch)
+    } else {
+        Executor::subprocess(probe)
+    }
+    .map_err(|e| Error::Other(e.into()))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::Other(e.into()))
+}
+
+/// An agent session's last words: the summary and where its log is.
+fn session_finished(outcome: &crate::agent::SessionOutcome) -> ExitCode {
+    println!("{}", outcome.summary);
+    println!(
+        "{} steps, {} committed{}. Run log: {}",
+        outcome.steps,
+        outcome.committed,
+        outcome
+            .stopped
+            .as_ref()
+            .map_or(String::new(), |s| format!(", stopped: {s}")),
+        outcome.run_dir.join("log.jsonl").display()
+    );
+    ExitCode::SUCCESS
 }
 
 /// A probe creates a context and runs one tiny kernel; a minute means the GPU or driver is stuck.
@@ -442,6 +528,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             run,
         } => {
             let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
+            if crate::agent::is_agent_session(&run_dir) {
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                let outcome = crate::agent::resume(
+                    crate::agent::ResumeOptions {
+                        paths,
+                        device: run.gpus.first().copied().unwrap_or(0),
+                        executor: executor(run.fake_gpu, &policies)?,
+                        when_busy: when_busy(run.wait),
+                    },
+                    &run_dir,
+                )
+                .await?;
+                return Ok(session_finished(&outcome));
+            }
             let outcome =
                 engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
             Ok(run.finish(outcome))
@@ -490,27 +590,55 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             gpu,
             fake_gpu,
             wait,
+            agent,
+            candidates,
+            max_cost_usd,
+            stop_at_roof,
+            patience,
         } => {
             let (policies, _) = crate::config::Policies::load(&paths.policies())?;
-            let probe = Duration::from_secs(PROBE_TIMEOUT_S);
-            let executor = if fake_gpu {
-                Executor::fake(probe, &policies.build.default_arch)
-            } else {
-                Executor::subprocess(probe)
+            let executor = executor(fake_gpu, &policies)?;
+            let session_only =
+                max_cost_usd.is_some() || stop_at_roof.is_some() || patience.is_some();
+            if agent.is_none() && candidates.is_none() && session_only {
+                return Err(Error::BadInput(
+                    "--max-cost-usd, --stop-at-roof and --patience rule agent sessions: add --agent NAME, or --candidates N with --proposer CMD".into(),
+                ));
             }
-            .map_err(|e| Error::Other(e.into()))?;
-            let outcome = crate::step::step(crate::step::StepOptions {
+            let opts = crate::step::StepOptions {
                 paths,
                 space,
                 variant,
-                proposer,
+                proposer: proposer.clone(),
                 steps,
                 time_limit,
                 device: gpu,
                 executor,
                 when_busy: when_busy(wait),
-            })
-            .await?;
+                quiet: false,
+            };
+            if agent.is_some() || candidates.is_some() {
+                let (name, command, usage) = crate::agent::AgentOptions::named(
+                    &policies,
+                    agent.as_deref(),
+                    proposer.as_deref(),
+                )?;
+                let outcome = crate::agent::session(
+                    opts,
+                    crate::agent::AgentOptions {
+                        name,
+                        command,
+                        usage,
+                        candidates: candidates.unwrap_or(1),
+                        max_cost_usd,
+                        stop_at_roof,
+                        patience,
+                    },
+                )
+                .await?;
+                return Ok(session_finished(&outcome));
+            }
+            let outcome = crate::step::step(opts).await?;
             println!(
                 "{} accepted, {} rejected. Run log: {}",
                 outcome.accepted,
@@ -519,7 +647,79 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::History { shape, dtype } => {
+        Command::Judge {
+            space,
+            variant,
+            gpu,
+            fake_gpu,
+            wait,
+            json,
+        } => {
+            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+            let verdict = crate::agent::judge_working_tree(crate::agent::JudgeOptions {
+                paths,
+                space,
+                variant,
+                device: gpu,
+                executor: executor(fake_gpu, &policies)?,
+                when_busy: when_busy(wait),
+            })
+            .await?;
+            if json {
+                println!("{}", to_json(&verdict)?);
+            } else {
+                println!(
+                    "{}: {}\nRun log: {}",
+                    if verdict.accepted {
+                        "accepted"
+                    } else {
+                        "rejected"
+                    },
+                    verdict.reason,
+                    verdict.run_dir.join("log.jsonl").display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Context {
+            space,
+            variant,
+            json,
+            write,
+        } => {
+            let pack = crate::agent::context_pack(&crate::agent::ContextOptions {
+                paths: paths.clone(),
+                space,
+                variant,
+            })?;
+            if let Some(dir) = write {
+                crate::agent::write_context_pack(&pack, &paths, &dir)?;
+            }
+            if json {
+                println!("{}", to_json(&pack)?);
+            } else {
+                print!("{}", crate::pack::prompt_md(&pack));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::History {
+            shape: None,
+            json,
+            dtype: _,
+        } => {
+            let history = crate::agent::step_history(&paths)?;
+            if json {
+                println!("{}", to_json(&history)?);
+            } else {
+                print!("{}", crate::pack::history_md(&history));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::History {
+            shape: Some(shape),
+            dtype,
+            json: _,
+        } => {
             let (policies, _) = crate::config::Policies::load(&paths.policies())?;
             let known = policies.shapes.iter().find(|s| s.name == shape);
             let path = crate::store::path(&paths);

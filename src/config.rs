@@ -31,6 +31,51 @@ pub struct Policies {
     /// Which states of the GPU make a timing be taken again (and flagged if they stay).
     pub gpu_state: GpuStatePolicy,
     pub shapes: Vec<Shape>,
+    /// `flashtune step --agent NAME`: how each named coding agent is started in a candidate's work directory.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentTemplate>,
+    /// Dollars per million tokens per model, for agents that report tokens but no dollars.
+    #[serde(default)]
+    pub prices: crate::usage::PriceTable,
+}
+
+/// One coding agent's command line, run by `sh -c` in the candidate's work directory.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTemplate {
+    /// Placeholders, each replaced by a shell-quoted value: {workdir}, {prompt_file},
+    /// {budget_usd}, {candidate}, {usage_file}.
+    pub command: String,
+    /// Which output holds the agent's tokens and dollars (none: `$FLASHTUNE_USAGE_FILE` if written).
+    #[serde(default)]
+    pub usage: Option<crate::usage::UsageFormat>,
+}
+
+/// The placeholders an agent template may name.
+pub const AGENT_PLACEHOLDERS: &[&str] = &[
+    "workdir",
+    "prompt_file",
+    "budget_usd",
+    "candidate",
+    "usage_file",
+];
+
+/// Placeholders `{name}` in a template that flashtune does not fill.
+pub fn unknown_placeholders(template: &str) -> Vec<String> {
+    let mut unknown = Vec::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else { break };
+        let name = &after[..close];
+        let is_name =
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if is_name && !AGENT_PLACEHOLDERS.contains(&name) {
+            unknown.push(name.to_owned());
+        }
+        rest = &after[close + 1..];
+    }
+    unknown
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -610,6 +655,39 @@ impl Policies {
                 "samples",
                 "at least 3 samples are needed for a median and percentiles".into(),
             );
+        }
+        for (name, agent) in &self.agents {
+            let unknown = unknown_placeholders(&agent.command);
+            if !unknown.is_empty() {
+                return Err(config_error_at_key(
+                    path,
+                    text,
+                    "command",
+                    format!(
+                        "[agents.{name}] command names {{{}}}, which flashtune does not fill (it fills {{{}}})",
+                        unknown.join("}, {"),
+                        AGENT_PLACEHOLDERS.join("}, {")
+                    ),
+                ));
+            }
+        }
+        for (model, price) in &self.prices {
+            for (key, value) in [
+                ("input_per_mtok", Some(price.input_per_mtok)),
+                ("output_per_mtok", Some(price.output_per_mtok)),
+                ("cached_input_per_mtok", price.cached_input_per_mtok),
+                ("cache_write_per_mtok", price.cache_write_per_mtok),
+            ] {
+                if let Some(v) = value {
+                    check_number(
+                        path,
+                        text,
+                        &format!("prices.{model}.{key}"),
+                        v,
+                        Bound::NonNegative("free"),
+                    )?;
+                }
+            }
         }
         if self.step.rounds < 3 {
             return fail(

@@ -1141,7 +1141,14 @@ impl<'a> RunIndex<'a> {
                 | Record::ChampionsCommitted { .. }
                 | Record::ProposerRan { .. }
                 | Record::StepStarted { .. }
-                | Record::StepDecided { .. } => {}
+                | Record::StepDecided { .. }
+                | Record::AgentSession(_)
+                | Record::CandidateStarted { .. }
+                | Record::CandidateProposed { .. }
+                | Record::CandidateJudged { .. }
+                | Record::CandidateDropped { .. }
+                | Record::SessionResumed { .. }
+                | Record::SessionStopped { .. } => {}
             }
         }
         let d_of: BTreeMap<&str, u32> = shapes.iter().map(|s| (s.name.as_str(), s.d)).collect();

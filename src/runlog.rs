@@ -375,6 +375,9 @@ pub enum Record {
         verdict: Option<crate::decide::Verdict>,
         /// Why there is no verdict: a failed check, a CUDA error, a worker that died.
         failure: Option<String>,
+        /// The candidate of an agent session's step this duel judged (absent for an in-place step).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        candidate: Option<u32>,
     },
     /// The step's outcome: the edit committed, or restored to HEAD, and why.
     StepDecided {
@@ -385,7 +388,90 @@ pub enum Record {
         geomean_gain: Option<f64>,
         commit: Option<String>,
         restored: Vec<String>,
+        /// In an agent session: the candidate committed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        candidate: Option<u32>,
     },
+    /// `flashtune step --agent` / `--candidates`: the session's settings, so `flashtune resume` can go on.
+    AgentSession(Box<AgentSettings>),
+    /// A candidate's work directory (a git worktree of the step's base) made and its context pack written.
+    CandidateStarted {
+        step: u32,
+        candidate: u32,
+        workdir: PathBuf,
+        base_commit: String,
+        /// Bytes of AGENTS.md, PROMPT.md and context/ together.
+        pack_bytes: u64,
+    },
+    /// A candidate's agent ended: what it changed against the base, and what it cost.
+    CandidateProposed {
+        step: u32,
+        candidate: u32,
+        /// Wall-clock seconds the agent ran.
+        seconds: f64,
+        status: String,
+        timed_out: bool,
+        output_tail: String,
+        /// Changed paths in the edit scope (what would be judged and committed).
+        changed_files: Vec<String>,
+        /// Changed paths outside the edit scope: any one rejects the candidate.
+        outside_scope: Vec<String>,
+        /// `N files, +A -D` over the whole diff.
+        diff_stat: String,
+        /// The diff of the edit scope, cut to a bounded length.
+        patch: String,
+        /// Tokens and dollars as the agent reported them; absent when they could not be read.
+        usage: Option<crate::usage::Usage>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage_error: Option<String>,
+    },
+    /// One candidate judged against HEAD's champion (its commit, if it wins, is `step_decided`'s).
+    CandidateJudged {
+        step: u32,
+        candidate: u32,
+        accepted: bool,
+        reason: String,
+        geomean_gain: Option<f64>,
+        /// Seconds its duel held the GPU.
+        gpu_seconds: f64,
+    },
+    /// A candidate that got no verdict, and why (its session was killed while it was in flight).
+    CandidateDropped {
+        step: u32,
+        candidate: u32,
+        reason: String,
+    },
+    /// `flashtune resume` took up a killed agent session: what it found and put right.
+    SessionResumed {
+        /// The step that was in flight, if any.
+        step: Option<u32>,
+        /// In-scope files of the main working tree put back to HEAD (an edit applied but not committed).
+        restored: Vec<String>,
+        /// A commit of this session's in-flight step found at HEAD, whose decision was not logged.
+        recovered_commit: Option<String>,
+    },
+    /// An agent session stopped before its last step, and why (a stop rule).
+    SessionStopped {
+        reason: String,
+    },
+}
+
+/// How an agent session runs, as its log records it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentSettings {
+    /// `claude`, `codex`, ..., or `custom` for a `--proposer` command.
+    pub agent: String,
+    /// The command template, placeholders unfilled.
+    pub command: String,
+    pub usage: Option<crate::usage::UsageFormat>,
+    pub candidates: u32,
+    pub steps: u32,
+    pub max_cost_usd: Option<f64>,
+    pub stop_at_roof: Option<f64>,
+    pub patience: Option<u32>,
+    pub time_limit_s: Option<f64>,
+    pub space: Option<PathBuf>,
+    pub variant: Option<String>,
 }
 
 /// One variant's place in a budgeted run's dispatch order.

@@ -37,6 +37,8 @@ pub struct StepOptions {
     pub executor: Executor,
     /// Queue behind another flashtune run that holds the GPU, or refuse at once.
     pub when_busy: run::WhenBusy,
+    /// Print nothing on stdout (the caller prints the verdict itself, e.g. as JSON).
+    pub quiet: bool,
 }
 
 pub struct StepOutcome {
@@ -55,49 +57,15 @@ struct Decided {
 }
 
 pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
-    let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
-    let root = repository_root(&project.paths.root)?;
     if opts.steps > 1 && opts.proposer.is_none() {
         return Err(Error::BadInput(
             "--steps above 1 needs --proposer: without one, every step would judge the same edit"
                 .into(),
         ));
     }
-    refuse_dirty_outside_scope(&project, &root, opts.proposer.is_some())?;
-    let device = opts.executor.probe(opts.device).await.map_err(|reason| {
-        Error::NoGpu(format!(
-            "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
-        ))
-    })?;
-    let _locks = run::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
-    let run_id = run::new_run_id();
-    let run_dir = project.paths.runs().join(&run_id);
-    let mut session = Session {
-        project: &project,
-        root: &root,
-        device: &device,
-        opts: &opts,
-        run_dir: &run_dir,
-        run_id: &run_id,
-        seed: 0,
-        roofs: crate::roofs::Roofs::default(),
-    };
-    // A champion that cannot be found is a usage error, reported before any run folder exists.
-    let repo =
-        git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
-    session.champions(&repo)?;
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("cannot create {}", run_dir.display()))?;
-    let log = RunLog::create(&run_dir.join("log.jsonl"))?;
-    let mut events = Events::new(log, Vec::new());
-    // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
-    let strategy = crate::plan::Strategy::default();
-    let mut head = run::header(&project, &device, &run_id, &strategy);
-    session.seed = run::fresh_run_seed(project.policies.measure.seed, &run_id);
-    head.run_seed = Some(session.seed);
-    events.emit(Record::Header(Box::new(head)))?;
-    session.roofs =
-        run::measure_roofs(&project, opts.device, &opts.executor, &mut events, None).await?;
+    let (bench, mut events) = Bench::open(&opts, opts.proposer.is_some(), None).await?;
+    let session = bench.session(&opts);
+    let run_dir = bench.run_dir.clone();
     let started = Instant::now();
     let mut last: Option<Decided> = None;
     let mut report = String::new();
@@ -112,7 +80,9 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         }
         let (decided, markdown) = session.one_step(n, last.as_ref(), &mut events).await?;
         // Printed as each step ends: an unattended loop shows its progress.
-        println!("{markdown}");
+        if !opts.quiet {
+            println!("{markdown}");
+        }
         report.push_str(&markdown);
         report.push('\n');
         if decided.accepted {
@@ -130,6 +100,99 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         accepted,
         rejected,
     })
+}
+
+/// What every step of a session shares: the project, the repository, the GPU (locked), the run folder and its log.
+pub(crate) struct Bench {
+    pub(crate) project: Project,
+    pub(crate) root: PathBuf,
+    pub(crate) device: DeviceInfo,
+    pub(crate) run_id: String,
+    pub(crate) run_dir: PathBuf,
+    /// The step run's input seed; each step draws its own sets from it.
+    pub(crate) seed: u64,
+    pub(crate) roofs: crate::roofs::Roofs,
+    _locks: Vec<std::fs::File>,
+}
+
+impl Bench {
+    /// Load the project, check the repository, take the GPU and start the run log, or, with
+    /// `resume`, reopen that run's log (same run id, seed and roofs).
+    pub(crate) async fn open(
+        opts: &StepOptions,
+        proposer: bool,
+        resume: Option<&Path>,
+    ) -> Result<(Bench, Events)> {
+        let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
+        let root = repository_root(&project.paths.root)?;
+        refuse_dirty_outside_scope(&project, &root, proposer)?;
+        let device = opts.executor.probe(opts.device).await.map_err(|reason| {
+            Error::NoGpu(format!(
+                "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
+            ))
+        })?;
+        let locks = run::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
+        let mut bench = Bench {
+            project,
+            root,
+            device,
+            run_id: String::new(),
+            run_dir: PathBuf::new(),
+            seed: 0,
+            roofs: crate::roofs::Roofs::default(),
+            _locks: locks,
+        };
+        if let Some(run_dir) = resume {
+            let loaded = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+            let header = loaded
+                .header()
+                .ok_or_else(|| Error::BadInput(format!("{} has no header", run_dir.display())))?;
+            bench.run_id = header.run_id.clone();
+            bench.seed = header.run_seed.unwrap_or(0);
+            bench.run_dir = run_dir.to_path_buf();
+            bench.roofs = crate::roofs::Roofs::from_log(&loaded);
+            let log = RunLog::reopen(&run_dir.join("log.jsonl"), &loaded)?;
+            return Ok((bench, Events::new(log, Vec::new())));
+        }
+        bench.run_id = run::new_run_id();
+        bench.run_dir = bench.project.paths.runs().join(&bench.run_id);
+        // A champion that cannot be found is a usage error, reported before any run folder exists.
+        let repo = git2::Repository::open(&bench.root)
+            .map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+        bench.session(opts).champions(&repo)?;
+        std::fs::create_dir_all(&bench.run_dir)
+            .with_context(|| format!("cannot create {}", bench.run_dir.display()))?;
+        let log = RunLog::create(&bench.run_dir.join("log.jsonl"))?;
+        let mut events = Events::new(log, Vec::new());
+        // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
+        let strategy = crate::plan::Strategy::default();
+        let mut head = run::header(&bench.project, &bench.device, &bench.run_id, &strategy);
+        bench.seed = run::fresh_run_seed(bench.project.policies.measure.seed, &bench.run_id);
+        head.run_seed = Some(bench.seed);
+        events.emit(Record::Header(Box::new(head)))?;
+        bench.roofs = run::measure_roofs(
+            &bench.project,
+            opts.device,
+            &opts.executor,
+            &mut events,
+            None,
+        )
+        .await?;
+        Ok((bench, events))
+    }
+
+    pub(crate) fn session<'a>(&'a self, opts: &'a StepOptions) -> Session<'a> {
+        Session {
+            project: &self.project,
+            root: &self.root,
+            device: &self.device,
+            opts,
+            run_dir: &self.run_dir,
+            run_id: &self.run_id,
+            seed: self.seed,
+            roofs: self.roofs.clone(),
+        }
+    }
 }
 
 /// The project root must be the repository's working directory: edit paths are repository-relative.
@@ -159,7 +222,7 @@ fn repository_root(project_root: &Path) -> Result<PathBuf> {
 }
 
 /// Paths under kernels/ that an edit may not touch: the table flashtune writes and the oracle.
-fn protected(project: &Project) -> Vec<String> {
+pub(crate) fn protected(project: &Project) -> Vec<String> {
     vec![
         project.champion_table(),
         project
@@ -171,12 +234,12 @@ fn protected(project: &Project) -> Vec<String> {
     ]
 }
 
-fn in_scope(project: &Project, path: &str) -> bool {
+pub(crate) fn in_scope(project: &Project, path: &str) -> bool {
     path.starts_with(EDIT_SCOPE) && !protected(project).iter().any(|p| p == path)
 }
 
 /// Changed paths against HEAD (untracked included), split into the edit scope and the rest; runs/ is flashtune's own.
-fn changes(project: &Project, root: &Path) -> Result<(Vec<String>, Vec<String>)> {
+pub(crate) fn changes(project: &Project, root: &Path) -> Result<(Vec<String>, Vec<String>)> {
     let all = crate::vcs::changed_against_head(root)
         .map_err(|e| Error::Other(anyhow!("git status: {}", e.message())))?;
     Ok(all
@@ -220,28 +283,28 @@ fn refuse_dirty_outside_scope(project: &Project, root: &Path, proposer: bool) ->
     )))
 }
 
-struct Session<'a> {
-    project: &'a Project,
-    root: &'a Path,
-    device: &'a DeviceInfo,
-    opts: &'a StepOptions,
-    run_dir: &'a Path,
-    run_id: &'a str,
+pub(crate) struct Session<'a> {
+    pub(crate) project: &'a Project,
+    pub(crate) root: &'a Path,
+    pub(crate) device: &'a DeviceInfo,
+    pub(crate) opts: &'a StepOptions,
+    pub(crate) run_dir: &'a Path,
+    pub(crate) run_id: &'a str,
     /// The step run's input seed; each step draws its own sets from it.
-    seed: u64,
+    pub(crate) seed: u64,
     /// Roofs measured at the start of the step run: an edit whose figure passes one is rejected.
-    roofs: crate::roofs::Roofs,
+    pub(crate) roofs: crate::roofs::Roofs,
 }
 
 /// HEAD's champion for one (shape, dtype), built from HEAD's sources.
-struct Pairing {
-    shape: Shape,
-    dtype: Dtype,
-    point: PlannedPoint,
+pub(crate) struct Pairing {
+    pub(crate) shape: Shape,
+    pub(crate) dtype: Dtype,
+    pub(crate) point: PlannedPoint,
 }
 
 /// Files a proposer must leave alone, with what they looked like before it ran.
-type Fingerprint = BTreeMap<PathBuf, (u64, i64, i64, i64)>;
+pub(crate) type Fingerprint = BTreeMap<PathBuf, (u64, i64, i64, i64)>;
 
 impl Session<'_> {
     async fn one_step(
@@ -300,6 +363,7 @@ impl Session<'_> {
                     geomean_gain: None,
                     commit: None,
                     restored: left,
+                    candidate: None,
                 })?;
                 return Err(Error::Other(anyhow!("{reason}")));
             }
@@ -374,6 +438,7 @@ impl Session<'_> {
             geomean_gain: outcome.geomean_gain,
             commit: outcome.commit.clone(),
             restored: outcome.restored.clone(),
+            candidate: None,
         })?;
         let markdown = step_markdown(&StepSummary {
             step: n,
@@ -396,69 +461,12 @@ impl Session<'_> {
     }
 
     /// Per (shape, dtype): the variant HEAD's champion table names, else `--variant`, else the space's default.
-    fn champions(&self, repo: &git2::Repository) -> Result<Vec<Pairing>> {
-        let project = self.project;
+    pub(crate) fn champions(&self, repo: &git2::Repository) -> Result<Vec<Pairing>> {
         let limits = DeviceLimits {
             max_threads_per_block: self.device.max_threads_per_block,
             max_smem_optin_bytes: self.device.max_smem_optin_bytes,
         };
-        let planned = project.space.plan(&project.head_dims(), &limits)?;
-        let table = head_table(repo, &project.champion_table())?;
-        let fallback = match &self.opts.variant {
-            Some(v) => v.clone(),
-            None => {
-                let variants = project.space.variants()?;
-                // A chain's last step is its most developed point; a grid has no order of merit.
-                let pick = if project.space.chain.is_some() {
-                    variants.last()
-                } else {
-                    variants.first()
-                };
-                pick.map(|v| v.id.clone())
-                    .ok_or_else(|| Error::BadInput("the space has no variant".into()))?
-            }
-        };
-        let mut out = Vec::new();
-        for shape in &project.shapes {
-            for &dtype in &project.policies.dtypes {
-                let named = table
-                    .iter()
-                    .find(|c| c.shape == shape.name && c.dtype == dtype)
-                    .map(|c| c.variant.clone());
-                let variant = named.clone().unwrap_or_else(|| fallback.clone());
-                let point = planned
-                    .iter()
-                    .find(|p| p.variant.id == variant && p.head_dim == shape.d)
-                    .ok_or_else(|| {
-                        let known: BTreeSet<&str> =
-                            planned.iter().map(|p| p.variant.id.as_str()).collect();
-                        Error::BadInput(format!(
-                            "champion `{variant}` ({}) is not a point of space `{}` (its points: {}); pass --space or --variant",
-                            if named.is_some() {
-                                format!("named by {} at HEAD", project.champion_table())
-                            } else if self.opts.variant.is_some() {
-                                "from --variant".to_owned()
-                            } else {
-                                "the space's default".to_owned()
-                            },
-                            project.space.name,
-                            known.into_iter().collect::<Vec<_>>().join(", ")
-                        ))
-                    })?;
-                if let Some(why) = &point.invalid {
-                    return Err(Error::BadInput(format!(
-                        "champion `{variant}` cannot run shape {} (d={}): {why}",
-                        shape.name, shape.d
-                    )));
-                }
-                out.push(Pairing {
-                    shape: shape.clone(),
-                    dtype,
-                    point: point.clone(),
-                });
-            }
-        }
-        Ok(out)
+        champions_for(self.project, &limits, self.opts.variant.as_deref(), repo)
     }
 
     fn specs(&self, pairings: &[Pairing], tree: &Path, tag: &str) -> Vec<(UnitKey, BuildSpec)> {
@@ -481,7 +489,7 @@ impl Session<'_> {
     }
 
     /// The reference and the champion, both from HEAD's tree, through the shared cache.
-    async fn build_head(
+    pub(crate) async fn build_head(
         &self,
         pairings: &[Pairing],
         head_tree: &Path,
@@ -599,31 +607,64 @@ impl Session<'_> {
         events: &mut Events,
         duels: &mut Vec<DuelRow>,
     ) -> Result<std::result::Result<decide::Overall, String>> {
-        let project = self.project;
         // A cache of its own: a cubin the proposer planted in the shared cache is never used.
-        let builder = Builder {
-            cache_dir: step_dir.join("build"),
-            ..project.builder()
+        let pending = self.spawn_edit_build(
+            pairings,
+            self.root,
+            "edit",
+            step_dir.join("build"),
+            self.project.jobs(),
+        );
+        let edit_cubins = match collect_builds(pending, self.project, events).await? {
+            Ok(cubins) => cubins,
+            Err(why) => return Ok(Err(why)),
         };
-        let specs = self.specs(pairings, self.root, "edit");
-        let built = build_logged(builder, project.jobs(), specs, events).await?;
-        let mut edit_cubins = BTreeMap::new();
-        for (key, result) in built {
-            match result {
-                Err(why) => {
-                    return Ok(Err(format!(
-                        "the edit does not build ({}, {}, d={}): {why}",
-                        key.0, key.1, key.2
-                    )))
-                }
-                Ok(out) => {
-                    if let Some(why) = project.gate(&out) {
-                        return Ok(Err(format!("the edit is rejected by the gates: {why}")));
-                    }
-                    edit_cubins.insert(key, out.cubin);
-                }
-            }
-        }
+        self.duel_edit(
+            n,
+            None,
+            pairings,
+            head_cubins,
+            &edit_cubins,
+            "edit",
+            events,
+            duels,
+        )
+        .await
+    }
+
+    /// Start building the edit's forward kernels from `tree` into the build cache `cache`.
+    pub(crate) fn spawn_edit_build(
+        &self,
+        pairings: &[Pairing],
+        tree: &Path,
+        tag: &str,
+        cache: PathBuf,
+        jobs: usize,
+    ) -> PendingBuild {
+        let builder = Builder {
+            cache_dir: cache,
+            ..self.project.builder()
+        };
+        let specs = self.specs(pairings, tree, tag);
+        let order = specs.iter().map(|(k, _)| k.clone()).collect();
+        let (tasks, rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+        PendingBuild { tasks, rx, order }
+    }
+
+    /// Check and re-time built edit kernels against HEAD's champion (interleaved, under the GPU lock).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn duel_edit(
+        &self,
+        n: u32,
+        candidate: Option<u32>,
+        pairings: &[Pairing],
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        edit_cubins: &BTreeMap<UnitKey, PathBuf>,
+        tag: &str,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+    ) -> Result<std::result::Result<decide::Overall, String>> {
+        let project = self.project;
         let family = &project.space.family;
         let policy = &project.policies.measure;
         // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
@@ -661,7 +702,7 @@ impl Session<'_> {
             let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
             pairs.push(DuelPair {
                 champion: case(p, &head_cubins[&key("head")], seed),
-                challenger: case(p, &edit_cubins[&key("edit")], seed),
+                challenger: case(p, &edit_cubins[&key(tag)], seed),
             });
         }
         let request = DuelRequest {
@@ -721,6 +762,7 @@ impl Session<'_> {
                 challenger_check: judged.challenger_check,
                 verdict: judged.verdict,
                 failure: judged.failure,
+                candidate,
             })?;
         }
         if let Some(why) = failure {
@@ -729,7 +771,7 @@ impl Session<'_> {
         Ok(Ok(decide::judge_overall(&verdicts, threshold)))
     }
 
-    fn commit_message(
+    pub(crate) fn commit_message(
         &self,
         n: u32,
         files: &[String],
@@ -770,30 +812,100 @@ impl Session<'_> {
     }
 }
 
+/// Per (shape, dtype): the variant HEAD's champion table names, else `variant_opt`, else the space's default.
+pub(crate) fn champions_for(
+    project: &Project,
+    limits: &DeviceLimits,
+    variant_opt: Option<&str>,
+    repo: &git2::Repository,
+) -> Result<Vec<Pairing>> {
+    let planned = project.space.plan(&project.head_dims(), limits)?;
+    let table = head_table(repo, &project.champion_table())?;
+    let fallback = match variant_opt {
+        Some(v) => v.to_owned(),
+        None => {
+            let variants = project.space.variants()?;
+            // A chain's last step is its most developed point; a grid has no order of merit.
+            let pick = if project.space.chain.is_some() {
+                variants.last()
+            } else {
+                variants.first()
+            };
+            pick.map(|v| v.id.clone())
+                .ok_or_else(|| Error::BadInput("the space has no variant".into()))?
+        }
+    };
+    let mut out = Vec::new();
+    for shape in &project.shapes {
+        for &dtype in &project.policies.dtypes {
+            let named = table
+                .iter()
+                .find(|c| c.shape == shape.name && c.dtype == dtype)
+                .map(|c| c.variant.clone());
+            let variant = named.clone().unwrap_or_else(|| fallback.clone());
+            let point = planned
+                .iter()
+                .find(|p| p.variant.id == variant && p.head_dim == shape.d)
+                .ok_or_else(|| {
+                    let known: BTreeSet<&str> =
+                        planned.iter().map(|p| p.variant.id.as_str()).collect();
+                    Error::BadInput(format!(
+                        "champion `{variant}` ({}) is not a point of space `{}` (its points: {}); pass --space or --variant",
+                        if named.is_some() {
+                            format!("named by {} at HEAD", project.champion_table())
+                        } else if variant_opt.is_some() {
+                            "from --variant".to_owned()
+                        } else {
+                            "the space's default".to_owned()
+                        },
+                        project.space.name,
+                        known.into_iter().collect::<Vec<_>>().join(", ")
+                    ))
+                })?;
+            if let Some(why) = &point.invalid {
+                return Err(Error::BadInput(format!(
+                    "champion `{variant}` cannot run shape {} (d={}): {why}",
+                    shape.name, shape.d
+                )));
+            }
+            out.push(Pairing {
+                shape: shape.clone(),
+                dtype,
+                point: point.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// A duel as the step report shows it.
 #[derive(Debug, Clone)]
-struct DuelRow {
-    shape: String,
-    dtype: Dtype,
-    variant: String,
-    champion_us: Option<f64>,
-    challenger_us: Option<f64>,
-    verdict: Option<Verdict>,
-    failure: Option<String>,
+pub(crate) struct DuelRow {
+    pub(crate) shape: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) variant: String,
+    pub(crate) champion_us: Option<f64>,
+    pub(crate) challenger_us: Option<f64>,
+    pub(crate) verdict: Option<Verdict>,
+    pub(crate) failure: Option<String>,
 }
 
 /// How a step ended.
-struct Outcome {
-    accepted: bool,
-    reason: String,
-    geomean_gain: Option<f64>,
-    commit: Option<String>,
+pub(crate) struct Outcome {
+    pub(crate) accepted: bool,
+    pub(crate) reason: String,
+    pub(crate) geomean_gain: Option<f64>,
+    pub(crate) commit: Option<String>,
     /// Files put back as HEAD has them.
-    restored: Vec<String>,
+    pub(crate) restored: Vec<String>,
 }
 
 impl Outcome {
-    fn rejected(reason: String, geomean_gain: Option<f64>, restored: Vec<String>) -> Self {
+    pub(crate) fn rejected(
+        reason: String,
+        geomean_gain: Option<f64>,
+        restored: Vec<String>,
+    ) -> Self {
         Outcome {
             accepted: false,
             reason,
@@ -804,17 +916,17 @@ impl Outcome {
     }
 }
 
-struct StepSummary<'a> {
-    step: u32,
-    base: &'a str,
-    device: &'a DeviceInfo,
-    files: &'a [String],
-    outcome: &'a Outcome,
-    duels: &'a [DuelRow],
+pub(crate) struct StepSummary<'a> {
+    pub(crate) step: u32,
+    pub(crate) base: &'a str,
+    pub(crate) device: &'a DeviceInfo,
+    pub(crate) files: &'a [String],
+    pub(crate) outcome: &'a Outcome,
+    pub(crate) duels: &'a [DuelRow],
 }
 
 /// The step's Markdown section: outcome first, then one row per (shape, dtype).
-fn step_markdown(s: &StepSummary) -> String {
+pub(crate) fn step_markdown(s: &StepSummary) -> String {
     let mut m = String::new();
     let _ = writeln!(
         m,
@@ -917,7 +1029,64 @@ async fn build_logged(
         .collect())
 }
 
-fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
+/// Edit builds in flight, and what they are judged by once done.
+pub(crate) struct PendingBuild {
+    tasks: tokio::task::JoinSet<()>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::BuildResult>,
+    order: Vec<UnitKey>,
+}
+
+/// Wait for an edit's builds, logging each; `Err` inside says why the edit is turned away.
+pub(crate) async fn collect_builds(
+    pending: PendingBuild,
+    project: &Project,
+    events: &mut Events,
+) -> Result<std::result::Result<BTreeMap<UnitKey, PathBuf>, String>> {
+    let PendingBuild {
+        tasks: _tasks,
+        mut rx,
+        order,
+    } = pending;
+    let mut done = BTreeMap::new();
+    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        let record = match &result {
+            Ok(out) => Record::built(&variant, dtype, head_dim, out),
+            Err(f) => Record::BuildFailed {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                reason: f.to_string(),
+                log_tail: crate::build::log_tail(f.log(), 30),
+            },
+        };
+        events.emit(record)?;
+        done.insert((variant, dtype, head_dim), result);
+    }
+    let mut cubins = BTreeMap::new();
+    for key in order {
+        match done.remove(&key) {
+            None => return Ok(Err(format!("the build of {} was lost", key.0))),
+            Some(Err(f)) => {
+                return Ok(Err(format!(
+                    "the edit does not build ({}, {}, d={}): {f}\n{}",
+                    key.0,
+                    key.1,
+                    key.2,
+                    crate::build::log_tail(f.log(), 12)
+                )))
+            }
+            Some(Ok(out)) => {
+                if let Some(why) = project.gate(&out) {
+                    return Ok(Err(format!("the edit is rejected by the gates: {why}")));
+                }
+                cubins.insert(key, out.cubin);
+            }
+        }
+    }
+    Ok(Ok(cubins))
+}
+
+pub(crate) fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
     let head = repo
         .head()
         .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?;
@@ -931,7 +1100,7 @@ fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
 }
 
 /// Back to the branch and commit the step started from, working tree included.
-fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Result<()> {
+pub(crate) fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Result<()> {
     let git = |e: git2::Error| Error::Other(anyhow!("cannot put HEAD back: {}", e.message()));
     let id = git2::Oid::from_str(commit).map_err(git)?;
     let object = repo.find_object(id, None).map_err(git)?;
@@ -944,7 +1113,7 @@ fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Resu
         .map_err(git)
 }
 
-fn restore(root: &Path, paths: &[String]) -> Result<()> {
+pub(crate) fn restore(root: &Path, paths: &[String]) -> Result<()> {
     crate::vcs::restore_paths(root, paths).map_err(|e| {
         Error::Other(anyhow!(
             "cannot restore {}: {}",
@@ -972,7 +1141,12 @@ fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champion
 }
 
 /// Write `commit`'s files under `prefix` into `dest`, keeping their repository-relative paths.
-fn extract_tree(repo: &git2::Repository, commit: &str, prefix: &str, dest: &Path) -> Result<()> {
+pub(crate) fn extract_tree(
+    repo: &git2::Repository,
+    commit: &str,
+    prefix: &str,
+    dest: &Path,
+) -> Result<()> {
     let git =
         |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
     let id = git2::Oid::from_str(commit).map_err(git)?;
@@ -1023,7 +1197,7 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Size, mtime and ctime (which no user can set), and a content hash for small files.
-fn fingerprint(files: &[PathBuf]) -> Fingerprint {
+pub(crate) fn fingerprint(files: &[PathBuf]) -> Fingerprint {
     use std::os::unix::fs::MetadataExt;
     let mut fp = Fingerprint::new();
     for f in files {
@@ -1056,7 +1230,7 @@ fn fingerprint(files: &[PathBuf]) -> Fingerprint {
 }
 
 /// Guarded files changed, removed, or (in a guarded folder) added.
-fn fingerprint_changes(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
+pub(crate) fn fingerprint_changes(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
     let mut changed: BTreeSet<String> = before
         .iter()
         .filter(|(p, v)| after.get(*p) != Some(v))
@@ -1072,10 +1246,10 @@ fn fingerprint_changes(before: &Fingerprint, after: &Fingerprint) -> Vec<String>
     changed.into_iter().collect()
 }
 
-fn file_hash(path: &Path) -> Option<blake3::Hash> {
+pub(crate) fn file_hash(path: &Path) -> Option<blake3::Hash> {
     std::fs::read(path).ok().map(|b| blake3::hash(&b))
 }
 
-fn short(commit: &str) -> &str {
+pub(crate) fn short(commit: &str) -> &str {
     &commit[..commit.len().min(10)]
 }

@@ -7,7 +7,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("leaves", &["error", "ptxas", "vcs", "stop"]),
     (
         "vocabulary",
-        &["vocab", "config", "space", "protocol", "plan"],
+        &["vocab", "usage", "config", "space", "protocol", "plan"],
     ),
     (
         "gpu and checks",
@@ -29,6 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "champions",
             "roofs",
             "store",
+            "pack",
         ],
     ),
     (
@@ -43,6 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "ablate",
             "step",
             "engine",
+            "agent",
         ],
     ),
     ("commands", &["cli", "progress", "doctor"]),
