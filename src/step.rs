@@ -159,7 +159,7 @@ fn repository_root(project_root: &Path) -> Result<PathBuf> {
 }
 
 /// Paths under kernels/ that an edit may not touch: the table flashtune writes and the oracle.
-fn protected(project: &Project) -> Vec<String> {
+pub fn protected(project: &Project) -> Vec<String> {
     vec![
         project.champion_table(),
         project
@@ -171,7 +171,7 @@ fn protected(project: &Project) -> Vec<String> {
     ]
 }
 
-fn in_scope(project: &Project, path: &str) -> bool {
+pub fn in_scope(project: &Project, path: &str) -> bool {
     path.starts_with(EDIT_SCOPE) && !protected(project).iter().any(|p| p == path)
 }
 

@@ -45,7 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "engine",
         ],
     ),
-    ("commands", &["cli", "progress", "doctor"]),
+    ("commands", &["cli", "progress", "doctor", "mcp"]),
 ];
 
 /// The crate roots only declare and re-export modules; they are not layered.
