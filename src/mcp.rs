@@ -161,8 +161,9 @@ impl Workbench {
     pub fn new(opts: McpOptions) -> Result<Self> {
         let root = opts.paths.root.clone();
         let baseline = outside_scope_now(&root).unwrap_or_default();
-        let binary = std::env::current_exe()
-            .map_err(|e| Error::Other(anyhow::anyhow!("cannot find flashtune's own binary: {e}")))?;
+        let binary = std::env::current_exe().map_err(|e| {
+            Error::Other(anyhow::anyhow!("cannot find flashtune's own binary: {e}"))
+        })?;
         Ok(Workbench {
             root,
             paths: opts.paths,
@@ -197,7 +198,12 @@ impl Workbench {
         let project = match Project::load(self.paths.clone(), args.space.as_deref().map(Path::new))
         {
             Ok(p) => p,
-            Err(e) => return Ok(refusal("bad_project", e.to_string(), json!({}))),
+            // An agent that broke policies.toml stepped outside its scope: undo that first.
+            Err(e) => {
+                return Ok(self
+                    .undo_stray_changes(None)
+                    .unwrap_or_else(|| refusal("bad_project", e.to_string(), json!({}))))
+            }
         };
         if let Some(variant) = &args.variant {
             let known: Vec<String> = project
@@ -217,7 +223,7 @@ impl Workbench {
             }
             command.extend(["--variant".to_owned(), variant.clone()]);
         }
-        if let Some(verdict) = self.undo_stray_changes(&project) {
+        if let Some(verdict) = self.undo_stray_changes(Some(&project)) {
             return Ok(verdict);
         }
         if self.fake_gpu {
@@ -239,16 +245,30 @@ impl Workbench {
         meta: RequestMetaObject,
         peer: Peer<RoleServer>,
     ) -> std::result::Result<CallToolResult, rmcp::ErrorData> {
-        let known = self.jobs.lock().expect("jobs lock").all.contains_key(&args.job);
+        let known = self
+            .jobs
+            .lock()
+            .expect("jobs lock")
+            .all
+            .contains_key(&args.job);
         if !known {
-            let ids: Vec<String> = self.jobs.lock().expect("jobs lock").all.keys().cloned().collect();
+            let ids: Vec<String> = self
+                .jobs
+                .lock()
+                .expect("jobs lock")
+                .all
+                .keys()
+                .cloned()
+                .collect();
             return Ok(refusal(
                 "unknown_job",
                 format!("no job `{}` was started by this server", args.job),
                 json!({ "jobs": ids }),
             ));
         }
-        Ok(self.wait_for(&args.job, wait_of(args.wait_s), meta, peer).await)
+        Ok(self
+            .wait_for(&args.job, wait_of(args.wait_s), meta, peer)
+            .await)
     }
 
     #[tool(
@@ -299,10 +319,7 @@ impl Workbench {
         if !timed.contains(&args.variant) {
             return Ok(refusal(
                 "unknown_variant",
-                format!(
-                    "run {} did not time `{}`",
-                    header.run_id, args.variant
-                ),
+                format!("run {} did not time `{}`", header.run_id, args.variant),
                 json!({ "known": timed }),
             ));
         }
@@ -431,7 +448,10 @@ impl Workbench {
                 other => normal.push(other),
             }
         }
-        let root = self.root.canonicalize().unwrap_or_else(|_| self.root.clone());
+        let root = self
+            .root
+            .canonicalize()
+            .unwrap_or_else(|_| self.root.clone());
         let real = normal.canonicalize().unwrap_or(normal);
         if real.starts_with(&root) {
             Ok(real)
@@ -494,7 +514,8 @@ impl Workbench {
 
     /// Changes outside the edit scope that were not there when the server started are the agent's:
     /// undo them and every edit inside the scope too (half an edit is not judged), and say so.
-    fn undo_stray_changes(&self, project: &Project) -> Option<CallToolResult> {
+    /// Without a project (its policies do not load), only `kernels/` is in scope.
+    fn undo_stray_changes(&self, project: Option<&Project>) -> Option<CallToolResult> {
         let changed = match crate::vcs::changed_against_head(&self.root) {
             Ok(c) => c,
             Err(e) => {
@@ -508,7 +529,10 @@ impl Workbench {
         let (inside, outside): (Vec<String>, Vec<String>) = changed
             .into_iter()
             .filter(|p| !p.starts_with("runs/"))
-            .partition(|p| crate::step::in_scope(project, p));
+            .partition(|p| match project {
+                Some(project) => crate::step::in_scope(project, p),
+                None => p.starts_with(crate::step::EDIT_SCOPE),
+            });
         let stray: Vec<String> = outside
             .into_iter()
             .filter(|p| self.baseline.get(p) != Some(&read_opt(&self.root.join(p))))
@@ -538,13 +562,16 @@ impl Workbench {
         let reason = format!(
             "changes outside the edit scope ({}, except {}): {}; all the edit's changes were restored unjudged",
             crate::step::EDIT_SCOPE,
-            crate::step::protected(project).join(" and "),
+            project.map_or("nothing".to_owned(), |p| crate::step::protected(p).join(" and ")),
             stray.join(", ")
         );
         if !failed.is_empty() {
             return Some(refusal(
                 "restore_failed",
-                format!("{reason}; but some could not be restored: {}", failed.join("; ")),
+                format!(
+                    "{reason}; but some could not be restored: {}",
+                    failed.join("; ")
+                ),
                 json!({ "restored": restored }),
             ));
         }
@@ -655,7 +682,11 @@ impl Workbench {
         let event = value.get("event")?.as_str()?.to_owned();
         let about = ["variant", "shape", "step"]
             .iter()
-            .filter_map(|k| value.get(*k).map(|v| v.to_string().trim_matches('"').to_owned()))
+            .filter_map(|k| {
+                value
+                    .get(*k)
+                    .map(|v| v.to_string().trim_matches('"').to_owned())
+            })
             .collect::<Vec<_>>()
             .join(" ");
         Some(format!("{event} {about}").trim().to_owned())
@@ -697,7 +728,16 @@ impl Workbench {
             }
             let tick = (now + PROGRESS_EVERY).min(deadline);
             tokio::select! {
-                _ = state.changed() => {}
+                changed = state.changed() => {
+                    // The job's task ended without a result (it panicked): say so rather than spin.
+                    if changed.is_err() && !matches!(&*state.borrow(), JobState::Done { .. }) {
+                        return refusal(
+                            "job_lost",
+                            format!("job `{id}` ended without a result; see the server's stderr"),
+                            json!({}),
+                        );
+                    }
+                }
                 _ = tokio::time::sleep_until(tick) => {
                     if let Some(token) = &token {
                         let _ = peer
@@ -799,7 +839,11 @@ fn timed_variants(log: &crate::runlog::LoadedLog) -> Vec<String> {
 fn run_dir_printed(stdout: &str) -> Option<PathBuf> {
     stdout.lines().rev().find_map(|l| {
         let at = l.find("Run log: ")?;
-        Some(PathBuf::from(l[at + "Run log: ".len()..].trim()).parent()?.to_path_buf())
+        Some(
+            PathBuf::from(l[at + "Run log: ".len()..].trim())
+                .parent()?
+                .to_path_buf(),
+        )
     })
 }
 
@@ -851,7 +895,13 @@ fn read_verdict(ended: Ended) -> (Value, bool) {
 }
 
 /// A finished `flashtune profile`: the newest `profiled` record of the case in the run's log.
-fn read_profile(ended: Ended, run_dir: &Path, variant: &str, shape: &str, dtype: &str) -> (Value, bool) {
+fn read_profile(
+    ended: Ended,
+    run_dir: &Path,
+    variant: &str,
+    shape: &str,
+    dtype: &str,
+) -> (Value, bool) {
     if ended.status != Some(0) {
         return (
             json!({ "error": {
@@ -869,15 +919,21 @@ fn read_profile(ended: Ended, run_dir: &Path, variant: &str, shape: &str, dtype:
             true,
         );
     };
-    let found = log.entries.iter().rev().find_map(|(line, e)| match &e.record {
-        Record::Profiled {
-            variant: v,
-            shape: s,
-            dtype: d,
-            profile,
-        } if v == variant && s == shape && d.to_string() == dtype => Some((*line, profile.clone())),
-        _ => None,
-    });
+    let found = log
+        .entries
+        .iter()
+        .rev()
+        .find_map(|(line, e)| match &e.record {
+            Record::Profiled {
+                variant: v,
+                shape: s,
+                dtype: d,
+                profile,
+            } if v == variant && s == shape && d.to_string() == dtype => {
+                Some((*line, profile.clone()))
+            }
+            _ => None,
+        });
     match found {
         None => (
             json!({ "error": { "code": "not_profiled", "message": format!("run {} did not build {variant} for {shape} {dtype}: nothing to profile", header.run_id) }}),
@@ -1058,7 +1114,9 @@ pub fn client_config(agent: Agent, binary: &Path, root: &Path, fake_gpu: bool) -
         Agent::Gemini => {
             let mut s = server;
             s["timeout"] = json!(MAX_WAIT_S * 1000 + 60_000);
-            json_file(".gemini/settings.json", s)
+            // Gemini CLI reads a project's .gemini/settings.json only in a folder it trusts; the
+            // user's settings always.
+            json_file("~/.gemini/settings.json", s)
         }
         Agent::Codex => {
             let quote = |s: &str| toml::Value::String(s.to_owned()).to_string();

@@ -1,5 +1,6 @@
 //! Helpers every test binary shares: where the checkout and the binary are, scratch projects, running the CLI.
 #![allow(dead_code)]
+pub mod gitstate;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -147,4 +148,90 @@ pub fn f16_project(space: &str, shapes: &str) -> tempfile::TempDir {
     )
     .unwrap();
     dir
+}
+
+/// The forward kernel every step test edits.
+pub const FORWARD: &str = "kernels/attention/forward.cu";
+
+/// One variant, one shape, one dtype: each step builds a single forward kernel for the edit.
+pub const SPACE: &str = r#"
+name = "step-ci"
+description = "the scalar baseline on one small shape"
+constraints = []
+shapes = ["small"]
+baseline = { MMA = "scalar", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = 1, STAGES = 1 }
+
+[symbols]
+auto = 0
+
+[family]
+forward = "kernels/attention/forward.cu"
+forward_entry = "attn_fwd"
+combine_entry = "attn_combine"
+reference = "kernels/attention/reference.cu"
+reference_entry = "attn_reference"
+threads = "WARPS * 32"
+rows_per_cta = "BLOCK_M"
+kv_rows_per_block = "BLOCK_N"
+kv_splits = "KV_SPLIT"
+smem_bytes = '(BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES + BLOCK_M * (BLOCK_N + 4) * 4'
+
+[params]
+MMA = ["scalar"]
+BLOCK_M = [64]
+BLOCK_N = [64]
+WARPS = [4]
+KV_SPLIT = [1]
+STAGES = [1]
+"#;
+
+/// A scratch copy of the project (f16 only, plus the small space) as a git repository with one commit.
+pub fn repo_project() -> tempfile::TempDir {
+    repo_project_with(|p| p)
+}
+
+pub fn repo_project_with(edit_policies: impl Fn(String) -> String) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for sub in ["variants", "kernels/attention"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for f in std::fs::read_dir(repo().join(sub)).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, dir.path().join(sub).join(f.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    let policies = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+    let policies = policies.replace(r#"dtypes = ["f16", "bf16"]"#, r#"dtypes = ["f16"]"#);
+    assert!(policies.contains(r#"dtypes = ["f16"]"#));
+    let policies = edit_policies(policies);
+    std::fs::write(dir.path().join("policies.toml"), policies).unwrap();
+    std::fs::write(dir.path().join("variants/step-ci.toml"), SPACE).unwrap();
+    std::fs::write(dir.path().join(".gitignore"), "runs/\n").unwrap();
+    let repo = git2::Repository::init(dir.path()).unwrap();
+    let mut index = repo.index().unwrap();
+    index
+        .add_all(["*"], git2::IndexAddOption::DEFAULT, None)
+        .unwrap();
+    index.write().unwrap();
+    let tree = repo.find_tree(index.write_tree().unwrap()).unwrap();
+    let sig = git2::Signature::now("test", "test@localhost").unwrap();
+    repo.commit(Some("HEAD"), &sig, &sig, "initial", &tree, &[])
+        .unwrap();
+    dir
+}
+
+/// Appends a global the fake GPU finds in the cubin: it scales the edit's times or injects a fault.
+pub fn mark_forward(dir: &Path, marker: &str) -> String {
+    let path = dir.join(FORWARD);
+    let original = std::fs::read_to_string(&path).unwrap();
+    let name = marker.replace(|c: char| !c.is_ascii_alphanumeric(), "_");
+    std::fs::write(
+        &path,
+        format!(
+            "{original}\n__device__ char flashtune_fake_{name}[] = \"flashtune-fake: {marker}\";\n"
+        ),
+    )
+    .unwrap();
+    original
 }
