@@ -25,7 +25,8 @@ export FLASHTUNE_NVCC="$nvcc_path"
 echo "== nvcc: $FLASHTUNE_NVCC ($("$FLASHTUNE_NVCC" --version | tail -1))"
 
 # The real-agent tests (tests/agent_cli.rs) run a pinned Gemini CLI against a model API faked on
-# loopback. It is the lightest of the agent CLIs to install (about 20 MB packed) and runs on Node 20.
+# loopback. It is the lightest of the agent CLIs to install (about 100 MB installed; Claude Code needs
+# Node 22, Codex ships a native binary per platform) and runs on Node 20.
 GEMINI_CLI_VERSION=0.61.0
 gemini_dir=".tools/gemini-cli-$GEMINI_CLI_VERSION"
 if [ -x "$gemini_dir/node_modules/.bin/gemini" ]; then

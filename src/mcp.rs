@@ -835,7 +835,7 @@ fn timed_variants(log: &crate::runlog::LoadedLog) -> Vec<String> {
     v
 }
 
-/// The run folder a command printed on its last `Run log: ` / `Logged in ` line.
+/// The run folder `flashtune step` printed on its last `... Run log: runs/<id>/log.jsonl` line.
 fn run_dir_printed(stdout: &str) -> Option<PathBuf> {
     stdout.lines().rev().find_map(|l| {
         let at = l.find("Run log: ")?;
