@@ -24,6 +24,21 @@ fi
 export FLASHTUNE_NVCC="$nvcc_path"
 echo "== nvcc: $FLASHTUNE_NVCC ($("$FLASHTUNE_NVCC" --version | tail -1))"
 
+# The real-agent tests (tests/agent_cli.rs) run a pinned Gemini CLI against a model API faked on
+# loopback. It is the lightest of the agent CLIs to install (about 100 MB installed; Claude Code needs
+# Node 22, Codex ships a native binary per platform) and runs on Node 20.
+GEMINI_CLI_VERSION=0.61.0
+gemini_dir=".tools/gemini-cli-$GEMINI_CLI_VERSION"
+if [ -x "$gemini_dir/node_modules/.bin/gemini" ]; then
+  :
+elif command -v npm >/dev/null 2>&1; then
+  echo "== installing @google/gemini-cli@$GEMINI_CLI_VERSION from npm into $gemini_dir"
+  npm install --prefix "$gemini_dir" --no-audit --no-fund --loglevel=error "@google/gemini-cli@$GEMINI_CLI_VERSION"
+else
+  echo "== npm not found: the real-agent tests (tests/agent_cli.rs) are SKIPPED"
+fi
+[ -x "$gemini_dir/node_modules/.bin/gemini" ] && export FLASHTUNE_GEMINI_CLI="$PWD/$gemini_dir/node_modules/.bin/gemini"
+
 # GPU tests are #[ignore]d unless asked for: CI machines have no GPU.
 if [ "${FLASHTUNE_GPU_TESTS:-0}" = 1 ]; then gpu_nextest=(--run-ignored all); gpu_libtest=(--include-ignored); else gpu_nextest=(); gpu_libtest=(); fi
 if cargo nextest --version >/dev/null 2>&1; then

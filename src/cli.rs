@@ -213,6 +213,19 @@ enum Command {
         #[arg(long, value_parser = parse_dtype)]
         dtype: Option<crate::config::Dtype>,
     },
+    /// Serve judge, profile, history and context as MCP tools on stdin/stdout, for coding agents.
+    ///
+    /// `judge` runs `flashtune step` on the working tree's edit (commit or restore, as step does);
+    /// a call waits up to 45 s for the verdict, sending progress notifications, then returns a job
+    /// id that `judge_status` polls. `flashtune mcp print-config --agent NAME` prints the snippet
+    /// that registers this server with Claude Code, Codex, Gemini CLI or Cursor.
+    Mcp {
+        /// Judge and profile on the test double instead of a GPU: synthetic figures, labelled as such.
+        #[arg(long)]
+        fake_gpu: bool,
+        #[command(subcommand)]
+        action: Option<McpAction>,
+    },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
     /// The GPU worker process (used by tune): serves JSON requests, one per line on stdin, for one GPU.
@@ -225,6 +238,27 @@ enum Command {
         #[arg(long)]
         fake: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum McpAction {
+    /// Print the snippet that registers `flashtune mcp` for this project with an agent (stdout;
+    /// the file it belongs in goes to stderr), with the absolute paths of this binary and project.
+    PrintConfig {
+        #[arg(long, value_enum)]
+        agent: AgentArg,
+        /// The server the snippet starts judges on the test double.
+        #[arg(long)]
+        fake_gpu: bool,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AgentArg {
+    Claude,
+    Codex,
+    Gemini,
+    Cursor,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -749,6 +783,34 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             print!("{}", history_table(&shape, known, &rows));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Mcp { fake_gpu, action } => match action {
+            None => {
+                crate::mcp::serve(crate::mcp::McpOptions { paths, fake_gpu }).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Some(McpAction::PrintConfig { agent, fake_gpu }) => {
+                let agent = match agent {
+                    AgentArg::Claude => crate::mcp::Agent::Claude,
+                    AgentArg::Codex => crate::mcp::Agent::Codex,
+                    AgentArg::Gemini => crate::mcp::Agent::Gemini,
+                    AgentArg::Cursor => crate::mcp::Agent::Cursor,
+                };
+                let binary = std::env::current_exe()
+                    .map_err(|e| Error::Other(anyhow::anyhow!("cannot find this binary: {e}")))?;
+                let root = paths.root.canonicalize().map_err(|e| {
+                    Error::BadInput(format!("project root {}: {e}", paths.root.display()))
+                })?;
+                let (file, snippet) = crate::mcp::client_config(agent, &binary, &root, fake_gpu);
+                let place = if file.starts_with('~') {
+                    file
+                } else {
+                    root.join(file).display().to_string()
+                };
+                eprintln!("# write this to {place} (merge it with what is there)");
+                print!("{snippet}");
+                Ok(ExitCode::SUCCESS)
+            }
+        },
         Command::Doctor => {
             let checks = crate::doctor::run(&paths).await;
             for c in &checks {

@@ -30,6 +30,7 @@ pub mod export;
 pub mod fakegpu;
 pub mod findings;
 pub mod html;
+pub mod mcp;
 pub mod measure;
 pub mod pack;
 pub mod plan;

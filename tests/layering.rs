@@ -47,7 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "agent",
         ],
     ),
-    ("commands", &["cli", "progress", "doctor"]),
+    ("commands", &["cli", "progress", "doctor", "mcp"]),
 ];
 
 /// The crate roots only declare and re-export modules; they are not layered.

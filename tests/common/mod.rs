@@ -1,5 +1,6 @@
 //! Helpers every test binary shares: where the checkout and the binary are, scratch projects, running the CLI.
 #![allow(dead_code)]
+pub mod gitstate;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

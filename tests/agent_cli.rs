@@ -1,0 +1,298 @@
+//! A real coding-agent CLI (Gemini CLI, pinned, installed from npm by scripts/test.sh) against a model API faked on loopback: as `step`'s proposer its edit is judged and committed, and configured by `flashtune mcp print-config` it calls `judge` through `flashtune mcp`.
+mod common;
+use common::gitstate::*;
+use common::*;
+use flashtune::runlog::Record;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The version scripts/test.sh installs; the fake API answers what this version asks.
+const GEMINI_CLI_VERSION: &str = "0.61.0";
+/// Tokens the fake API reports per answer (tests/agents/fake_gemini_api.py's USAGE).
+const TOKENS_PER_ANSWER: u64 = 3534;
+
+/// The installed CLI, or None (with the reason printed) where npm is absent and nothing could install it.
+fn gemini_cli() -> Option<PathBuf> {
+    let installed = std::env::var_os("FLASHTUNE_GEMINI_CLI")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            repo().join(format!(
+                ".tools/gemini-cli-{GEMINI_CLI_VERSION}/node_modules/.bin/gemini"
+            ))
+        });
+    if installed.is_file() {
+        return Some(installed);
+    }
+    let npm = Command::new("npm").arg("--version").output();
+    if npm.is_err() {
+        eprintln!("SKIPPED: npm is not installed, so the Gemini CLI could not be installed; the real-agent tests did not run");
+        return None;
+    }
+    panic!(
+        "{} is missing: scripts/test.sh installs @google/gemini-cli@{GEMINI_CLI_VERSION} there from npm",
+        installed.display()
+    );
+}
+
+/// The fake model API, killed when dropped.
+struct FakeApi {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for FakeApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl FakeApi {
+    fn start(scratch: &Path, kernel: &Path, marker: &str, judge: bool) -> FakeApi {
+        let port_file = scratch.join("api.port");
+        let log = scratch.join("api.jsonl");
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo().join("tests/agents/fake_gemini_api.py"))
+            .arg("--kernel")
+            .arg(kernel)
+            .args(["--marker", marker, "--log"])
+            .arg(&log)
+            .arg("--port-file")
+            .arg(&port_file);
+        if judge {
+            cmd.arg("--judge");
+        }
+        let child = cmd.spawn().expect("python3 runs the fake API");
+        let started = Instant::now();
+        let port = loop {
+            if let Ok(p) = std::fs::read_to_string(&port_file) {
+                break p.trim().parse().expect("a port");
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "the fake API did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        FakeApi { child, port, log }
+    }
+
+    /// Every request the CLI made to the model.
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("API log line"))
+            .collect()
+    }
+}
+
+/// A HOME for the CLI that selects API-key auth; nothing of the user's own settings is read.
+fn gemini_home(scratch: &Path) -> PathBuf {
+    let home = scratch.join("home");
+    std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::write(
+        home.join(".gemini/settings.json"),
+        r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"privacy":{"usageStatisticsEnabled":false}}"#,
+    )
+    .unwrap();
+    home
+}
+
+/// Headless, edits approved, the project trusted for this session, JSON result on stdout.
+fn gemini_args(prompt: &str) -> Vec<String> {
+    [
+        "-p",
+        prompt,
+        "-o",
+        "json",
+        "--approval-mode",
+        "yolo",
+        "--skip-trust",
+        "-m",
+        "gemini-fake",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+fn agent_env(cmd: &mut Command, home: &Path, api: &FakeApi) {
+    cmd.env("HOME", home)
+        .env("GEMINI_API_KEY", "fake-key")
+        .env(
+            "GOOGLE_GEMINI_BASE_URL",
+            format!("http://127.0.0.1:{}", api.port),
+        )
+        .env("NO_COLOR", "1")
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        );
+}
+
+/// The answers the CLI got from the model, counted from the fake API's log.
+fn answers(api: &FakeApi) -> u64 {
+    api.requests()
+        .iter()
+        .filter(|r| {
+            r["path"]
+                .as_str()
+                .is_some_and(|p| p.contains("enerateContent"))
+        })
+        .count() as u64
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[test]
+fn gemini_cli_as_the_proposer_has_its_edit_judged_and_its_usage_logged() {
+    let Some(gemini) = gemini_cli() else { return };
+    let dir = repo_project();
+    let root = dir.path();
+    let scratch = tempfile::tempdir().unwrap();
+    let marker = r#"__device__ char flashtune_fake_agent[] = "flashtune-fake: time x0.70";"#;
+    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), marker, false);
+    let home = gemini_home(scratch.path());
+    let (before, _) = head(root);
+    // The CLI's JSON result, on one line so the step log's output tail keeps it whole.
+    let args: Vec<String> = gemini_args("Make the attention kernel faster.")
+        .iter()
+        .map(|a| shell_quote(a))
+        .collect();
+    let proposer = format!(
+        "{} {} | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))'",
+        shell_quote(&gemini.display().to_string()),
+        args.join(" ")
+    );
+    let mut cmd = Command::new(binary());
+    cmd.arg("--root")
+        .arg(root)
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
+        .args(["--proposer", &proposer]);
+    agent_env(&mut cmd, &home, &api);
+    let out = cmd.output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("1 accepted, 0 rejected"), "{t}");
+    let (after, message) = head(root);
+    assert_ne!(after, before, "{t}");
+    assert!(message.contains("Flashtune-Speedup: "), "{message}");
+    assert!(std::fs::read_to_string(root.join(FORWARD))
+        .unwrap()
+        .contains(marker));
+    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+
+    // The CLI's own usage report is in the step's log, and its figures are the API's.
+    let run = run_dir_from_step(&out);
+    let tail = records(&run)
+        .into_iter()
+        .find_map(|r| match r {
+            Record::ProposerRan { output_tail, .. } => Some(output_tail),
+            _ => None,
+        })
+        .expect("a proposer_ran record");
+    let result: Value = tail
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON result in the proposer's output:\n{tail}"));
+    let tokens = &result["stats"]["models"]["gemini-fake"]["tokens"]["total"];
+    let answered = answers(&api);
+    assert!(answered >= 2, "a tool call and a final answer");
+    assert_eq!(
+        tokens.as_u64(),
+        Some(answered * TOKENS_PER_ANSWER),
+        "{result}"
+    );
+}
+
+#[test]
+fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
+    let Some(gemini) = gemini_cli() else { return };
+    // The agent calls judge with no arguments: the default space is the one-shape space.
+    let dir = repo_project_with(|p| {
+        p.replace(
+            r#"default_space = "variants/quick.toml""#,
+            r#"default_space = "variants/step-ci.toml""#,
+        )
+    });
+    let root = dir.path();
+    let scratch = tempfile::tempdir().unwrap();
+    let marker = r#"__device__ char flashtune_fake_agent[] = "flashtune-fake: time x0.70";"#;
+    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), marker, true);
+    let home = gemini_home(scratch.path());
+    let (before, _) = head(root);
+
+    let mut print = Command::new(binary());
+    print
+        .arg("--root")
+        .arg(root)
+        .args(["mcp", "print-config", "--agent", "gemini", "--fake-gpu"]);
+    agent_env(&mut print, &home, &api);
+    let out = print.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // Into the user's settings: Gemini CLI reads a project's own only in a folder it trusts.
+    let settings = home.join(".gemini/settings.json");
+    let mut merged: Value =
+        serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
+    let snippet: Value = serde_json::from_slice(&out.stdout).expect("print-config prints JSON");
+    merged["mcpServers"] = snippet["mcpServers"].clone();
+    std::fs::write(&settings, merged.to_string()).unwrap();
+
+    let mut cmd = Command::new(&gemini);
+    cmd.current_dir(root)
+        .args(gemini_args(
+            "Make the attention kernel faster, then call judge.",
+        ))
+        .stdin(Stdio::null());
+    agent_env(&mut cmd, &home, &api);
+    let out = cmd.output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {t}"));
+    assert_eq!(result["stats"]["tools"]["totalCalls"], 2, "{result}");
+
+    // The model got the judge's verdict back, and flashtune committed the edit.
+    let verdict = api
+        .requests()
+        .iter()
+        .flat_map(|r| {
+            r["body"]["contents"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|c| c["parts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| {
+            let f = &p["functionResponse"];
+            f["name"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("judge"))
+                .then(|| f["response"].to_string())
+        })
+        .last()
+        .unwrap_or_else(|| panic!("the CLI never returned a judge result to the model: {t}"));
+    assert!(
+        verdict.contains(r#"\"accepted\":true"#) || verdict.contains(r#""accepted":true"#),
+        "{verdict}"
+    );
+    let (after, message) = head(root);
+    assert_ne!(after, before, "{t}");
+    assert!(message.contains("Flashtune-Step: "), "{message}");
+    assert!(verdict.contains(&after), "{verdict}");
+    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+}
+
+/// The run folder `flashtune step` printed (`... Run log: runs/<id>/log.jsonl`).
+fn run_dir_from_step(out: &std::process::Output) -> PathBuf {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("Run log: ").map(|(_, p)| p.to_owned()))
+        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
+    PathBuf::from(line).parent().unwrap().to_path_buf()
+}
