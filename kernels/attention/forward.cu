@@ -8,6 +8,8 @@
 //                 (BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES
 //                 + if(MMA == "mma", 0, BLOCK_M * (BLOCK_N + 4) * 4)
 //                 + if(MMA == "wmma", BLOCK_M * (BLOCK_N + 8) * ELEM_BYTES + BLOCK_M * 4, 0)
+//                 and for MMA == "wgmma" (hopper.cuh; 1 KiB of 1024-byte alignment slack and the
+//                 mbarriers, unpadded swizzled tiles): 1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
 //                 num_splits = gridDim.z is chosen by the host at run time; KV_SPLIT only names
 //                 the variant (KV_SPLIT_AUTO = 0: the host picks a split per shape).
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
@@ -16,6 +18,8 @@
 // MMA_MMA (mma.sync m16n8k16 + ldmatrix, S/P in registers, FA2 style; BLOCK_M may be WARPS*16,
 // WARPS*32 or (WARPS*16)/k, see MmaPath). STAGES in 1..3 is the depth of the cp.async K/V
 // pipeline every path shares. Query blocks run in reverse order (longest causal blocks first).
+// MMA_WGMMA (sm_90a only: wgmma.mma_async from shared-memory descriptors, optional producer warp
+// group with an mbarrier pipeline and setmaxnreg) brings its own kernel body: hopper.cuh.
 #include <mma.h>
 
 #include "common.cuh"
@@ -23,6 +27,7 @@
 #define MMA_SCALAR 0
 #define MMA_WMMA 1
 #define MMA_MMA 2
+#define MMA_WGMMA 3
 // KV_SPLIT=KV_SPLIT_AUTO: the host chooses gridDim.z per shape (waves heuristic).
 #define KV_SPLIT_AUTO 0
 
@@ -30,7 +35,7 @@
 #error "HEAD_DIM must be defined (64 or 128)"
 #endif
 #ifndef MMA
-#error "MMA must be defined (MMA_SCALAR, MMA_WMMA or MMA_MMA)"
+#error "MMA must be defined (MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA)"
 #endif
 #ifndef BLOCK_M
 #error "BLOCK_M must be defined"
@@ -62,7 +67,8 @@ constexpr int kKvSplit = KV_SPLIT;
 constexpr int kStages = STAGES;
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "HEAD_DIM must be 64 or 128");
-static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA, "MMA must be MMA_SCALAR, MMA_WMMA or MMA_MMA");
+static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA || kMma == MMA_WGMMA,
+              "MMA must be MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA");
 static_assert(kBlockM >= 16 && kBlockM % 16 == 0, "BLOCK_M must be a positive multiple of 16");
 static_assert(kBlockN >= 16 && kBlockN % 16 == 0, "BLOCK_N must be a positive multiple of 16");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS must be in 1..32 (at most 1024 threads)");
@@ -97,7 +103,8 @@ constexpr size_t kSmemBytes = kQBytes + 2 * kKVBytes + kSBytes + kPBytes + kRowB
 
 static_assert(kQBytes % 32 == 0 && kKVBytes % 32 == 0 && kSBytes % 32 == 0 && kPBytes % 32 == 0,
               "each smem region must start 32-byte aligned");
-static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's 227 KB opt-in shared memory per block");
+// The Hopper path has its own layout and formula (hopper.cuh); these padded tiles are not its.
+static_assert(kMma == MMA_WGMMA || kSmemBytes <= 227 * 1024, "exceeds Hopper's 227 KB opt-in shared memory per block");
 
 struct Smem {
     elem_t* q;    // [BLOCK_M][kLdQKV]
@@ -809,9 +816,14 @@ struct MmaPath {
 };
 using Path = MmaPath;
 
+#elif MMA == MMA_WGMMA
+// sm_90a: wgmma + warp specialisation, with its own kernel body (hopper.cuh).
+#include "hopper.cuh"
 #else
 #error "unknown MMA path"
 #endif
+
+#if MMA != MMA_WGMMA
 
 // ---------------------------------------------------------------------------------------------
 // minBlocks = 1 on purpose: with the bare thread bound, ptxas picked a 64-register target and
@@ -915,6 +927,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     }
     path.finish(sm, ctx, epi);
 }
+#endif  // MMA != MMA_WGMMA
 
 // Merges the splits' partials of one query row (one warp): weights exp(LSE_s - LSE) with
 // LSE = log sum_s exp(LSE_s). Empty splits carry LSE_s = -inf and get weight 0.
