@@ -373,20 +373,28 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if constexpr (kConsumerWGs > 1) setmaxnreg_dec<kProducerRegs>();
             load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
             cp_async_commit();
+            // Stage and phase are carried, not divided out of `it`: the loop runs on 24 registers.
+            uint32_t signal = q_full;  // the barrier of the group before the newest one
+            int stage = 0;
+            uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
             for (int it = 0; it < n_it; ++it) {
-                const int s = it % kStages;
-                if (it >= kStages) mbar_wait(empty_bar(s), ((it / kStages) + 1) & 1);
+                if (it >= kStages) mbar_wait(empty_bar(stage), empty_phase);
                 const int row0 = (blk_begin + it) * kBlockN;
-                load_tile<kBlockN, 128>(k_smem + s * kTileBytes, Kh, row0, Sk, tid);
-                load_tile<kBlockN, 128>(v_smem + s * kTileBytes, Vh, row0, Sk, tid);
+                load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
+                load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
                 cp_async_commit();
                 cp_async_wait<1>();
                 fence_proxy_async();
-                mbar_arrive(it == 0 ? q_full : full_bar((it - 1) % kStages));
+                mbar_arrive(signal);
+                signal = full_bar(stage);
+                if (++stage == kStages) {
+                    stage = 0;
+                    empty_phase ^= 1u;
+                }
             }
             cp_async_wait<0>();
             fence_proxy_async();
-            mbar_arrive(n_it == 0 ? q_full : full_bar((n_it - 1) % kStages));
+            mbar_arrive(signal);
             return;
         }
         if constexpr (kConsumerWGs > 1) setmaxnreg_inc<kConsumerRegs>();
