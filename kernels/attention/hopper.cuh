@@ -22,6 +22,7 @@
 //     registers to the consumers.
 #pragma once
 
+#include "sw128.cuh"
 #include "wgmma_ops.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -111,22 +112,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
-// ---- 128-byte swizzle layout and descriptors ---------------------------------------------------
-// Byte offset of 16-byte chunk `chunk` (elements 8 chunk .. 8 chunk + 7) of row r in a ROWS-row tile.
-template <int ROWS>
-__device__ __forceinline__ uint32_t sw128_offset(int r, int chunk) {
-    return uint32_t(chunk / 8) * (ROWS * 128) + uint32_t(r / 8) * 1024 + uint32_t(r % 8) * 128 +
-           uint32_t((chunk % 8) ^ (r % 8)) * 16;
-}
-// A wgmma shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format"): start address,
-// leading and stride byte offsets (all >> 4), layout 1 = 128-byte swizzle in bits 62..63.
-// K-major (Q, K): SBO = 1024 (the next 8-row atom); LBO is unused by the swizzled layout (1).
-// MN-major (V read transposed): LBO = the next 64-element column block, SBO = the next 8 keys.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-           (uint64_t((sbo >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
-}
-
 // Issues (does not wait for) cp.async copies of rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM]
 // matrix into a swizzled tile. Thread tid keeps one 16-byte column chunk and walks rows
 // NTHREADS / (HEAD_DIM / 8) apart, a multiple of 8, so its swizzled chunk never changes and every
@@ -148,7 +133,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const elem_t* __restrict
     for (int it = 0; it < kIters; ++it) {
         const int r = r0 + it * kRowsPerIter;
         if (ROWS % kRowsPerIter == 0 || r < ROWS)
-            cp_async_16_to(d + uint32_t(it * kRowsPerIter / 8) * 1024, g + it * kRowsPerIter * kHeadDim, row0 + r < n_rows);
+            cp_async_16_to(d + uint32_t(it * kRowsPerIter / 8) * kSw128AtomBytes, g + it * kRowsPerIter * kHeadDim, row0 + r < n_rows);
     }
 }
 
@@ -177,16 +162,14 @@ struct Consumer {
     }
 
     // S = Q K^T for one K tile, issued and committed, not waited for. q_addr: this warp group's
-    // 64 rows of Q inside the Q tile; k_addr: the stage.
+    // 64 rows of Q inside the Q tile (a whole number of atoms in), so the Q tile's column-block
+    // stride (kBlockM rows) still applies; k_addr: the stage.
     __device__ __forceinline__ void issue_s(float (&s)[kSN], uint32_t q_addr, uint32_t k_addr) {
         wgmma_fence();
 #pragma unroll
-        for (int kd = 0; kd < kHeadDim / 16; ++kd) {
-            const uint32_t col = uint32_t(kd % 4) * 32;  // 16 elements = 32 bytes into the atom row
-            const uint64_t da = sw128_desc(q_addr + uint32_t(kd / 4) * (kBlockM * 128) + col, 16, 1024);
-            const uint64_t db = sw128_desc(k_addr + uint32_t(kd / 4) * (kBlockN * 128) + col, 16, 1024);
-            Wgmma<kBlockN>::template ss<0>(s, da, db, kd > 0 ? 1 : 0);
-        }
+        for (int kd = 0; kd < kHeadDim / 16; ++kd)
+            Wgmma<kBlockN>::template ss<0>(s, sw128_kmajor_desc<kBlockM>(q_addr, kd), sw128_kmajor_desc<kBlockN>(k_addr, kd),
+                                           kd > 0 ? 1 : 0);
         wgmma_commit();
     }
 
@@ -248,16 +231,14 @@ struct Consumer {
         }
     }
 
-    // O += P V, issued and committed: P from registers, V (MN-major) from the stage; 16 keys are
-    // two 8-key atoms, 2048 bytes.
+    // O += P V, issued and committed: P from registers, V (MN-major) from the stage.
     __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kBlockN / 4], uint32_t v_addr) {
         fence_operands(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            const uint64_t db = sw128_desc(v_addr + uint32_t(kk) * 2048, kBlockN * 128, 1024);
-            Wgmma<kHeadDim>::template rs<1>(o, a, db, 1);
+            Wgmma<kHeadDim>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
         }
         wgmma_commit();
     }
@@ -401,7 +382,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int cwg = wg - 1;
         Consumer c;
         c.init(ctx.q0, cwg, tid);
-        const uint32_t q_wg = q_smem + uint32_t(cwg) * 64 / 8 * 1024;
+        const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
         mbar_wait(q_full, 0);
         // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
         // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
@@ -458,7 +439,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         Consumer c;
         c.init(ctx.q0, wg, tid);
-        const uint32_t q_wg = q_smem + uint32_t(wg) * 64 / 8 * 1024;
+        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
         for (int it = 0; it < n_it; ++it) {
             cp_async_wait<kStages - 2>();
             fence_proxy_async();
