@@ -401,6 +401,7 @@ impl Session<'_> {
         let limits = DeviceLimits {
             max_threads_per_block: self.device.max_threads_per_block,
             max_smem_optin_bytes: self.device.max_smem_optin_bytes,
+            arch: self.device.arch.clone(),
         };
         let planned = project.space.plan(&project.head_dims(), &limits)?;
         let table = head_table(repo, &project.champion_table())?;
