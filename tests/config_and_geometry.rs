@@ -596,6 +596,11 @@ mod offline_targets {
             .filter(|l| !l.trim_start().starts_with("{ MMA = \"mma\""))
             .collect();
         std::fs::write(&space, kept.join("\n")).unwrap();
+        edit(
+            &space,
+            "baseline = { MMA = \"mma\", BLOCK_M = 128, BLOCK_N = 64, WARPS = 4,",
+            "baseline = { MMA = \"wgmma\", BLOCK_M = 128, BLOCK_N = 128, WARPS = 8,",
+        );
         let out = flashtune(
             dir.path(),
             &["build", "--space", "variants/wg.toml", "--arch", "sm_89"],

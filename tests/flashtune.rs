@@ -641,7 +641,11 @@ mod real_builds {
             .arg(repo().join("tests/fixtures/wgmma_layout.cu"))
             .output()
             .unwrap_or_else(|e| panic!("{cxx}: {e}"));
-        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
         let ran = std::process::Command::new(&exe).output().unwrap();
         let out = String::from_utf8_lossy(&ran.stdout);
         assert!(ran.status.success() && out.starts_with("ok:"), "{out}");
