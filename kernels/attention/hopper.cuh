@@ -19,7 +19,11 @@
 //     (STAGES deep, like the other paths). WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
 //     group (warp specialisation): it issues the copies, signals each landed stage on an
 //     mbarrier ("full") and waits for the consumers to free it ("empty"); setmaxnreg moves its
-//     registers to the consumers.
+//     registers to the consumers, and each consumer overlaps the softmax of tile j + 1 with the
+//     P V product of tile j (FlashAttention-3's intra-warpgroup pipelining). Not yet: TMA, and
+//     ping-pong between consumer warp groups.
+//   * Not yet run on a GPU: the session that wrote it had none. The layout and descriptors are
+//     checked on the host (tests/fixtures/wgmma_layout.cu); everything else waits for a device.
 #pragma once
 
 #include "sw128.cuh"
