@@ -200,6 +200,61 @@ struct Epilogue {
 
 __device__ __forceinline__ float inv_or_zero(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
 
+// What one CTA of attn_fwd works on, read from its block index: the launch contract, written once
+// for every kernel body (this file's and hopper.cuh's).
+struct CtaWork {
+    Ctx ctx;
+    int64_t bh;                // batch * head
+    int split, num_splits;     // blockIdx.z of gridDim.z
+    int blk_begin, blk_end;    // this split's K/V tiles (BLOCK_N keys each)
+};
+
+__device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale, int causal) {
+    CtaWork w;
+    w.bh = blockIdx.y;
+    w.split = blockIdx.z;
+    w.num_splits = gridDim.z;
+    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
+    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
+    w.ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+    w.ctx.sq = Sq;
+    w.ctx.sk = Sk;
+    w.ctx.causal_offset = causal_offset(causal, Sq, Sk);
+    w.ctx.scale_log2 = softmax_scale * kLog2e;
+
+    // Keys the whole query block may see: its last row i sees keys <= i + causal_offset, so KV
+    // blocks past that are fully masked and skipped here, not masked later. A block whose rows
+    // all see no key (bottom-right, Sq > Sk) runs no KV block at all and its epilogue writes
+    // O = 0, LSE = -inf (l = 0); a row with no key inside a running block ends the same way.
+    const int last_row = min(Sq, w.ctx.q0 + kBlockM) - 1;
+    const int kv_len = max(0, min(Sk, last_row + w.ctx.causal_offset + 1));
+    const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
+    // Balanced contiguous shares; a split may get none (then it writes LSE -inf and O 0
+    // through the ordinary epilogue, since m = -inf and l = 0).
+    w.blk_begin = int(int64_t(n_blocks) * w.split / w.num_splits);
+    w.blk_end = int(int64_t(n_blocks) * (w.split + 1) / w.num_splits);
+    return w;
+}
+
+// O/LSE with one split, this split's float partials otherwise. Called after the main loop so that
+// none of it is live (in registers) across it.
+__device__ __forceinline__ Epilogue make_epilogue(elem_t* O, float* LSE, float* O_accum, float* LSE_accum, int B,
+                                                  int H, int Sq, const CtaWork& w) {
+    Epilogue epi;
+    if (w.num_splits > 1) {
+        epi.o = nullptr;
+        epi.o_accum = O_accum;
+        epi.lse = LSE_accum;
+        epi.row0 = (int64_t(w.split) * B * H + w.bh) * Sq;
+    } else {
+        epi.o = O;
+        epi.o_accum = nullptr;
+        epi.lse = LSE;
+        epi.row0 = w.bh * Sq;
+    }
+    return epi;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Each path is a struct with init / load_q / step / finish; the kernel body below owns the
 // tiling loop, the cp.async K/V pipeline (shared by every path) and the barriers. A later path
@@ -836,30 +891,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const Smem sm = carve_smem(smem_raw);
 
-    const int64_t bh = blockIdx.y;
-    const int split = blockIdx.z;
-    const int num_splits = gridDim.z;
-
-    Ctx ctx;
-    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
-    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
-    ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-    ctx.sq = Sq;
-    ctx.sk = Sk;
-    ctx.causal_offset = causal_offset(causal, Sq, Sk);
-    ctx.scale_log2 = softmax_scale * kLog2e;
-
-    // Keys the whole query block may see: its last row i sees keys <= i + causal_offset, so KV
-    // blocks past that are fully masked and skipped here, not masked later. A block whose rows
-    // all see no key (bottom-right, Sq > Sk) runs no KV block at all and its epilogue writes
-    // O = 0, LSE = -inf (l = 0); a row with no key inside a running block ends the same way.
-    const int last_row = min(Sq, ctx.q0 + kBlockM) - 1;
-    const int kv_len = max(0, min(Sk, last_row + ctx.causal_offset + 1));
-    const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
-    // Balanced contiguous shares; a split may get none (then it writes LSE -inf and O 0
-    // through the ordinary epilogue, since m = -inf and l = 0).
-    const int blk_begin = int(int64_t(n_blocks) * split / num_splits);
-    const int blk_end = int(int64_t(n_blocks) * (split + 1) / num_splits);
+    const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+    const Ctx& ctx = work.ctx;
+    const int64_t bh = work.bh;
+    const int blk_begin = work.blk_begin;
+    const int blk_end = work.blk_end;
 
     const elem_t* Qh = Q + bh * Sq * kHeadDim;
     const elem_t* Kh = K + bh * Sk * kHeadDim;
@@ -912,20 +948,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     // Drain (only empty groups can remain) and make the K/V region reusable by finish().
     cp_async_wait<0>();
     __syncthreads();
-    // Built only now so none of it is live (in registers) across the main loop.
-    Epilogue epi;
-    if (num_splits > 1) {
-        epi.o = nullptr;
-        epi.o_accum = O_accum;
-        epi.lse = LSE_accum;
-        epi.row0 = (int64_t(split) * B * H + bh) * Sq;
-    } else {
-        epi.o = O;
-        epi.o_accum = nullptr;
-        epi.lse = LSE;
-        epi.row0 = bh * Sq;
-    }
-    path.finish(sm, ctx, epi);
+    path.finish(sm, ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
 }
 #endif  // MMA != MMA_WGMMA
 

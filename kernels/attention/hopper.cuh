@@ -298,46 +298,14 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
 
-    const int64_t bh = blockIdx.y;
-    const int split = blockIdx.z;
-    const int num_splits = gridDim.z;
-
-    Ctx ctx;
-    // Reverse order: under a causal mask the last query blocks have the most keys (LPT order).
-    ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-    ctx.sq = Sq;
-    ctx.sk = Sk;
-    ctx.causal_offset = causal_offset(causal, Sq, Sk);
-    ctx.scale_log2 = softmax_scale * kLog2e;
-
-    // The same KV range and split shares as forward.cu's body (see there).
-    const int last_row = min(Sq, ctx.q0 + kBlockM) - 1;
-    const int kv_len = max(0, min(Sk, last_row + ctx.causal_offset + 1));
-    const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
-    const int blk_begin = int(int64_t(n_blocks) * split / num_splits);
-    const int blk_end = int(int64_t(n_blocks) * (split + 1) / num_splits);
-    const int n_it = blk_end - blk_begin;
-
-    const elem_t* Qh = Q + bh * Sq * kHeadDim;
-    const elem_t* Kh = K + bh * Sk * kHeadDim;
-    const elem_t* Vh = V + bh * Sk * kHeadDim;
-
-    // Called only at the end, so none of it is live (in registers) across the main loop.
-    auto epilogue = [&]() {
-        Epilogue epi;
-        if (num_splits > 1) {
-            epi.o = nullptr;
-            epi.o_accum = O_accum;
-            epi.lse = LSE_accum;
-            epi.row0 = (int64_t(split) * B * H + bh) * Sq;
-        } else {
-            epi.o = O;
-            epi.o_accum = nullptr;
-            epi.lse = LSE;
-            epi.row0 = bh * Sq;
-        }
-        return epi;
-    };
+    const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+    const Ctx& ctx = work.ctx;
+    const int blk_begin = work.blk_begin;
+    const int n_it = work.blk_end - work.blk_begin;
+    const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
+    const elem_t* Kh = K + work.bh * Sk * kHeadDim;
+    const elem_t* Vh = V + work.bh * Sk * kHeadDim;
+    auto epilogue = [&]() { return make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work); };
 
     if constexpr (kProducer) {
         if (threadIdx.x == 0) {
