@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume attention ablation ablate profile guided step-demo
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume hopper attention ablation ablate profile guided step-demo
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, `step-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +41,8 @@ for stage in "$@"; do
       echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants ($log)"
       cp "$log" "$out/killed.log.jsonl"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
+    # The Hopper path (wgmma, sm_90a) beside the mma.sync champions, PyTorch's backends beside both.
+    hopper) timed hopper ft tune --space variants/hopper.toml 2>"$out/hopper.err" | tee "$out/hopper.txt"; keep hopper ;;
     attention) timed attention ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
     guided) ft tune --space variants/guided.toml --strategy guided ${GUIDED_TIME_LIMIT:+--time-limit $GUIDED_TIME_LIMIT} 2>"$out/guided.err" | tee "$out/guided.txt"; keep guided ;;

@@ -611,6 +611,7 @@ mod tests {
         let limits = DeviceLimits {
             max_threads_per_block: 1024,
             max_smem_optin_bytes: 232448,
+            arch: "sm_90a".into(),
         };
         let planned = space
             .plan(&BTreeSet::from([64]), &limits)

@@ -314,6 +314,7 @@ async fn drive(
     let limits = DeviceLimits {
         max_threads_per_block: device.max_threads_per_block,
         max_smem_optin_bytes: device.max_smem_optin_bytes,
+        arch: device.arch.clone(),
     };
     let head_dims = project.head_dims();
     // Guided chooses as it measures; the other strategies fix their points up front.
@@ -655,6 +656,7 @@ pub fn offline_limits(project: &Project, arch: &str) -> Result<DeviceLimits> {
     Ok(DeviceLimits {
         max_threads_per_block: target.max_threads_per_block,
         max_smem_optin_bytes: target.max_smem_optin_bytes,
+        arch: arch.to_owned(),
     })
 }
 

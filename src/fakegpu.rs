@@ -900,7 +900,7 @@ pub fn profile(
         * launch.kv_splits.max(1) as f64;
     let waves = ctas / device.sm_count.max(1) as f64;
     let mma = params.get("MMA").cloned();
-    let tensor_path = mma == Some(ParamValue::Name("mma".into()));
+    let tensor_path = matches!(&mma, Some(ParamValue::Name(m)) if m == "mma" || m == "wgmma");
     let big_tile = matches!(params.get("BLOCK_M"), Some(ParamValue::Int(m)) if *m >= 128);
     let (sm, tensor) = if tensor_path {
         (55.0, 45.0)

@@ -78,6 +78,19 @@ struct FamilyFile {
     rows_per_cta: String,
     kv_rows_per_block: String,
     kv_splits: String,
+    /// Paths that only some targets can build (wgmma: sm_90a): ruled out elsewhere, with the reason.
+    #[serde(default)]
+    arch_rules: Vec<ArchRuleFile>,
+}
+
+/// `{ when = 'MMA == "wgmma"', archs = ["sm_90a"], reason = "..." }`: a point for which `when`
+/// holds is valid only on those targets.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArchRuleFile {
+    when: String,
+    archs: Vec<String>,
+    reason: String,
 }
 
 /// How a kernel family is built and launched; expressions are over the parameters plus HEAD_DIM and ELEM_BYTES.
@@ -93,6 +106,15 @@ pub struct Family {
     rows_per_cta: Expr,
     kv_rows_per_block: Expr,
     kv_splits: Expr,
+    arch_rules: Vec<ArchRule>,
+}
+
+/// A path that only some nvcc targets have (the instructions it uses exist nowhere else).
+#[derive(Debug, Clone)]
+struct ArchRule {
+    when: Expr,
+    archs: Vec<String>,
+    reason: String,
 }
 
 #[derive(Debug, Clone)]
@@ -126,6 +148,9 @@ pub struct Space {
 pub struct DeviceLimits {
     pub max_threads_per_block: u32,
     pub max_smem_optin_bytes: u32,
+    /// The nvcc target: the GPU's compute capability as the worker names it (`sm_90a` on
+    /// Hopper), or `flashtune build --arch`. The family's `arch_rules` are judged against it.
+    pub arch: String,
 }
 
 /// A point of the space.
@@ -188,6 +213,18 @@ impl Space {
             rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
             kv_rows_per_block: compile("family.kv_rows_per_block", &file.family.kv_rows_per_block)?,
             kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
+            arch_rules: file
+                .family
+                .arch_rules
+                .iter()
+                .map(|rule| {
+                    Ok(ArchRule {
+                        when: compile("family.arch_rules", &rule.when)?,
+                        archs: rule.archs.clone(),
+                        reason: rule.reason.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
             forward: file.family.forward,
             forward_entry: file.family.forward_entry,
             combine_entry: file.family.combine_entry,
@@ -461,6 +498,28 @@ impl Space {
                 return Ok(invalid(format!("constraints: `{}` is false", c.text)));
             }
         }
+        for rule in &self.family.arch_rules {
+            let applies = rule
+                .when
+                .tree
+                .eval_boolean_with_context(&ctx)
+                .map_err(|e| {
+                    Error::BadInput(format!(
+                        "{}: arch rule `{}` cannot be evaluated for {}: {e}",
+                        self.path.display(),
+                        rule.when.text,
+                        variant.id
+                    ))
+                })?;
+            if applies && !rule.archs.contains(&limits.arch) {
+                return Ok(invalid(format!(
+                    "device: {} needs {}; the target is {}",
+                    rule.reason,
+                    rule.archs.join(" or "),
+                    limits.arch
+                )));
+            }
+        }
         let launch = LaunchShape {
             threads: self.eval_u32(&self.family.threads, &ctx, variant)?,
             smem_bytes: self.eval_u32(&self.family.smem_bytes, &ctx, variant)?,
@@ -641,12 +700,21 @@ impl Space {
         change: &IndexMap<String, ParamValue>,
     ) -> Option<Variant> {
         let mut next = params.clone();
+        let mut changed = false;
         for (name, to) in change {
             let current = params.get(name)?;
-            let value = moved(self.params.get(name)?, current, to)?;
-            next.insert(name.clone(), value);
+            match moved(self.params.get(name)?, current, to) {
+                Some(value) => {
+                    next.insert(name.clone(), value);
+                    changed = true;
+                }
+                // A rule that names a whole point (the Hopper path's tile) still applies to a
+                // champion that already has some of its values.
+                None if current == to => {}
+                None => return None,
+            }
         }
-        Some(Variant {
+        changed.then(|| Variant {
             id: variant_id(&next),
             params: next,
             step: None,

@@ -465,6 +465,7 @@ impl Session<'_> {
         let limits = DeviceLimits {
             max_threads_per_block: self.device.max_threads_per_block,
             max_smem_optin_bytes: self.device.max_smem_optin_bytes,
+            arch: self.device.arch.clone(),
         };
         champions_for(self.project, &limits, self.opts.variant.as_deref(), repo)
     }

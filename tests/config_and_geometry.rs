@@ -540,6 +540,137 @@ mod offline_targets {
         );
     }
 
+    /// The Hopper path is sm_90a only: on an L4 (sm_89) or an A100 (sm_80) every wgmma point of
+    /// the spaces that hold it is ruled out before compiling, with the path and the arch named,
+    /// while the other paths stay; on sm_90a the same points are valid.
+    #[test]
+    fn the_wgmma_path_is_ruled_out_off_sm_90a_with_a_reason() {
+        for space in ["variants/hopper.toml", "variants/attention.toml"] {
+            let project = Project::load(ProjectPaths::new(repo()), Some(Path::new(space))).unwrap();
+            let plan = |arch: &str| {
+                let limits = engine::offline_limits(&project, arch).unwrap();
+                project.space.plan(&project.head_dims(), &limits).unwrap()
+            };
+            let is_wgmma = |p: &flashtune::space::PlannedPoint| p.variant.id.starts_with("wgmma-");
+            let hopper = plan("sm_90a");
+            assert!(
+                hopper.iter().any(|p| is_wgmma(p) && p.invalid.is_none()),
+                "{space}: no valid wgmma point on sm_90a"
+            );
+            for arch in ["sm_89", "sm_80"] {
+                let planned = plan(arch);
+                let wgmma: Vec<_> = planned.iter().filter(|p| is_wgmma(p)).collect();
+                assert!(!wgmma.is_empty(), "{space}");
+                for p in wgmma {
+                    let why = p.invalid.as_deref().unwrap_or("valid");
+                    // A point a constraint already rules out keeps that reason; every other one
+                    // is ruled out by the arch, not by a build failure.
+                    if hopper.iter().any(|h| {
+                        h.variant.id == p.variant.id
+                            && h.head_dim == p.head_dim
+                            && h.invalid.is_none()
+                    }) {
+                        assert!(
+                            why.contains("the wgmma path")
+                                && why.contains("needs sm_90a")
+                                && why.contains(&format!("the target is {arch}")),
+                            "{space} {arch} {}: {why}",
+                            p.variant.id
+                        );
+                    }
+                }
+                assert!(
+                    planned.iter().any(|p| !is_wgmma(p) && p.invalid.is_none()),
+                    "{space} {arch}: the other paths must stay"
+                );
+            }
+        }
+
+        // Through the CLI, as a user meets it: nothing of the wgmma path is compiled for sm_89.
+        let dir = scratch_project();
+        let space = dir.path().join("variants/wg.toml");
+        std::fs::copy(dir.path().join("variants/hopper.toml"), &space).unwrap();
+        let s = std::fs::read_to_string(&space).unwrap();
+        let kept: Vec<&str> = s
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("{ MMA = \"mma\""))
+            .collect();
+        std::fs::write(&space, kept.join("\n")).unwrap();
+        edit(
+            &space,
+            "baseline = { MMA = \"mma\", BLOCK_M = 128, BLOCK_N = 64, WARPS = 4,",
+            "baseline = { MMA = \"wgmma\", BLOCK_M = 128, BLOCK_N = 128, WARPS = 8,",
+        );
+        let out = flashtune(
+            dir.path(),
+            &["build", "--space", "variants/wg.toml", "--arch", "sm_89"],
+        );
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        assert!(
+            !t.contains("| `wgmma-"),
+            "a wgmma point was compiled for sm_89: {t}"
+        );
+        assert!(
+            t.contains("points ruled out before compiling") && t.contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a; the target is sm_89"),
+            "{t}"
+        );
+    }
+
+    /// "Tensor pipe idle" and "register-limited" propose the Hopper path from the mma.sync
+    /// champion of the large shapes: a whole point (MMA, tile, producer warp group), valid on
+    /// sm_90a and ruled out by name elsewhere.
+    #[test]
+    fn the_guided_rules_propose_the_hopper_path() {
+        let project = Project::load(
+            ProjectPaths::new(repo()),
+            Some(Path::new("variants/guided.toml")),
+        )
+        .unwrap();
+        let champion = project
+            .space
+            .variants()
+            .unwrap()
+            .into_iter()
+            .find(|v| v.id == "mma-bm128-bn64-w4-ks1-s2")
+            .expect("the large-shape champion is in the guided grid");
+        for bottleneck in [
+            "tensor pipe idle while compute bound",
+            "occupancy limited by registers",
+        ] {
+            let proposals: Vec<_> = project
+                .policies
+                .guided
+                .rules
+                .iter()
+                .filter(|r| r.bottleneck == bottleneck)
+                .filter_map(|r| project.space.neighbour(&champion.params, &r.change))
+                .collect();
+            let hopper = proposals
+                .iter()
+                .find(|v| v.id == "wgmma-bm128-bn128-w12-ks1-s2")
+                .unwrap_or_else(|| panic!("{bottleneck}: {proposals:?}"));
+            let plan = |arch: &str| {
+                let limits = engine::offline_limits(&project, arch).unwrap();
+                project
+                    .space
+                    .plan_points(std::slice::from_ref(hopper), &project.head_dims(), &limits)
+                    .unwrap()
+            };
+            assert!(
+                plan("sm_90a").iter().all(|p| p.invalid.is_none()),
+                "{:?}",
+                plan("sm_90a")
+            );
+            for p in plan("sm_89") {
+                assert!(
+                    p.invalid.as_deref().unwrap_or("").contains("needs sm_90a"),
+                    "{p:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn an_arch_missing_from_the_table_is_an_error_naming_it() {
         let dir = scratch_project();

@@ -371,10 +371,13 @@ mod planning {
         (dir, space)
     }
 
-    const H100: DeviceLimits = DeviceLimits {
-        max_threads_per_block: 1024,
-        max_smem_optin_bytes: 232448,
-    };
+    fn h100() -> DeviceLimits {
+        DeviceLimits {
+            max_threads_per_block: 1024,
+            max_smem_optin_bytes: 232448,
+            arch: "sm_90a".into(),
+        }
+    }
 
     #[test]
     fn constraints_and_device_limits_rule_points_out_with_reasons() {
@@ -383,7 +386,7 @@ mod planning {
             "constraints = ['MMA != \"wmma\" || BLOCK_M == WARPS * 16']",
         );
         let plan = space
-            .plan(&[64u32, 128].into_iter().collect(), &H100)
+            .plan(&[64u32, 128].into_iter().collect(), &h100())
             .unwrap();
         assert_eq!(plan.len(), 2 * 2 * 2 * 2 * 2);
         let reason = |id: &str, d: u32| {
@@ -409,7 +412,7 @@ mod planning {
     }
 
     #[test]
-    fn the_ablation_chain_is_six_named_steps_in_order() {
+    fn the_ablation_chain_is_ten_named_steps_in_order() {
         let space = Space::load(&repo().join("variants/ablation.toml")).unwrap();
         let steps: Vec<String> = space
             .variants()
@@ -425,7 +428,11 @@ mod planning {
                 "+wmma",
                 "+mma-ldmatrix",
                 "+stages",
-                "+tiles"
+                "+tiles",
+                "+warps",
+                "+wgmma",
+                "+warp-spec",
+                "+wide-tiles"
             ]
         );
         let v = space.variants().unwrap();
@@ -593,7 +600,11 @@ mod real_builds {
     /// The whole tuning space (and the ablation chain) compiles with zero spills: CI's real build gate.
     #[test]
     fn full_attention_space_builds_without_spills() {
-        for space in ["variants/attention.toml", "variants/ablation.toml"] {
+        for space in [
+            "variants/attention.toml",
+            "variants/ablation.toml",
+            "variants/hopper.toml",
+        ] {
             let out = flashtune(&repo(), &["build", "--space", space]);
             let t = text(&out);
             assert!(out.status.success(), "{space}: {t}");
@@ -610,6 +621,30 @@ mod real_builds {
                 );
             }
         }
+    }
+
+    /// The Hopper path's shared-memory layout and its wgmma descriptors agree: every operand
+    /// element of every k-step, for every tile the spaces use, is read where the loader wrote it
+    /// (a host program over kernels/attention/sw128.cuh, built with the C++ compiler nvcc uses).
+    #[test]
+    fn wgmma_descriptors_read_what_the_swizzled_loader_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("wgmma_layout");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let built = std::process::Command::new(&cxx)
+            .args(["-x", "c++", "-std=c++17", "-O1", "-Wall", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(repo().join("tests/fixtures/wgmma_layout.cu"))
+            .output()
+            .unwrap_or_else(|e| panic!("{cxx}: {e}"));
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let ran = std::process::Command::new(&exe).output().unwrap();
+        let out = String::from_utf8_lossy(&ran.stdout);
+        assert!(ran.status.success() && out.starts_with("ok:"), "{out}");
     }
 
     /// The gate is real: a kernel that spills under a register cap is rejected.

@@ -8,6 +8,8 @@
 //                 (BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES
 //                 + if(MMA == "mma", 0, BLOCK_M * (BLOCK_N + 4) * 4)
 //                 + if(MMA == "wmma", BLOCK_M * (BLOCK_N + 8) * ELEM_BYTES + BLOCK_M * 4, 0)
+//                 and for MMA == "wgmma" (hopper.cuh; 1 KiB of 1024-byte alignment slack and the
+//                 mbarriers, unpadded swizzled tiles): 1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
 //                 num_splits = gridDim.z is chosen by the host at run time; KV_SPLIT only names
 //                 the variant (KV_SPLIT_AUTO = 0: the host picks a split per shape).
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
@@ -16,6 +18,8 @@
 // MMA_MMA (mma.sync m16n8k16 + ldmatrix, S/P in registers, FA2 style; BLOCK_M may be WARPS*16,
 // WARPS*32 or (WARPS*16)/k, see MmaPath). STAGES in 1..3 is the depth of the cp.async K/V
 // pipeline every path shares. Query blocks run in reverse order (longest causal blocks first).
+// MMA_WGMMA (sm_90a only: wgmma.mma_async from shared-memory descriptors, optional producer warp
+// group with an mbarrier pipeline and setmaxnreg) brings its own kernel body: hopper.cuh.
 #include <mma.h>
 
 #include "common.cuh"
@@ -23,6 +27,7 @@
 #define MMA_SCALAR 0
 #define MMA_WMMA 1
 #define MMA_MMA 2
+#define MMA_WGMMA 3
 // KV_SPLIT=KV_SPLIT_AUTO: the host chooses gridDim.z per shape (waves heuristic).
 #define KV_SPLIT_AUTO 0
 
@@ -30,7 +35,7 @@
 #error "HEAD_DIM must be defined (64 or 128)"
 #endif
 #ifndef MMA
-#error "MMA must be defined (MMA_SCALAR, MMA_WMMA or MMA_MMA)"
+#error "MMA must be defined (MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA)"
 #endif
 #ifndef BLOCK_M
 #error "BLOCK_M must be defined"
@@ -62,7 +67,8 @@ constexpr int kKvSplit = KV_SPLIT;
 constexpr int kStages = STAGES;
 
 static_assert(kHeadDim == 64 || kHeadDim == 128, "HEAD_DIM must be 64 or 128");
-static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA, "MMA must be MMA_SCALAR, MMA_WMMA or MMA_MMA");
+static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA || kMma == MMA_WGMMA,
+              "MMA must be MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA");
 static_assert(kBlockM >= 16 && kBlockM % 16 == 0, "BLOCK_M must be a positive multiple of 16");
 static_assert(kBlockN >= 16 && kBlockN % 16 == 0, "BLOCK_N must be a positive multiple of 16");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS must be in 1..32 (at most 1024 threads)");
@@ -97,7 +103,8 @@ constexpr size_t kSmemBytes = kQBytes + 2 * kKVBytes + kSBytes + kPBytes + kRowB
 
 static_assert(kQBytes % 32 == 0 && kKVBytes % 32 == 0 && kSBytes % 32 == 0 && kPBytes % 32 == 0,
               "each smem region must start 32-byte aligned");
-static_assert(kSmemBytes <= 227 * 1024, "exceeds Hopper's 227 KB opt-in shared memory per block");
+// The Hopper path has its own layout and formula (hopper.cuh); these padded tiles are not its.
+static_assert(kMma == MMA_WGMMA || kSmemBytes <= 227 * 1024, "exceeds Hopper's 227 KB opt-in shared memory per block");
 
 struct Smem {
     elem_t* q;    // [BLOCK_M][kLdQKV]
@@ -192,6 +199,61 @@ struct Epilogue {
 };
 
 __device__ __forceinline__ float inv_or_zero(float l) { return l > 0.0f ? 1.0f / l : 0.0f; }
+
+// What one CTA of attn_fwd works on, read from its block index: the launch contract, written once
+// for every kernel body (this file's and hopper.cuh's).
+struct CtaWork {
+    Ctx ctx;
+    int64_t bh;                // batch * head
+    int split, num_splits;     // blockIdx.z of gridDim.z
+    int blk_begin, blk_end;    // this split's K/V tiles (BLOCK_N keys each)
+};
+
+__device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale, int causal) {
+    CtaWork w;
+    w.bh = blockIdx.y;
+    w.split = blockIdx.z;
+    w.num_splits = gridDim.z;
+    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
+    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
+    w.ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+    w.ctx.sq = Sq;
+    w.ctx.sk = Sk;
+    w.ctx.causal_offset = causal_offset(causal, Sq, Sk);
+    w.ctx.scale_log2 = softmax_scale * kLog2e;
+
+    // Keys the whole query block may see: its last row i sees keys <= i + causal_offset, so KV
+    // blocks past that are fully masked and skipped here, not masked later. A block whose rows
+    // all see no key (bottom-right, Sq > Sk) runs no KV block at all and its epilogue writes
+    // O = 0, LSE = -inf (l = 0); a row with no key inside a running block ends the same way.
+    const int last_row = min(Sq, w.ctx.q0 + kBlockM) - 1;
+    const int kv_len = max(0, min(Sk, last_row + w.ctx.causal_offset + 1));
+    const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
+    // Balanced contiguous shares; a split may get none (then it writes LSE -inf and O 0
+    // through the ordinary epilogue, since m = -inf and l = 0).
+    w.blk_begin = int(int64_t(n_blocks) * w.split / w.num_splits);
+    w.blk_end = int(int64_t(n_blocks) * (w.split + 1) / w.num_splits);
+    return w;
+}
+
+// O/LSE with one split, this split's float partials otherwise. Called after the main loop so that
+// none of it is live (in registers) across it.
+__device__ __forceinline__ Epilogue make_epilogue(elem_t* O, float* LSE, float* O_accum, float* LSE_accum, int B,
+                                                  int H, int Sq, const CtaWork& w) {
+    Epilogue epi;
+    if (w.num_splits > 1) {
+        epi.o = nullptr;
+        epi.o_accum = O_accum;
+        epi.lse = LSE_accum;
+        epi.row0 = (int64_t(w.split) * B * H + w.bh) * Sq;
+    } else {
+        epi.o = O;
+        epi.o_accum = nullptr;
+        epi.lse = LSE;
+        epi.row0 = w.bh * Sq;
+    }
+    return epi;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Each path is a struct with init / load_q / step / finish; the kernel body below owns the
@@ -809,9 +871,14 @@ struct MmaPath {
 };
 using Path = MmaPath;
 
+#elif MMA == MMA_WGMMA
+// sm_90a: wgmma + warp specialisation, with its own kernel body (hopper.cuh).
+#include "hopper.cuh"
 #else
 #error "unknown MMA path"
 #endif
+
+#if MMA != MMA_WGMMA
 
 // ---------------------------------------------------------------------------------------------
 // minBlocks = 1 on purpose: with the bare thread bound, ptxas picked a 64-register target and
@@ -824,30 +891,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     extern __shared__ __align__(128) unsigned char smem_raw[];
     const Smem sm = carve_smem(smem_raw);
 
-    const int64_t bh = blockIdx.y;
-    const int split = blockIdx.z;
-    const int num_splits = gridDim.z;
-
-    Ctx ctx;
-    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
-    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
-    ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-    ctx.sq = Sq;
-    ctx.sk = Sk;
-    ctx.causal_offset = causal_offset(causal, Sq, Sk);
-    ctx.scale_log2 = softmax_scale * kLog2e;
-
-    // Keys the whole query block may see: its last row i sees keys <= i + causal_offset, so KV
-    // blocks past that are fully masked and skipped here, not masked later. A block whose rows
-    // all see no key (bottom-right, Sq > Sk) runs no KV block at all and its epilogue writes
-    // O = 0, LSE = -inf (l = 0); a row with no key inside a running block ends the same way.
-    const int last_row = min(Sq, ctx.q0 + kBlockM) - 1;
-    const int kv_len = max(0, min(Sk, last_row + ctx.causal_offset + 1));
-    const int n_blocks = (kv_len + kBlockN - 1) / kBlockN;
-    // Balanced contiguous shares; a split may get none (then it writes LSE -inf and O 0
-    // through the ordinary epilogue, since m = -inf and l = 0).
-    const int blk_begin = int(int64_t(n_blocks) * split / num_splits);
-    const int blk_end = int(int64_t(n_blocks) * (split + 1) / num_splits);
+    const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+    const Ctx& ctx = work.ctx;
+    const int64_t bh = work.bh;
+    const int blk_begin = work.blk_begin;
+    const int blk_end = work.blk_end;
 
     const elem_t* Qh = Q + bh * Sq * kHeadDim;
     const elem_t* Kh = K + bh * Sk * kHeadDim;
@@ -900,21 +948,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     // Drain (only empty groups can remain) and make the K/V region reusable by finish().
     cp_async_wait<0>();
     __syncthreads();
-    // Built only now so none of it is live (in registers) across the main loop.
-    Epilogue epi;
-    if (num_splits > 1) {
-        epi.o = nullptr;
-        epi.o_accum = O_accum;
-        epi.lse = LSE_accum;
-        epi.row0 = (int64_t(split) * B * H + bh) * Sq;
-    } else {
-        epi.o = O;
-        epi.o_accum = nullptr;
-        epi.lse = LSE;
-        epi.row0 = bh * Sq;
-    }
-    path.finish(sm, ctx, epi);
+    path.finish(sm, ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
 }
+#endif  // MMA != MMA_WGMMA
 
 // Merges the splits' partials of one query row (one warp): weights exp(LSE_s - LSE) with
 // LSE = log sum_s exp(LSE_s). Empty splits carry LSE_s = -inf and get weight 0.

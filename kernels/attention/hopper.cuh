@@ -1,0 +1,430 @@
+// The Hopper path (MMA == MMA_WGMMA, sm_90a only), included by forward.cu in place of its kernel
+// body: same launch contract (grid, O/LSE, split-KV partials for attn_combine, masks, tails), its
+// own smem layout and main loop.
+//
+//   * wgmma.mma_async m64nNk16: each consumer warp group (128 threads) owns 64 query rows, so
+//     BLOCK_M = 64 * consumer warp groups. S = Q K^T reads Q and K from shared memory through
+//     matrix descriptors; O += P V takes P from registers (the S accumulators, repacked) and V
+//     from shared memory, read MN-major (transposed) by the instruction itself.
+//   * Q, K and V sit in shared memory in the 128-byte-swizzle layout wgmma reads without bank
+//     conflicts: 8-row x 128-byte atoms (64 elements of a row), 16-byte chunk c of row r stored
+//     at chunk c ^ (r % 8); a HEAD_DIM of 128 is two atom columns one after the other. K and V
+//     share the layout; only the descriptor differs (K-major for K, MN-major for V).
+//   * Copies are cp.async (16 bytes a thread), not TMA: the launch contract passes raw pointers,
+//     and a TMA tensor map (CUtensorMap) has to be encoded on the host for each input buffer and
+//     passed as a __grid_constant__ parameter, which the worker does not do yet. cp.async writes
+//     through the generic proxy, so the writer fences (fence.proxy.async) before wgmma, which
+//     reads through the async proxy, may see the data.
+//   * WARPS = 4 * (BLOCK_M / 64) runs every warp as a consumer with a __syncthreads pipeline
+//     (STAGES deep, like the other paths). WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
+//     group (warp specialisation): it issues the copies, signals each landed stage on an
+//     mbarrier ("full") and waits for the consumers to free it ("empty"); setmaxnreg moves its
+//     registers to the consumers, and each consumer overlaps the softmax of tile j + 1 with the
+//     P V product of tile j (FlashAttention-3's intra-warpgroup pipelining). Not yet: TMA, and
+//     ping-pong between consumer warp groups.
+//   * Not yet run on a GPU: the session that wrote it had none. The layout and descriptors are
+//     checked on the host (tests/fixtures/wgmma_layout.cu); everything else waits for a device.
+#pragma once
+
+#include "sw128.cuh"
+#include "wgmma_ops.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "MMA_WGMMA needs sm_90a (wgmma, setmaxnreg): -gencode arch=compute_90a,code=sm_90a"
+#endif
+
+namespace hopper {
+
+constexpr int kConsumerWGs = kBlockM / 64;
+constexpr int kWarpGroups = kWarps / 4;
+constexpr bool kProducer = kWarpGroups == kConsumerWGs + 1;
+constexpr int kConsumerThreads = kConsumerWGs * 128;
+static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 3,
+              "wgmma: BLOCK_M must be 64, 128 or 192 (64 query rows per consumer warp group)");
+static_assert(kWarps % 4 == 0 && (kWarpGroups == kConsumerWGs || kProducer),
+              "wgmma: WARPS must be 4 * (BLOCK_M / 64), or that plus 4 for a producer warp group");
+static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
+              "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 96, 128, 192, 256)");
+static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
+static_assert(kHeadDim % 64 == 0, "wgmma: HEAD_DIM must be whole 128-byte swizzle atoms (64 elements)");
+static_assert(kStages >= 2, "wgmma: STAGES must be at least 2");
+
+// setmaxnreg: the producer keeps what a copy loop needs, the consumers take the rest. The CTA's
+// registers are (what ptxas gives the kernel under __launch_bounds__(threads, 1)) x threads; the
+// figures below spend exactly that (FlashAttention-3's split): 24 + 2 x 240 and 32 + 3 x 160
+// registers per thread of a warp group, times 128, are 64512 and 65536.
+constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 24;
+constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 240;
+static_assert(!kProducer || kConsumerWGs == 1 || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536,
+              "wgmma: the register split exceeds the register file");
+
+// Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
+// is a function of address bits 4..9, so every tile starts 1024-byte aligned.
+constexpr uint32_t kQBytesH = uint32_t(kBlockM) * kHeadDim * sizeof(elem_t);
+constexpr uint32_t kTileBytes = uint32_t(kBlockN) * kHeadDim * sizeof(elem_t);
+constexpr uint32_t kBarrierBytes = 256;
+// Keep in sync with the family's smem_bytes formula for MMA == "wgmma":
+//   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
+constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
+static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
+static_assert(2 * kStages * 8 + 8 <= kBarrierBytes, "wgmma: the mbarriers fit their region");
+static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
+
+// ---- PTX wrappers ------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16_to(uint32_t dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+// Makes this thread's generic-proxy writes to shared memory (cp.async, st.shared) visible to the
+// async proxy (wgmma operand reads) once a barrier orders them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers at this point: without it the compiler may move their reads or
+// writes across the asynchronous wgmma that still owns them (CUTLASS's warpgroup_fence_operand).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// Issues (does not wait for) cp.async copies of rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM]
+// matrix into a swizzled tile. Thread tid keeps one 16-byte column chunk and walks rows
+// NTHREADS / (HEAD_DIM / 8) apart, a multiple of 8, so its swizzled chunk never changes and every
+// iteration adds compile-time offsets to one smem and one global address (the producer warp
+// group runs this on 24 registers). A warp reads whole rows (coalesced) and writes each 128-byte
+// smem row with 8 lanes (no bank conflicts). Rows past the end are copied with src-size 0: nothing
+// is read and the 16 bytes become zeros (0 * stale smem that happens to be NaN would be NaN).
+template <int ROWS, int NTHREADS>
+__device__ __forceinline__ void load_tile(uint32_t dst, const elem_t* __restrict__ src, int row0, int n_rows, int tid) {
+    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kRowsPerIter = NTHREADS / kChunks;
+    static_assert(NTHREADS % kChunks == 0 && kRowsPerIter % 8 == 0, "loader: a thread's swizzled chunk must stay fixed");
+    constexpr int kIters = (ROWS + kRowsPerIter - 1) / kRowsPerIter;
+    const int r0 = tid / kChunks;
+    const int c = tid % kChunks;
+    const uint32_t d = dst + sw128_offset<ROWS>(r0, c);
+    const elem_t* g = src + int64_t(row0 + r0) * kHeadDim + c * 8;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+        const int r = r0 + it * kRowsPerIter;
+        if (ROWS % kRowsPerIter == 0 || r < ROWS)
+            cp_async_16_to(d + uint32_t(it * kRowsPerIter / 8) * kSw128AtomBytes, g + it * kRowsPerIter * kHeadDim, row0 + r < n_rows);
+    }
+}
+
+// ---- one consumer warp group ----------------------------------------------------------------------
+// Accumulator layout of wgmma m64nN (PTX ISA, per warp w of the group, lane = 4 g + t): value
+// 4 nt + 2 h + c is row 16 w + g + 8 h, column 8 nt + 2 t + c. For a 16-key step kk, the S values
+// of n-tiles 2kk and 2kk + 1 packed in pairs are exactly the register A fragment of P.
+struct Consumer {
+    static constexpr int kSN = kBlockN / 2;   // S accumulators per thread
+    static constexpr int kON = kHeadDim / 2;  // O accumulators per thread
+    float o[kON];
+    float m[2], l[2];  // per row h: running max (raw score units) and row sum (this thread's part)
+    int row_base;      // first query row of this thread's warp (absolute)
+    int g, t;
+
+    __device__ __forceinline__ void init(int q0, int wg, int tid_in_wg) {
+        const int warp = tid_in_wg / 32;
+        const int lane = tid_in_wg % 32;
+        g = lane / 4;
+        t = lane % 4;
+        row_base = q0 + wg * 64 + warp * 16;
+#pragma unroll
+        for (int i = 0; i < kON; ++i) o[i] = 0.0f;
+        m[0] = m[1] = neg_inf();
+        l[0] = l[1] = 0.0f;
+    }
+
+    // S = Q K^T for one K tile, issued and committed, not waited for. q_addr: this warp group's
+    // 64 rows of Q inside the Q tile (a whole number of atoms in), so the Q tile's column-block
+    // stride (kBlockM rows) still applies; k_addr: the stage.
+    __device__ __forceinline__ void issue_s(float (&s)[kSN], uint32_t q_addr, uint32_t k_addr) {
+        wgmma_fence();
+#pragma unroll
+        for (int kd = 0; kd < kHeadDim / 16; ++kd)
+            Wgmma<kBlockN>::template ss<0>(s, sw128_kmajor_desc<kBlockM>(q_addr, kd), sw128_kmajor_desc<kBlockN>(k_addr, kd),
+                                           kd > 0 ? 1 : 0);
+        wgmma_commit();
+    }
+
+    // Masks the tile, updates the running max and sum, turns s into probabilities (in place) and
+    // returns each row's rescale factor for O.
+    __device__ __forceinline__ void softmax(float (&s)[kSN], float (&alpha)[2], const Ctx& ctx, int kv0) {
+        // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
+        const bool needs_mask = (kv0 + kBlockN > ctx.sk) || (kv0 + kBlockN - 1 > row_base + ctx.causal_offset);
+        if (needs_mask) {
+#pragma unroll
+            for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = row_base + g + (e / 2) * 8;
+                    const int j = kv0 + nt * 8 + 2 * t + (e % 2);
+                    if (key_masked(ctx, i, j)) s[nt * 4 + e] = neg_inf();
+                }
+        }
+        // A row lives in the 4 lanes of a quad.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = m[h];
+#pragma unroll
+            for (int nt = 0; nt < kBlockN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
+            const float m_use = mx == neg_inf() ? 0.0f : mx * ctx.scale_log2;
+            alpha[h] = fast_exp2(m[h] * ctx.scale_log2 - m_use);
+            m[h] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < kBlockN / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float p = fast_exp2(fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use));
+                    s[nt * 4 + 2 * h + c] = p;
+                    sum += p;
+                }
+            l[h] = l[h] * alpha[h] + sum;
+        }
+    }
+
+    __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+        for (int dt = 0; dt < kHeadDim / 8; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
+    }
+
+    // P as wgmma A fragments: 16-key step kk packs n-tiles 2kk and 2kk + 1.
+    __device__ __forceinline__ static void pack_p(const float (&s)[kSN], uint32_t (&p)[kBlockN / 4]) {
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            p[4 * kk + 0] = pack_elem2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
+            p[4 * kk + 1] = pack_elem2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
+            p[4 * kk + 2] = pack_elem2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
+            p[4 * kk + 3] = pack_elem2(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]);
+        }
+    }
+
+    // O += P V, issued and committed: P from registers, V (MN-major) from the stage.
+    __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kBlockN / 4], uint32_t v_addr) {
+        fence_operands(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+            const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+            Wgmma<kHeadDim>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
+        }
+        wgmma_commit();
+    }
+
+    // One K/V tile, each GEMM waited for before the next step (no overlap).
+    __device__ __forceinline__ void step(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, const Ctx& ctx, int kv0) {
+        float s[kSN];
+        issue_s(s, q_addr, k_addr);
+        wgmma_wait<0>();
+        fence_operands(s);
+        float alpha[2];
+        softmax(s, alpha, ctx, kv0);
+        rescale_o(alpha);
+        uint32_t p[kBlockN / 4];
+        pack_p(s, p);
+        issue_pv(p, v_addr);
+        wgmma_wait<0>();
+        fence_operands(o);
+    }
+
+    __device__ __forceinline__ void finish(const Ctx& ctx, const Epilogue& epi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+            const int i = row_base + g + 8 * h;
+            if (i >= ctx.sq) continue;
+            const float inv_l = inv_or_zero(l[h]);
+#pragma unroll
+            for (int dt = 0; dt < kHeadDim / 8; ++dt)
+                epi.store_o2(i, dt * 8 + 2 * t, o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l);
+            if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : m[h] * ctx.scale_log2, l[h]);
+        }
+    }
+};
+
+}  // namespace hopper
+
+// minBlocks = 1: one CTA per SM is the design (the consumers hold up to 240 registers a thread).
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
+         elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
+         float* __restrict__ LSE_accum, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
+    using namespace hopper;
+    require_dynamic_smem(kSmemBytesH);
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t q_smem = base;
+    const uint32_t k_smem = q_smem + kQBytesH;
+    const uint32_t v_smem = k_smem + kStages * kTileBytes;
+    const uint32_t bars = v_smem + kStages * kTileBytes;  // full[kStages], empty[kStages], q_full
+    auto full_bar = [&](int s) { return bars + 8u * s; };
+    auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
+    const uint32_t q_full = bars + 8u * (2 * kStages);
+
+    const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+    const Ctx& ctx = work.ctx;
+    const int blk_begin = work.blk_begin;
+    const int n_it = work.blk_end - work.blk_begin;
+    const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
+    const elem_t* Kh = K + work.bh * Sk * kHeadDim;
+    const elem_t* Vh = V + work.bh * Sk * kHeadDim;
+    auto epilogue = [&]() { return make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work); };
+
+    if constexpr (kProducer) {
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < kStages; ++s) {
+                mbar_init(full_bar(s), 128);
+                mbar_init(empty_bar(s), kConsumerThreads);
+            }
+            mbar_init(q_full, 128);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        const int wg = threadIdx.x / 128;
+        const int tid = threadIdx.x % 128;
+        if (wg == 0) {
+            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it.
+            // cp.async groups complete in order, so after committing tile `it`, wait_group 1 means
+            // the group before it (Q for it = 0, else tile it - 1) has landed: fence, then signal.
+            if constexpr (kConsumerWGs > 1) setmaxnreg_dec<kProducerRegs>();
+            load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
+            cp_async_commit();
+            // Stage and phase are carried, not divided out of `it`: the loop runs on 24 registers.
+            uint32_t signal = q_full;  // the barrier of the group before the newest one
+            int stage = 0;
+            uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
+            for (int it = 0; it < n_it; ++it) {
+                if (it >= kStages) mbar_wait(empty_bar(stage), empty_phase);
+                const int row0 = (blk_begin + it) * kBlockN;
+                load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
+                load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
+                cp_async_commit();
+                cp_async_wait<1>();
+                fence_proxy_async();
+                mbar_arrive(signal);
+                signal = full_bar(stage);
+                if (++stage == kStages) {
+                    stage = 0;
+                    empty_phase ^= 1u;
+                }
+            }
+            cp_async_wait<0>();
+            fence_proxy_async();
+            mbar_arrive(signal);
+            return;
+        }
+        if constexpr (kConsumerWGs > 1) setmaxnreg_inc<kConsumerRegs>();
+        const int cwg = wg - 1;
+        Consumer c;
+        c.init(ctx.q0, cwg, tid);
+        const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
+        mbar_wait(q_full, 0);
+        // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
+        // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
+        float s_acc[Consumer::kSN];
+        uint32_t p[kBlockN / 4];
+        if (n_it > 0) {
+            mbar_wait(full_bar(0), 0);
+            c.issue_s(s_acc, q_wg, k_smem);
+            wgmma_wait<0>();
+            fence_operands(s_acc);
+            float alpha[2];
+            c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
+            Consumer::pack_p(s_acc, p);
+        }
+        // Every iteration but the last has a next tile: the same two groups are in flight on
+        // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
+        for (int it = 0; it + 1 < n_it; ++it) {
+            const int st = it % kStages;
+            const int nx = (it + 1) % kStages;
+            mbar_wait(full_bar(nx), ((it + 1) / kStages) & 1);
+            c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
+            c.issue_pv(p, v_smem + st * kTileBytes);
+            wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
+            fence_operands(s_acc);
+            float alpha[2];
+            c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
+            wgmma_wait<0>();
+            fence_operands(c.o);
+            mbar_arrive(empty_bar(st));  // K and V of tile it are no longer read
+            c.rescale_o(alpha);
+            Consumer::pack_p(s_acc, p);
+        }
+        if (n_it > 0) {
+            const int st = (n_it - 1) % kStages;
+            c.issue_pv(p, v_smem + st * kTileBytes);
+            wgmma_wait<0>();
+            fence_operands(c.o);
+            mbar_arrive(empty_bar(st));
+        }
+        c.finish(ctx, epilogue());
+    } else {
+        // Every warp group consumes; all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
+        const int wg = threadIdx.x / 128;
+        const int tid = threadIdx.x % 128;
+        auto load_kv = [&](int stage, int blk) {
+            load_tile<kBlockN, kThreads>(k_smem + stage * kTileBytes, Kh, blk * kBlockN, Sk, threadIdx.x);
+            load_tile<kBlockN, kThreads>(v_smem + stage * kTileBytes, Vh, blk * kBlockN, Sk, threadIdx.x);
+        };
+        load_tile<kBlockM, kThreads>(q_smem, Qh, ctx.q0, Sq, threadIdx.x);
+#pragma unroll
+        for (int st = 0; st < kStages - 1; ++st) {
+            if (st < n_it) load_kv(st, blk_begin + st);
+            cp_async_commit();
+        }
+        Consumer c;
+        c.init(ctx.q0, wg, tid);
+        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
+        for (int it = 0; it < n_it; ++it) {
+            cp_async_wait<kStages - 2>();
+            fence_proxy_async();
+            // Tile `it` visible to every warp group; all are done with tile it - 1 (their wgmmas
+            // were waited for), whose stage is refilled next.
+            __syncthreads();
+            const int nxt = it + kStages - 1;
+            if (nxt < n_it) load_kv(nxt % kStages, blk_begin + nxt);
+            cp_async_commit();
+            const int s = it % kStages;
+            c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
+        }
+        cp_async_wait<0>();
+        c.finish(ctx, epilogue());
+    }
+}
