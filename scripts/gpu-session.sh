@@ -42,7 +42,7 @@ for stage in "$@"; do
       cp "$log" "$out/killed.log.jsonl"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
     # The Hopper path (wgmma, sm_90a) beside the mma.sync champions, PyTorch's backends beside both.
-    hopper) timed hopper ft tune --space variants/hopper.toml 2>"$out/hopper.err" | tee "$out/hopper.txt"; keep hopper ;;
+    hopper) timed hopper ft tune --space variants/hopper.toml ${HOPPER_TIME_LIMIT:+--time-limit $HOPPER_TIME_LIMIT} 2>"$out/hopper.err" | tee "$out/hopper.txt"; keep hopper ;;
     attention) timed attention ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
     attention-resume) ft resume "$(ls -td runs/2*/ | head -1)" 2>"$out/attention-resume.err" | tee "$out/attention.txt"; keep attention ;;
     guided) ft tune --space variants/guided.toml --strategy guided ${GUIDED_TIME_LIMIT:+--time-limit $GUIDED_TIME_LIMIT} 2>"$out/guided.err" | tee "$out/guided.txt"; keep guided ;;
@@ -56,6 +56,8 @@ for stage in "$@"; do
       # On demand: the ablation run's last step on two shapes.
       run=$(dirname "$(sed -n 's/^Run log: //p' "$out/ablation.txt" | tail -1)")
       ft profile "$run" mma-bm64-bn64-w4-auto-s1 --shape seed,decode-128 2>&1 | tee "$out/profile.txt" ;;
+    # Best of 3 scripted proposers (faster, slower, cheat) in an agent session; its own tarball under $OUT.
+    agent-demo) timed agent-demo bash scripts/agent-gpu-demo.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/agent-demo.txt" ;;
     step-demo) bash scripts/step-demo.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-demo.txt" ;;
     fresh)
       # The README's first run, from a fresh clone of the committed tree (no cargo here: the binary built from it).

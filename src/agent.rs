@@ -1856,6 +1856,7 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
         Some(d) => crate::space::DeviceLimits {
             max_threads_per_block: d.max_threads_per_block,
             max_smem_optin_bytes: d.max_smem_optin_bytes,
+            arch: d.arch.clone(),
         },
         None => {
             let t = project.policies.build.targets.get(arch).ok_or_else(|| {
@@ -1866,6 +1867,7 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
             crate::space::DeviceLimits {
                 max_threads_per_block: t.max_threads_per_block,
                 max_smem_optin_bytes: t.max_smem_optin_bytes,
+                arch: arch.clone(),
             }
         }
     };

@@ -74,7 +74,9 @@ impl WorkerOutcome {
                 status,
                 stderr_tail,
             } => Some(format!("worker crashed ({status}): {stderr_tail}")),
-            WorkerEnd::TimedOut { seconds } => Some(format!("worker timed out after {seconds} s")),
+            WorkerEnd::TimedOut { seconds } => {
+                Some(format!("worker timed out: no case finished in {seconds} s"))
+            }
             WorkerEnd::Garbled { line } => Some(garbled_reason(line)),
         }
     }
@@ -335,7 +337,19 @@ impl Session {
             if sent.is_err() {
                 return None;
             }
-            while let Some(line) = self.replies.recv().await {
+            // The limit is on silence, not on the whole request: a variant with many large cases
+            // may run for long, but a hung launch stops the replies and is caught `timeout` after
+            // the last case the worker finished.
+            loop {
+                let line = match tokio::time::timeout(timeout, self.replies.recv()).await {
+                    Err(_) => {
+                        return Some(WorkerEnd::TimedOut {
+                            seconds: timeout.as_secs(),
+                        })
+                    }
+                    Ok(None) => return None,
+                    Ok(Some(line)) => line,
+                };
                 let Ok(line) = line else { return None };
                 if line.trim().is_empty() {
                     continue;
@@ -351,15 +365,11 @@ impl Session {
                     Err(_) => return Some(WorkerEnd::Garbled { line }),
                 }
             }
-            None
         };
-        let end = match tokio::time::timeout(timeout, read).await {
-            Err(_) => WorkerEnd::TimedOut {
-                seconds: timeout.as_secs(),
-            },
-            Ok(Some(end)) => end,
+        let end = match read.await {
+            Some(end) => end,
             // The reply channel closed: the worker is gone; its exit status and output say how.
-            Ok(None) => {
+            None => {
                 let status =
                     match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
                         Ok(Ok(s)) => s.to_string(),

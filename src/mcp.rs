@@ -900,15 +900,18 @@ fn read_verdict(ended: Ended) -> (Value, bool) {
             true,
         );
     };
-    match step_summary(&run_dir) {
-        Some(steps) if !steps.is_empty() => {
-            let mut verdict = steps[0].clone();
+    // The same verdict `flashtune judge --json` prints, read from the step's log.
+    match crate::agent::verdict_from_log(&run_dir) {
+        Ok(v) => {
+            let report = std::fs::read_to_string(&v.report).ok();
+            let mut verdict = serde_json::to_value(&v).unwrap_or(Value::Null);
+            verdict["verdict"] = json!(if v.accepted { "accepted" } else { "rejected" });
             verdict["status"] = json!("done");
-            verdict["report"] = json!(std::fs::read_to_string(run_dir.join("step-1.md")).ok());
+            verdict["report"] = json!(report);
             (verdict, false)
         }
-        _ => (
-            json!({ "error": { "code": "judge_failed", "message": format!("{} holds no verdict", run_dir.display()) }}),
+        Err(e) => (
+            json!({ "error": { "code": "judge_failed", "message": format!("{}: {e}", run_dir.display()) }}),
             true,
         ),
     }

@@ -131,9 +131,9 @@ impl Reporter for ProgressReporter {
                 .println(format!("worker crashed on {variant}: {detail}")),
             Record::TimedOut {
                 variant, seconds, ..
-            } => self
-                .cases
-                .println(format!("worker timed out on {variant} after {seconds} s")),
+            } => self.cases.println(format!(
+                "worker timed out on {variant}: no case finished in {seconds} s"
+            )),
             Record::Finished { .. } => {
                 self.builds.finish();
                 self.cases.finish();

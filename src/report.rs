@@ -203,7 +203,11 @@ pub fn markdown(ix: &RunIndex) -> String {
                 stage,
                 seconds,
                 cases_not_run,
-            } => format!("`{variant}`: {stage} timed out after {seconds} s; not run: {} (log line {line})", cases_not_run.join(", ")),
+            } => {
+                // A worker's limit is on silence (no case finished), a build's on the whole nvcc run.
+                let limit = if stage == "worker" { format!("no case finished in {seconds} s") } else { format!("after {seconds} s") };
+                format!("`{variant}`: {stage} timed out, {limit}; not run: {} (log line {line})", cases_not_run.join(", "))
+            }
             Record::BudgetReached { reason, variants_not_measured } => format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")),
             Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
             Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),

@@ -571,7 +571,10 @@ impl Scheduler<'_> {
                     seconds,
                     cases_not_run: not_run.clone(),
                 })?;
-                (format!("worker timed out after {seconds} s"), false)
+                (
+                    format!("worker timed out: no case finished in {seconds} s"),
+                    false,
+                )
             }
             WorkerEnd::Fatal(detail) => {
                 events.emit(Record::WorkerCrashed {

@@ -51,7 +51,13 @@ impl Drop for FakeApi {
 }
 
 impl FakeApi {
-    fn start(scratch: &Path, kernel: &Path, marker: &str, judge: bool) -> FakeApi {
+    fn start(
+        scratch: &Path,
+        kernel: &Path,
+        write_as: Option<&str>,
+        marker: &str,
+        judge: bool,
+    ) -> FakeApi {
         let port_file = scratch.join("api.port");
         let log = scratch.join("api.jsonl");
         let mut cmd = Command::new("python3");
@@ -64,6 +70,9 @@ impl FakeApi {
             .arg(&port_file);
         if judge {
             cmd.arg("--judge");
+        }
+        if let Some(rel) = write_as {
+            cmd.args(["--write-as", rel]);
         }
         let child = cmd.spawn().expect("python3 runs the fake API");
         let started = Instant::now();
@@ -156,7 +165,7 @@ fn gemini_cli_as_the_proposer_has_its_edit_judged_and_its_usage_logged() {
     let root = dir.path();
     let scratch = tempfile::tempdir().unwrap();
     let marker = r#"__device__ char flashtune_fake_agent[] = "flashtune-fake: time x0.70";"#;
-    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), marker, false);
+    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), None, marker, false);
     let home = gemini_home(scratch.path());
     let (before, _) = head(root);
     // The CLI's JSON result, on one line so the step log's output tail keeps it whole.
@@ -211,6 +220,71 @@ fn gemini_cli_as_the_proposer_has_its_edit_judged_and_its_usage_logged() {
 }
 
 #[test]
+fn gemini_cli_as_a_named_agent_has_its_edit_committed_and_its_usage_in_the_ledger() {
+    let Some(gemini) = gemini_cli() else { return };
+    let dir = repo_project();
+    let root = dir.path();
+    let scratch = tempfile::tempdir().unwrap();
+    let marker = r#"__device__ char flashtune_fake_agent[] = "flashtune-fake: time x0.70";"#;
+    // The agent works in its own worktree: the edit names the kernel relative to it.
+    let api = FakeApi::start(
+        scratch.path(),
+        &root.join(FORWARD),
+        Some(FORWARD),
+        marker,
+        false,
+    );
+    let home = gemini_home(scratch.path());
+    let (before, _) = head(root);
+    // `--agent gemini` runs policies.toml's shipped template: `gemini` is found on PATH.
+    let path = format!(
+        "{}:{}",
+        gemini.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = Command::new(binary());
+    cmd.arg("--root")
+        .arg(root)
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
+        .args(["--agent", "gemini", "--candidates", "1", "--steps", "1"])
+        .env("PATH", path);
+    agent_env(&mut cmd, &home, &api);
+    let out = cmd.output().unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let (after, message) = head(root);
+    assert_ne!(after, before, "the agent's edit was not committed:\n{t}");
+    assert!(message.contains("Flashtune-Speedup: "), "{message}");
+    assert!(std::fs::read_to_string(root.join(FORWARD))
+        .unwrap()
+        .contains(marker));
+    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+
+    // The ledger holds the CLI's own token counts, which are the fake API's.
+    let answered = answers(&api);
+    assert!(answered >= 2, "a tool call and a final answer");
+    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("ledger.json").is_file())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}\n{t}");
+    let ledger: Value =
+        serde_json::from_str(&std::fs::read_to_string(runs[0].join("ledger.json")).unwrap())
+            .unwrap();
+    let row = &ledger[0];
+    assert_eq!(row["verdict"], "committed", "{ledger}");
+    let tokens = row["input_tokens"].as_u64().unwrap_or(0)
+        + row["cached_input_tokens"].as_u64().unwrap_or(0)
+        + row["output_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(tokens, answered * TOKENS_PER_ANSWER, "{ledger}");
+    assert!(
+        row["agent_seconds"].as_f64().unwrap_or(0.0) > 0.0,
+        "{ledger}"
+    );
+}
+
+#[test]
 fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
     let Some(gemini) = gemini_cli() else { return };
     // The agent calls judge with no arguments: the default space is the one-shape space.
@@ -223,7 +297,7 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
     let root = dir.path();
     let scratch = tempfile::tempdir().unwrap();
     let marker = r#"__device__ char flashtune_fake_agent[] = "flashtune-fake: time x0.70";"#;
-    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), marker, true);
+    let api = FakeApi::start(scratch.path(), &root.join(FORWARD), None, marker, true);
     let home = gemini_home(scratch.path());
     let (before, _) = head(root);
 

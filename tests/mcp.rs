@@ -150,7 +150,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         [".mcp.json"],
         "only the snippet stays uncommitted"
     );
-    let cases = v["cases"].as_array().unwrap();
+    let cases = v["duels"].as_array().unwrap();
     assert!(
         !cases.is_empty() && cases.iter().all(|c| c["gain"].as_f64() > Some(0.1)),
         "{v}"

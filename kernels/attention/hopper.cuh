@@ -22,8 +22,9 @@
 //     registers to the consumers, and each consumer overlaps the softmax of tile j + 1 with the
 //     P V product of tile j (FlashAttention-3's intra-warpgroup pipelining). Not yet: TMA, and
 //     ping-pong between consumer warp groups.
-//   * Not yet run on a GPU: the session that wrote it had none. The layout and descriptors are
-//     checked on the host (tests/fixtures/wgmma_layout.cu); everything else waits for a device.
+//   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
+//     the all-consumer form passed every check on every shape; the producer form hung (fixed
+//     below). The layout and descriptors are also checked on the host (tests/fixtures/wgmma_layout.cu).
 #pragma once
 
 #include "sw128.cuh"
@@ -320,14 +321,18 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
         if (wg == 0) {
-            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it.
-            // cp.async groups complete in order, so after committing tile `it`, wait_group 1 means
-            // the group before it (Q for it = 0, else tile it - 1) has landed: fence, then signal.
+            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it,
+            // signalled on that stage's "full" barrier as soon as it has landed. (Signalling a tile
+            // only after the next one is issued deadlocks at STAGES = 2: the next one waits for a
+            // stage that the consumers free only after seeing the tile not yet signalled. The first
+            // GPU run hung exactly so.) One tile in flight per producer thread: 16 KiB-64 KiB a CTA.
             if constexpr (kConsumerWGs > 1) setmaxnreg_dec<kProducerRegs>();
             load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
             cp_async_commit();
+            cp_async_wait<0>();
+            fence_proxy_async();
+            mbar_arrive(q_full);
             // Stage and phase are carried, not divided out of `it`: the loop runs on 24 registers.
-            uint32_t signal = q_full;  // the barrier of the group before the newest one
             int stage = 0;
             uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
             for (int it = 0; it < n_it; ++it) {
@@ -336,18 +341,14 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
                 load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
                 cp_async_commit();
-                cp_async_wait<1>();
+                cp_async_wait<0>();
                 fence_proxy_async();
-                mbar_arrive(signal);
-                signal = full_bar(stage);
+                mbar_arrive(full_bar(stage));
                 if (++stage == kStages) {
                     stage = 0;
                     empty_phase ^= 1u;
                 }
             }
-            cp_async_wait<0>();
-            fence_proxy_async();
-            mbar_arrive(signal);
             return;
         }
         if constexpr (kConsumerWGs > 1) setmaxnreg_inc<kConsumerRegs>();

@@ -7,7 +7,10 @@ to the MCP tool whose name ends in "judge", then a final text. Every answer carr
 so the CLI's own usage report has figures to show. Each request is appended to --log as one JSON
 line, so a test can read what the CLI sent back (the judge's verdict among it).
 
-Usage: fake_gemini_api.py --kernel ABS_PATH --marker TEXT [--judge] --log FILE --port-file FILE
+With --write-as REL the write_file call names REL, which the CLI resolves against its own working
+directory (an agent session's worktree), while the content is still read from --kernel (HEAD's copy).
+
+Usage: fake_gemini_api.py --kernel ABS_PATH [--write-as REL] --marker TEXT [--judge] --log FILE --port-file FILE
 """
 import argparse
 import json
@@ -54,7 +57,8 @@ def next_part(body, args):
         with open(args.kernel) as f:
             original = f.read()
         content = original + "\n" + args.marker + "\n"
-        return {"functionCall": {"name": "write_file", "args": {path_key: args.kernel, "content": content}}}
+        target = args.write_as or args.kernel
+        return {"functionCall": {"name": "write_file", "args": {path_key: target, "content": content}}}
     judge = [n for n in tools if n.endswith("judge")]
     if not judge:
         return {"text": "no judge tool was offered: " + ", ".join(sorted(tools))}
@@ -112,6 +116,7 @@ class Handler(BaseHTTPRequestHandler):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--kernel", required=True)
+    p.add_argument("--write-as")
     p.add_argument("--marker", required=True)
     p.add_argument("--judge", action="store_true")
     p.add_argument("--log", required=True)
