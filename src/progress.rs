@@ -1,7 +1,12 @@
-//! Progress bars on stderr that follow the run-log records.
+//! Progress on stderr that follows the run-log records: bars on a terminal, plain lines otherwise.
 use crate::run::Reporter;
 use crate::runlog::{Entry, Record};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// On a pipe or a log file, how often a plain line says how far the measurement is.
+const PLAIN_EVERY: Duration = Duration::from_secs(15);
 
 pub struct ProgressReporter {
     _bars: MultiProgress,
@@ -11,6 +16,10 @@ pub struct ProgressReporter {
     shapes_per_head_dim: std::collections::BTreeMap<u32, u64>,
     /// Fastest correct variant so far per (shape, dtype).
     champions: std::collections::BTreeMap<(String, crate::config::Dtype), (String, f64)>,
+    /// stderr is not a terminal: indicatif draws nothing there, so events and a periodic count
+    /// are written as plain lines (a run piped through `tee` or under nohup is not silent).
+    plain: bool,
+    last_plain: Instant,
 }
 
 impl ProgressReporter {
@@ -34,7 +43,35 @@ impl ProgressReporter {
             dtypes: 0,
             shapes_per_head_dim: Default::default(),
             champions: Default::default(),
+            plain: !std::io::stderr().is_terminal(),
+            last_plain: Instant::now(),
         }
+    }
+
+    /// An event line: above the bars on a terminal, as a plain line elsewhere.
+    fn say(&self, bar: &ProgressBar, line: String) {
+        if self.plain {
+            eprintln!("{line}");
+        } else {
+            bar.println(line);
+        }
+    }
+
+    /// Off a terminal, a count of builds and cases every [`PLAIN_EVERY`].
+    fn plain_count(&mut self) {
+        if !self.plain || self.last_plain.elapsed() < PLAIN_EVERY {
+            return;
+        }
+        self.last_plain = Instant::now();
+        eprintln!(
+            "[{:.0} s] built {}/{}, cases {}/{}: {}",
+            self.cases.elapsed().as_secs_f64(),
+            self.builds.position(),
+            self.builds.length().unwrap_or(0),
+            self.cases.position(),
+            self.cases.length().unwrap_or(0),
+            self.cases.message()
+        );
     }
 }
 
@@ -83,8 +120,7 @@ impl Reporter for ProgressReporter {
                 variant, reason, ..
             } => {
                 self.builds.inc(1);
-                self.builds
-                    .println(format!("build failed: {variant}: {reason}"));
+                self.say(&self.builds, format!("build failed: {variant}: {reason}"));
             }
             Record::Timed {
                 variant,
@@ -106,10 +142,13 @@ impl Reporter for ProgressReporter {
                 {
                     self.champions
                         .insert(key, (variant.clone(), timing.median_us));
-                    self.cases.println(format!(
-                        "champion {shape}/{dtype}: {variant} {:.1} µs",
-                        timing.median_us
-                    ));
+                    self.say(
+                        &self.cases,
+                        format!(
+                            "champion {shape}/{dtype}: {variant} {:.1} µs",
+                            timing.median_us
+                        ),
+                    );
                 }
             }
             Record::Reused { .. } => self.cases.inc(1),
@@ -121,24 +160,39 @@ impl Reporter for ProgressReporter {
                 ..
             } => {
                 self.cases.inc(1);
-                self.cases
-                    .println(format!("wrong: {variant} {shape} {dtype}: {reason}"));
+                self.say(
+                    &self.cases,
+                    format!("wrong: {variant} {shape} {dtype}: {reason}"),
+                );
             }
             Record::WorkerCrashed {
                 variant, detail, ..
-            } => self
-                .cases
-                .println(format!("worker crashed on {variant}: {detail}")),
+            } => self.say(
+                &self.cases,
+                format!("worker crashed on {variant}: {detail}"),
+            ),
             Record::TimedOut {
-                variant, seconds, ..
-            } => self.cases.println(format!(
-                "worker timed out on {variant}: no case finished in {seconds} s"
-            )),
+                variant,
+                stage,
+                seconds,
+                ..
+            } => {
+                let limit = if stage == "worker" {
+                    format!("no case finished in {seconds} s")
+                } else {
+                    format!("after {seconds} s")
+                };
+                self.say(
+                    &self.cases,
+                    format!("{stage} timed out on {variant}: {limit}"),
+                );
+            }
             Record::Finished { .. } => {
                 self.builds.finish();
                 self.cases.finish();
             }
             _ => {}
         }
+        self.plain_count();
     }
 }

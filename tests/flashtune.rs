@@ -722,6 +722,15 @@ mod pipeline {
                 ..
             })
         ));
+        // stderr is a pipe here, where progress bars draw nothing: the progress comes as plain
+        // lines, a first champion for every (shape, dtype) among them.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for shape in &shapes {
+            for dtype in &policies.dtypes {
+                let line = format!("champion {}/{dtype}: ", shape.name);
+                assert!(stderr.contains(&line), "no `{line}` in:\n{stderr}");
+            }
+        }
         let report = std::fs::read_to_string(run.join("report.md")).unwrap();
         assert!(report.contains("Fake GPU"), "{report}");
         assert!(
