@@ -208,7 +208,23 @@ pub fn markdown(ix: &RunIndex) -> String {
                 let limit = if stage == "worker" { format!("no case finished in {seconds} s") } else { format!("after {seconds} s") };
                 format!("`{variant}`: {stage} timed out, {limit}; not run: {} (log line {line})", cases_not_run.join(", "))
             }
-            Record::BudgetReached { reason, variants_not_measured } => format!("budget reached ({reason}): not measured: {} (log line {line})", variants_not_measured.join(", ")),
+            Record::BudgetReached { reason, variants_not_measured } => {
+                // A resume may have measured what the budget left: name only what is still missing.
+                let ran: std::collections::BTreeSet<&str> = ix
+                    .cases
+                    .iter()
+                    .filter(|c| matches!(c.outcome, Outcome::Measured { .. } | Outcome::Failed { .. } | Outcome::Implausible { .. }))
+                    .map(|c| c.variant)
+                    .collect();
+                let missing: Vec<&str> = variants_not_measured.iter().map(String::as_str).filter(|v| !ran.contains(v)).collect();
+                let later = variants_not_measured.len() - missing.len();
+                let resumed = if later > 0 { format!("; {later} of the {} it left were measured after a resume", variants_not_measured.len()) } else { String::new() };
+                if missing.is_empty() {
+                    format!("budget reached ({reason}) (log line {line}){resumed}")
+                } else {
+                    format!("budget reached ({reason}): not measured: {} (log line {line}){resumed}", missing.join(", "))
+                }
+            }
             Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
             Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),
             _ => continue,

@@ -737,9 +737,13 @@ fn values_of<'a>(points: impl Iterator<Item = &'a Params>) -> IndexMap<String, V
 }
 
 /// A readable id: names as they are, numbers behind the parameter's initials (`BLOCK_M=64` → `bm64`).
+/// A parameter at 0 is a switch left off (`PINGPONG = 0`) and is left out: the kernel source gives
+/// it that default, so the build is the one the point had before the family grew the switch, and
+/// the id, with its history and committed champions, stays the same.
 pub fn variant_id(params: &Params) -> String {
     params
         .iter()
+        .filter(|(_, v)| **v != ParamValue::Int(0))
         .map(|(k, v)| match v {
             ParamValue::Name(s) => s.clone(),
             ParamValue::Int(i) => {
@@ -769,6 +773,14 @@ mod tests {
         p.insert("BLOCK_M".into(), ParamValue::Int(64));
         p.insert("KV_SPLIT".into(), ParamValue::Int(4));
         assert_eq!(variant_id(&p), "wmma-bm64-ks4");
+        p.insert("PINGPONG".into(), ParamValue::Int(0));
+        assert_eq!(
+            variant_id(&p),
+            "wmma-bm64-ks4",
+            "a switch left off is not in the id"
+        );
+        p.insert("PINGPONG".into(), ParamValue::Int(1));
+        assert_eq!(variant_id(&p), "wmma-bm64-ks4-p1");
     }
 
     #[test]

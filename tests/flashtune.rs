@@ -412,7 +412,7 @@ mod planning {
     }
 
     #[test]
-    fn the_ablation_chain_is_ten_named_steps_in_order() {
+    fn the_ablation_chain_is_twelve_named_steps_in_order() {
         let space = Space::load(&repo().join("variants/ablation.toml")).unwrap();
         let steps: Vec<String> = space
             .variants()
@@ -432,7 +432,9 @@ mod planning {
                 "+warps",
                 "+wgmma",
                 "+warp-spec",
-                "+wide-tiles"
+                "+wide-tiles",
+                "+ping-pong",
+                "+stages-3"
             ]
         );
         let v = space.variants().unwrap();

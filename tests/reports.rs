@@ -105,6 +105,49 @@ fn accounting_line(md: &str) -> &str {
         .expect("an accounting line")
 }
 
+/// A run stopped by its budget and resumed: the report names as "not measured" only what is still
+/// missing, and says how many of the left variants the resume measured.
+#[test]
+fn a_budget_line_names_only_what_a_resume_left_unmeasured() {
+    let mut log = Log::new(false);
+    for v in ["v0", "v1", "v2"] {
+        log.plan(v);
+    }
+    log.timed("v0", "small", 10.0, 0.01);
+    log.timed("v0", "seed", 20.0, 0.01);
+    log.record(
+        json!({"event": "budget_reached", "reason": "--time-limit 60s",
+        "variants_not_measured": ["v1", "v2"]}),
+    );
+    for v in ["v1", "v2"] {
+        for shape in ["small", "seed"] {
+            log.record(
+                json!({"event": "case_skipped", "variant": v, "shape": shape, "dtype": "f16",
+                "reason": "budget reached"}),
+            );
+        }
+    }
+    let before = flashtune::report::markdown(&RunIndex::new(&log.done()));
+    assert!(
+        before.contains("budget reached (--time-limit 60s): not measured: v1, v2 (log line"),
+        "{before}"
+    );
+    assert!(!before.contains("after a resume"), "{before}");
+    // The resume measures v1 only.
+    log.timed("v1", "small", 11.0, 0.01);
+    log.timed("v1", "seed", 21.0, 0.01);
+    let after = flashtune::report::markdown(&RunIndex::new(&log.done()));
+    let line = after
+        .lines()
+        .find(|l| l.starts_with("- budget reached"))
+        .expect("a budget line");
+    assert!(line.contains("not measured: v2 (log line"), "{line}");
+    assert!(
+        line.ends_with("; 1 of the 2 it left were measured after a resume"),
+        "{line}"
+    );
+}
+
 #[test]
 fn every_planned_case_lands_in_exactly_one_bin() {
     let mut log = Log::new(false);

@@ -78,6 +78,10 @@ static_assert(kKvSplit >= 0, "KV_SPLIT must be >= 1, or KV_SPLIT_AUTO (0)");
 // Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem.
 static_assert(kStages >= 1 && kStages <= 3, "STAGES must be 1, 2 or 3");
 static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output dims");
+// PINGPONG (0 when not defined) schedules two consumer warp groups of the wgmma path (hopper.cuh).
+#if defined(PINGPONG)
+static_assert(PINGPONG == 0 || kMma == MMA_WGMMA, "PINGPONG = 1 exists on the wgmma path alone");
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and

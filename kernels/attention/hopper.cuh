@@ -13,18 +13,26 @@
 //   * Copies are cp.async (16 bytes a thread), not TMA: the launch contract passes raw pointers,
 //     and a TMA tensor map (CUtensorMap) has to be encoded on the host for each input buffer and
 //     passed as a __grid_constant__ parameter, which the worker does not do yet. cp.async writes
-//     through the generic proxy, so the writer fences (fence.proxy.async) before wgmma, which
-//     reads through the async proxy, may see the data.
+//     through the generic proxy and wgmma reads through the async proxy, so a fence
+//     (fence.proxy.async) stands between them: the writer's, before the __syncthreads that
+//     publishes a stage, or, with a producer that does not wait for its copies, the reader's,
+//     after the mbarrier wait that tells it the stage has landed.
 //   * WARPS = 4 * (BLOCK_M / 64) runs every warp as a consumer with a __syncthreads pipeline
 //     (STAGES deep, like the other paths). WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
-//     group (warp specialisation): it issues the copies, signals each landed stage on an
-//     mbarrier ("full") and waits for the consumers to free it ("empty"); setmaxnreg moves its
-//     registers to the consumers, and each consumer overlaps the softmax of tile j + 1 with the
-//     P V product of tile j (FlashAttention-3's intra-warpgroup pipelining). Not yet: TMA, and
-//     ping-pong between consumer warp groups.
+//     group (warp specialisation): it issues the copies of up to STAGES tiles ahead, each tile's
+//     "full" mbarrier completing by itself once that tile has landed (cp.async.mbarrier.arrive),
+//     and waits for the consumers to free a stage ("empty"); setmaxnreg moves its registers to
+//     the consumers, and each consumer overlaps the softmax of tile j + 1 with the P V product of
+//     tile j (FlashAttention-3's intra-warpgroup pipelining).
+//   * PINGPONG = 1 (two consumer warp groups and a producer): the consumers take turns on the
+//     tensor cores (FlashAttention-3's ping-pong): a group issues its GEMMs only after the other
+//     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
+//     barriers hand the turn over. Not yet: TMA.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
-//     below). The layout and descriptors are also checked on the host (tests/fixtures/wgmma_layout.cu).
+//     below). With the producer's copies in flight and ping-pong: 324 of 324 cases correct
+//     (hopper-async-producer-pingpong). The layout and descriptors are also checked on the host
+//     (tests/fixtures/wgmma_layout.cu).
 #pragma once
 
 #include "sw128.cuh"
@@ -49,15 +57,27 @@ static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192
 static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
 static_assert(kHeadDim % 64 == 0, "wgmma: HEAD_DIM must be whole 128-byte swizzle atoms (64 elements)");
 static_assert(kStages >= 2, "wgmma: STAGES must be at least 2");
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+constexpr bool kPingPong = PINGPONG != 0;
+static_assert(PINGPONG == 0 || PINGPONG == 1, "wgmma: PINGPONG is 0 or 1");
+static_assert(!kPingPong || (kProducer && kConsumerWGs == 2),
+              "wgmma: PINGPONG takes turns between two consumer warp groups beside a producer (BLOCK_M = 128, WARPS = 12)");
 
 // setmaxnreg: the producer keeps what a copy loop needs, the consumers take the rest. The CTA's
-// registers are (what ptxas gives the kernel under __launch_bounds__(threads, 1)) x threads; the
-// figures below spend exactly that (FlashAttention-3's split): 24 + 2 x 240 and 32 + 3 x 160
-// registers per thread of a warp group, times 128, are 64512 and 65536.
-constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 24;
-constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 240;
-static_assert(!kProducer || kConsumerWGs == 1 || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= 65536,
-              "wgmma: the register split exceeds the register file");
+// registers are (what ptxas gives the kernel under __launch_bounds__(threads, 1)) x threads, and
+// an increase that the pool cannot cover never returns, so the split spends at most that: with
+// two consumer groups ptxas gives 168 x 384 = 128 x 504, split 40 + 2 x 232 (FlashAttention-3's
+// 24 + 2 x 240 spilled 8 bytes in the producer once it stopped waiting for its own copies:
+// cp.async.mbarrier.arrive needs more than 24); with three, 128 x 512, split 32 + 3 x 160.
+constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 40;
+constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 232;
+// What ptxas gives a kernel with setmaxnreg under __launch_bounds__(kThreads, 1): the register
+// file over the threads, in steps of 8 (the -Xptxas -v line of every build shows it).
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+static_assert(!kProducer || kConsumerWGs == 1 || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
+              "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
 
 // Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
 // is a function of address bits 4..9, so every tile starts 1024-byte aligned.
@@ -108,6 +128,20 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+// An arrival on `bar` once every cp.async this thread issued before has landed; the thread itself
+// does not wait. (noinc: the arrival is one of the barrier's expected count, not an extra one.)
+__device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Named barriers 1 and 2 (0 is __syncthreads): the ping-pong turns of two consumer warp groups.
+// They order only the issue of wgmma (volatile asm, never reordered with these), not memory: no
+// "memory" clobber, which would make the compiler spill live values around each one.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads));
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads));
+}
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
         "{\n.reg .pred done;\nWAIT_%=:\n"
@@ -121,7 +155,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // matrix into a swizzled tile. Thread tid keeps one 16-byte column chunk and walks rows
 // NTHREADS / (HEAD_DIM / 8) apart, a multiple of 8, so its swizzled chunk never changes and every
 // iteration adds compile-time offsets to one smem and one global address (the producer warp
-// group runs this on 24 registers). A warp reads whole rows (coalesced) and writes each 128-byte
+// group runs this on 32-40 registers). A warp reads whole rows (coalesced) and writes each 128-byte
 // smem row with 8 lanes (no bank conflicts). Rows past the end are copied with src-size 0: nothing
 // is read and the 16 bytes become zeros (0 * stale smem that happens to be NaN would be NaN).
 template <int ROWS, int NTHREADS>
@@ -282,7 +316,7 @@ struct Consumer {
 
 }  // namespace hopper
 
-// minBlocks = 1: one CTA per SM is the design (the consumers hold up to 240 registers a thread).
+// minBlocks = 1: one CTA per SM is the design (the consumers hold up to 232 registers a thread).
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
@@ -321,18 +355,18 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
         if (wg == 0) {
-            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it,
-            // signalled on that stage's "full" barrier as soon as it has landed. (Signalling a tile
-            // only after the next one is issued deadlocks at STAGES = 2: the next one waits for a
-            // stage that the consumers free only after seeing the tile not yet signalled. The first
-            // GPU run hung exactly so.) One tile in flight per producer thread: 16 KiB-64 KiB a CTA.
+            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it.
+            // Each tile's "full" barrier completes by itself when the tile has landed (every
+            // producer thread's cp.async.mbarrier.arrive fires once its own copies are in), so up
+            // to STAGES tiles are in flight and the producer only ever waits for a free stage.
+            // (The first GPU run signalled a tile only after issuing the next one, and hung at
+            // STAGES = 2: the next one waited for a stage that the consumers free only after
+            // seeing the tile not yet signalled. The second waited for each tile before issuing
+            // the next: correct, with one tile in flight.)
             if constexpr (kConsumerWGs > 1) setmaxnreg_dec<kProducerRegs>();
             load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
-            cp_async_commit();
-            cp_async_wait<0>();
-            fence_proxy_async();
-            mbar_arrive(q_full);
-            // Stage and phase are carried, not divided out of `it`: the loop runs on 24 registers.
+            mbar_arrive_on_copies(q_full);
+            // Stage and phase are carried, not divided out of `it`: the loop runs on 32-40 registers.
             int stage = 0;
             uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
             for (int it = 0; it < n_it; ++it) {
@@ -340,15 +374,14 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 const int row0 = (blk_begin + it) * kBlockN;
                 load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
                 load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
-                cp_async_commit();
-                cp_async_wait<0>();
-                fence_proxy_async();
-                mbar_arrive(full_bar(stage));
+                mbar_arrive_on_copies(full_bar(stage));
                 if (++stage == kStages) {
                     stage = 0;
                     empty_phase ^= 1u;
                 }
             }
+            // Not leaving with copies in flight (cp.async.wait_all also takes uncommitted ones).
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
             return;
         }
         if constexpr (kConsumerWGs > 1) setmaxnreg_inc<kConsumerRegs>();
@@ -356,14 +389,37 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         Consumer c;
         c.init(ctx.q0, cwg, tid);
         const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
-        mbar_wait(q_full, 0);
+        // The copies landed through the generic proxy; wgmma reads through the async proxy. The
+        // producer cannot fence writes it does not wait for, so each reader fences after its wait.
+        auto wait_landed = [&](uint32_t bar, uint32_t parity) {
+            mbar_wait(bar, parity);
+            fence_proxy_async();
+        };
+        // Ping-pong: consumer group g issues its GEMMs between sync(1 + g) and arrive(2 - g), so
+        // the groups' GEMM blocks alternate. Group 0 goes first (its barrier starts with the other
+        // side's arrival); group 1 skips its last hand-over, so no arrival is left pending at exit.
+        // Both groups walk the same n_it tiles: n_it + 1 GEMM blocks each.
+        auto my_turn = [&]() {
+            if constexpr (kPingPong) named_bar_sync(1 + cwg, 256);
+        };
+        auto your_turn = [&](bool last) {
+            if constexpr (kPingPong) {
+                if (!(last && cwg == 1)) named_bar_arrive(2 - cwg, 256);
+            }
+        };
+        if constexpr (kPingPong) {
+            if (cwg == 0 && n_it > 0) named_bar_arrive(1, 256);
+        }
+        wait_landed(q_full, 0);
         // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
         // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
         float s_acc[Consumer::kSN];
         uint32_t p[kBlockN / 4];
         if (n_it > 0) {
-            mbar_wait(full_bar(0), 0);
+            wait_landed(full_bar(0), 0);
+            my_turn();
             c.issue_s(s_acc, q_wg, k_smem);
+            your_turn(false);
             wgmma_wait<0>();
             fence_operands(s_acc);
             float alpha[2];
@@ -375,9 +431,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         for (int it = 0; it + 1 < n_it; ++it) {
             const int st = it % kStages;
             const int nx = (it + 1) % kStages;
-            mbar_wait(full_bar(nx), ((it + 1) / kStages) & 1);
+            wait_landed(full_bar(nx), ((it + 1) / kStages) & 1);
+            my_turn();
             c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
             c.issue_pv(p, v_smem + st * kTileBytes);
+            your_turn(false);
             wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
             fence_operands(s_acc);
             float alpha[2];
@@ -390,7 +448,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         if (n_it > 0) {
             const int st = (n_it - 1) % kStages;
+            my_turn();
             c.issue_pv(p, v_smem + st * kTileBytes);
+            your_turn(true);
             wgmma_wait<0>();
             fence_operands(c.o);
             mbar_arrive(empty_bar(st));
