@@ -176,17 +176,13 @@ impl Reporter for ProgressReporter {
                 stage,
                 seconds,
                 ..
-            } => {
-                let limit = if stage == "worker" {
-                    format!("no case finished in {seconds} s")
-                } else {
-                    format!("after {seconds} s")
-                };
-                self.say(
-                    &self.cases,
-                    format!("{stage} timed out on {variant}: {limit}"),
-                );
-            }
+            } => self.say(
+                &self.cases,
+                format!(
+                    "{stage} timed out on {variant}: {}",
+                    crate::runlog::timed_out_limit(stage, *seconds)
+                ),
+            ),
             Record::Finished { .. } => {
                 self.builds.finish();
                 self.cases.finish();

@@ -203,11 +203,11 @@ pub fn markdown(ix: &RunIndex) -> String {
                 stage,
                 seconds,
                 cases_not_run,
-            } => {
-                // A worker's limit is on silence (no case finished), a build's on the whole nvcc run.
-                let limit = if stage == "worker" { format!("no case finished in {seconds} s") } else { format!("after {seconds} s") };
-                format!("`{variant}`: {stage} timed out, {limit}; not run: {} (log line {line})", cases_not_run.join(", "))
-            }
+            } => format!(
+                "`{variant}`: {stage} timed out, {}; not run: {} (log line {line})",
+                crate::runlog::timed_out_limit(stage, *seconds),
+                cases_not_run.join(", ")
+            ),
             Record::BudgetReached { reason, variants_not_measured } => {
                 // A resume may have measured what the budget left: name only what is still missing.
                 let ran: std::collections::BTreeSet<&str> = ix

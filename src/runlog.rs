@@ -703,6 +703,16 @@ impl LoadedLog {
     }
 }
 
+/// How a `timed_out` record's limit reads: a worker's is on silence (no case finished for that
+/// long), a build's on the whole nvcc run.
+pub fn timed_out_limit(stage: &str, seconds: u64) -> String {
+    if stage == "worker" {
+        format!("no case finished in {seconds} s")
+    } else {
+        format!("after {seconds} s")
+    }
+}
+
 /// The log of a run folder: `log.jsonl`, else a committed measurement's `log.jsonl.gz`.
 pub fn path_in(run_dir: &Path) -> PathBuf {
     let plain = run_dir.join("log.jsonl");

@@ -572,7 +572,10 @@ impl Scheduler<'_> {
                     cases_not_run: not_run.clone(),
                 })?;
                 (
-                    format!("worker timed out: no case finished in {seconds} s"),
+                    format!(
+                        "worker timed out: {}",
+                        crate::runlog::timed_out_limit("worker", seconds)
+                    ),
                     false,
                 )
             }

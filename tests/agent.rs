@@ -3,7 +3,7 @@ mod common;
 use common::*;
 use flashtune::runlog::Record;
 use flashtune::usage::{self, PriceTable, UsageFormat};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,16 +19,6 @@ fn session(root: &Path, extra: &[&str]) -> Output {
         )
         .output()
         .expect("flashtune runs")
-}
-
-fn only_run(dir: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("log.jsonl").is_file())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs[0].clone()
 }
 
 fn head(dir: &Path) -> (String, String) {

@@ -188,16 +188,10 @@ fn gemini_cli_as_the_proposer_has_its_edit_judged_and_its_usage_logged() {
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("1 accepted, 0 rejected"), "{t}");
-    let (after, message) = head(root);
-    assert_ne!(after, before, "{t}");
-    assert!(message.contains("Flashtune-Speedup: "), "{message}");
-    assert!(std::fs::read_to_string(root.join(FORWARD))
-        .unwrap()
-        .contains(marker));
-    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+    assert_edit_committed(root, &before, marker, &t);
 
     // The CLI's own usage report is in the step's log, and its figures are the API's.
-    let run = run_dir_from_step(&out);
+    let run = run_dir_from(&out);
     let tail = records(&run)
         .into_iter()
         .find_map(|r| match r {
@@ -252,25 +246,14 @@ fn gemini_cli_as_a_named_agent_has_its_edit_committed_and_its_usage_in_the_ledge
     let out = cmd.output().unwrap();
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let (after, message) = head(root);
-    assert_ne!(after, before, "the agent's edit was not committed:\n{t}");
-    assert!(message.contains("Flashtune-Speedup: "), "{message}");
-    assert!(std::fs::read_to_string(root.join(FORWARD))
-        .unwrap()
-        .contains(marker));
-    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+    assert_edit_committed(root, &before, marker, &t);
 
     // The ledger holds the CLI's own token counts, which are the fake API's.
     let answered = answers(&api);
     assert!(answered >= 2, "a tool call and a final answer");
-    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("ledger.json").is_file())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}\n{t}");
+    let session = only_run_holding(root, "ledger.json");
     let ledger: Value =
-        serde_json::from_str(&std::fs::read_to_string(runs[0].join("ledger.json")).unwrap())
+        serde_json::from_str(&std::fs::read_to_string(session.join("ledger.json")).unwrap())
             .unwrap();
     let row = &ledger[0];
     assert_eq!(row["verdict"], "committed", "{ledger}");
@@ -361,12 +344,17 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
     assert!(dirty(root).is_empty(), "{:?}", dirty(root));
 }
 
-/// The run folder `flashtune step` printed (`... Run log: runs/<id>/log.jsonl`).
-fn run_dir_from_step(out: &std::process::Output) -> PathBuf {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find_map(|l| l.split_once("Run log: ").map(|(_, p)| p.to_owned()))
-        .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
-    PathBuf::from(line).parent().unwrap().to_path_buf()
+/// The agent's edit (the marker in forward.cu) is HEAD's new commit, with step's trailers, and
+/// nothing is left uncommitted.
+fn assert_edit_committed(root: &Path, before: &str, marker: &str, output: &str) {
+    let (after, message) = head(root);
+    assert_ne!(
+        after, before,
+        "the agent's edit was not committed:\n{output}"
+    );
+    assert!(message.contains("Flashtune-Speedup: "), "{message}");
+    assert!(std::fs::read_to_string(root.join(FORWARD))
+        .unwrap()
+        .contains(marker));
+    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
 }

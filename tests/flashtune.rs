@@ -1234,16 +1234,6 @@ mod supervision {
 
     use common::numbered_records as records;
 
-    fn only_run(root: &Path) -> PathBuf {
-        let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.join("log.jsonl").is_file())
-            .collect();
-        assert_eq!(runs.len(), 1, "{runs:?}");
-        runs[0].clone()
-    }
-
     /// The fault space with short limits, so each fault costs seconds.
     fn fault_project(build_s: u64, worker_s: u64) -> tempfile::TempDir {
         let dir = scratch_project();

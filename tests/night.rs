@@ -47,16 +47,6 @@ fn points_space(root: &Path, name: &str, baseline: &str, points: &[&str]) {
     std::fs::write(root.join(format!("variants/{name}.toml")), text).unwrap();
 }
 
-fn only_run(root: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("log.jsonl").is_file())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runs[0].clone()
-}
-
 /// (shape, dtype) → champion variant, as the champion table would name them.
 fn champions(run: &Path) -> Vec<(String, String, String)> {
     let log = runlog::read(&run.join("log.jsonl")).unwrap();

@@ -107,14 +107,31 @@ pub fn replace_in(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text).unwrap();
 }
 
-/// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`).
+/// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`, alone on its line or, as
+/// `flashtune step` prints it, at the end of one).
 pub fn run_dir_from(out: &Output) -> PathBuf {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("Run log: "))
+        .find_map(|l| l.split_once("Run log: ").map(|(_, path)| path.to_owned()))
         .unwrap_or_else(|| panic!("no run log in:\n{}", text(out)));
     PathBuf::from(line).parent().unwrap().to_path_buf()
+}
+
+/// The one run folder under `root/runs` that holds a run log.
+pub fn only_run(root: &Path) -> PathBuf {
+    only_run_holding(root, "log.jsonl")
+}
+
+/// The one run folder under `root/runs` that holds `file` (an agent session's `ledger.json`).
+pub fn only_run_holding(root: &Path, file: &str) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join(file).is_file())
+        .collect();
+    assert_eq!(runs.len(), 1, "one run folder holding {file}: {runs:?}");
+    runs[0].clone()
 }
 
 /// A run's records with the log line each came from.
