@@ -99,11 +99,27 @@ class Flashtune:
         return out
 
 
+def variant_id(params: dict) -> str:
+    """flashtune's id rule, as in kernel_tuner_attention.py (kept apart: this script needs no Kernel Tuner)."""
+    parts = []
+    for k, v in params.items():
+        if isinstance(v, str):
+            parts.append(v)
+        elif v != 0:
+            parts.append("".join(w[0] for w in k.split("_") if w).lower() + str(v))
+    return "-".join(parts)
+
+
 class KernelTuner:
     def __init__(self, path: Path):
         self.doc = json.loads(path.read_text())
         if self.doc.get("tool") != "kernel_tuner":
             raise SystemExit(f"{path}: not a bench/kernel_tuner_attention.py output")
+        # Ids are re-derived from the recorded parameters, so an output written before a change to
+        # flashtune's id rule (a parameter at 0 is left out) still lines up with flashtune's log.
+        for r in self.doc["results"] + self.doc.get("best", []):
+            if "params" in r:
+                r["variant"] = variant_id(r["params"])
         self.rows = {(r["variant"], r["shape"], r["dtype"]): r for r in self.doc["results"]}
 
     def us(self, key):

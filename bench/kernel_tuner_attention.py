@@ -253,8 +253,12 @@ class Launch:
 
 
 def variant_id(params: dict) -> str:
+    """flashtune's id of a point (space::variant_id): names as they are, numbers after the parameter's
+    initials, and a number at 0 left out (a parameter added at 0 keeps the older ids)."""
     parts = []
     for k, v in params.items():
+        if not isinstance(v, str) and v == 0:
+            continue
         if isinstance(v, str):
             parts.append(v)
         else:

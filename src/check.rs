@@ -111,21 +111,28 @@ fn worse_row(a: (f64, u64), b: (f64, u64)) -> (f64, u64) {
     }
 }
 
-/// Partial statistics of a block of rows, merged into one [`CheckStats`].
-#[derive(Default)]
-struct Partial {
-    max_abs: f64,
-    diff2: f64,
-    ref2: f64,
-    row_max: f64,
-    worst_row: u64,
-    lse_max: f64,
-    nan: u64,
-    unwritten: u64,
+/// The figures of a comparison over some rows, before judging: the host computes one per block of
+/// rows, the GPU worker's `ft_compare` one per thread block (same fields, same order, as nine
+/// 8-byte words); they merge in any order into one [`CheckStats`].
+#[derive(Default, Clone, Copy, Debug, PartialEq)]
+pub struct ComparePartial {
+    pub max_abs: f64,
+    pub diff2: f64,
+    pub ref2: f64,
+    pub row_max: f64,
+    pub worst_row: u64,
+    pub lse_max: f64,
+    pub nan: u64,
+    pub unwritten: u64,
+    /// Outputs that differ from the earlier run they were compared with (a race), when there was one.
+    pub differing: u64,
 }
 
-impl Partial {
-    fn merge(mut self, o: Partial) -> Partial {
+impl ComparePartial {
+    /// Words per partial in the layout `ft_compare` writes.
+    pub const WORDS: usize = 9;
+
+    pub fn merge(mut self, o: ComparePartial) -> ComparePartial {
         self.max_abs = max_nan(self.max_abs, o.max_abs);
         self.diff2 += o.diff2;
         self.ref2 += o.ref2;
@@ -134,8 +141,64 @@ impl Partial {
         self.lse_max = max_nan(self.lse_max, o.lse_max);
         self.nan += o.nan;
         self.unwritten += o.unwritten;
+        self.differing += o.differing;
         self
     }
+
+    /// One partial from the nine words `ft_compare` wrote for one thread block.
+    pub fn from_words(w: &[u64]) -> ComparePartial {
+        let f = f64::from_bits;
+        ComparePartial {
+            max_abs: f(w[0]),
+            diff2: f(w[1]),
+            ref2: f(w[2]),
+            row_max: f(w[3]),
+            worst_row: w[4],
+            lse_max: f(w[5]),
+            nan: w[6],
+            unwritten: w[7],
+            differing: w[8],
+        }
+    }
+
+    /// The unjudged statistics of `elements` outputs.
+    pub fn stats(self, elements: u64) -> CheckStats {
+        CheckStats {
+            elements,
+            max_abs: self.max_abs,
+            rel_l2: rel(self.diff2, self.ref2),
+            lse_max_abs: self.lse_max,
+            row_rel_l2_max: self.row_max,
+            worst_row: self.worst_row,
+            nan_count: self.nan,
+            unwritten_count: self.unwritten,
+            nondeterministic_count: self.differing,
+            ..Default::default()
+        }
+    }
+}
+
+/// The word that masks 32-bit element `index` of a reference buffer under `key`. The worker keeps
+/// every reference on the GPU XORed with such words under a key drawn per set from the OS, so a
+/// kernel under test that finds the reference in device memory finds noise; only the comparison
+/// (`ft_compare`, or the host path) is given the key. Same function as `ft_mask` in tools.cu.
+pub fn mask_word(key: u64, index: u64) -> u32 {
+    splitmix64(key ^ splitmix64(index)) as u32
+}
+
+/// XOR every element of a reference buffer with its mask word: masks plain values, unmasks masked ones.
+pub fn apply_mask(values: &mut [f32], key: u64, first_index: u64) {
+    for (i, v) in values.iter_mut().enumerate() {
+        *v = f32::from_bits(v.to_bits() ^ mask_word(key, first_index + i as u64));
+    }
+}
+
+/// SplitMix64's finaliser, as in tools.cu.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 /// Compare a forward output (raw bits, rows of `d`) and its LSE with the fp32 reference, whose
@@ -166,22 +229,12 @@ pub fn compare(
         let p = compare_rows(dtype, d, r0, r1, out_bits, lse, ref_out, ref_lse, sign);
         partials.lock().expect("no panics while held").push(p);
     });
-    let total = partials
+    partials
         .into_inner()
         .expect("no panics while held")
         .into_iter()
-        .fold(Partial::default(), Partial::merge);
-    CheckStats {
-        elements: out_bits.len() as u64,
-        max_abs: total.max_abs,
-        rel_l2: rel(total.diff2, total.ref2),
-        lse_max_abs: total.lse_max,
-        row_rel_l2_max: total.row_max,
-        worst_row: total.worst_row,
-        nan_count: total.nan,
-        unwritten_count: total.unwritten,
-        ..Default::default()
-    }
+        .fold(ComparePartial::default(), ComparePartial::merge)
+        .stats(out_bits.len() as u64)
 }
 
 /// sqrt(diff² / ref²), or the absolute sqrt(diff²) where the reference is zero.
@@ -204,8 +257,8 @@ fn compare_rows(
     ref_out: &[f32],
     ref_lse: &[f32],
     sign: f32,
-) -> Partial {
-    let mut p = Partial::default();
+) -> ComparePartial {
+    let mut p = ComparePartial::default();
     let exp_mask = match dtype {
         Dtype::F16 => 0x7C00u16,
         Dtype::Bf16 => 0x7F80u16,

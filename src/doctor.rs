@@ -57,7 +57,7 @@ pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
             "gpu",
             Status::Pass,
             format!(
-                "{} (GPU {}, {} SMs, {}, {} KiB shared memory opt-in, driver {}.{})",
+                "{} (GPU {}, {} SMs, {}, {} KiB shared memory opt-in, driver {}.{}); its output comparison agrees with the host's",
                 d.name,
                 d.ordinal,
                 d.sm_count,

@@ -270,7 +270,7 @@ async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u
     let mut devices = chosen.to_vec();
     let mut first: Option<DeviceInfo> = None;
     if devices.is_empty() {
-        let info = executor.probe(0).await.map_err(no_gpu)?;
+        let info = executor.probe(0).await.map_err(refused)?;
         devices = (0..info.visible_devices.max(1)).collect();
         first = Some(info);
     }
@@ -278,7 +278,7 @@ async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u
         if first.as_ref().is_some_and(|f| f.ordinal == d) {
             continue;
         }
-        let info = executor.probe(d).await.map_err(no_gpu)?;
+        let info = executor.probe(d).await.map_err(refused)?;
         match &first {
             None => first = Some(info),
             Some(f) if f.name != info.name => {
@@ -292,6 +292,19 @@ async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u
     }
     let first = first.ok_or_else(|| Error::BadInput("no GPU selected".into()))?;
     Ok((first, devices))
+}
+
+/// Why a probe failed: no GPU, or a GPU whose own output comparison cannot be trusted.
+fn refused(reason: String) -> Error {
+    if reason.contains(crate::trial::COMPARISON_DISAGREES) {
+        return Error::Other(anyhow::anyhow!(
+            "{reason}\nNo verdict from this GPU can be trusted, so the run does not start: the worker's \
+             comparison kernel (ft_compare, built into the flashtune binary) must agree with the host's \
+             figure for figure. Rebuild flashtune from a clean checkout; if it persists, report it with \
+             the output of `flashtune doctor`."
+        ));
+    }
+    no_gpu(reason)
 }
 
 fn no_gpu(reason: String) -> Error {

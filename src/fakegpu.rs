@@ -20,6 +20,11 @@
 //!   once it has timed N cases: a GPU that drifts mid-run. A new worker (a duel) starts undrifted;
 //! - `FLASHTUNE_FAKE_NVML=absent` makes the state unreadable, as on a machine without NVML.
 //!
+//! The double compares outputs on the host (`trial::compare_on_host`), the path the GPU's own
+//! comparison kernel is held to. `FLASHTUNE_FAKE_COMPARE=miscount` makes its comparison miss one
+//! unwritten output in every row set, as a broken comparison kernel would: the probe's self-check
+//! must then refuse the device.
+//!
 //! The sentinel's figures are fixed: `fma` 1000 µs and `read` 400 µs (times the drift factor).
 use crate::check;
 use crate::config::{Dtype, Shape};
@@ -59,6 +64,8 @@ pub fn serve(arch: &str, ordinal: u32) -> std::process::ExitCode {
         .ok()
         .and_then(|spec| parse_drift(&spec));
     gpu.nvml_absent = std::env::var("FLASHTUNE_FAKE_NVML").is_ok_and(|v| v == "absent");
+    gpu.miscounting_compare =
+        std::env::var("FLASHTUNE_FAKE_COMPARE").is_ok_and(|v| v == "miscount");
     crate::trial::serve(gpu, std::io::stdin().lock(), &mut reply, 256 << 20)
 }
 
@@ -209,6 +216,8 @@ pub struct FakeGpu {
     /// `FLASHTUNE_FAKE_DRIFT`: after this many cases timed, every time is this many times longer.
     drift: Option<(u64, f64)>,
     nvml_absent: bool,
+    /// `FLASHTUNE_FAKE_COMPARE=miscount`: the comparison misses an unwritten output.
+    miscounting_compare: bool,
     cases_timed: u64,
     /// The kernel and shape of the last replay: whose state the next reading reports.
     last_replayed: Option<(KernelId, String)>,
@@ -255,6 +264,7 @@ impl FakeGpu {
             hashes: HashMap::new(),
             drift: None,
             nvml_absent: false,
+            miscounting_compare: false,
             cases_timed: 0,
             last_replayed: None,
             timings_of: HashMap::new(),
@@ -597,6 +607,15 @@ impl Device for FakeGpu {
     }
 
     fn copy(&mut self, src: Buf, dst: Buf) -> Result<()> {
+        if let Some(Memory::F32(data)) = self.memory.get(src.0).and_then(Option::as_ref) {
+            let data = data.clone();
+            let d = self.f32s_mut(dst)?;
+            if d.len() != data.len() {
+                bail!("copy between buffers of {} and {} floats", data.len(), d.len());
+            }
+            *d = data;
+            return Ok(());
+        }
         let data = self.u16s(src)?.clone();
         let d = self.u16s_mut(dst)?;
         if d.len() != data.len() {
@@ -630,6 +649,37 @@ impl Device for FakeGpu {
             Some(Memory::F32(v)) => Ok(v.clone()),
             _ => bail!("buffer {} is not 32-bit", buf.0),
         }
+    }
+
+    fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()> {
+        let v = self.u16s_mut(buf)?;
+        if v.len() != data.len() {
+            bail!("upload of {} elements into {}", data.len(), v.len());
+        }
+        v.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()> {
+        let v = self.f32s_mut(buf)?;
+        if v.len() != data.len() {
+            bail!("upload of {} floats into {}", data.len(), v.len());
+        }
+        v.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn mask(&mut self, buf: Buf, key: u64) -> Result<()> {
+        check::apply_mask(self.f32s_mut(buf)?, key, 0);
+        Ok(())
+    }
+
+    fn compare(&mut self, job: &crate::trial::Comparison) -> Result<CheckStats> {
+        let mut stats = crate::trial::compare_on_host(self, job)?;
+        if self.miscounting_compare && stats.unwritten_count > 0 {
+            stats.unwritten_count -= 1;
+        }
+        Ok(stats)
     }
 
     fn load_forward(&mut self, kernel: &ForwardKernel) -> Result<KernelId> {
@@ -950,5 +1000,28 @@ pub fn profile(
         kernels: vec![kernel],
         bottlenecks,
         report: "fake GPU: no ncu report".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_comparison_self_check_passes_the_host_path_and_refuses_a_miscount() {
+        let mut honest = FakeGpu::new(device("sm_90a", 0));
+        crate::trial::self_check_comparison(&mut honest).expect("the host path agrees with itself");
+
+        let mut broken = FakeGpu::new(device("sm_90a", 0));
+        broken.miscounting_compare = true;
+        let why = crate::trial::self_check_comparison(&mut broken)
+            .expect_err("a comparison that misses an unwritten output must be refused")
+            .to_string();
+        assert!(
+            why.contains("unwritten outputs: 1 on the device, 2 on the host"),
+            "{why}"
+        );
+        // Every buffer the check drew was given back.
+        assert!(broken.memory.iter().all(Option::is_none), "buffers leaked");
     }
 }

@@ -6,7 +6,10 @@
 //! - before every replay the outputs are poisoned and every V is negated (O = -O exactly, LSE
 //!   unchanged), so no launch sees inputs an earlier replay saw and skipped work leaves poison;
 //! - the outputs of a replay chosen at random (the kernel cannot know which) and of the last one are
-//!   read back and compared with the reference of each launch's set;
+//!   compared with the reference of each launch's set, on the device (`Device::compare`): only the
+//!   figures come back. The reference lies beside the inputs XORed with mask words under keys from
+//!   the OS, so a kernel that finds it in device memory finds noise, and every probe holds the
+//!   device's comparison to the host's on crafted outputs first (`self_check_comparison`);
 //! - after timing, a set the module never saw is written into the buffers it was timed on (a result
 //!   cached per pointer is then stale), and a set with scores beyond ±88 is checked (a missing
 //!   max-subtraction overflows);
@@ -14,7 +17,8 @@
 //!   caught and the sets are drawn again.
 //!
 //! Input sets are drawn once per (shape, dtype, seed) and shared by every variant a worker runs: the
-//! fp32 reference of each set is computed once, and checked against the CPU f64 oracle once.
+//! fp32 reference of each set is computed once, and checked against the CPU f64 oracle once (only
+//! the rows the oracle recomputes are read back).
 use crate::check;
 use crate::config::{Dtype, Shape};
 use crate::protocol::*;
@@ -51,6 +55,82 @@ pub struct Io {
     pub lse_accum: Option<Buf>,
 }
 
+/// A set's fp32 reference as it lies on the device: XORed with mask words under keys only the
+/// comparison is given (`check::mask_word`), so no kernel under test can copy the answer from it.
+#[derive(Clone, Copy, Debug)]
+pub struct MaskedReference {
+    pub o: Buf,
+    pub lse: Buf,
+    pub o_key: u64,
+    pub lse_key: u64,
+}
+
+/// How an earlier run's outputs should relate to these.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Relation {
+    /// Bit for bit (same inputs).
+    Exact,
+    /// O times this sign (V negated in between, or not), ±0 alike; the LSE bit for bit.
+    UpToSign(f32),
+}
+
+/// An earlier run of the same launch on the same inputs, to count differing outputs against.
+#[derive(Clone, Copy, Debug)]
+pub struct Earlier {
+    pub o: Buf,
+    pub lse: Buf,
+    pub relation: Relation,
+}
+
+/// One forward output to compare with its reference (multiplied by `sign`) and maybe an earlier run.
+#[derive(Clone, Copy, Debug)]
+pub struct Comparison {
+    pub dtype: Dtype,
+    pub d: usize,
+    pub o: Buf,
+    pub lse: Buf,
+    pub reference: MaskedReference,
+    pub sign: f32,
+    pub earlier: Option<Earlier>,
+}
+
+/// The comparison on the host: read back, unmask, `check::compare`; the earlier run by
+/// `check::differing_bits` or `check::differing_up_to_sign`. The fake GPU's comparison, and what
+/// the GPU's own is held to at every probe ([`self_check_comparison`]).
+pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Result<CheckStats> {
+    let (o, lse) = (dev.read16(job.o)?, dev.read32(job.lse)?);
+    let (mut ref_o, mut ref_lse) = (
+        dev.read32(job.reference.o)?,
+        dev.read32(job.reference.lse)?,
+    );
+    check::apply_mask(&mut ref_o, job.reference.o_key, 0);
+    check::apply_mask(&mut ref_lse, job.reference.lse_key, 0);
+    if job.d == 0 || o.len() != lse.len() * job.d || ref_o.len() != o.len() || ref_lse.len() != lse.len() {
+        bail!(
+            "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {}",
+            o.len(),
+            lse.len(),
+            ref_o.len(),
+            ref_lse.len(),
+            job.d
+        );
+    }
+    let mut stats = check::compare(job.dtype, job.d, &o, &lse, &ref_o, &ref_lse, job.sign);
+    if let Some(e) = job.earlier {
+        let (eo, el) = (dev.read16(e.o)?, dev.read32(e.lse)?);
+        if eo.len() != o.len() || el.len() != lse.len() {
+            bail!("compare: the earlier run's buffers differ in size");
+        }
+        stats.nondeterministic_count = match e.relation {
+            Relation::Exact => check::differing_bits((&o, &lse), (&eo, &el)),
+            Relation::UpToSign(sign) => {
+                check::differing_up_to_sign(job.dtype, (&o, &lse), (&eo, &el), sign)
+            }
+        };
+    }
+    Ok(stats)
+}
+
 /// What a trial needs from a device. The GPU worker implements it with CUDA; the test double with
 /// host memory and kernel models, so CI runs the very same trial on real arrays.
 pub trait Device {
@@ -84,6 +164,21 @@ pub trait Device {
             .ok_or_else(|| anyhow!("read of {len} elements at {start} is past buffer {}", buf.0))
     }
     fn read32(&mut self, buf: Buf) -> Result<Vec<f32>>;
+    fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
+        let all = self.read32(buf)?;
+        all.get(start..start + len)
+            .map(<[f32]>::to_vec)
+            .ok_or_else(|| anyhow!("read of {len} floats at {start} is past the buffer"))
+    }
+    fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()>;
+    fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()>;
+    /// XOR every element of a 32-bit buffer with its `check::mask_word` under `key`.
+    fn mask(&mut self, buf: Buf, key: u64) -> Result<()>;
+    /// The unjudged figures of `job`. This default reads everything back and compares on the host;
+    /// the GPU worker compares in a kernel of its own and reads back only the figures.
+    fn compare(&mut self, job: &Comparison) -> Result<CheckStats> {
+        compare_on_host(self, job)
+    }
     fn load_forward(&mut self, kernel: &ForwardKernel) -> Result<KernelId>;
     fn load_reference(&mut self, kernel: &ReferenceKernel) -> Result<KernelId>;
     fn unload(&mut self, kernel: KernelId);
@@ -155,15 +250,14 @@ const ORACLE_HEADS_PER_SET: usize = 4;
 const HELD_OUT_SET: u64 = 1 << 20;
 const STRESS_SET: u64 = (1 << 20) + 1;
 
-/// One set of inputs on the device, with its fp32 reference kept on the host (no kernel can reach it).
+/// One set of inputs on the device, with its fp32 reference beside it, masked.
 pub struct InputSet {
     pub q: Buf,
     pub k: Buf,
     pub v: Buf,
     index: u64,
     sigma: f32,
-    pub ref_o: Vec<f32>,
-    pub ref_lse: Vec<f32>,
+    pub reference: MaskedReference,
     /// The reference against the oracle: (rows recomputed, rel L2 of O, largest LSE gap).
     pub ref_check: (u64, f64, f64),
     checksum: u64,
@@ -198,8 +292,10 @@ pub struct Pool {
 }
 
 impl Pool {
+    /// Q, K, V in 16 bits, and the reference's O and LSE in 32.
     fn set_bytes(shape: &Shape) -> u64 {
-        2 * (q_elements(shape) + 2 * kv_elements(shape)) as u64
+        (2 * (q_elements(shape) + 2 * kv_elements(shape)) + 4 * (q_elements(shape) + rows(shape)))
+            as u64
     }
     fn bytes(&self) -> u64 {
         (self.sets.len() as u64 + 2) * Self::set_bytes(&self.key.shape)
@@ -322,6 +418,8 @@ impl Pools {
 fn release<D: Device>(dev: &mut D, pool: Pool) {
     for set in pool.all_sets() {
         set.buffers().into_iter().for_each(|b| dev.free(b));
+        dev.free(set.reference.o);
+        dev.free(set.reference.lse);
     }
     dev.unload(pool.reference);
 }
@@ -368,23 +466,56 @@ fn draw_set<D: Device>(
         lse_accum: None,
     };
     let computed = dev.reference(reference, shape, key.dtype, &io);
-    let (ref_o, ref_lse) = (dev.read32(o32), dev.read32(lse32));
-    dev.free(o32);
-    dev.free(lse32);
-    computed?;
-    let (ref_o, ref_lse) = (ref_o?, ref_lse?);
-    let full = index == 0 && shape.macs() <= cpu_oracle_max_macs;
-    let (oracle_rows, oracle_o, oracle_lse) = if full {
-        let oracle_rows: Vec<usize> = (0..rows_n).collect();
-        let [qv, kv, vv] =
-            [q, k, v].map(|b| dev.read16(b).map(|bits| check::values(key.dtype, &bits)));
-        let (o, lse) = check::oracle_rows(shape, &qv?, &kv?, &vv?, &oracle_rows);
-        (oracle_rows, o, lse)
-    } else {
-        oracle_on_sampled_heads(dev, key, index, [q, k, v])?
+    let judged = computed.and_then(|()| {
+        let full = index == 0 && shape.macs() <= cpu_oracle_max_macs;
+        let (oracle_rows, oracle_o, oracle_lse) = if full {
+            let oracle_rows: Vec<usize> = (0..rows_n).collect();
+            let [qv, kv, vv] =
+                [q, k, v].map(|b| dev.read16(b).map(|bits| check::values(key.dtype, &bits)));
+            let (o, lse) = check::oracle_rows(shape, &qv?, &kv?, &vv?, &oracle_rows);
+            (oracle_rows, o, lse)
+        } else {
+            oracle_on_sampled_heads(dev, key, index, [q, k, v])?
+        };
+        // Only the rows the oracle recomputed come back to the host.
+        let (mut ref_rows_o, mut ref_rows_lse) = (Vec::new(), Vec::new());
+        if full {
+            ref_rows_o = dev.read32(o32)?;
+            ref_rows_lse = dev.read32(lse32)?;
+        } else {
+            for &row in &oracle_rows {
+                ref_rows_o.extend(dev.read32_range(o32, row * d, d)?);
+                ref_rows_lse.extend(dev.read32_range(lse32, row, 1)?);
+            }
+        }
+        let compact: Vec<usize> = (0..oracle_rows.len()).collect();
+        let (rel, lse_gap) = check::reference_vs_oracle(
+            &ref_rows_o,
+            &ref_rows_lse,
+            &compact,
+            &oracle_o,
+            &oracle_lse,
+            d,
+        );
+        // Keys from the OS, never from the run's seed: nothing a kernel can know undoes the mask.
+        let reference = MaskedReference {
+            o: o32,
+            lse: lse32,
+            o_key: rand::rng().random(),
+            lse_key: rand::rng().random(),
+        };
+        dev.mask(o32, reference.o_key)?;
+        dev.mask(lse32, reference.lse_key)?;
+        Ok((reference, (oracle_rows.len() as u64, rel, lse_gap)))
+    });
+    let (reference, ref_check) = match judged {
+        Ok(judged) => judged,
+        Err(e) => {
+            dev.free(o32);
+            dev.free(lse32);
+            return Err(e);
+        }
     };
-    let (rel, lse_gap) =
-        check::reference_vs_oracle(&ref_o, &ref_lse, &oracle_rows, &oracle_o, &oracle_lse, d);
     let checksum = set_checksum(dev, [q, k, v])?;
     Ok(InputSet {
         q,
@@ -392,9 +523,8 @@ fn draw_set<D: Device>(
         v,
         index,
         sigma,
-        ref_o,
-        ref_lse,
-        ref_check: (oracle_rows.len() as u64, rel, lse_gap),
+        reference,
+        ref_check,
         checksum,
     })
 }
@@ -538,34 +668,31 @@ fn with_inputs(io: &Io, set: &InputSet) -> Io {
     }
 }
 
-/// Compare the outputs in `io` with `set`'s reference (negated when V is), and judge them.
-fn judge_outputs<D: Device>(
+/// Compare the outputs in `io` with `set`'s reference (negated when V is) on the device, and with
+/// an earlier run when given, and judge them.
+fn verify<D: Device>(
     dev: &mut D,
     io: &Io,
     set: &InputSet,
     sign: f32,
+    earlier: Option<Earlier>,
     case: &CaseSpec,
 ) -> Result<CheckStats> {
-    let (o, lse) = (dev.read16(io.o)?, dev.read32(io.lse)?);
-    Ok(judged(&o, &lse, set, sign, case))
-}
-
-fn judged(o: &[u16], lse: &[f32], set: &InputSet, sign: f32, case: &CaseSpec) -> CheckStats {
-    let mut stats = check::compare(
-        case.dtype,
-        case.shape.d as usize,
-        o,
-        lse,
-        &set.ref_o,
-        &set.ref_lse,
+    let mut stats = dev.compare(&Comparison {
+        dtype: case.dtype,
+        d: case.shape.d as usize,
+        o: io.o,
+        lse: io.lse,
+        reference: set.reference,
         sign,
-    );
+        earlier,
+    })?;
     let (rows, rel, lse_gap) = set.ref_check;
     stats.reference_rows_checked = Some(rows);
     stats.reference_vs_cpu_rel_l2 = Some(rel);
     stats.reference_vs_cpu_lse = Some(lse_gap);
     check::judge(&mut stats, &case.tolerance, set.score_scale());
-    stats
+    Ok(stats)
 }
 
 /// Load the kernel, resolve `auto` splits, and run the first check: set 0 twice, bit for bit the same.
@@ -596,18 +723,16 @@ fn enter<D: Device>(
         alloc_outputs(dev, shape, &launch)?,
     ];
     let set0 = &pools.pools[pool].sets[0];
-    let mut runs = Vec::new();
     for out in &outs {
         poison_outputs(dev, out)?;
         dev.forward(kernel, shape, &launch, &with_inputs(out, set0))?;
     }
-    for out in &outs {
-        runs.push((dev.read16(out.o)?, dev.read32(out.lse)?));
-    }
-    let mut stats = judged(&runs[0].0, &runs[0].1, set0, 1.0, case);
-    stats.nondeterministic_count =
-        check::differing_bits((&runs[0].0, &runs[0].1), (&runs[1].0, &runs[1].1));
-    check::judge(&mut stats, &case.tolerance, set0.score_scale());
+    let second_run = Earlier {
+        o: outs[1].o,
+        lse: outs[1].lse,
+        relation: Relation::Exact,
+    };
+    let mut stats = verify(dev, &outs[0], set0, 1.0, Some(second_run), case)?;
     // Named first when it happens: a kernel that writes into its inputs also changes what its
     // second run reads, and would otherwise pass for a race.
     if set_checksum(dev, set0.buffers())? != set0.checksum {
@@ -681,99 +806,96 @@ fn time_interleaved<D: Device>(
         }
         replays_us += warm_us;
     }
-    // Which replays are read back: one the kernel cannot predict, and the last.
+    // Which replays are verified: one the kernel cannot predict, and the last.
     let random_round = rand::rng().random_range(0..samples.max(1));
     let mut negated = false;
     let mut verify_s = 0.0;
-    /// What one side collected: samples, the first failure, the worst passing launch, and the
-    /// outputs of the first verified replay (to compare the second with, bit for bit).
+    /// What one side collected: samples, the first failure, the worst passing launch, and a copy of
+    /// the outputs of the first verified replay on the device (to compare the second with, bit for bit).
     #[derive(Default)]
     struct Side {
         samples: Vec<f64>,
         failed: Option<StageCheck>,
         worst: CheckStats,
-        kept: Vec<(Vec<u16>, Vec<f32>, f32)>,
+        kept: Vec<(Buf, Buf, f32)>,
     }
     let mut out: Vec<Side> = contenders.iter().map(|_| Side::default()).collect();
-    for round in 0..samples {
-        // A B, then B A: drift falls on both sides alike, and with V negated before every replay
-        // each side sees both signs of V (in a fixed A B order, B would only ever see one).
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..sides.len()).collect()
-        } else {
-            (0..sides.len()).rev().collect()
-        };
-        for side in order {
-            let (graph, ios) = &sides[side];
-            for set in &pools.pools[pool].sets[..launches] {
-                dev.negate(set.v)?;
-            }
-            negated = !negated;
-            for io in ios {
-                poison_outputs(dev, io)?;
-            }
-            let us = dev.replay(*graph)?;
-            replays_us += us;
-            out[side].samples.push(us / launches as f64);
-            if (round == random_round || round + 1 == samples) && out[side].failed.is_none() {
-                let verifying = Instant::now();
-                let sign = if negated { -1.0 } else { 1.0 };
-                let mut outputs = Vec::with_capacity(ios.len());
+    let verified = (|| -> Result<()> {
+        for round in 0..samples {
+            // A B, then B A: drift falls on both sides alike, and with V negated before every replay
+            // each side sees both signs of V (in a fixed A B order, B would only ever see one).
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..sides.len()).collect()
+            } else {
+                (0..sides.len()).rev().collect()
+            };
+            for side in order {
+                let (graph, ios) = &sides[side];
+                for set in &pools.pools[pool].sets[..launches] {
+                    dev.negate(set.v)?;
+                }
+                negated = !negated;
                 for io in ios {
-                    outputs.push((dev.read16(io.o)?, dev.read32(io.lse)?));
+                    poison_outputs(dev, io)?;
                 }
-                let sets = &pools.pools[pool].sets;
-                let kept = &out[side].kept;
-                let launches_checked: Vec<(usize, &(Vec<u16>, Vec<f32>))> =
-                    outputs.iter().enumerate().collect();
-                // Every launch is verified; the launches are independent, so on every core.
-                let verdicts = check::parallel_map(&launches_checked, |&(i, (o, lse))| {
-                    let set = &sets[i];
-                    let mut stats = judged(o, lse, set, sign, case);
-                    // The same launch on the same set in an earlier verified replay: a kernel whose
-                    // bits move between runs is racing (V's sign may differ: compare values, negated).
-                    if let Some((earlier, earlier_lse, earlier_sign)) = kept.get(i) {
-                        stats.nondeterministic_count = check::differing_up_to_sign(
-                            case.dtype,
-                            (o, lse),
-                            (earlier, earlier_lse),
-                            sign * earlier_sign,
-                        );
-                        check::judge(&mut stats, &case.tolerance, set.score_scale());
-                    }
-                    stats
-                });
-                drop(launches_checked);
-                for (i, (stats, (o, lse))) in verdicts.into_iter().zip(outputs).enumerate() {
-                    let detail = format!(
-                        "replay {} of {samples}, launch {} of {launches}, input set {i}",
-                        round + 1,
-                        i + 1
-                    );
-                    if !stats.passed() {
-                        out[side].failed = Some(StageCheck {
-                            stage: Stage::Timed,
-                            detail,
-                            stats,
+                let us = dev.replay(*graph)?;
+                replays_us += us;
+                out[side].samples.push(us / launches as f64);
+                if (round == random_round || round + 1 == samples) && out[side].failed.is_none() {
+                    let verifying = Instant::now();
+                    let sign = if negated { -1.0 } else { 1.0 };
+                    let sets = &pools.pools[pool].sets;
+                    // Every launch is verified, on the device; only the figures come back.
+                    for (i, io) in ios.iter().enumerate() {
+                        // The same launch on the same set in an earlier verified replay: a kernel
+                        // whose bits move between runs is racing (V's sign may differ).
+                        let earlier = out[side].kept.get(i).map(|&(o, lse, earlier_sign)| Earlier {
+                            o,
+                            lse,
+                            relation: Relation::UpToSign(sign * earlier_sign),
                         });
-                        break;
+                        let stats = verify(dev, io, &sets[i], sign, earlier, case)?;
+                        if !stats.passed() {
+                            out[side].failed = Some(StageCheck {
+                                stage: Stage::Timed,
+                                detail: format!(
+                                    "replay {} of {samples}, launch {} of {launches}, input set {i}",
+                                    round + 1,
+                                    i + 1
+                                ),
+                                stats,
+                            });
+                            break;
+                        }
+                        if stats
+                            .row_rel_l2_max
+                            .total_cmp(&out[side].worst.row_rel_l2_max)
+                            .is_gt()
+                            || out[side].worst.elements == 0
+                        {
+                            out[side].worst = stats;
+                        }
+                        if out[side].kept.len() <= i && round + 1 < samples {
+                            let (o, lse) =
+                                (dev.alloc16(q_elements(shape))?, dev.alloc32(rows(shape))?);
+                            out[side].kept.push((o, lse, sign));
+                            dev.copy(io.o, o)?;
+                            dev.copy(io.lse, lse)?;
+                        }
                     }
-                    if stats
-                        .row_rel_l2_max
-                        .total_cmp(&out[side].worst.row_rel_l2_max)
-                        .is_gt()
-                        || out[side].worst.elements == 0
-                    {
-                        out[side].worst = stats;
-                    }
-                    if out[side].kept.len() <= i {
-                        out[side].kept.push((o, lse, sign));
-                    }
+                    verify_s += verifying.elapsed().as_secs_f64();
                 }
-                verify_s += verifying.elapsed().as_secs_f64();
             }
         }
+        Ok(())
+    })();
+    for side in &out {
+        for &(o, lse, _) in &side.kept {
+            dev.free(o);
+            dev.free(lse);
+        }
     }
+    verified?;
     if negated {
         for set in &pools.pools[pool].sets[..launches] {
             dev.negate(set.v)?;
@@ -832,7 +954,7 @@ fn recheck<D: Device>(
     let fresh = (|| {
         poison_outputs(dev, &io)?;
         dev.forward(c.kernel, shape, &c.launch, &io)?;
-        judge_outputs(dev, &io, held_out, 1.0, case)
+        verify(dev, &io, held_out, 1.0, None, case)
     })();
     // Set 0 as it was drawn, whatever the launch did: later variants are judged on it.
     for (t, buf) in set0.buffers().into_iter().enumerate() {
@@ -849,7 +971,7 @@ fn recheck<D: Device>(
     let io = with_inputs(&c.outs[0], stress);
     poison_outputs(dev, &io)?;
     dev.forward(c.kernel, shape, &c.launch, &io)?;
-    let stressed = judge_outputs(dev, &io, stress, 1.0, case)?;
+    let stressed = verify(dev, &io, stress, 1.0, None, case)?;
     Ok(vec![
         StageCheck {
             stage: Stage::Fresh,
@@ -1096,6 +1218,209 @@ pub fn serve<D: Device>(
     std::process::ExitCode::SUCCESS
 }
 
+/// How a failed comparison self-check begins, so the run can say what it means.
+pub const COMPARISON_DISAGREES: &str = "the device's output comparison disagrees with the host's";
+
+/// Hold the device's output comparison to the host's ([`compare_on_host`]) on crafted outputs,
+/// before a device is trusted with any verdict: both dtypes, both head dims, an odd row count and
+/// one past the comparison kernel's grid (its grid-stride loop), poisoned, NaN, infinite and badly
+/// wrong outputs, a row that sees no key, a zero reference row, a NaN in the reference, and
+/// earlier runs that differ bit for bit and up to V's sign (±0 alike, NaN always differing). The
+/// reference is masked by the device and unmasked by the host, so the two mask functions are held
+/// to each other too. Counts must agree exactly; sums to 1e-9 relative (their order differs).
+pub fn self_check_comparison<D: Device>(dev: &mut D) -> Result<()> {
+    for dtype in [Dtype::F16, Dtype::Bf16] {
+        for (rows, d) in [(37usize, 128usize), (9001, 64)] {
+            for nan_reference in [false, true] {
+                let crafted = CraftedOutputs::new(dtype, rows, d, nan_reference);
+                let bufs = crafted.upload(dev)?;
+                let checked = (|| -> Result<()> {
+                    let jobs = [
+                        (1.0, None, "no earlier run"),
+                        (1.0, Some((bufs.earlier_exact, Relation::Exact)), "bit for bit"),
+                        (-1.0, Some((bufs.earlier_flipped, Relation::UpToSign(-1.0))), "up to sign"),
+                    ];
+                    for (sign, earlier, what) in jobs {
+                        let job = Comparison {
+                            dtype,
+                            d,
+                            o: bufs.o,
+                            lse: bufs.lse,
+                            reference: bufs.reference,
+                            sign,
+                            earlier: earlier.map(|((o, lse), relation)| Earlier { o, lse, relation }),
+                        };
+                        let (device, host) = (dev.compare(&job)?, compare_on_host(dev, &job)?);
+                        if let Some(field) = first_disagreement(&device, &host) {
+                            bail!(
+                                "{COMPARISON_DISAGREES} on crafted outputs ({dtype}, {rows} rows of {d}, {}reference, {what}): {field}",
+                                if nan_reference { "NaN in the " } else { "" }
+                            );
+                        }
+                    }
+                    Ok(())
+                })();
+                bufs.free(dev);
+                checked?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first figure two comparisons disagree on, named with both values.
+fn first_disagreement(device: &CheckStats, host: &CheckStats) -> Option<String> {
+    let close = |a: f64, b: f64| {
+        (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+    };
+    let counts = [
+        ("elements", device.elements, host.elements),
+        ("NaN/inf outputs", device.nan_count, host.nan_count),
+        ("unwritten outputs", device.unwritten_count, host.unwritten_count),
+        ("differing outputs", device.nondeterministic_count, host.nondeterministic_count),
+        ("worst row", device.worst_row, host.worst_row),
+    ];
+    let figures = [
+        ("max abs error", device.max_abs, host.max_abs),
+        ("relative L2", device.rel_l2, host.rel_l2),
+        ("worst row's relative L2", device.row_rel_l2_max, host.row_rel_l2_max),
+        ("LSE max abs error", device.lse_max_abs, host.lse_max_abs),
+    ];
+    counts
+        .iter()
+        .find(|(_, a, b)| a != b)
+        .map(|(name, a, b)| format!("{name}: {a} on the device, {b} on the host"))
+        .or_else(|| {
+            figures
+                .iter()
+                .find(|(_, a, b)| !close(*a, *b))
+                .map(|(name, a, b)| format!("{name}: {a:e} on the device, {b:e} on the host"))
+        })
+}
+
+/// Outputs with one of everything a comparison must count, against a reference of N(0, 1) values.
+struct CraftedOutputs {
+    o: Vec<u16>,
+    lse: Vec<f32>,
+    ref_o: Vec<f32>,
+    ref_lse: Vec<f32>,
+    earlier_exact: (Vec<u16>, Vec<f32>),
+    earlier_flipped: (Vec<u16>, Vec<f32>),
+}
+
+struct CraftedBuffers {
+    o: Buf,
+    lse: Buf,
+    reference: MaskedReference,
+    earlier_exact: (Buf, Buf),
+    earlier_flipped: (Buf, Buf),
+}
+
+impl CraftedBuffers {
+    fn free<D: Device>(&self, dev: &mut D) {
+        for b in [
+            self.o,
+            self.lse,
+            self.reference.o,
+            self.reference.lse,
+            self.earlier_exact.0,
+            self.earlier_exact.1,
+            self.earlier_flipped.0,
+            self.earlier_flipped.1,
+        ] {
+            dev.free(b);
+        }
+    }
+}
+
+impl CraftedOutputs {
+    fn new(dtype: Dtype, rows: usize, d: usize, nan_reference: bool) -> Self {
+        let mut rng = SmallRng::seed_from_u64(0x5e1f_c4ec ^ (rows * d) as u64);
+        let mut normal = || -> f32 { rng.sample(rand_distr::StandardNormal) };
+        let ref_o: Vec<f32> = (0..rows * d).map(|_| normal()).collect();
+        let ref_lse: Vec<f32> = (0..rows).map(|_| 3.0 * normal()).collect();
+        let mut c = CraftedOutputs {
+            o: ref_o
+                .iter()
+                .map(|&r| check::to_bits(dtype, r + 1e-3 * normal()))
+                .collect(),
+            lse: ref_lse.iter().map(|&l| l + 1e-4 * normal()).collect(),
+            ref_o,
+            ref_lse,
+            earlier_exact: (Vec::new(), Vec::new()),
+            earlier_flipped: (Vec::new(), Vec::new()),
+        };
+        let at = |row: usize, col: usize| row * d + col;
+        // A row that sees no key: O = 0 and LSE = -inf on both sides.
+        c.ref_o[at(3, 0)..at(4, 0)].fill(0.0);
+        c.o[at(3, 0)..at(4, 0)].fill(0);
+        c.ref_lse[3] = f32::NEG_INFINITY;
+        c.lse[3] = f32::NEG_INFINITY;
+        // A zero reference row with a written error: the row's error is absolute.
+        c.ref_o[at(5, 0)..at(6, 0)].fill(0.0);
+        c.o[at(7, 1)] = check::POISON_16;
+        c.o[at(8, 2)] = check::to_bits(dtype, f32::NAN);
+        c.o[at(9, 3)] = check::to_bits(dtype, f32::INFINITY);
+        c.lse[10] = f32::from_bits(check::POISON_F32_BITS);
+        c.lse[11] = f32::NAN;
+        c.lse[12] = f32::NEG_INFINITY;
+        // The one badly wrong row: the worst row is unique.
+        for col in 0..d {
+            c.o[at(13, col)] = check::to_bits(dtype, c.ref_o[at(13, col)] + 0.5);
+        }
+        if nan_reference {
+            c.ref_o[at(rows - 1, d - 1)] = f32::NAN;
+        }
+        let mut exact = (c.o.clone(), c.lse.clone());
+        exact.0[at(0, 0)] ^= 1;
+        exact.0[at(rows - 1, 5)] ^= 0x8000;
+        exact.1[rows / 2] = f32::from_bits(exact.1[rows / 2].to_bits() ^ 1);
+        let mut flipped = (
+            c.o.iter().map(|b| b ^ 0x8000).collect::<Vec<u16>>(),
+            c.lse.clone(),
+        );
+        flipped.0[at(1, 0)] ^= 1;
+        flipped.0[at(2, 4)] = check::to_bits(dtype, f32::NAN);
+        // ±0 against ∓0 up to sign is no difference.
+        c.o[at(4, 7)] = 0x0000;
+        flipped.0[at(4, 7)] = 0x0000;
+        flipped.1[rows - 2] = f32::from_bits(flipped.1[rows - 2].to_bits() ^ 1);
+        c.earlier_exact = exact;
+        c.earlier_flipped = flipped;
+        c
+    }
+
+    fn upload<D: Device>(&self, dev: &mut D) -> Result<CraftedBuffers> {
+        let mut pair = |o: &[u16], lse: &[f32]| -> Result<(Buf, Buf)> {
+            let (ob, lb) = (dev.alloc16(o.len())?, dev.alloc32(lse.len())?);
+            dev.upload16(ob, o)?;
+            dev.upload32(lb, lse)?;
+            Ok((ob, lb))
+        };
+        let (o, lse) = pair(&self.o, &self.lse)?;
+        let earlier_exact = pair(&self.earlier_exact.0, &self.earlier_exact.1)?;
+        let earlier_flipped = pair(&self.earlier_flipped.0, &self.earlier_flipped.1)?;
+        let (ref_o, ref_lse) = (dev.alloc32(self.ref_o.len())?, dev.alloc32(self.ref_lse.len())?);
+        dev.upload32(ref_o, &self.ref_o)?;
+        dev.upload32(ref_lse, &self.ref_lse)?;
+        let reference = MaskedReference {
+            o: ref_o,
+            lse: ref_lse,
+            o_key: rand::rng().random(),
+            lse_key: rand::rng().random(),
+        };
+        dev.mask(ref_o, reference.o_key)?;
+        dev.mask(ref_lse, reference.lse_key)?;
+        Ok(CraftedBuffers {
+            o,
+            lse,
+            reference,
+            earlier_exact,
+            earlier_flipped,
+        })
+    }
+}
+
 /// One request; `Err` when the worker cannot go on (a sticky CUDA error the health check confirms).
 fn answer<D: Device>(
     dev: &mut D,
@@ -1104,7 +1429,10 @@ fn answer<D: Device>(
     reply: &mut dyn FnMut(&WorkerMessage),
 ) -> Result<()> {
     match request {
-        WorkerRequest::Probe => dev.health_check(),
+        WorkerRequest::Probe => {
+            dev.health_check()?;
+            self_check_comparison(dev)
+        }
         WorkerRequest::Roofs { dtypes } => {
             reply(&WorkerMessage::Roofs {
                 roofs: dev.roofs(&dtypes),

@@ -343,3 +343,36 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
         );
     }
 }
+
+/// A device whose output comparison disagrees with the host's on crafted outputs is refused before
+/// it gives any verdict: the run stops at the probe, says which figure disagreed, and times nothing.
+#[test]
+fn a_device_whose_output_comparison_miscounts_is_refused_before_any_verdict() {
+    let dir = scratch_project();
+    let out = std::process::Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["tune", "--fake-gpu"])
+        .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+        .env("FLASHTUNE_FAKE_COMPARE", "miscount")
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the device's output comparison disagrees with the host's")
+            && said.contains("unwritten outputs: 1 on the device, 2 on the host"),
+        "{said}"
+    );
+    let runs = dir.path().join("runs");
+    for run in std::fs::read_dir(&runs).into_iter().flatten().flatten() {
+        if run.path().join("log.jsonl").exists() {
+            assert!(
+                !records(&run.path())
+                    .iter()
+                    .any(|r| matches!(r, Record::Timed { .. })),
+                "a refused device timed something"
+            );
+        }
+    }
+}

@@ -3,7 +3,7 @@ use crate::check::{POISON_16, POISON_F32_BITS};
 use crate::config::{Dtype, Shape};
 use crate::protocol::*;
 use crate::space::LaunchShape;
-use crate::trial::{Buf, Device, GraphId, Io, KernelId};
+use crate::trial::{Buf, Comparison, Device, GraphId, Io, KernelId, Relation};
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
@@ -136,6 +136,8 @@ struct Tools {
     checksum: CudaFunction,
     read: CudaFunction,
     fma: CudaFunction,
+    mask: CudaFunction,
+    compare: CudaFunction,
 }
 
 struct Gpu {
@@ -205,6 +207,8 @@ impl Gpu {
             checksum: f("ft_checksum")?,
             read: f("ft_read")?,
             fma: f("ft_fma")?,
+            mask: f("ft_mask")?,
+            compare: f("ft_compare")?,
             _module: module,
         };
         let pci = (
@@ -244,6 +248,22 @@ impl Gpu {
             Some(Memory::U16(s)) => Ok((s.device_ptr(&self.stream).0, s.len())),
             Some(Memory::F32(s)) => Ok((s.device_ptr(&self.stream).0, 2 * s.len())),
             None => bail!("no buffer {}", buf.0),
+        }
+    }
+
+    /// Device address and element count of a 32-bit buffer.
+    fn ptr32(&self, buf: Buf) -> Result<(u64, usize)> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::F32(s)) => Ok((s.device_ptr(&self.stream).0, s.len())),
+            _ => bail!("buffer {} is not 32-bit", buf.0),
+        }
+    }
+
+    /// Device address and element count of a 16-bit buffer.
+    fn ptr16(&self, buf: Buf) -> Result<(u64, usize)> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::U16(s)) => Ok((s.device_ptr(&self.stream).0, s.len())),
+            _ => bail!("buffer {} is not 16-bit", buf.0),
         }
     }
 
@@ -607,6 +627,117 @@ impl Device for Gpu {
         }
     }
 
+    fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            Some(Memory::F32(m)) if start + len <= m.len() => self
+                .stream
+                .clone_dtoh(&m.slice(start..start + len))
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            Some(Memory::F32(m)) => bail!(
+                "read of {len} floats at {start} is past buffer {} ({} floats)",
+                buf.0,
+                m.len()
+            ),
+            _ => bail!("buffer {} is not 32-bit", buf.0),
+        }
+    }
+
+    fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()> {
+        match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
+            Some(Memory::U16(m)) if m.len() == data.len() => self
+                .stream
+                .memcpy_htod(data, m)
+                .map_err(|e| anyhow!("upload: {e:?}")),
+            _ => bail!("buffer {} is not 16-bit of {} elements", buf.0, data.len()),
+        }
+    }
+
+    fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()> {
+        match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
+            Some(Memory::F32(m)) if m.len() == data.len() => self
+                .stream
+                .memcpy_htod(data, m)
+                .map_err(|e| anyhow!("upload: {e:?}")),
+            _ => bail!("buffer {} is not 32-bit of {} floats", buf.0, data.len()),
+        }
+    }
+
+    fn mask(&mut self, buf: Buf, key: u64) -> Result<()> {
+        let (p, n) = self.ptr32(buf)?;
+        let n = n as u64;
+        let mut lb = self.stream.launch_builder(&self.tools.mask);
+        lb.arg(&p).arg(&n).arg(&key);
+        unsafe { lb.launch(self.grid_for(n)) }
+            .map(|_| ())
+            .map_err(|e| anyhow!("mask: {e:?}"))
+    }
+
+    /// The comparison in `ft_compare`: only a few hundred per-block partials come back, not the outputs.
+    fn compare(&mut self, job: &Comparison) -> Result<CheckStats> {
+        const WARPS_PER_BLOCK: u64 = 8;
+        let (o, o_len) = self.ptr16(job.o)?;
+        let (lse, rows) = self.ptr32(job.lse)?;
+        let (ref_o, ref_o_len) = self.ptr32(job.reference.o)?;
+        let (ref_lse, ref_rows) = self.ptr32(job.reference.lse)?;
+        let d = job.d;
+        if d == 0 || o_len != rows * d || ref_o_len != o_len || ref_rows != rows {
+            bail!(
+                "compare: {o_len} outputs and {rows} LSE rows against {ref_o_len} and {ref_rows} of the reference, rows of {d}"
+            );
+        }
+        let (earlier_o, earlier_lse, exact, flip) = match job.earlier {
+            None => (0u64, 0u64, 0i32, 0u32),
+            Some(e) => {
+                let ((eo, eo_len), (el, el_rows)) = (self.ptr16(e.o)?, self.ptr32(e.lse)?);
+                if eo_len != o_len || el_rows != rows {
+                    bail!("compare: the earlier run has {eo_len} outputs and {el_rows} rows, not {o_len} and {rows}");
+                }
+                match e.relation {
+                    Relation::Exact => (eo, el, 1, 0),
+                    Relation::UpToSign(s) => (eo, el, 0, if s < 0.0 { 0x8000 } else { 0 }),
+                }
+            }
+        };
+        let rows = rows as u64;
+        let blocks = rows
+            .div_ceil(WARPS_PER_BLOCK)
+            .clamp(1, self.info.sm_count as u64 * 8);
+        let words = blocks as usize * crate::check::ComparePartial::WORDS;
+        let mut partials = self.stream.alloc_zeros::<u64>(words).map_err(cuda)?;
+        let (d32, bf16) = (d as i32, (job.dtype == Dtype::Bf16) as i32);
+        let mut lb = self.stream.launch_builder(&self.tools.compare);
+        lb.arg(&o)
+            .arg(&lse)
+            .arg(&ref_o)
+            .arg(&ref_lse)
+            .arg(&job.reference.o_key)
+            .arg(&job.reference.lse_key)
+            .arg(&job.sign)
+            .arg(&rows)
+            .arg(&d32)
+            .arg(&bf16)
+            .arg(&earlier_o)
+            .arg(&earlier_lse)
+            .arg(&exact)
+            .arg(&flip)
+            .arg(&mut partials);
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (WARPS_PER_BLOCK as u32 * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        unsafe { lb.launch(config) }.map_err(|e| anyhow!("compare: {e:?}"))?;
+        let words = self
+            .stream
+            .clone_dtoh(&partials)
+            .map_err(|e| anyhow!("compare: reading its figures back: {e:?}"))?;
+        Ok(words
+            .chunks_exact(crate::check::ComparePartial::WORDS)
+            .map(crate::check::ComparePartial::from_words)
+            .fold(Default::default(), crate::check::ComparePartial::merge)
+            .stats(o_len as u64))
+    }
+
     fn load_forward(&mut self, kernel: &ForwardKernel) -> Result<KernelId> {
         let module = self
             .ctx
@@ -911,6 +1042,8 @@ mod tests {
             "ft_checksum",
             "ft_read",
             "ft_fma",
+            "ft_mask",
+            "ft_compare",
         ] {
             assert!(
                 super::TOOLS_PTX.contains(&format!(".entry {entry}(")),

@@ -1,5 +1,6 @@
 // The worker's own kernels: they draw input sets, negate V between replays, checksum input sets,
-// measure the read-only bandwidth roof and time the drift sentinel (ft_fma and ft_read). They live in the flashtune binary (as the PTX beside this
+// mask references and compare outputs with them (ft_mask, ft_compare), measure the read-only
+// bandwidth roof and time the drift sentinel (ft_fma and ft_read). They live in the flashtune binary (as the PTX beside this
 // file, built by `nvcc -ptx` from this source) and never under kernels/, so no kernel edit can
 // change how its inputs are drawn or how its roofs are measured.
 //
@@ -84,4 +85,155 @@ extern "C" __global__ void ft_fma(uint32_t iters, float never, float* sink) {
     float acc = 0.0f;
     for (int j = 0; j < 8; ++j) acc += a[j];
     if (acc == never) sink[blockIdx.x] = acc;
+}
+
+// The word that masks 32-bit element i of a reference under `key` (check::mask_word on the host).
+__device__ __forceinline__ uint32_t mask_word(uint64_t key, uint64_t i) {
+    return uint32_t(splitmix64(key ^ splitmix64(i)));
+}
+
+// XOR n 32-bit elements with their mask words: masks a plain reference, unmasks a masked one.
+extern "C" __global__ void ft_mask(uint32_t* buf, uint64_t n, uint64_t key) {
+    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        buf[i] ^= mask_word(key, i);
+}
+
+// The figures check::compare_rows computes, per thread block; the host merges the blocks'
+// partials (check::ComparePartial: these nine words in this order).
+struct ComparePartial {
+    double max_abs, diff2, ref2, row_max;
+    unsigned long long worst_row;
+    double lse_max;
+    unsigned long long nan, unwritten, differing;
+};
+static_assert(sizeof(ComparePartial) == 9 * 8, "nine 8-byte words, as the host reads them");
+
+constexpr int kCompareThreads = 256;
+constexpr int kCompareWarps = kCompareThreads / 32;
+constexpr uint16_t kPoison16 = 0xFFFFu;
+constexpr uint32_t kPoisonF32 = 0xFFFFFFFFu;
+
+// max, but a NaN on either side wins (check::max_nan).
+__device__ __forceinline__ double max_nan(double a, double b) {
+    return (isnan(a) || isnan(b)) ? __longlong_as_double(0x7FF8000000000000ll) : fmax(a, b);
+}
+// sqrt(diff² / ref²), or the absolute sqrt(diff²) where the reference is zero (check::rel).
+__device__ __forceinline__ double rel_l2(double diff2, double ref2) {
+    return ref2 > 0.0 ? sqrt(diff2 / ref2) : sqrt(diff2);
+}
+// The row with the larger error; a NaN error is the worst of all and stays (check::worse_row).
+__device__ __forceinline__ void worse_row(double& a, unsigned long long& a_row, double b,
+                                          unsigned long long b_row) {
+    if (!(isnan(a) || !(isnan(b) || b > a))) {
+        a = b;
+        a_row = b_row;
+    }
+}
+__device__ __forceinline__ ComparePartial merge(ComparePartial a, const ComparePartial& b) {
+    a.max_abs = max_nan(a.max_abs, b.max_abs);
+    a.diff2 += b.diff2;
+    a.ref2 += b.ref2;
+    worse_row(a.row_max, a.worst_row, b.row_max, b.worst_row);
+    a.lse_max = max_nan(a.lse_max, b.lse_max);
+    a.nan += b.nan;
+    a.unwritten += b.unwritten;
+    a.differing += b.differing;
+    return a;
+}
+
+// Compare a forward output (rows of d 16-bit elements, f16 or bf16) and its LSE with a masked fp32
+// reference whose output is multiplied by `sign`, as check::compare does on the host: a poisoned
+// element counts as never written, a written NaN or inf as such, a reference NaN makes every figure
+// it touches NaN, and a row that sees no key must have LSE = -inf. With `earlier_o` (else null),
+// also count the outputs that differ from an earlier run: bit for bit when `exact`, else with
+// `earlier_flip` (0x8000 when V's sign differed between the runs) applied and ±0 alike, a NaN
+// always differing (check::differing_bits, check::differing_up_to_sign). One warp per row;
+// `partials` gets one ComparePartial per block.
+extern "C" __global__ void __launch_bounds__(kCompareThreads)
+ft_compare(const uint16_t* __restrict__ o, const float* __restrict__ lse,
+           const uint32_t* __restrict__ ref_o, const uint32_t* __restrict__ ref_lse,
+           uint64_t o_key, uint64_t lse_key, float sign, uint64_t rows, int d, int bf16,
+           const uint16_t* __restrict__ earlier_o, const float* __restrict__ earlier_lse,
+           int exact, uint32_t earlier_flip, ComparePartial* __restrict__ partials) {
+    __shared__ ComparePartial warp_partials[kCompareWarps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint16_t exp_mask = bf16 ? 0x7F80u : 0x7C00u;
+    const uint16_t man_mask = bf16 ? 0x007Fu : 0x03FFu;
+    ComparePartial p = {};
+    for (uint64_t row = uint64_t(blockIdx.x) * kCompareWarps + warp; row < rows;
+         row += uint64_t(gridDim.x) * kCompareWarps) {
+        double row_diff2 = 0.0, row_ref2 = 0.0, max_abs = 0.0;
+        unsigned long long nan = 0, unwritten = 0, differing = 0;
+        for (int c = lane; c < d; c += 32) {
+            const uint64_t e = row * d + c;
+            const uint16_t bits = o[e];
+            const float r = sign * __uint_as_float(ref_o[e] ^ mask_word(o_key, e));
+            if (earlier_o) {
+                const uint16_t y = earlier_o[e];
+                bool same;
+                if (exact) {
+                    same = bits == y;
+                } else {
+                    const bool nan_x = (bits & exp_mask) == exp_mask && (bits & man_mask) != 0;
+                    const bool nan_y = (y & exp_mask) == exp_mask && (y & man_mask) != 0;
+                    same = (bits == (y ^ earlier_flip) ||
+                            ((bits & 0x7FFFu) == 0 && (y & 0x7FFFu) == 0)) &&
+                           !nan_x && !nan_y;
+                }
+                differing += !same;
+            }
+            if (bits == kPoison16) {
+                ++unwritten;
+                continue;
+            }
+            const float x = bf16 ? __bfloat162float(__ushort_as_bfloat16(bits))
+                                 : __half2float(__ushort_as_half(bits));
+            if (!isfinite(x)) {
+                ++nan;
+                continue;
+            }
+            const double diff = fabs(double(x) - double(r));
+            max_abs = max_nan(max_abs, diff);
+            row_diff2 += diff * diff;
+            row_ref2 += double(r) * double(r);
+        }
+        for (int off = 16; off > 0; off /= 2) {
+            row_diff2 += __shfl_xor_sync(0xffffffffu, row_diff2, off);
+            row_ref2 += __shfl_xor_sync(0xffffffffu, row_ref2, off);
+            max_abs = max_nan(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, off));
+            nan += __shfl_xor_sync(0xffffffffu, nan, off);
+            unwritten += __shfl_xor_sync(0xffffffffu, unwritten, off);
+            differing += __shfl_xor_sync(0xffffffffu, differing, off);
+        }
+        if (lane == 0) {
+            p.max_abs = max_nan(p.max_abs, max_abs);
+            p.diff2 += row_diff2;
+            p.ref2 += row_ref2;
+            worse_row(p.row_max, p.worst_row, rel_l2(row_diff2, row_ref2), row);
+            p.nan += nan;
+            p.unwritten += unwritten;
+            p.differing += differing;
+            const float l = lse[row];
+            const uint32_t l_bits = __float_as_uint(l);
+            const float r = __uint_as_float(ref_lse[row] ^ mask_word(lse_key, row));
+            if (earlier_lse) p.differing += l_bits != __float_as_uint(earlier_lse[row]);
+            if (l_bits == kPoisonF32) {
+                ++p.unwritten;
+            } else if (isinf(r) && r < 0.0f && isinf(l) && l < 0.0f) {
+                // A row that sees no key: -inf is the right answer, not a non-finite output.
+            } else if (!isfinite(l)) {
+                ++p.nan;
+            } else {
+                p.lse_max = max_nan(p.lse_max, fabs(double(l) - double(r)));
+            }
+        }
+    }
+    if (lane == 0) warp_partials[warp] = p;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ComparePartial block = warp_partials[0];
+        for (int w = 1; w < kCompareWarps; ++w) block = merge(block, warp_partials[w]);
+        partials[blockIdx.x] = block;
+    }
 }
