@@ -422,6 +422,10 @@ impl<'de> Deserialize<'de> for Causal {
     }
 }
 
+/// The head dims the kernel family and its reference take; a path that cannot take one is ruled
+/// out by its space's constraints, with the reason in the plan.
+pub const SUPPORTED_HEAD_DIMS: [u32; 4] = [64, 96, 128, 256];
+
 /// One attention problem: Q is [b, h, sq, d], K and V are [b, h, sk, d].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -740,11 +744,11 @@ impl Policies {
             if !names.insert(&shape.name) {
                 return at("name", format!("two shapes are named `{}`", shape.name));
             }
-            if shape.d != 64 && shape.d != 128 {
+            if !SUPPORTED_HEAD_DIMS.contains(&shape.d) {
                 return at(
                     "d",
                     format!(
-                        "shape `{}`: head dim {} is not supported (64 or 128)",
+                        "shape `{}`: head dim {} is not supported (64, 96, 128 or 256)",
                         shape.name, shape.d
                     ),
                 );

@@ -606,6 +606,7 @@ mod real_builds {
             "variants/attention.toml",
             "variants/ablation.toml",
             "variants/hopper.toml",
+            "variants/headdims.toml",
         ] {
             let out = flashtune(&repo(), &["build", "--space", space]);
             let t = text(&out);

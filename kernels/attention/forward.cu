@@ -5,7 +5,7 @@
 // Launch contract (the Rust planner and worker rely on it):
 //   attn_fwd:     grid (ceil(Sq / BLOCK_M), B * H, num_splits), block WARPS * 32,
 //                 dynamic smem >= kSmemBytes (the kernel traps if it gets less). Formula:
-//                 (BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + 8) * ELEM_BYTES
+//                 (BLOCK_M + 2 * STAGES * BLOCK_N) * (HEAD_DIM + if(HEAD_DIM == 96, 40, 8)) * ELEM_BYTES
 //                 + if(MMA == "mma", 0, BLOCK_M * (BLOCK_N + 4) * 4)
 //                 + if(MMA == "wmma", BLOCK_M * (BLOCK_N + 8) * ELEM_BYTES + BLOCK_M * 4, 0)
 //                 and for MMA == "wgmma" (hopper.cuh; 1 KiB of 1024-byte alignment slack and the
@@ -32,7 +32,7 @@
 #define KV_SPLIT_AUTO 0
 
 #ifndef HEAD_DIM
-#error "HEAD_DIM must be defined (64 or 128)"
+#error "HEAD_DIM must be defined (64, 96, 128 or 256)"
 #endif
 #ifndef MMA
 #error "MMA must be defined (MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA)"
@@ -66,7 +66,8 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kKvSplit = KV_SPLIT;
 constexpr int kStages = STAGES;
 
-static_assert(kHeadDim == 64 || kHeadDim == 128, "HEAD_DIM must be 64 or 128");
+static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
+              "HEAD_DIM must be 64, 96, 128 or 256");
 static_assert(kMma == MMA_SCALAR || kMma == MMA_WMMA || kMma == MMA_MMA || kMma == MMA_WGMMA,
               "MMA must be MMA_SCALAR, MMA_WMMA, MMA_MMA or MMA_WGMMA");
 static_assert(kBlockM >= 16 && kBlockM % 16 == 0, "BLOCK_M must be a positive multiple of 16");
@@ -87,8 +88,11 @@ static_assert(PINGPONG == 0 || kMma == MMA_WGMMA, "PINGPONG = 1 exists on the wg
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and
 // every row start stays 16-byte aligned (vector loads) and every 16-row block 32-byte aligned
 // (wmma load/store pointers must be 256-bit aligned).
+// The Q/K/V pad makes the row pitch 16 bytes mod 128: 8 elements at HEAD_DIM 64, 128 and 256,
+// 40 at HEAD_DIM 96 (192-byte rows). The spaces' smem formulas say the same.
+constexpr int kPadQKV = ((16 - 2 * kHeadDim) % 128 + 128) % 128 / 2;
 constexpr int kPadElems = 8;                  // 16 bytes
-constexpr int kLdQKV = kHeadDim + kPadElems;  // elements per Q/K/V smem row
+constexpr int kLdQKV = kHeadDim + kPadQKV;    // elements per Q/K/V smem row
 constexpr int kLdS = kBlockN + 4;             // floats per score row (wmma float ldm % 4 == 0)
 constexpr int kLdP = kBlockN + kPadElems;     // elements per probability row (wmma half ldm % 8 == 0)
 constexpr bool kHasP = kMma == MMA_WMMA;      // scalar path multiplies fp32 P straight from S
@@ -145,7 +149,15 @@ __device__ __forceinline__ void require_dynamic_smem(unsigned need) {
 template <int ROWS>
 __device__ __forceinline__ void load_tile_async(elem_t* dst, const elem_t* __restrict__ src, int row0, int n_rows) {
     constexpr int kVecPerRow = kHeadDim / 8;
-    static_assert(kThreads % kVecPerRow == 0, "loader: a thread keeps its 16-byte column across iterations");
+    if constexpr (kThreads % kVecPerRow != 0) {
+        // HEAD_DIM 96: 12 chunks a row do not divide the threads, so each thread strides over the
+        // tile's chunks instead of keeping one column.
+        for (int idx = threadIdx.x; idx < ROWS * kVecPerRow; idx += kThreads) {
+            const int r = idx / kVecPerRow, c = (idx % kVecPerRow) * 8;
+            cp_async_16(dst + r * kLdQKV + c, src + int64_t(row0 + r) * kHeadDim + c, row0 + r < n_rows);
+        }
+        return;
+    }
     constexpr int kRowsPerIter = kThreads / kVecPerRow;
     constexpr int kIters = (ROWS + kRowsPerIter - 1) / kRowsPerIter;
     const int r0 = threadIdx.x / kVecPerRow;
