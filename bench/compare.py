@@ -24,6 +24,10 @@ import statistics
 import sys
 from pathlib import Path
 
+# flashtune's id rule, from the script beside this one (it imports nothing beyond the standard library).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_tuner_attention import variant_id  # noqa: E402
+
 
 def read_jsonl(path: Path):
     with open(path) as f:
@@ -97,17 +101,6 @@ class Flashtune:
             if (shape, dtype) not in out or us < out[(shape, dtype)][1]:
                 out[(shape, dtype)] = (variant, us)
         return out
-
-
-def variant_id(params: dict) -> str:
-    """flashtune's id rule, as in kernel_tuner_attention.py (kept apart: this script needs no Kernel Tuner)."""
-    parts = []
-    for k, v in params.items():
-        if isinstance(v, str):
-            parts.append(v)
-        elif v != 0:
-            parts.append("".join(w[0] for w in k.split("_") if w).lower() + str(v))
-    return "-".join(parts)
 
 
 class KernelTuner:

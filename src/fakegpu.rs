@@ -238,6 +238,15 @@ fn slot<T>(slab: &mut Vec<Option<T>>, item: T) -> usize {
     }
 }
 
+/// A buffer's whole content from the host; the lengths must agree.
+fn fill_from<T: Copy>(buffer: &mut [T], data: &[T]) -> Result<()> {
+    if buffer.len() != data.len() {
+        bail!("upload of {} elements into {}", data.len(), buffer.len());
+    }
+    buffer.copy_from_slice(data);
+    Ok(())
+}
+
 fn as_bytes(words: &[u16]) -> &[u8] {
     // SAFETY: u16 has no padding; viewing it as bytes is sound.
     unsafe { std::slice::from_raw_parts(words.as_ptr() as *const u8, words.len() * 2) }
@@ -611,7 +620,11 @@ impl Device for FakeGpu {
             let data = data.clone();
             let d = self.f32s_mut(dst)?;
             if d.len() != data.len() {
-                bail!("copy between buffers of {} and {} floats", data.len(), d.len());
+                bail!(
+                    "copy between buffers of {} and {} floats",
+                    data.len(),
+                    d.len()
+                );
             }
             *d = data;
             return Ok(());
@@ -652,21 +665,11 @@ impl Device for FakeGpu {
     }
 
     fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()> {
-        let v = self.u16s_mut(buf)?;
-        if v.len() != data.len() {
-            bail!("upload of {} elements into {}", data.len(), v.len());
-        }
-        v.copy_from_slice(data);
-        Ok(())
+        fill_from(self.u16s_mut(buf)?, data)
     }
 
     fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()> {
-        let v = self.f32s_mut(buf)?;
-        if v.len() != data.len() {
-            bail!("upload of {} floats into {}", data.len(), v.len());
-        }
-        v.copy_from_slice(data);
-        Ok(())
+        fill_from(self.f32s_mut(buf)?, data)
     }
 
     fn mask(&mut self, buf: Buf, key: u64) -> Result<()> {

@@ -65,6 +65,22 @@ pub struct MaskedReference {
     pub lse_key: u64,
 }
 
+impl MaskedReference {
+    /// Mask a plain reference in place under fresh keys from the OS, never from the run's seed:
+    /// nothing a kernel can know undoes the mask.
+    pub fn mask<D: Device + ?Sized>(dev: &mut D, o: Buf, lse: Buf) -> Result<Self> {
+        let reference = MaskedReference {
+            o,
+            lse,
+            o_key: rand::rng().random(),
+            lse_key: rand::rng().random(),
+        };
+        dev.mask(o, reference.o_key)?;
+        dev.mask(lse, reference.lse_key)?;
+        Ok(reference)
+    }
+}
+
 /// How an earlier run's outputs should relate to these.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Relation {
@@ -99,13 +115,14 @@ pub struct Comparison {
 /// the GPU's own is held to at every probe ([`self_check_comparison`]).
 pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Result<CheckStats> {
     let (o, lse) = (dev.read16(job.o)?, dev.read32(job.lse)?);
-    let (mut ref_o, mut ref_lse) = (
-        dev.read32(job.reference.o)?,
-        dev.read32(job.reference.lse)?,
-    );
+    let (mut ref_o, mut ref_lse) = (dev.read32(job.reference.o)?, dev.read32(job.reference.lse)?);
     check::apply_mask(&mut ref_o, job.reference.o_key, 0);
     check::apply_mask(&mut ref_lse, job.reference.lse_key, 0);
-    if job.d == 0 || o.len() != lse.len() * job.d || ref_o.len() != o.len() || ref_lse.len() != lse.len() {
+    if job.d == 0
+        || o.len() != lse.len() * job.d
+        || ref_o.len() != o.len()
+        || ref_lse.len() != lse.len()
+    {
         bail!(
             "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {}",
             o.len(),
@@ -497,15 +514,7 @@ fn draw_set<D: Device>(
             &oracle_lse,
             d,
         );
-        // Keys from the OS, never from the run's seed: nothing a kernel can know undoes the mask.
-        let reference = MaskedReference {
-            o: o32,
-            lse: lse32,
-            o_key: rand::rng().random(),
-            lse_key: rand::rng().random(),
-        };
-        dev.mask(o32, reference.o_key)?;
-        dev.mask(lse32, reference.lse_key)?;
+        let reference = MaskedReference::mask(dev, o32, lse32)?;
         Ok((reference, (oracle_rows.len() as u64, rel, lse_gap)))
     });
     let (reference, ref_check) = match judged {
@@ -754,6 +763,71 @@ fn leave<D: Device>(dev: &mut D, c: Contender) {
     dev.unload(c.kernel);
 }
 
+/// What one side of the timed replays collected: samples, the first failure, the worst passing
+/// launch, and a device copy of the outputs of the first verified replay (to compare the second
+/// with, bit for bit).
+#[derive(Default)]
+struct Side {
+    samples: Vec<f64>,
+    failed: Option<StageCheck>,
+    worst: CheckStats,
+    kept: Vec<(Buf, Buf, f32)>,
+}
+
+impl Side {
+    /// Verify every launch of the replay just run (`sign`: V's sign in it), on the device; only the
+    /// figures come back. The first failure is kept and ends the side's verification; with `keep`,
+    /// the outputs are copied for the next verified replay to be compared with.
+    #[allow(clippy::too_many_arguments)]
+    fn verify_replay<D: Device>(
+        &mut self,
+        dev: &mut D,
+        ios: &[Io],
+        sets: &[InputSet],
+        sign: f32,
+        keep: bool,
+        replay: &str,
+        case: &CaseSpec,
+    ) -> Result<()> {
+        for (i, io) in ios.iter().enumerate() {
+            // The same launch on the same set in an earlier verified replay: a kernel whose bits
+            // move between runs is racing (V's sign may differ).
+            let earlier = self.kept.get(i).map(|&(o, lse, earlier_sign)| Earlier {
+                o,
+                lse,
+                relation: Relation::UpToSign(sign * earlier_sign),
+            });
+            let stats = verify(dev, io, &sets[i], sign, earlier, case)?;
+            if !stats.passed() {
+                self.failed = Some(StageCheck {
+                    stage: Stage::Timed,
+                    detail: format!("{replay}, launch {} of {}, input set {i}", i + 1, ios.len()),
+                    stats,
+                });
+                return Ok(());
+            }
+            if stats
+                .row_rel_l2_max
+                .total_cmp(&self.worst.row_rel_l2_max)
+                .is_gt()
+                || self.worst.elements == 0
+            {
+                self.worst = stats;
+            }
+            if keep && self.kept.len() <= i {
+                let (o, lse) = (
+                    dev.alloc16(q_elements(&case.shape))?,
+                    dev.alloc32(rows(&case.shape))?,
+                );
+                self.kept.push((o, lse, sign));
+                dev.copy(io.o, o)?;
+                dev.copy(io.lse, lse)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Replays of every contender, interleaved (A B, B A, ...), each over the same `launches` sets with
 /// outputs of its own; returns per contender the per-launch samples and the timed-output check.
 fn time_interleaved<D: Device>(
@@ -810,15 +884,6 @@ fn time_interleaved<D: Device>(
     let random_round = rand::rng().random_range(0..samples.max(1));
     let mut negated = false;
     let mut verify_s = 0.0;
-    /// What one side collected: samples, the first failure, the worst passing launch, and a copy of
-    /// the outputs of the first verified replay on the device (to compare the second with, bit for bit).
-    #[derive(Default)]
-    struct Side {
-        samples: Vec<f64>,
-        failed: Option<StageCheck>,
-        worst: CheckStats,
-        kept: Vec<(Buf, Buf, f32)>,
-    }
     let mut out: Vec<Side> = contenders.iter().map(|_| Side::default()).collect();
     let verified = (|| -> Result<()> {
         for round in 0..samples {
@@ -844,45 +909,17 @@ fn time_interleaved<D: Device>(
                 if (round == random_round || round + 1 == samples) && out[side].failed.is_none() {
                     let verifying = Instant::now();
                     let sign = if negated { -1.0 } else { 1.0 };
-                    let sets = &pools.pools[pool].sets;
-                    // Every launch is verified, on the device; only the figures come back.
-                    for (i, io) in ios.iter().enumerate() {
-                        // The same launch on the same set in an earlier verified replay: a kernel
-                        // whose bits move between runs is racing (V's sign may differ).
-                        let earlier = out[side].kept.get(i).map(|&(o, lse, earlier_sign)| Earlier {
-                            o,
-                            lse,
-                            relation: Relation::UpToSign(sign * earlier_sign),
-                        });
-                        let stats = verify(dev, io, &sets[i], sign, earlier, case)?;
-                        if !stats.passed() {
-                            out[side].failed = Some(StageCheck {
-                                stage: Stage::Timed,
-                                detail: format!(
-                                    "replay {} of {samples}, launch {} of {launches}, input set {i}",
-                                    round + 1,
-                                    i + 1
-                                ),
-                                stats,
-                            });
-                            break;
-                        }
-                        if stats
-                            .row_rel_l2_max
-                            .total_cmp(&out[side].worst.row_rel_l2_max)
-                            .is_gt()
-                            || out[side].worst.elements == 0
-                        {
-                            out[side].worst = stats;
-                        }
-                        if out[side].kept.len() <= i && round + 1 < samples {
-                            let (o, lse) =
-                                (dev.alloc16(q_elements(shape))?, dev.alloc32(rows(shape))?);
-                            out[side].kept.push((o, lse, sign));
-                            dev.copy(io.o, o)?;
-                            dev.copy(io.lse, lse)?;
-                        }
-                    }
+                    let replay = format!("replay {} of {samples}", round + 1);
+                    let keep = round + 1 < samples;
+                    out[side].verify_replay(
+                        dev,
+                        ios,
+                        &pools.pools[pool].sets,
+                        sign,
+                        keep,
+                        &replay,
+                        case,
+                    )?;
                     verify_s += verifying.elapsed().as_secs_f64();
                 }
             }
@@ -1237,8 +1274,16 @@ pub fn self_check_comparison<D: Device>(dev: &mut D) -> Result<()> {
                 let checked = (|| -> Result<()> {
                     let jobs = [
                         (1.0, None, "no earlier run"),
-                        (1.0, Some((bufs.earlier_exact, Relation::Exact)), "bit for bit"),
-                        (-1.0, Some((bufs.earlier_flipped, Relation::UpToSign(-1.0))), "up to sign"),
+                        (
+                            1.0,
+                            Some((bufs.earlier_exact, Relation::Exact)),
+                            "bit for bit",
+                        ),
+                        (
+                            -1.0,
+                            Some((bufs.earlier_flipped, Relation::UpToSign(-1.0))),
+                            "up to sign",
+                        ),
                     ];
                     for (sign, earlier, what) in jobs {
                         let job = Comparison {
@@ -1248,7 +1293,11 @@ pub fn self_check_comparison<D: Device>(dev: &mut D) -> Result<()> {
                             lse: bufs.lse,
                             reference: bufs.reference,
                             sign,
-                            earlier: earlier.map(|((o, lse), relation)| Earlier { o, lse, relation }),
+                            earlier: earlier.map(|((o, lse), relation)| Earlier {
+                                o,
+                                lse,
+                                relation,
+                            }),
                         };
                         let (device, host) = (dev.compare(&job)?, compare_on_host(dev, &job)?);
                         if let Some(field) = first_disagreement(&device, &host) {
@@ -1276,14 +1325,26 @@ fn first_disagreement(device: &CheckStats, host: &CheckStats) -> Option<String> 
     let counts = [
         ("elements", device.elements, host.elements),
         ("NaN/inf outputs", device.nan_count, host.nan_count),
-        ("unwritten outputs", device.unwritten_count, host.unwritten_count),
-        ("differing outputs", device.nondeterministic_count, host.nondeterministic_count),
+        (
+            "unwritten outputs",
+            device.unwritten_count,
+            host.unwritten_count,
+        ),
+        (
+            "differing outputs",
+            device.nondeterministic_count,
+            host.nondeterministic_count,
+        ),
         ("worst row", device.worst_row, host.worst_row),
     ];
     let figures = [
         ("max abs error", device.max_abs, host.max_abs),
         ("relative L2", device.rel_l2, host.rel_l2),
-        ("worst row's relative L2", device.row_rel_l2_max, host.row_rel_l2_max),
+        (
+            "worst row's relative L2",
+            device.row_rel_l2_max,
+            host.row_rel_l2_max,
+        ),
         ("LSE max abs error", device.lse_max_abs, host.lse_max_abs),
     ];
     counts
@@ -1400,17 +1461,13 @@ impl CraftedOutputs {
         let (o, lse) = pair(&self.o, &self.lse)?;
         let earlier_exact = pair(&self.earlier_exact.0, &self.earlier_exact.1)?;
         let earlier_flipped = pair(&self.earlier_flipped.0, &self.earlier_flipped.1)?;
-        let (ref_o, ref_lse) = (dev.alloc32(self.ref_o.len())?, dev.alloc32(self.ref_lse.len())?);
+        let (ref_o, ref_lse) = (
+            dev.alloc32(self.ref_o.len())?,
+            dev.alloc32(self.ref_lse.len())?,
+        );
         dev.upload32(ref_o, &self.ref_o)?;
         dev.upload32(ref_lse, &self.ref_lse)?;
-        let reference = MaskedReference {
-            o: ref_o,
-            lse: ref_lse,
-            o_key: rand::rng().random(),
-            lse_key: rand::rng().random(),
-        };
-        dev.mask(ref_o, reference.o_key)?;
-        dev.mask(ref_lse, reference.lse_key)?;
+        let reference = MaskedReference::mask(dev, ref_o, ref_lse)?;
         Ok(CraftedBuffers {
             o,
             lse,

@@ -353,7 +353,10 @@ fn a_device_whose_output_comparison_miscounts_is_refused_before_any_verdict() {
         .arg("--root")
         .arg(dir.path())
         .args(["tune", "--fake-gpu"])
-        .env("FLASHTUNE_CACHE_DIR", repo().join("target/test-build-cache"))
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
         .env("FLASHTUNE_FAKE_COMPARE", "miscount")
         .output()
         .unwrap();

@@ -112,6 +112,46 @@ pub fn arch_for(cc: (i32, i32)) -> String {
     }
 }
 
+/// Elements [start, start + len) of buffer `buf`, read back.
+fn read_range<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    stream: &Arc<CudaStream>,
+    m: &CudaSlice<T>,
+    buf: Buf,
+    start: usize,
+    len: usize,
+) -> Result<Vec<T>> {
+    if start + len > m.len() {
+        bail!(
+            "read of {len} elements at {start} is past buffer {} ({} elements)",
+            buf.0,
+            m.len()
+        );
+    }
+    stream
+        .clone_dtoh(&m.slice(start..start + len))
+        .map_err(|e| anyhow!("read back: {e:?}"))
+}
+
+/// The whole of buffer `buf` from the host; the lengths must agree.
+fn upload<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    m: &mut CudaSlice<T>,
+    buf: Buf,
+    data: &[T],
+) -> Result<()> {
+    if m.len() != data.len() {
+        bail!(
+            "upload of {} elements into buffer {} of {}",
+            data.len(),
+            buf.0,
+            m.len()
+        );
+    }
+    stream
+        .memcpy_htod(data, m)
+        .map_err(|e| anyhow!("upload: {e:?}"))
+}
+
 enum Memory {
     U16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
@@ -604,15 +644,7 @@ impl Device for Gpu {
 
     fn read16_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<u16>> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
-            Some(Memory::U16(m)) if start + len <= m.len() => self
-                .stream
-                .clone_dtoh(&m.slice(start..start + len))
-                .map_err(|e| anyhow!("read back: {e:?}")),
-            Some(Memory::U16(m)) => bail!(
-                "read of {len} elements at {start} is past buffer {} ({} elements)",
-                buf.0,
-                m.len()
-            ),
+            Some(Memory::U16(m)) => read_range(&self.stream, m, buf, start, len),
             _ => bail!("buffer {} is not 16-bit", buf.0),
         }
     }
@@ -629,36 +661,22 @@ impl Device for Gpu {
 
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
-            Some(Memory::F32(m)) if start + len <= m.len() => self
-                .stream
-                .clone_dtoh(&m.slice(start..start + len))
-                .map_err(|e| anyhow!("read back: {e:?}")),
-            Some(Memory::F32(m)) => bail!(
-                "read of {len} floats at {start} is past buffer {} ({} floats)",
-                buf.0,
-                m.len()
-            ),
+            Some(Memory::F32(m)) => read_range(&self.stream, m, buf, start, len),
             _ => bail!("buffer {} is not 32-bit", buf.0),
         }
     }
 
     fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()> {
         match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
-            Some(Memory::U16(m)) if m.len() == data.len() => self
-                .stream
-                .memcpy_htod(data, m)
-                .map_err(|e| anyhow!("upload: {e:?}")),
-            _ => bail!("buffer {} is not 16-bit of {} elements", buf.0, data.len()),
+            Some(Memory::U16(m)) => upload(&self.stream, m, buf, data),
+            _ => bail!("buffer {} is not 16-bit", buf.0),
         }
     }
 
     fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()> {
         match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
-            Some(Memory::F32(m)) if m.len() == data.len() => self
-                .stream
-                .memcpy_htod(data, m)
-                .map_err(|e| anyhow!("upload: {e:?}")),
-            _ => bail!("buffer {} is not 32-bit of {} floats", buf.0, data.len()),
+            Some(Memory::F32(m)) => upload(&self.stream, m, buf, data),
+            _ => bail!("buffer {} is not 32-bit", buf.0),
         }
     }
 
