@@ -78,6 +78,10 @@ struct FamilyFile {
     rows_per_cta: String,
     kv_rows_per_block: String,
     kv_splits: String,
+    /// Whether a launch passes TMA tensor maps of Q, K and V after the usual arguments (an
+    /// expression; absent: never). The contract is forward.cu's.
+    #[serde(default)]
+    tensor_maps: Option<String>,
     /// Paths that only some targets can build (wgmma: sm_90a): ruled out elsewhere, with the reason.
     #[serde(default)]
     arch_rules: Vec<ArchRuleFile>,
@@ -106,6 +110,7 @@ pub struct Family {
     rows_per_cta: Expr,
     kv_rows_per_block: Expr,
     kv_splits: Expr,
+    tensor_maps: Option<Expr>,
     arch_rules: Vec<ArchRule>,
 }
 
@@ -173,6 +178,10 @@ pub struct LaunchShape {
     pub kv_rows_per_block: u32,
     /// Split count; 0 lets the worker choose per shape (the waves heuristic).
     pub kv_splits: u32,
+    /// The kernel takes TMA tensor maps of Q, K and V (boxes of [rows_per_cta or
+    /// kv_rows_per_block rows x 64 elements], 128-byte swizzle) after its usual arguments.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tensor_maps: bool,
 }
 
 /// A (variant, head dim) with its verdict; dtype does not change validity.
@@ -213,6 +222,12 @@ impl Space {
             rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
             kv_rows_per_block: compile("family.kv_rows_per_block", &file.family.kv_rows_per_block)?,
             kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
+            tensor_maps: file
+                .family
+                .tensor_maps
+                .as_deref()
+                .map(|src| compile("family.tensor_maps", src))
+                .transpose()?,
             arch_rules: file
                 .family
                 .arch_rules
@@ -526,6 +541,17 @@ impl Space {
             rows_per_cta: self.eval_u32(&self.family.rows_per_cta, &ctx, variant)?,
             kv_rows_per_block: self.eval_u32(&self.family.kv_rows_per_block, &ctx, variant)?,
             kv_splits: self.eval_u32(&self.family.kv_splits, &ctx, variant)?,
+            tensor_maps: match &self.family.tensor_maps {
+                Some(e) => e.tree.eval_boolean_with_context(&ctx).map_err(|err| {
+                    Error::BadInput(format!(
+                        "{}: expression `{}` cannot be evaluated for {}: {err}",
+                        self.path.display(),
+                        e.text,
+                        variant.id
+                    ))
+                })?,
+                None => false,
+            },
         };
         if launch.threads == 0 || launch.threads > limits.max_threads_per_block {
             return Ok(invalid(format!(

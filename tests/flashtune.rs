@@ -412,7 +412,7 @@ mod planning {
     }
 
     #[test]
-    fn the_ablation_chain_is_twelve_named_steps_in_order() {
+    fn the_ablation_chain_is_thirteen_named_steps_in_order() {
         let space = Space::load(&repo().join("variants/ablation.toml")).unwrap();
         let steps: Vec<String> = space
             .variants()
@@ -434,7 +434,8 @@ mod planning {
                 "+warp-spec",
                 "+wide-tiles",
                 "+ping-pong",
-                "+stages-3"
+                "+stages-3",
+                "+tma"
             ]
         );
         let v = space.variants().unwrap();
@@ -447,6 +448,66 @@ mod planning {
                 .filter(|(k, val)| pair[1].params[*k] != **val)
                 .count();
             assert_eq!(changed, 1, "{} -> {}", pair[0].id, pair[1].id);
+        }
+    }
+
+    /// TMA points are launched with tensor maps (forward.cu's launch contract) and no other point
+    /// is; TMA and TWO_CTAS points exist only where hopper.cuh can build them, and the shared
+    /// memory of two CTAs per SM fits one SM.
+    #[test]
+    fn tma_points_launch_with_tensor_maps_and_no_other_point_does() {
+        let space = Space::load(&repo().join("variants/hopper.toml")).unwrap();
+        let plan = space
+            .plan(&[64u32, 128].into_iter().collect(), &h100())
+            .unwrap();
+        let param = |p: &flashtune::space::PlannedPoint, k: &str| {
+            p.variant.params[k] == flashtune::space::ParamValue::Int(1)
+        };
+        let valid: Vec<_> = plan.iter().filter(|p| p.invalid.is_none()).collect();
+        assert!(valid.iter().filter(|p| param(p, "TMA")).count() >= 8);
+        assert!(valid.iter().filter(|p| param(p, "TWO_CTAS")).count() >= 4);
+        for p in &valid {
+            let launch = p.launch.as_ref().unwrap();
+            assert_eq!(
+                launch.tensor_maps,
+                param(p, "TMA"),
+                "{} d={}",
+                p.variant.id,
+                p.head_dim
+            );
+            if param(p, "TMA") {
+                assert!(p.variant.id.starts_with("wgmma-") && p.variant.id.contains("-t1"));
+                // One producer warp group beside the consumers, boxes of at most 256 rows.
+                assert_eq!(
+                    launch.threads,
+                    32 * (launch.rows_per_cta / 16 + 4),
+                    "{}",
+                    p.variant.id
+                );
+                assert!(launch.rows_per_cta <= 256 && launch.kv_rows_per_block <= 256);
+            }
+            if param(p, "TWO_CTAS") {
+                assert!(
+                    2 * (launch.smem_bytes + 1024) <= 228 * 1024,
+                    "{} d={}",
+                    p.variant.id,
+                    p.head_dim
+                );
+            }
+        }
+        // The 128-key two-CTA points cannot fit two CTAs at d = 128: ruled out by name.
+        let tc_128 = plan
+            .iter()
+            .find(|p| p.variant.id == "wgmma-bm64-bn128-w8-auto-s2-t1-tc1" && p.head_dim == 128)
+            .unwrap();
+        assert!(tc_128.invalid.as_deref().unwrap().contains("TWO_CTAS"));
+        // A space without the key never passes tensor maps.
+        let quick = Space::load(&repo().join("variants/quick.toml")).unwrap();
+        for p in quick
+            .plan(&[64u32, 128].into_iter().collect(), &h100())
+            .unwrap()
+        {
+            assert!(p.launch.map_or(true, |l| !l.tensor_maps));
         }
     }
 

@@ -12,6 +12,11 @@
 //                 mbarriers, unpadded swizzled tiles): 1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
 //                 num_splits = gridDim.z is chosen by the host at run time; KV_SPLIT only names
 //                 the variant (KV_SPLIT_AUTO = 0: the host picks a split per shape).
+//                 TMA = 1 (wgmma with a producer warp group only; the space's tensor_maps):
+//                 three more parameters after `causal`, the CUtensorMaps of Q, K and V by value,
+//                 each 3-D (element, row, batch x head) over the [B * H, S, HEAD_DIM] buffer with
+//                 boxes of 64 elements x BLOCK_M rows (Q) or BLOCK_N rows (K, V), 128-byte
+//                 swizzle, zero fill out of bounds (the worker's TensorMapKey::encode).
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
 //
 // Paths: MMA_SCALAR (fp32 FMAs, FA-1 style), MMA_WMMA (nvcuda::wmma, S/P through smem),
@@ -82,6 +87,13 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 // PINGPONG (0 when not defined) schedules two consumer warp groups of the wgmma path (hopper.cuh).
 #if defined(PINGPONG)
 static_assert(PINGPONG == 0 || kMma == MMA_WGMMA, "PINGPONG = 1 exists on the wgmma path alone");
+#endif
+// TMA (loads by the producer warp group) and TWO_CTAS (two CTAs per SM) likewise (hopper.cuh).
+#if defined(TMA)
+static_assert(TMA == 0 || kMma == MMA_WGMMA, "TMA = 1 exists on the wgmma path alone");
+#endif
+#if defined(TWO_CTAS)
+static_assert(TWO_CTAS == 0 || kMma == MMA_WGMMA, "TWO_CTAS = 1 exists on the wgmma path alone");
 #endif
 
 // ---------------------------------------------------------------------------------------------

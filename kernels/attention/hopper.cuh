@@ -10,13 +10,16 @@
 //     conflicts: 8-row x 128-byte atoms (64 elements of a row), 16-byte chunk c of row r stored
 //     at chunk c ^ (r % 8); a HEAD_DIM of 128 is two atom columns one after the other. K and V
 //     share the layout; only the descriptor differs (K-major for K, MN-major for V).
-//   * Copies are cp.async (16 bytes a thread), not TMA: the launch contract passes raw pointers,
-//     and a TMA tensor map (CUtensorMap) has to be encoded on the host for each input buffer and
-//     passed as a __grid_constant__ parameter, which the worker does not do yet. cp.async writes
-//     through the generic proxy and wgmma reads through the async proxy, so a fence
-//     (fence.proxy.async) stands between them: the writer's, before the __syncthreads that
-//     publishes a stage, or, with a producer that does not wait for its copies, the reader's,
-//     after the mbarrier wait that tells it the stage has landed.
+//   * Copies are cp.async (16 bytes a thread) or, with TMA = 1 and a producer warp group, TMA:
+//     one producer thread issues cp.async.bulk.tensor loads of whole [rows x 64-element] boxes,
+//     which the copy engine writes already swizzled and signals on the stage's mbarrier with their
+//     byte count (mbarrier.expect_tx / complete_tx). The tensor maps (CUtensorMap) are encoded on
+//     the host by the worker, one per Q, K and V buffer, and passed after the usual arguments as
+//     __grid_constant__ parameters (the launch contract in forward.cu). cp.async writes through the
+//     generic proxy and wgmma reads through the async proxy, so a fence (fence.proxy.async) stands
+//     between them: the writer's, before the __syncthreads that publishes a stage, or, with a
+//     producer that does not wait for its copies, the reader's, after the mbarrier wait that tells
+//     it the stage has landed. TMA writes through the async proxy itself: no fence.
 //   * WARPS = 4 * (BLOCK_M / 64) runs every warp as a consumer with a __syncthreads pipeline
 //     (STAGES deep, like the other paths). WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
 //     group (warp specialisation): it issues the copies of up to STAGES tiles ahead, each tile's
@@ -27,7 +30,7 @@
 //   * PINGPONG = 1 (two consumer warp groups and a producer): the consumers take turns on the
 //     tensor cores (FlashAttention-3's ping-pong): a group issues its GEMMs only after the other
 //     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
-//     barriers hand the turn over. Not yet: TMA.
+//     barriers hand the turn over.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
 //     below). With the producer's copies in flight and ping-pong: 324 of 324 cases correct
@@ -64,20 +67,45 @@ constexpr bool kPingPong = PINGPONG != 0;
 static_assert(PINGPONG == 0 || PINGPONG == 1, "wgmma: PINGPONG is 0 or 1");
 static_assert(!kPingPong || (kProducer && kConsumerWGs == 2),
               "wgmma: PINGPONG takes turns between two consumer warp groups beside a producer (BLOCK_M = 128, WARPS = 12)");
+#ifndef TMA
+#define TMA 0
+#endif
+constexpr bool kTma = TMA != 0;
+static_assert(TMA == 0 || TMA == 1, "wgmma: TMA is 0 or 1");
+static_assert(!kTma || kProducer, "wgmma: TMA loads are issued by the producer warp group (WARPS = 4 * (BLOCK_M / 64 + 1))");
+// A TMA box is at most 256 rows, and its 128-byte inner extent is one swizzle atom column.
+static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box holds at most 256 rows");
+
+// TWO_CTAS = 1: built for two CTAs per SM (__launch_bounds__ minBlocks = 2), so that a CTA with
+// one consumer warp group shares its SM with another CTA whose GEMMs and softmax interleave with
+// its own (what ping-pong does inside one CTA), at half the registers each.
+#ifndef TWO_CTAS
+#define TWO_CTAS 0
+#endif
+static_assert(TWO_CTAS == 0 || TWO_CTAS == 1, "wgmma: TWO_CTAS is 0 or 1");
+constexpr int kCtasPerSm = TWO_CTAS ? 2 : 1;
 
 // setmaxnreg: the producer keeps what a copy loop needs, the consumers take the rest. The CTA's
-// registers are (what ptxas gives the kernel under __launch_bounds__(threads, 1)) x threads, and
-// an increase that the pool cannot cover never returns, so the split spends at most that: with
-// two consumer groups ptxas gives 168 x 384 = 128 x 504, split 40 + 2 x 232 (FlashAttention-3's
-// 24 + 2 x 240 spilled 8 bytes in the producer once it stopped waiting for its own copies:
-// cp.async.mbarrier.arrive needs more than 24); with three, 128 x 512, split 32 + 3 x 160.
-constexpr int kProducerRegs = kConsumerWGs == 3 ? 32 : 40;
-constexpr int kConsumerRegs = kConsumerWGs == 3 ? 160 : 232;
-// What ptxas gives a kernel with setmaxnreg under __launch_bounds__(kThreads, 1): the register
-// file over the threads, in steps of 8 (the -Xptxas -v line of every build shows it).
-constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-static_assert(!kProducer || kConsumerWGs == 1 || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
+// registers are what ptxas gives the kernel under __launch_bounds__(threads, CTAs per SM), the
+// register file over the SM's threads in steps of 8 (the -Xptxas -v line of every build shows it),
+// times its threads. An increase that the pool cannot cover never returns, so the split spends at
+// most that:
+//   two consumer groups, one CTA: 168 x 384 = 128 x 504, split 40 + 2 x 232 for cp.async
+//     (FlashAttention-3's 24 + 2 x 240 spilled 8 bytes in the producer once it stopped waiting for
+//     its own copies: cp.async.mbarrier.arrive needs more than 24) and 24 + 2 x 240 for TMA, where
+//     one thread issues a handful of bulk copies;
+//   three, one CTA: 128 x 512, split 32 + 3 x 160 (24 + 3 x 160 with TMA: 3 x 168 would need 528);
+//   one, two CTAs: 128 x 256, split 40 + 216, or 24 + 232 with TMA;
+//   one, one CTA: ptxas gives 255 already; no split.
+constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
+constexpr int kProducerRegs = kTma ? 24 : (kConsumerWGs == 3 ? 32 : 40);
+constexpr int kConsumerRegs = (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8 < 240
+                                  ? (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8
+                                  : 240;
+constexpr bool kSplitRegs = kProducer && kLaunchRegs < kConsumerRegs;
+static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
               "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
+static_assert(kCtasPerSm == 1 || kProducer, "wgmma: TWO_CTAS is for the producer form (its consumers get registers by setmaxnreg)");
 
 // Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
 // is a function of address bits 4..9, so every tile starts 1024-byte aligned.
@@ -90,6 +118,8 @@ constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kB
 static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
 static_assert(2 * kStages * 8 + 8 <= kBarrierBytes, "wgmma: the mbarriers fit their region");
 static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
+// An SM has 228 KB of shared memory, 1 KB of it reserved per resident CTA.
+static_assert(kCtasPerSm * (kSmemBytesH + 1024) <= 228 * 1024, "wgmma: TWO_CTAS needs both CTAs' shared memory to fit one SM");
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -149,6 +179,36 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
         "r"(parity)
         : "memory");
+}
+
+// A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque bytes, 64-byte
+// aligned, passed by value as a __grid_constant__ kernel parameter so its address is a param-space
+// address TMA can read. Declared here, not taken from <cuda.h>: the PyPI compiler ships no cuda.h.
+struct alignas(64) TmaMap {
+    uint64_t opaque[16];
+};
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap& map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&map)) : "memory");
+}
+// This thread's arrival on `bar`, announcing `bytes` that TMA copies will complete on it.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of a 3-D map (element, row, batch x head) into shared memory, completing on `bar`. Rows
+// past the head's end are out of the map's bounds: TMA writes zeros and still counts their bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap& map, uint32_t bar, int col, int row, int bh) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(col), "r"(row), "r"(bh)
+        : "memory");
+}
+// A ROWS-row tile (rows row0 .. row0 + ROWS - 1 of head bh) as HEAD_DIM / 64 boxes of [ROWS x 64],
+// one per swizzle column block (the layout of sw128_offset: block b at b x ROWS x 128 bytes). The
+// map's box must be [ROWS rows x 64 elements] with the 128-byte swizzle: the launch contract.
+template <int ROWS>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const TmaMap& map, uint32_t bar, int row0, int bh) {
+#pragma unroll
+    for (int b = 0; b < kHeadDim / 64; ++b) tma_load_3d(dst + uint32_t(b) * ROWS * 128, map, bar, b * 64, row0, bh);
 }
 
 // Issues (does not wait for) cp.async copies of rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM]
@@ -316,11 +376,17 @@ struct Consumer {
 
 }  // namespace hopper
 
-// minBlocks = 1: one CTA per SM is the design (the consumers hold up to 232 registers a thread).
-extern "C" __global__ void __launch_bounds__(kThreads, 1)
+// minBlocks = 1: one CTA per SM is the design (the consumers hold up to 240 registers a thread),
+// unless TWO_CTAS.
+extern "C" __global__ void __launch_bounds__(kThreads, hopper::kCtasPerSm)
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
-         float* __restrict__ LSE_accum, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
+         float* __restrict__ LSE_accum, int B, int H, int Sq, int Sk, float softmax_scale, int causal
+#if TMA
+         , const __grid_constant__ hopper::TmaMap tma_q, const __grid_constant__ hopper::TmaMap tma_k,
+         const __grid_constant__ hopper::TmaMap tma_v
+#endif
+) {
     using namespace hopper;
     require_dynamic_smem(kSmemBytesH);
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -344,11 +410,14 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
 
     if constexpr (kProducer) {
         if (threadIdx.x == 0) {
+            // A stage is full once every cp.async producer thread's copies landed, or once the one
+            // TMA thread's announced bytes have.
+            constexpr int kFullArrivals = kTma ? 1 : 128;
             for (int s = 0; s < kStages; ++s) {
-                mbar_init(full_bar(s), 128);
+                mbar_init(full_bar(s), kFullArrivals);
                 mbar_init(empty_bar(s), kConsumerThreads);
             }
-            mbar_init(q_full, 128);
+            mbar_init(q_full, kFullArrivals);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
@@ -363,7 +432,32 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // STAGES = 2: the next one waited for a stage that the consumers free only after
             // seeing the tile not yet signalled. The second waited for each tile before issuing
             // the next: correct, with one tile in flight.)
-            if constexpr (kConsumerWGs > 1) setmaxnreg_dec<kProducerRegs>();
+            if constexpr (kSplitRegs) setmaxnreg_dec<kProducerRegs>();
+#if TMA
+            // One thread issues every copy; the stage's mbarrier counts the bytes, not the threads.
+            if (tid != 0) return;
+            tma_prefetch_map(tma_q);
+            tma_prefetch_map(tma_k);
+            tma_prefetch_map(tma_v);
+            const int bh = int(work.bh);
+            mbar_arrive_expect_tx(q_full, kQBytesH);
+            tma_load_tile<kBlockM>(q_smem, tma_q, q_full, ctx.q0, bh);
+            int stage = 0;
+            uint32_t empty_phase = 1;
+            for (int it = 0; it < n_it; ++it) {
+                if (it >= kStages) mbar_wait(empty_bar(stage), empty_phase);
+                const int row0 = (blk_begin + it) * kBlockN;
+                mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+                tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
+                tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
+                if (++stage == kStages) {
+                    stage = 0;
+                    empty_phase ^= 1u;
+                }
+            }
+            // Copies still in flight are waited for by the consumers, which keep the CTA alive.
+            return;
+#else
             load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
             mbar_arrive_on_copies(q_full);
             // Stage and phase are carried, not divided out of `it`: the loop runs on 32-40 registers.
@@ -383,17 +477,19 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // Not leaving with copies in flight (cp.async.wait_all also takes uncommitted ones).
             asm volatile("cp.async.wait_all;\n" ::: "memory");
             return;
+#endif
         }
-        if constexpr (kConsumerWGs > 1) setmaxnreg_inc<kConsumerRegs>();
+        if constexpr (kSplitRegs) setmaxnreg_inc<kConsumerRegs>();
         const int cwg = wg - 1;
         Consumer c;
         c.init(ctx.q0, cwg, tid);
         const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
-        // The copies landed through the generic proxy; wgmma reads through the async proxy. The
+        // cp.async copies land through the generic proxy; wgmma reads through the async proxy. The
         // producer cannot fence writes it does not wait for, so each reader fences after its wait.
+        // TMA writes through the async proxy: the wait alone publishes them.
         auto wait_landed = [&](uint32_t bar, uint32_t parity) {
             mbar_wait(bar, parity);
-            fence_proxy_async();
+            if constexpr (!kTma) fence_proxy_async();
         };
         // Ping-pong: consumer group g issues its GEMMs between sync(1 + g) and arrive(2 - g), so
         // the groups' GEMM blocks alternate. Group 0 goes first (its barrier starts with the other

@@ -152,6 +152,73 @@ fn upload<T: cudarc::driver::DeviceRepr>(
         .map_err(|e| anyhow!("upload: {e:?}"))
 }
 
+/// A TMA tensor map, passed by value as a kernel parameter (the driver copies its 128 bytes).
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct TensorMap(sys::CUtensorMap);
+// SAFETY: plain bytes the driver encoded, with the size and alignment of the kernel's parameter.
+unsafe impl cudarc::driver::DeviceRepr for TensorMap {}
+
+/// What one tensor map encodes: a buffer of `heads` x `rows` x `head_dim` 16-bit elements, read
+/// in boxes of `box_rows` rows x 64 elements. The map is a pure function of these.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct TensorMapKey {
+    address: u64,
+    heads: u64,
+    rows: u64,
+    head_dim: u64,
+    box_rows: u32,
+}
+
+impl TensorMapKey {
+    /// The map the Hopper path's TMA loads read (kernels/attention/hopper.cuh, tma_load_tile):
+    /// three dimensions (element, row, batch x head) so that a box reaching past a head's last
+    /// row reads zeros, not the next head; 64-element (128-byte) boxes in the 128-byte swizzle.
+    fn encode(&self) -> Result<TensorMap> {
+        let elem = 2u64;
+        if self.head_dim % 64 != 0 || !(1..=256).contains(&self.box_rows) {
+            bail!(
+                "no TMA map for head dim {} in boxes of {} rows: the contract is 64-element columns and at most 256 rows",
+                self.head_dim,
+                self.box_rows
+            );
+        }
+        let dims = [self.head_dim, self.rows, self.heads];
+        let strides = [self.head_dim * elem, self.rows * self.head_dim * elem];
+        let boxes = [64u32, self.box_rows, 1];
+        let element_strides = [1u32; 3];
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        // UINT16 for both f16 and bf16: TMA only copies, and its zero fill is +0.0 in either.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                3,
+                self.address as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                element_strides.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(|e| {
+            anyhow!(
+                "cuTensorMapEncodeTiled ({} rows x {} of {} heads, boxes of {} rows): {e:?}",
+                self.rows,
+                self.head_dim,
+                self.heads,
+                self.box_rows
+            )
+        })?;
+        Ok(TensorMap(unsafe { map.assume_init() }))
+    }
+}
+
 enum Memory {
     U16(CudaSlice<u16>),
     F32(CudaSlice<f32>),
@@ -188,6 +255,8 @@ struct Gpu {
     memory: Vec<Option<Memory>>,
     kernels: Vec<Option<Loaded>>,
     graphs: Vec<Option<CudaGraph>>,
+    /// Encoded once per buffer and geometry: no host work between a timed launch's events.
+    tensor_maps: std::cell::RefCell<std::collections::HashMap<TensorMapKey, TensorMap>>,
     /// NVML on this GPU, or why it cannot be read (then no timing carries a state).
     nvml: std::result::Result<nvml::Watch, String>,
 }
@@ -265,6 +334,7 @@ impl Gpu {
             memory: Vec::new(),
             kernels: Vec::new(),
             graphs: Vec::new(),
+            tensor_maps: Default::default(),
             nvml,
         })
     }
@@ -361,6 +431,18 @@ impl Gpu {
             .arg(&sk)
             .arg(&scale)
             .arg(&causal);
+        let maps;
+        if launch.tensor_maps {
+            let heads = (s.b * s.h) as u64;
+            maps = [
+                self.tensor_map(q, heads, s.sq, s.d, launch.rows_per_cta)?,
+                self.tensor_map(k, heads, s.sk, s.d, launch.kv_rows_per_block)?,
+                self.tensor_map(v, heads, s.sk, s.d, launch.kv_rows_per_block)?,
+            ];
+            for map in &maps {
+                lb.arg(map);
+            }
+        }
         let cfg = LaunchConfig {
             grid_dim: (
                 s.sq.div_ceil(launch.rows_per_cta),
@@ -394,6 +476,29 @@ impl Gpu {
             unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("combine launch: {e:?}"))?;
         }
         Ok(())
+    }
+
+    fn tensor_map(
+        &self,
+        address: u64,
+        heads: u64,
+        rows: u32,
+        head_dim: u32,
+        box_rows: u32,
+    ) -> Result<TensorMap> {
+        let key = TensorMapKey {
+            address,
+            heads,
+            rows: rows as u64,
+            head_dim: head_dim as u64,
+            box_rows,
+        };
+        if let Some(map) = self.tensor_maps.borrow().get(&key) {
+            return Ok(*map);
+        }
+        let map = key.encode()?;
+        self.tensor_maps.borrow_mut().insert(key, map);
+        Ok(map)
     }
 
     /// Microseconds the work `f` puts on the stream takes, between two events.
