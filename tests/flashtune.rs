@@ -668,6 +668,8 @@ mod real_builds {
             "variants/ablation.toml",
             "variants/hopper.toml",
             "variants/headdims.toml",
+            "variants/decode.toml",
+            "variants/polyexp.toml",
         ] {
             let out = flashtune(&repo(), &["build", "--space", space]);
             let t = text(&out);

@@ -88,12 +88,16 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #if defined(PINGPONG)
 static_assert(PINGPONG == 0 || kMma == MMA_WGMMA, "PINGPONG = 1 exists on the wgmma path alone");
 #endif
-// TMA (loads by the producer warp group) and TWO_CTAS (two CTAs per SM) likewise (hopper.cuh).
+// TMA (loads by the producer warp group), TWO_CTAS (two CTAs per SM) and POLY_EXP (some exp2 on
+// the FMA pipe) likewise (hopper.cuh).
 #if defined(TMA)
 static_assert(TMA == 0 || kMma == MMA_WGMMA, "TMA = 1 exists on the wgmma path alone");
 #endif
 #if defined(TWO_CTAS)
 static_assert(TWO_CTAS == 0 || kMma == MMA_WGMMA, "TWO_CTAS = 1 exists on the wgmma path alone");
+#endif
+#if defined(POLY_EXP)
+static_assert(POLY_EXP == 0 || kMma == MMA_WGMMA, "POLY_EXP = 1 exists on the wgmma path alone");
 #endif
 
 // ---------------------------------------------------------------------------------------------

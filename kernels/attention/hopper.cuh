@@ -31,6 +31,8 @@
 //     tensor cores (FlashAttention-3's ping-pong): a group issues its GEMMs only after the other
 //     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
 //     barriers hand the turn over.
+//   * TWO_CTAS = 1 builds the producer form for two CTAs per SM; POLY_EXP = 1 computes one
+//     exp2 in four with a polynomial on the FMA pipe (measured slower on an H100: polyexp-ab).
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
 //     below). With the producer's copies in flight and ping-pong: 324 of 324 cases correct
@@ -75,6 +77,18 @@ static_assert(TMA == 0 || TMA == 1, "wgmma: TMA is 0 or 1");
 static_assert(!kTma || kProducer, "wgmma: TMA loads are issued by the producer warp group (WARPS = 4 * (BLOCK_M / 64 + 1))");
 // A TMA box is at most 256 rows, and its 128-byte inner extent is one swizzle atom column.
 static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box holds at most 256 rows");
+
+// POLY_EXP = 1: one exponential in four is computed on the FMA pipe by a polynomial instead of
+// on the MUFU unit (FlashAttention-4's trick). At d = 64 a consumer warp group's MUFU time per
+// tile (64 x BLOCK_N exp2 at 16 a clock per SM) equals its GEMM time, so MUFU, not the tensor
+// cores, may set the pace; at d = 128 the GEMMs take twice as long and it does not matter.
+// Measured on an H100 (docs/measurements/2026-11-23-h100/polyexp-ab): 4-13% slower on the d = 64
+// champions, so MUFU is not what limits them; kept as a switch for other GPUs and tiles.
+#ifndef POLY_EXP
+#define POLY_EXP 0
+#endif
+static_assert(POLY_EXP == 0 || POLY_EXP == 1, "wgmma: POLY_EXP is 0 or 1");
+constexpr bool kPolyExp = POLY_EXP != 0;
 
 // TWO_CTAS = 1: built for two CTAs per SM (__launch_bounds__ minBlocks = 2), so that a CTA with
 // one consumer warp group shares its SM with another CTA whose GEMMs and softmax interleave with
@@ -236,6 +250,27 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const elem_t* __restrict
     }
 }
 
+// 2^x on the FMA and integer pipes, for x <= ~0 (a score minus the running max, in log2 units):
+// x = j + f with j an integer (rounded by adding 1.5 * 2^23, which leaves j in the low mantissa
+// bits) and f in [-0.5, 0.5]; 2^f by its degree-6 Taylor polynomial (truncation error below
+// 1.2e-7, the size of ex2.approx's own), then j added to the exponent field. Below -125 the result
+// is 0, as ex2.approx.ftz gives for a masked score (-inf) or a denormal.
+__device__ __forceinline__ float poly_exp2(float x) {
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+    const float xc = fmaxf(x, -125.0f);
+    const float shifted = xc + kRound;
+    const float f = xc - (shifted - kRound);
+    float p = 1.5403530e-4f;       // ln2^6 / 720
+    p = fmaf(p, f, 1.3333558e-3f);  // ln2^5 / 120
+    p = fmaf(p, f, 9.6181291e-3f);  // ln2^4 / 24
+    p = fmaf(p, f, 5.5504109e-2f);  // ln2^3 / 6
+    p = fmaf(p, f, 2.4022651e-1f);  // ln2^2 / 2
+    p = fmaf(p, f, 6.9314718e-1f);  // ln2
+    p = fmaf(p, f, 1.0f);
+    const float scaled = __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
+    return x < -125.0f ? 0.0f : scaled;
+}
+
 // ---- one consumer warp group ----------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (PTX ISA, per warp w of the group, lane = 4 g + t): value
 // 4 nt + 2 h + c is row 16 w + g + 8 h, column 8 nt + 2 t + c. For a 16-key step kk, the S values
@@ -304,7 +339,8 @@ struct Consumer {
             for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const float p = fast_exp2(fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use));
+                    const float x = fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use);
+                    const float p = kPolyExp && nt % 4 == 3 ? poly_exp2(x) : fast_exp2(x);
                     s[nt * 4 + 2 * h + c] = p;
                     sum += p;
                 }
