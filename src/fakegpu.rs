@@ -616,30 +616,23 @@ impl Device for FakeGpu {
     }
 
     fn copy(&mut self, src: Buf, dst: Buf) -> Result<()> {
-        if let Some(Memory::F32(data)) = self.memory.get(src.0).and_then(Option::as_ref) {
-            let data = data.clone();
-            let d = self.f32s_mut(dst)?;
-            if d.len() != data.len() {
+        fn replace<T>(dst: &mut Vec<T>, data: Vec<T>, unit: &str) -> Result<()> {
+            if dst.len() != data.len() {
                 bail!(
-                    "copy between buffers of {} and {} floats",
+                    "copy between buffers of {} and {} {unit}",
                     data.len(),
-                    d.len()
+                    dst.len()
                 );
             }
-            *d = data;
-            return Ok(());
+            *dst = data;
+            Ok(())
+        }
+        if let Some(Memory::F32(data)) = self.memory.get(src.0).and_then(Option::as_ref) {
+            let data = data.clone();
+            return replace(self.f32s_mut(dst)?, data, "floats");
         }
         let data = self.u16s(src)?.clone();
-        let d = self.u16s_mut(dst)?;
-        if d.len() != data.len() {
-            bail!(
-                "copy between buffers of {} and {} elements",
-                data.len(),
-                d.len()
-            );
-        }
-        *d = data;
-        Ok(())
+        replace(self.u16s_mut(dst)?, data, "elements")
     }
 
     fn checksum(&mut self, buf: Buf) -> Result<u64> {

@@ -542,14 +542,7 @@ impl Space {
             kv_rows_per_block: self.eval_u32(&self.family.kv_rows_per_block, &ctx, variant)?,
             kv_splits: self.eval_u32(&self.family.kv_splits, &ctx, variant)?,
             tensor_maps: match &self.family.tensor_maps {
-                Some(e) => e.tree.eval_boolean_with_context(&ctx).map_err(|err| {
-                    Error::BadInput(format!(
-                        "{}: expression `{}` cannot be evaluated for {}: {err}",
-                        self.path.display(),
-                        e.text,
-                        variant.id
-                    ))
-                })?,
+                Some(e) => self.eval_bool(e, &ctx, variant)?,
                 None => false,
             },
         };
@@ -578,15 +571,26 @@ impl Space {
         })
     }
 
+    fn unevaluable(&self, e: &Expr, variant: &Variant, err: impl std::fmt::Display) -> Error {
+        Error::BadInput(format!(
+            "{}: expression `{}` cannot be evaluated for {}: {err}",
+            self.path.display(),
+            e.text,
+            variant.id
+        ))
+    }
+
+    fn eval_bool(&self, e: &Expr, ctx: &HashMapContext, variant: &Variant) -> Result<bool> {
+        e.tree
+            .eval_boolean_with_context(ctx)
+            .map_err(|err| self.unevaluable(e, variant, err))
+    }
+
     fn eval_u32(&self, e: &Expr, ctx: &HashMapContext, variant: &Variant) -> Result<u32> {
-        let v = e.tree.eval_int_with_context(ctx).map_err(|err| {
-            Error::BadInput(format!(
-                "{}: expression `{}` cannot be evaluated for {}: {err}",
-                self.path.display(),
-                e.text,
-                variant.id
-            ))
-        })?;
+        let v = e
+            .tree
+            .eval_int_with_context(ctx)
+            .map_err(|err| self.unevaluable(e, variant, err))?;
         u32::try_from(v).map_err(|_| {
             Error::BadInput(format!(
                 "{}: expression `{}` gives {v} for {}, outside 0..2^32",

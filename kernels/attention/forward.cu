@@ -84,21 +84,23 @@ static_assert(kKvSplit >= 0, "KV_SPLIT must be >= 1, or KV_SPLIT_AUTO (0)");
 // Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem.
 static_assert(kStages >= 1 && kStages <= 3, "STAGES must be 1, 2 or 3");
 static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output dims");
-// PINGPONG (0 when not defined) schedules two consumer warp groups of the wgmma path (hopper.cuh).
-#if defined(PINGPONG)
-static_assert(PINGPONG == 0 || kMma == MMA_WGMMA, "PINGPONG = 1 exists on the wgmma path alone");
+// The wgmma path's own switches (hopper.cuh says what each does), 0 when not defined: PINGPONG
+// (two consumer warp groups take turns), TMA (loads by the producer warp group), TWO_CTAS (two
+// CTAs per SM) and POLY_EXP (some exp2 on the FMA pipe).
+#ifndef PINGPONG
+#define PINGPONG 0
 #endif
-// TMA (loads by the producer warp group), TWO_CTAS (two CTAs per SM) and POLY_EXP (some exp2 on
-// the FMA pipe) likewise (hopper.cuh).
-#if defined(TMA)
-static_assert(TMA == 0 || kMma == MMA_WGMMA, "TMA = 1 exists on the wgmma path alone");
+#ifndef TMA
+#define TMA 0
 #endif
-#if defined(TWO_CTAS)
-static_assert(TWO_CTAS == 0 || kMma == MMA_WGMMA, "TWO_CTAS = 1 exists on the wgmma path alone");
+#ifndef TWO_CTAS
+#define TWO_CTAS 0
 #endif
-#if defined(POLY_EXP)
-static_assert(POLY_EXP == 0 || kMma == MMA_WGMMA, "POLY_EXP = 1 exists on the wgmma path alone");
+#ifndef POLY_EXP
+#define POLY_EXP 0
 #endif
+static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0) || kMma == MMA_WGMMA,
+              "PINGPONG, TMA, TWO_CTAS and POLY_EXP = 1 exist on the wgmma path alone");
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and

@@ -62,16 +62,10 @@ static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192
 static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
 static_assert(kHeadDim % 64 == 0, "wgmma: HEAD_DIM must be whole 128-byte swizzle atoms (64 elements)");
 static_assert(kStages >= 2, "wgmma: STAGES must be at least 2");
-#ifndef PINGPONG
-#define PINGPONG 0
-#endif
 constexpr bool kPingPong = PINGPONG != 0;
 static_assert(PINGPONG == 0 || PINGPONG == 1, "wgmma: PINGPONG is 0 or 1");
 static_assert(!kPingPong || (kProducer && kConsumerWGs == 2),
               "wgmma: PINGPONG takes turns between two consumer warp groups beside a producer (BLOCK_M = 128, WARPS = 12)");
-#ifndef TMA
-#define TMA 0
-#endif
 constexpr bool kTma = TMA != 0;
 static_assert(TMA == 0 || TMA == 1, "wgmma: TMA is 0 or 1");
 static_assert(!kTma || kProducer, "wgmma: TMA loads are issued by the producer warp group (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -84,18 +78,12 @@ static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box hol
 // cores, may set the pace; at d = 128 the GEMMs take twice as long and it does not matter.
 // Measured on an H100 (docs/measurements/2026-11-23-h100/polyexp-ab): 4-13% slower on the d = 64
 // champions, so MUFU is not what limits them; kept as a switch for other GPUs and tiles.
-#ifndef POLY_EXP
-#define POLY_EXP 0
-#endif
 static_assert(POLY_EXP == 0 || POLY_EXP == 1, "wgmma: POLY_EXP is 0 or 1");
 constexpr bool kPolyExp = POLY_EXP != 0;
 
 // TWO_CTAS = 1: built for two CTAs per SM (__launch_bounds__ minBlocks = 2), so that a CTA with
 // one consumer warp group shares its SM with another CTA whose GEMMs and softmax interleave with
 // its own (what ping-pong does inside one CTA), at half the registers each.
-#ifndef TWO_CTAS
-#define TWO_CTAS 0
-#endif
 static_assert(TWO_CTAS == 0 || TWO_CTAS == 1, "wgmma: TWO_CTAS is 0 or 1");
 constexpr int kCtasPerSm = TWO_CTAS ? 2 : 1;
 
@@ -113,9 +101,9 @@ constexpr int kCtasPerSm = TWO_CTAS ? 2 : 1;
 //   one, one CTA: ptxas gives 255 already; no split.
 constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
 constexpr int kProducerRegs = kTma ? 24 : (kConsumerWGs == 3 ? 32 : 40);
-constexpr int kConsumerRegs = (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8 < 240
-                                  ? (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8
-                                  : 240;
+// What the pool leaves each consumer group, in steps of 8, up to FlashAttention-3's 240.
+constexpr int kConsumerRegsLeft = (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8;
+constexpr int kConsumerRegs = kConsumerRegsLeft < 240 ? kConsumerRegsLeft : 240;
 constexpr bool kSplitRegs = kProducer && kLaunchRegs < kConsumerRegs;
 static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
               "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
