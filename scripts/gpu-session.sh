@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume hopper attention ablation ablate profile guided step-demo
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume hopper attention ablation ablate profile guided step-demo space:variants/NAME.toml
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, `step-tests` for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,6 +84,8 @@ for stage in "$@"; do
     reuse) timed reuse ft tune --space variants/attention.toml --reuse 2>"$out/reuse.err" | tee "$out/reuse.txt"; keep reuse ;;
     gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
     alignment) python3 scripts/causal-alignment.py 2>&1 | tee "$out/alignment.txt" ;;
+    # Any space file: space:variants/NAME.toml keeps its log and report under NAME.
+    space:*) name=$(basename "${stage#space:}" .toml); timed "$name" ft tune --space "${stage#space:}" 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
 done

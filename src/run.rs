@@ -609,10 +609,15 @@ pub async fn profile_case(
         let profiles = run_dir.join("profiles");
         std::fs::create_dir_all(&profiles)
             .with_context(|| format!("cannot create {}", profiles.display()))?;
-        // A split variant launches forward + combine; otherwise the first forward is enough.
-        // `auto` is resolved per shape by the worker: the timed record says what it chose.
+        // A split variant launches forward + combine; otherwise, or when the forward merges its
+        // splits itself, the first forward is enough. `auto` is resolved per shape by the worker:
+        // the timed record says what it chose.
         let splits = case.resolved_splits.unwrap_or(launch.kv_splits);
-        let launches = if splits == 1 { 1 } else { 2 };
+        let launches = if splits == 1 || launch.combine_in_forward {
+            1
+        } else {
+            2
+        };
         let policy = &project.policies.profile;
         let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
         let outcome = crate::profile::profile(

@@ -82,6 +82,14 @@ struct FamilyFile {
     /// expression; absent: never). The contract is forward.cu's.
     #[serde(default)]
     tensor_maps: Option<String>,
+    /// Whether a split launch merges its splits inside the forward kernel (a thread-block
+    /// cluster over the splits, or the split that finishes last), so no combine kernel follows
+    /// (an expression; absent: never).
+    #[serde(default)]
+    combine_in_forward: Option<String>,
+    /// Whether a launch passes split counters after `causal` (an expression; absent: never).
+    #[serde(default)]
+    split_counters: Option<String>,
     /// Paths that only some targets can build (wgmma: sm_90a): ruled out elsewhere, with the reason.
     #[serde(default)]
     arch_rules: Vec<ArchRuleFile>,
@@ -111,6 +119,8 @@ pub struct Family {
     kv_rows_per_block: Expr,
     kv_splits: Expr,
     tensor_maps: Option<Expr>,
+    combine_in_forward: Option<Expr>,
+    split_counters: Option<Expr>,
     arch_rules: Vec<ArchRule>,
 }
 
@@ -182,6 +192,15 @@ pub struct LaunchShape {
     /// kv_rows_per_block rows x 64 elements], 128-byte swizzle) after its usual arguments.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tensor_maps: bool,
+    /// A split launch merges its splits in the forward kernel (CLUSTER_COMBINE, LAST_CTA_COMBINE):
+    /// no combine kernel is launched after it. Without `split_counters` (a cluster) its split
+    /// count is fixed, the cluster's size.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub combine_in_forward: bool,
+    /// The kernel takes `unsigned* split_counters` after `causal` (LAST_CTA_COMBINE): one word
+    /// per (query block, batch x head), zero when first launched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split_counters: bool,
 }
 
 /// A (variant, head dim) with its verdict; dtype does not change validity.
@@ -227,6 +246,18 @@ impl Space {
                 .tensor_maps
                 .as_deref()
                 .map(|src| compile("family.tensor_maps", src))
+                .transpose()?,
+            combine_in_forward: file
+                .family
+                .combine_in_forward
+                .as_deref()
+                .map(|src| compile("family.combine_in_forward", src))
+                .transpose()?,
+            split_counters: file
+                .family
+                .split_counters
+                .as_deref()
+                .map(|src| compile("family.split_counters", src))
                 .transpose()?,
             arch_rules: file
                 .family
@@ -545,7 +576,25 @@ impl Space {
                 Some(e) => self.eval_bool(e, &ctx, variant)?,
                 None => false,
             },
+            combine_in_forward: match &self.family.combine_in_forward {
+                Some(e) => self.eval_bool(e, &ctx, variant)?,
+                None => false,
+            },
+            split_counters: match &self.family.split_counters {
+                Some(e) => self.eval_bool(e, &ctx, variant)?,
+                None => false,
+            },
         };
+        // Counters merge any split count, the worker's choice too; a cluster's size is fixed.
+        if launch.combine_in_forward && !launch.split_counters && launch.kv_splits < 2 {
+            let splits = match launch.kv_splits {
+                0 => "the worker's choice".to_string(),
+                n => n.to_string(),
+            };
+            return Ok(invalid(format!(
+                "family: combine_in_forward needs a fixed split count of 2 or more (a cluster's size), not {splits}"
+            )));
+        }
         if launch.threads == 0 || launch.threads > limits.max_threads_per_block {
             return Ok(invalid(format!(
                 "device limits: {} threads per block (limit {})",

@@ -53,6 +53,9 @@ pub struct Io {
     /// Split-KV partials, when the launch splits.
     pub o_accum: Option<Buf>,
     pub lse_accum: Option<Buf>,
+    /// One zeroed word per (query block, batch x head) for a launch that merges its splits in
+    /// the split that finishes last (`LaunchShape::split_counters`); never poisoned.
+    pub counters: Option<Buf>,
 }
 
 /// A set's fp32 reference as it lies on the device: XORed with mask words under keys only the
@@ -481,6 +484,7 @@ fn draw_set<D: Device>(
         lse: lse32,
         o_accum: None,
         lse_accum: None,
+        counters: None,
     };
     let computed = dev.reference(reference, shape, key.dtype, &io);
     let judged = computed.and_then(|()| {
@@ -647,6 +651,15 @@ fn alloc_outputs<D: Device>(dev: &mut D, shape: &Shape, launch: &LaunchShape) ->
         } else {
             None
         },
+        counters: if splits > 1 && launch.split_counters {
+            // Zero once: the kernel counts modulo the split count and never resets them.
+            let words = (shape.sq.div_ceil(launch.rows_per_cta) * shape.b * shape.h) as usize;
+            let counters = dev.alloc32(words)?;
+            dev.upload32(counters, &vec![0.0; words])?;
+            Some(counters)
+        } else {
+            None
+        },
     })
 }
 
@@ -656,6 +669,7 @@ fn free_outputs<D: Device>(dev: &mut D, io: &Io) {
     io.o_accum
         .into_iter()
         .chain(io.lse_accum)
+        .chain(io.counters)
         .for_each(|b| dev.free(b));
 }
 

@@ -511,6 +511,86 @@ mod planning {
         }
     }
 
+    /// Points that merge their splits in the forward kernel launch no combine kernel (forward.cu's
+    /// launch contract), and only they; the last-CTA merge, and only it, gets split counters. A
+    /// cluster over the worker's "auto" split, whose size a cluster cannot follow, is ruled out by
+    /// name; the last-CTA merge takes "auto". The wgmma path takes the head dims 96 and 256, and
+    /// a tile that does not fit at 256 is ruled out by its shared memory, by name.
+    #[test]
+    fn merged_points_launch_no_combine_and_no_other_point_does() {
+        let space = Space::load(&repo().join("variants/merge.toml")).unwrap();
+        let plan = space
+            .plan(&[64u32, 128].into_iter().collect(), &h100())
+            .unwrap();
+        let on = |p: &flashtune::space::PlannedPoint, k: &str| {
+            p.variant.params[k] == flashtune::space::ParamValue::Int(1)
+        };
+        assert!(plan.iter().all(|p| p.invalid.is_none()), "{plan:?}");
+        assert!(plan.iter().filter(|p| on(p, "CLUSTER_COMBINE")).count() >= 10);
+        assert!(plan.iter().filter(|p| on(p, "LAST_CTA_COMBINE")).count() >= 10);
+        for p in &plan {
+            let launch = p.launch.as_ref().unwrap();
+            let (cluster, last) = (on(p, "CLUSTER_COMBINE"), on(p, "LAST_CTA_COMBINE"));
+            assert_eq!(
+                launch.combine_in_forward,
+                cluster || last,
+                "{}",
+                p.variant.id
+            );
+            assert_eq!(launch.split_counters, last, "{}", p.variant.id);
+            if cluster {
+                assert!(p.variant.id.ends_with("-cc1"), "{}", p.variant.id);
+                assert!((2..=8).contains(&launch.kv_splits), "{}", p.variant.id);
+            }
+            if last {
+                assert!(p.variant.id.ends_with("-lcc1"), "{}", p.variant.id);
+            }
+        }
+        assert!(plan
+            .iter()
+            .any(|p| on(p, "LAST_CTA_COMBINE") && p.launch.as_ref().unwrap().kv_splits == 0));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("auto-cluster.toml");
+        let text = std::fs::read_to_string(repo().join("variants/merge.toml"))
+            .unwrap()
+            .replace(
+                "KV_SPLIT = 4, STAGES = 2, CLUSTER_COMBINE = 1",
+                "KV_SPLIT = \"auto\", STAGES = 2, CLUSTER_COMBINE = 1",
+            )
+            .replace("'CLUSTER_COMBINE == 0 || (", "'CLUSTER_COMBINE <= 1 || (");
+        std::fs::write(&path, text).unwrap();
+        let auto = Space::load(&path).unwrap();
+        let plan = auto.plan(&[128u32].into_iter().collect(), &h100()).unwrap();
+        let why: Vec<&str> = plan.iter().filter_map(|p| p.invalid.as_deref()).collect();
+        assert_eq!(why.len(), 2, "{plan:?}");
+        assert!(
+            why.iter()
+                .all(|w| w.contains("combine_in_forward needs a fixed split count")),
+            "{why:?}"
+        );
+        // Head dims 96 and 256 on wgmma: admitted, but a 128-key tile at 256 is out by its smem.
+        let headdims = Space::load(&repo().join("variants/headdims.toml")).unwrap();
+        let plan = headdims
+            .plan(&[96u32, 256].into_iter().collect(), &h100())
+            .unwrap();
+        let wgmma = |d: u32| {
+            plan.iter()
+                .filter(|p| {
+                    p.head_dim == d && p.variant.id.starts_with("wgmma-") && p.invalid.is_none()
+                })
+                .count()
+        };
+        assert!(wgmma(96) >= 7 && wgmma(256) >= 4, "{plan:?}");
+        let big = plan
+            .iter()
+            .find(|p| p.variant.id == "wgmma-bm128-bn128-w12-ks1-s3-p1-t1" && p.head_dim == 256)
+            .unwrap();
+        assert!(
+            big.invalid.as_deref().unwrap().contains("<= 232448"),
+            "{big:?}"
+        );
+    }
+
     #[test]
     fn unknown_shape_names_are_config_errors() {
         let dir = tempfile::tempdir().unwrap();
@@ -670,6 +750,7 @@ mod real_builds {
             "variants/headdims.toml",
             "variants/decode.toml",
             "variants/polyexp.toml",
+            "variants/merge.toml",
         ] {
             let out = flashtune(&repo(), &["build", "--space", space]);
             let t = text(&out);

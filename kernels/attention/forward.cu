@@ -9,14 +9,28 @@
 //                 + if(MMA == "mma", 0, BLOCK_M * (BLOCK_N + 4) * 4)
 //                 + if(MMA == "wmma", BLOCK_M * (BLOCK_N + 8) * ELEM_BYTES + BLOCK_M * 4, 0)
 //                 and for MMA == "wgmma" (hopper.cuh; 1 KiB of 1024-byte alignment slack and the
-//                 mbarriers, unpadded swizzled tiles): 1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
+//                 mbarriers, unpadded swizzled tiles of whole 64-element columns, so HEAD_DIM
+//                 96 is held as 128): 1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
 //                 num_splits = gridDim.z is chosen by the host at run time; KV_SPLIT only names
 //                 the variant (KV_SPLIT_AUTO = 0: the host picks a split per shape).
 //                 TMA = 1 (wgmma with a producer warp group only; the space's tensor_maps):
 //                 three more parameters after `causal`, the CUtensorMaps of Q, K and V by value,
 //                 each 3-D (element, row, batch x head) over the [B * H, S, HEAD_DIM] buffer with
 //                 boxes of 64 elements x BLOCK_M rows (Q) or BLOCK_N rows (K, V), 128-byte
-//                 swizzle, zero fill out of bounds (the worker's TensorMapKey::encode).
+//                 swizzle, zero fill out of bounds (the worker's TensorMapKey::encode; at
+//                 HEAD_DIM 96 the second box's last 32 elements are out of bounds: zeros).
+//                 CLUSTER_COMBINE = 1 (wgmma, every warp a consumer; the space's
+//                 combine_in_forward): built with cluster dims (1, 1, KV_SPLIT), so gridDim.z
+//                 must be KV_SPLIT (2..8); the splits of a query block merge through distributed
+//                 shared memory and write O and LSE; O_accum and LSE_accum are not touched and
+//                 no attn_combine follows.
+//                 LAST_CTA_COMBINE = 1 (wgmma, every warp a consumer; the space's split_counters
+//                 and combine_in_forward): one more parameter after `causal` (before any tensor
+//                 maps), `unsigned* split_counters`, one word per (query block, batch x head),
+//                 zero when first launched and never reset (the kernel counts modulo gridDim.z);
+//                 with more than one split, the last split CTA of a query block to finish merges
+//                 the block's partials from O_accum and LSE_accum and writes O and LSE; no
+//                 attn_combine follows.
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
 //
 // Paths: MMA_SCALAR (fp32 FMAs, FA-1 style), MMA_WMMA (nvcuda::wmma, S/P through smem),
@@ -99,8 +113,15 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #ifndef POLY_EXP
 #define POLY_EXP 0
 #endif
-static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0) || kMma == MMA_WGMMA,
-              "PINGPONG, TMA, TWO_CTAS and POLY_EXP = 1 exist on the wgmma path alone");
+#ifndef CLUSTER_COMBINE
+#define CLUSTER_COMBINE 0
+#endif
+#ifndef LAST_CTA_COMBINE
+#define LAST_CTA_COMBINE 0
+#endif
+static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0) ||
+                  kMma == MMA_WGMMA,
+              "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE and LAST_CTA_COMBINE = 1 exist on the wgmma path alone");
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and

@@ -32,7 +32,10 @@
 //     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
 //     barriers hand the turn over.
 //   * TWO_CTAS = 1 builds the producer form for two CTAs per SM; POLY_EXP = 1 computes one
-//     exp2 in four with a polynomial on the FMA pipe (measured slower on an H100: polyexp-ab).
+//     exp2 in four with a polynomial on the FMA pipe (measured slower on an H100: polyexp-ab);
+//     CLUSTER_COMBINE = 1 merges the KV splits inside a thread-block cluster, LAST_CTA_COMBINE = 1
+//     in the split that finishes last (no combine kernel either way).
+//   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
 //     below). With the producer's copies in flight and ping-pong: 324 of 324 cases correct
@@ -60,7 +63,13 @@ static_assert(kWarps % 4 == 0 && (kWarpGroups == kConsumerWGs || kProducer),
 static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
               "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 96, 128, 192, 256)");
 static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
-static_assert(kHeadDim % 64 == 0, "wgmma: HEAD_DIM must be whole 128-byte swizzle atoms (64 elements)");
+// The head dim as held in shared memory: whole 64-element (128-byte) swizzle columns. HEAD_DIM 96
+// is held as 128 whose last 32 columns are zeros (TMA's out-of-bounds fill, cp.async's src-size
+// 0): Q K^T stops at 96 (six k-steps), O += P V runs N = 128 and the O columns past 96, P x 0,
+// are never stored. That costs a third more P V work than an exact 96 (a sixth of the GEMMs) and
+// keeps one swizzle mode, one descriptor family and one loader for every head dim.
+constexpr int kHeadDimSmem = (kHeadDim + 63) / 64 * 64;
+static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256, "wgmma: HEAD_DIM must be 64, 96, 128 or 256");
 static_assert(kStages >= 2, "wgmma: STAGES must be at least 2");
 constexpr bool kPingPong = PINGPONG != 0;
 static_assert(PINGPONG == 0 || PINGPONG == 1, "wgmma: PINGPONG is 0 or 1");
@@ -87,6 +96,32 @@ constexpr bool kPolyExp = POLY_EXP != 0;
 static_assert(TWO_CTAS == 0 || TWO_CTAS == 1, "wgmma: TWO_CTAS is 0 or 1");
 constexpr int kCtasPerSm = TWO_CTAS ? 2 : 1;
 
+// CLUSTER_COMBINE = 1: the KV_SPLIT CTAs of one query block form a thread-block cluster (1, 1,
+// KV_SPLIT) and merge their partials through distributed shared memory (cluster_combine below),
+// so a split launch is one kernel, not a forward and a combine with a launch gap between them:
+// what decode, a handful of query rows against a long KV cache, spends its last microseconds on.
+static_assert(CLUSTER_COMBINE == 0 || CLUSTER_COMBINE == 1, "wgmma: CLUSTER_COMBINE is 0 or 1");
+constexpr bool kClusterCombine = CLUSTER_COMBINE != 0;
+static_assert(!kClusterCombine || (kKvSplit >= 2 && kKvSplit <= 8),
+              "wgmma: CLUSTER_COMBINE needs a fixed KV_SPLIT of 2..8 (a portable cluster size)");
+// The producer form's copy warps leave early; a cluster barrier wants every thread of the cluster.
+static_assert(!kClusterCombine || !kProducer, "wgmma: CLUSTER_COMBINE is for the all-consumer form (WARPS = BLOCK_M / 16)");
+
+// LAST_CTA_COMBINE = 1: every split writes its partials to O_accum / LSE_accum as for attn_combine,
+// then counts itself on its query block's word of split_counters; the split that counts last
+// merges the block (last_cta_combine below). One kernel, any split count (the worker's "auto"
+// too), no cluster to place; the price is the partials' round trip through L2.
+static_assert(LAST_CTA_COMBINE == 0 || LAST_CTA_COMBINE == 1, "wgmma: LAST_CTA_COMBINE is 0 or 1");
+constexpr bool kLastCtaCombine = LAST_CTA_COMBINE != 0;
+static_assert(!kLastCtaCombine || !kProducer, "wgmma: LAST_CTA_COMBINE is for the all-consumer form (WARPS = BLOCK_M / 16)");
+static_assert(!(kLastCtaCombine && kClusterCombine), "wgmma: one way to merge the splits");
+// Its weight table (a float per split and row) over the K/V stages: 128 splits, the most the
+// worker's "auto" picks, of every row of the block.
+constexpr int kMaxMergedSplits = 128;
+static_assert(!kLastCtaCombine || kMaxMergedSplits * kBlockM * 4 <= 2 * kStages * kBlockN * kHeadDimSmem * 2,
+              "wgmma: LAST_CTA_COMBINE's weights fit the K/V stages");
+static_assert(!kLastCtaCombine || kKvSplit <= kMaxMergedSplits, "wgmma: LAST_CTA_COMBINE merges at most 128 splits");
+
 // setmaxnreg: the producer keeps what a copy loop needs, the consumers take the rest. The CTA's
 // registers are what ptxas gives the kernel under __launch_bounds__(threads, CTAs per SM), the
 // register file over the SM's threads in steps of 8 (the -Xptxas -v line of every build shows it),
@@ -111,17 +146,21 @@ static_assert(kCtasPerSm == 1 || kProducer, "wgmma: TWO_CTAS is for the producer
 
 // Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
 // is a function of address bits 4..9, so every tile starts 1024-byte aligned.
-constexpr uint32_t kQBytesH = uint32_t(kBlockM) * kHeadDim * sizeof(elem_t);
-constexpr uint32_t kTileBytes = uint32_t(kBlockN) * kHeadDim * sizeof(elem_t);
+constexpr uint32_t kQBytesH = uint32_t(kBlockM) * kHeadDimSmem * sizeof(elem_t);
+constexpr uint32_t kTileBytes = uint32_t(kBlockN) * kHeadDimSmem * sizeof(elem_t);
 constexpr uint32_t kBarrierBytes = 256;
 // Keep in sync with the family's smem_bytes formula for MMA == "wgmma":
-//   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * HEAD_DIM * ELEM_BYTES
+//   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
 constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
 static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
-static_assert(2 * kStages * 8 + 8 <= kBarrierBytes, "wgmma: the mbarriers fit their region");
+static_assert(2 * kStages * 8 + 8 + 4 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
 static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
 // An SM has 228 KB of shared memory, 1 KB of it reserved per resident CTA.
 static_assert(kCtasPerSm * (kSmemBytesH + 1024) <= 228 * 1024, "wgmma: TWO_CTAS needs both CTAs' shared memory to fit one SM");
+// CLUSTER_COMBINE's partials (BLOCK_M rows of HEAD_DIM floats, then BLOCK_M LSEs) overwrite the
+// K and V stages once the main loop is done.
+constexpr uint32_t kPartialBytes = uint32_t(kBlockM) * (kHeadDim + 1) * 4;
+static_assert(!kClusterCombine || kPartialBytes <= 2 * kStages * kTileBytes, "wgmma: the split partials fit the K/V stages");
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -183,6 +222,37 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+// Thread-block clusters (CLUSTER_COMBINE): this CTA's rank, a barrier over every thread of the
+// cluster that orders shared-memory writes before it with peers' reads after it, and a load from
+// a peer's shared memory at the address `addr` has in this CTA's.
+__device__ __forceinline__ int cluster_ctarank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return int(r);
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Volatile, so never moved across cluster_sync; no memory clobber, so a thread's loads issue back
+// to back and their latencies overlap.
+__device__ __forceinline__ uint32_t peer_addr(uint32_t addr, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr, int rank) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(peer_addr(addr, rank)));
+    return v;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr, int rank) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(peer_addr(addr, rank)));
+    return v;
+}
+
 // A CUtensorMap as the driver encodes it (cuTensorMapEncodeTiled): 128 opaque bytes, 64-byte
 // aligned, passed by value as a __grid_constant__ kernel parameter so its address is a param-space
 // address TMA can read. Declared here, not taken from <cuda.h>: the PyPI compiler ships no cuda.h.
@@ -204,37 +274,41 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const TmaMap& map, uin
         "l"(reinterpret_cast<uint64_t>(&map)), "r"(bar), "r"(col), "r"(row), "r"(bh)
         : "memory");
 }
-// A ROWS-row tile (rows row0 .. row0 + ROWS - 1 of head bh) as HEAD_DIM / 64 boxes of [ROWS x 64],
-// one per swizzle column block (the layout of sw128_offset: block b at b x ROWS x 128 bytes). The
-// map's box must be [ROWS rows x 64 elements] with the 128-byte swizzle: the launch contract.
+// A ROWS-row tile (rows row0 .. row0 + ROWS - 1 of head bh) as kHeadDimSmem / 64 boxes of
+// [ROWS x 64], one per swizzle column block (the layout of sw128_offset: block b at b x ROWS x 128
+// bytes). The map's box must be [ROWS rows x 64 elements] with the 128-byte swizzle: the launch
+// contract. At HEAD_DIM 96 the second box reaches past the map's 96 elements: zeros, counted.
 template <int ROWS>
 __device__ __forceinline__ void tma_load_tile(uint32_t dst, const TmaMap& map, uint32_t bar, int row0, int bh) {
 #pragma unroll
-    for (int b = 0; b < kHeadDim / 64; ++b) tma_load_3d(dst + uint32_t(b) * ROWS * 128, map, bar, b * 64, row0, bh);
+    for (int b = 0; b < kHeadDimSmem / 64; ++b) tma_load_3d(dst + uint32_t(b) * ROWS * 128, map, bar, b * 64, row0, bh);
 }
 
 // Issues (does not wait for) cp.async copies of rows [row0, row0 + ROWS) of a [n_rows, HEAD_DIM]
 // matrix into a swizzled tile. Thread tid keeps one 16-byte column chunk and walks rows
-// NTHREADS / (HEAD_DIM / 8) apart, a multiple of 8, so its swizzled chunk never changes and every
-// iteration adds compile-time offsets to one smem and one global address (the producer warp
-// group runs this on 32-40 registers). A warp reads whole rows (coalesced) and writes each 128-byte
-// smem row with 8 lanes (no bank conflicts). Rows past the end are copied with src-size 0: nothing
-// is read and the 16 bytes become zeros (0 * stale smem that happens to be NaN would be NaN).
+// NTHREADS / (kHeadDimSmem / 8) apart (Sw128RowWalk: a few fixed swizzled offsets plus
+// compile-time ones; rows 4 or 12 apart at HEAD_DIM 256 over 128 or 384 threads), and its global
+// address is one pointer plus compile-time offsets (the producer warp group runs this on 32-40
+// registers). A warp reads whole rows (coalesced) and writes each 128-byte smem row with 8 lanes
+// (no bank conflicts). Rows past the end, and the zero columns of HEAD_DIM 96, are copied with
+// src-size 0: nothing is read and the 16 bytes become zeros (0 * stale smem that happens to be
+// NaN would be NaN).
 template <int ROWS, int NTHREADS>
 __device__ __forceinline__ void load_tile(uint32_t dst, const elem_t* __restrict__ src, int row0, int n_rows, int tid) {
-    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kChunks = kHeadDimSmem / 8;
     constexpr int kRowsPerIter = NTHREADS / kChunks;
-    static_assert(NTHREADS % kChunks == 0 && kRowsPerIter % 8 == 0, "loader: a thread's swizzled chunk must stay fixed");
+    static_assert(NTHREADS % kChunks == 0, "loader: the threads cover whole rows");
     constexpr int kIters = (ROWS + kRowsPerIter - 1) / kRowsPerIter;
     const int r0 = tid / kChunks;
     const int c = tid % kChunks;
-    const uint32_t d = dst + sw128_offset<ROWS>(r0, c);
-    const elem_t* g = src + int64_t(row0 + r0) * kHeadDim + c * 8;
+    const bool in_head = c < kHeadDim / 8;
+    const Sw128RowWalk<ROWS, kRowsPerIter> walk(r0, c);
+    const elem_t* g = src + int64_t(row0 + r0) * kHeadDim + (in_head ? c * 8 : 0);
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
         const int r = r0 + it * kRowsPerIter;
         if (ROWS % kRowsPerIter == 0 || r < ROWS)
-            cp_async_16_to(d + uint32_t(it * kRowsPerIter / 8) * kSw128AtomBytes, g + it * kRowsPerIter * kHeadDim, row0 + r < n_rows);
+            cp_async_16_to(dst + walk.at(it), g + it * kRowsPerIter * kHeadDim, in_head && row0 + r < n_rows);
     }
 }
 
@@ -265,7 +339,7 @@ __device__ __forceinline__ float poly_exp2(float x) {
 // of n-tiles 2kk and 2kk + 1 packed in pairs are exactly the register A fragment of P.
 struct Consumer {
     static constexpr int kSN = kBlockN / 2;   // S accumulators per thread
-    static constexpr int kON = kHeadDim / 2;  // O accumulators per thread
+    static constexpr int kON = kHeadDimSmem / 2;  // O accumulators per thread (96: 128, see kHeadDimSmem)
     float o[kON];
     float m[2], l[2];  // per row h: running max (raw score units) and row sum (this thread's part)
     int row_base;      // first query row of this thread's warp (absolute)
@@ -336,6 +410,7 @@ struct Consumer {
         }
     }
 
+    // Only the stored columns: those past HEAD_DIM stay P x 0 = 0 whatever their scale.
     __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
 #pragma unroll
         for (int dt = 0; dt < kHeadDim / 8; ++dt)
@@ -361,7 +436,7 @@ struct Consumer {
 #pragma unroll
         for (int kk = 0; kk < kBlockN / 16; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            Wgmma<kHeadDim>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
+            Wgmma<kHeadDimSmem>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
         }
         wgmma_commit();
     }
@@ -398,14 +473,153 @@ struct Consumer {
     }
 };
 
+// CLUSTER_COMBINE's epilogue: each CTA of the cluster (one KV split of the query block) writes its
+// normalised partial O rows and LSEs into its own shared memory, as make_epilogue's split partials
+// are written to global memory; after a cluster barrier, CTA r merges rows r, r + KV_SPLIT, ... of
+// the block from every CTA's shared memory, as attn_combine does (weights exp(LSE_s - LSE), LSE =
+// log sum_s exp(LSE_s), a split that saw no key at LSE_s = -inf weighing 0), one thread per 4
+// dims of a row with all its peer loads in flight at once; a second barrier keeps each CTA's
+// shared memory alive until its peers have read it.
+__device__ __forceinline__ void cluster_combine(Consumer& c, const CtaWork& work, elem_t* O, float* LSE, unsigned char* smem_raw,
+                                                uint32_t part_smem) {
+    constexpr int kSplits = kKvSplit > 0 ? kKvSplit : 1;  // >= 2 wherever this runs (static_assert)
+    constexpr int kQuads = kHeadDim / 4;  // 4-dim pieces of a row
+    const Ctx& ctx = work.ctx;
+    __syncthreads();  // every warp group's last wgmma has been waited for: the stages are free
+    Epilogue to_smem;
+    to_smem.o = nullptr;
+    to_smem.o_accum = reinterpret_cast<float*>(smem_raw + (part_smem - smem_u32(smem_raw)));
+    to_smem.lse = to_smem.o_accum + kBlockM * kHeadDim;
+    to_smem.row0 = -int64_t(ctx.q0);  // rows of the block, not of the head
+    c.finish(ctx, to_smem);
+    // A grid of more splits than one cluster holds would write O once per cluster (the contract
+    // says gridDim.z == KV_SPLIT): fail the launch instead.
+    if (int(gridDim.z) != kSplits) __trap();
+    cluster_sync();
+    const int rank = cluster_ctarank();
+    const uint32_t lse_smem = part_smem + uint32_t(kBlockM) * kHeadDim * 4;
+    const int rows_here = min(kBlockM, ctx.sq - ctx.q0);  // rows of the block inside Sq
+    const int my_rows = rows_here > rank ? (rows_here - rank + kSplits - 1) / kSplits : 0;
+    for (int item = threadIdx.x; item < my_rows * kQuads; item += kThreads) {
+        const int r = rank + (item / kQuads) * kSplits;
+        const int d = (item % kQuads) * 4;
+        float lse_s[kSplits];
+        float4 o_s[kSplits];
+#pragma unroll
+        for (int s = 0; s < kSplits; ++s) lse_s[s] = ld_cluster_f32(lse_smem + uint32_t(r) * 4, s);
+#pragma unroll
+        for (int s = 0; s < kSplits; ++s) o_s[s] = ld_cluster_f32x4(part_smem + uint32_t(r * kHeadDim + d) * 4, s);
+        float mx = neg_inf();
+#pragma unroll
+        for (int s = 0; s < kSplits; ++s) mx = fmaxf(mx, lse_s[s]);
+        const float m_use = safe_max(mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kSplits; ++s) sum += expf(lse_s[s] - m_use);
+        const float lse = sum > 0.0f ? m_use + logf(sum) : neg_inf();
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (sum > 0.0f) {
+#pragma unroll
+            for (int s = 0; s < kSplits; ++s) {
+                const float w = expf(lse_s[s] - lse);  // 0 for a split that saw no key (its O is 0)
+                acc.x = fmaf(w, o_s[s].x, acc.x);
+                acc.y = fmaf(w, o_s[s].y, acc.y);
+                acc.z = fmaf(w, o_s[s].z, acc.z);
+                acc.w = fmaf(w, o_s[s].w, acc.w);
+            }
+        }
+        const int64_t row = work.bh * ctx.sq + ctx.q0 + r;
+        *reinterpret_cast<uint2*>(O + row * kHeadDim + d) = make_uint2(pack_elem2(acc.x, acc.y), pack_elem2(acc.z, acc.w));
+        if (d == 0) LSE[row] = lse;
+    }
+    cluster_sync();
+}
+
+// LAST_CTA_COMBINE's tail, after this split's partials went to O_accum / LSE_accum: a release
+// fence, then one count on the block's word; the count that completes a multiple of num_splits
+// (the words are never reset, so a launch starts where the last left off, on a multiple) belongs
+// to the last split, whose CTA fences again (acquire) and merges the block as attn_combine does:
+// weights exp(LSE_s - LSE) with LSE = log sum_s exp(LSE_s), a split that saw no key at -inf
+// weighing 0. One CTA merging a whole block is bound by load latency, not bandwidth, so it runs
+// in three rounds that each keep many loads in flight: every (split, row) LSE into shared memory
+// (over the K/V stages, free now), each row's LSE and weights from there, then one thread per 4
+// dims of a row summing the splits' partials. Partials are read through L2 (ld.global.cg: other
+// SMs wrote them, and this SM's L1 is not coherent with theirs).
+__device__ __forceinline__ void last_cta_combine(const CtaWork& work, elem_t* __restrict__ O, float* __restrict__ LSE,
+                                                 const float* __restrict__ O_accum, const float* __restrict__ LSE_accum,
+                                                 unsigned* split_counters, int B, int H, volatile int* is_last,
+                                                 float* weights) {
+    const Ctx& ctx = work.ctx;
+    const int splits = work.num_splits;
+    if (splits == 1) return;  // the epilogue wrote O and LSE
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned before = atomicAdd(&split_counters[work.bh * gridDim.x + blockIdx.x], 1u);
+        *is_last = before % unsigned(splits) == unsigned(splits) - 1;
+    }
+    __syncthreads();
+    if (!*is_last) return;
+    // More splits than the weight table holds (a launch past the contract): fail the launch
+    // rather than write past the stages.
+    if (splits > kMaxMergedSplits) __trap();
+    __threadfence();
+    const int64_t rows = int64_t(B) * H * ctx.sq;  // rows of one split's partials
+    const int64_t row0 = work.bh * ctx.sq + ctx.q0;
+    const int rows_here = min(kBlockM, ctx.sq - ctx.q0);
+    // weights[s * kBlockM + r]: the LSE of split s for row r, then its weight.
+    for (int i = threadIdx.x; i < splits * rows_here; i += kThreads) {
+        const int sp = i / rows_here;
+        const int r = i % rows_here;
+        weights[sp * kBlockM + r] = __ldcg(LSE_accum + sp * rows + row0 + r);
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows_here; r += kThreads) {
+        float mx = neg_inf();
+        for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, weights[sp * kBlockM + r]);
+        const float m_use = safe_max(mx);
+        float sum = 0.0f;
+        for (int sp = 0; sp < splits; ++sp) sum += expf(weights[sp * kBlockM + r] - m_use);
+        const float lse = sum > 0.0f ? m_use + logf(sum) : neg_inf();
+        for (int sp = 0; sp < splits; ++sp) weights[sp * kBlockM + r] = sum > 0.0f ? expf(weights[sp * kBlockM + r] - lse) : 0.0f;
+        LSE[row0 + r] = lse;
+    }
+    __syncthreads();
+    constexpr int kQuads = kHeadDim / 4;
+    for (int item = threadIdx.x; item < rows_here * kQuads; item += kThreads) {
+        const int r = item / kQuads;
+        const int d = (item % kQuads) * 4;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (int sp = 0; sp < splits; ++sp) {
+            const float w = weights[sp * kBlockM + r];
+            const float4 o = __ldcg(reinterpret_cast<const float4*>(O_accum + ((sp * rows + row0 + r) * kHeadDim + d)));
+            acc.x = fmaf(w, o.x, acc.x);
+            acc.y = fmaf(w, o.y, acc.y);
+            acc.z = fmaf(w, o.z, acc.z);
+            acc.w = fmaf(w, o.w, acc.w);
+        }
+        *reinterpret_cast<uint2*>(O + (row0 + r) * kHeadDim + d) = make_uint2(pack_elem2(acc.x, acc.y), pack_elem2(acc.z, acc.w));
+    }
+}
+
 }  // namespace hopper
+
+#if CLUSTER_COMBINE
+#define HOPPER_CLUSTER_DIMS __cluster_dims__(1, 1, KV_SPLIT)
+#else
+#define HOPPER_CLUSTER_DIMS
+#endif
 
 // minBlocks = 1: one CTA per SM is the design (the consumers hold up to 240 registers a thread),
 // unless TWO_CTAS.
-extern "C" __global__ void __launch_bounds__(kThreads, hopper::kCtasPerSm)
+extern "C" __global__ void __launch_bounds__(kThreads, hopper::kCtasPerSm) HOPPER_CLUSTER_DIMS
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
          float* __restrict__ LSE_accum, int B, int H, int Sq, int Sk, float softmax_scale, int causal
+#if LAST_CTA_COMBINE
+         , unsigned* __restrict__ split_counters
+#endif
 #if TMA
          , const __grid_constant__ hopper::TmaMap tma_q, const __grid_constant__ hopper::TmaMap tma_k,
          const __grid_constant__ hopper::TmaMap tma_v
@@ -606,6 +820,17 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
         }
         cp_async_wait<0>();
-        c.finish(ctx, epilogue());
+        if constexpr (kClusterCombine) {
+            cluster_combine(c, work, O, LSE, smem_raw, k_smem);
+        } else {
+            c.finish(ctx, epilogue());
+#if LAST_CTA_COMBINE
+            // The flag lives in the mbarrier region's spare words (no static smem beside the formula's).
+            const uint32_t last_flag = bars + 8u * (2 * kStages + 1);
+            last_cta_combine(work, O, LSE, O_accum, LSE_accum, split_counters, B, H,
+                             reinterpret_cast<volatile int*>(smem_raw + (last_flag - smem_u32(smem_raw))),
+                             reinterpret_cast<float*>(smem_raw + (k_smem - smem_u32(smem_raw))));
+#endif
+        }
     }
 }

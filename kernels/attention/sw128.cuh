@@ -51,3 +51,26 @@ template <int ROWS>
 SW128_FN uint64_t sw128_mnmajor_desc(uint32_t tile, int kk) {
     return sw128_desc(tile + uint32_t(kk) * 2 * kSw128AtomBytes, ROWS * 128, kSw128AtomBytes);
 }
+
+// A loader thread's walk down a ROWS-row tile: it keeps one 16-byte column chunk and visits rows
+// r0, r0 + ROWS_PER_ITER, r0 + 2 ROWS_PER_ITER, ... Row r0 + k sits k / 8 whole atoms past row
+// r0 + k % 8, so the walk keeps one offset per distinct (row % 8) it meets (one when its rows
+// are a multiple of 8 apart, two at 4 or 12 apart) and adds compile-time atom offsets to them:
+// at(it) == sw128_offset<ROWS>(r0 + it * ROWS_PER_ITER, chunk), checked on the host by
+// tests/fixtures/wgmma_layout.cu.
+template <int ROWS, int ROWS_PER_ITER>
+struct Sw128RowWalk {
+    static constexpr int kResidueStep = ROWS_PER_ITER % 8 == 0   ? 8
+                                        : ROWS_PER_ITER % 4 == 0 ? 4
+                                        : ROWS_PER_ITER % 2 == 0 ? 2
+                                                                 : 1;
+    static constexpr int kPhases = 8 / kResidueStep;
+    uint32_t phase[kPhases];
+
+    SW128_FN Sw128RowWalk(int r0, int chunk) {
+        for (int ph = 0; ph < kPhases; ++ph) phase[ph] = sw128_offset<ROWS>(r0 + ph * kResidueStep, chunk);
+    }
+    SW128_FN uint32_t at(int it) const {
+        return phase[it * ROWS_PER_ITER % 8 / kResidueStep] + uint32_t(it * ROWS_PER_ITER / 8) * kSw128AtomBytes;
+    }
+};

@@ -174,11 +174,13 @@ impl TensorMapKey {
     /// The map the Hopper path's TMA loads read (kernels/attention/hopper.cuh, tma_load_tile):
     /// three dimensions (element, row, batch x head) so that a box reaching past a head's last
     /// row reads zeros, not the next head; 64-element (128-byte) boxes in the 128-byte swizzle.
+    /// A head dim of 96 is read as two boxes whose second reaches 32 elements past the row: TMA
+    /// fills those with zeros too (the kernel holds 96 as 128, hopper.cuh's kHeadDimSmem).
     fn encode(&self) -> Result<TensorMap> {
         let elem = 2u64;
-        if self.head_dim % 64 != 0 || !(1..=256).contains(&self.box_rows) {
+        if self.head_dim % 32 != 0 || !(1..=256).contains(&self.box_rows) {
             bail!(
-                "no TMA map for head dim {} in boxes of {} rows: the contract is 64-element columns and at most 256 rows",
+                "no TMA map for head dim {} in boxes of {} rows: the contract is 64-element boxes over a multiple of 32 elements and at most 256 rows",
                 self.head_dim,
                 self.box_rows
             );
@@ -431,6 +433,10 @@ impl Gpu {
             .arg(&sk)
             .arg(&scale)
             .arg(&causal);
+        let counters = p(io.counters)?;
+        if launch.split_counters {
+            lb.arg(&counters);
+        }
         let maps;
         if launch.tensor_maps {
             let heads = (s.b * s.h) as u64;
@@ -453,7 +459,8 @@ impl Gpu {
             shared_mem_bytes: launch.smem_bytes,
         };
         unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("forward launch: {e:?}"))?;
-        if launch.kv_splits > 1 {
+        // CLUSTER_COMBINE and LAST_CTA_COMBINE kernels merged their splits themselves.
+        if launch.kv_splits > 1 && !launch.combine_in_forward {
             let combine = combine
                 .as_ref()
                 .ok_or_else(|| anyhow!("a split launch needs the combine kernel"))?;
