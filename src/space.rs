@@ -235,30 +235,22 @@ impl Space {
                 tree,
             })
         };
+        // An optional switch of the launch contract (absent: never on).
+        let compile_flag = |key: &str, src: &Option<String>| -> Result<Option<Expr>> {
+            src.as_deref().map(|src| compile(key, src)).transpose()
+        };
         let family = Family {
             threads: compile("family.threads", &file.family.threads)?,
             smem_bytes: compile("family.smem_bytes", &file.family.smem_bytes)?,
             rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
             kv_rows_per_block: compile("family.kv_rows_per_block", &file.family.kv_rows_per_block)?,
             kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
-            tensor_maps: file
-                .family
-                .tensor_maps
-                .as_deref()
-                .map(|src| compile("family.tensor_maps", src))
-                .transpose()?,
-            combine_in_forward: file
-                .family
-                .combine_in_forward
-                .as_deref()
-                .map(|src| compile("family.combine_in_forward", src))
-                .transpose()?,
-            split_counters: file
-                .family
-                .split_counters
-                .as_deref()
-                .map(|src| compile("family.split_counters", src))
-                .transpose()?,
+            tensor_maps: compile_flag("family.tensor_maps", &file.family.tensor_maps)?,
+            combine_in_forward: compile_flag(
+                "family.combine_in_forward",
+                &file.family.combine_in_forward,
+            )?,
+            split_counters: compile_flag("family.split_counters", &file.family.split_counters)?,
             arch_rules: file
                 .family
                 .arch_rules
@@ -572,18 +564,9 @@ impl Space {
             rows_per_cta: self.eval_u32(&self.family.rows_per_cta, &ctx, variant)?,
             kv_rows_per_block: self.eval_u32(&self.family.kv_rows_per_block, &ctx, variant)?,
             kv_splits: self.eval_u32(&self.family.kv_splits, &ctx, variant)?,
-            tensor_maps: match &self.family.tensor_maps {
-                Some(e) => self.eval_bool(e, &ctx, variant)?,
-                None => false,
-            },
-            combine_in_forward: match &self.family.combine_in_forward {
-                Some(e) => self.eval_bool(e, &ctx, variant)?,
-                None => false,
-            },
-            split_counters: match &self.family.split_counters {
-                Some(e) => self.eval_bool(e, &ctx, variant)?,
-                None => false,
-            },
+            tensor_maps: self.eval_flag(&self.family.tensor_maps, &ctx, variant)?,
+            combine_in_forward: self.eval_flag(&self.family.combine_in_forward, &ctx, variant)?,
+            split_counters: self.eval_flag(&self.family.split_counters, &ctx, variant)?,
         };
         // Counters merge any split count, the worker's choice too; a cluster's size is fixed.
         if launch.combine_in_forward && !launch.split_counters && launch.kv_splits < 2 {
@@ -633,6 +616,12 @@ impl Space {
         e.tree
             .eval_boolean_with_context(ctx)
             .map_err(|err| self.unevaluable(e, variant, err))
+    }
+
+    /// An optional switch of the family (absent: off).
+    fn eval_flag(&self, e: &Option<Expr>, ctx: &HashMapContext, variant: &Variant) -> Result<bool> {
+        e.as_ref()
+            .map_or(Ok(false), |e| self.eval_bool(e, ctx, variant))
     }
 
     fn eval_u32(&self, e: &Expr, ctx: &HashMapContext, variant: &Variant) -> Result<u32> {

@@ -379,6 +379,19 @@ mod planning {
         }
     }
 
+    /// A shipped space's plan (`variants/NAME.toml`) for these head dims on an H100.
+    fn h100_plan(space: &str, head_dims: &[u32]) -> Vec<flashtune::space::PlannedPoint> {
+        Space::load(&repo().join(space))
+            .unwrap()
+            .plan(&head_dims.iter().copied().collect(), &h100())
+            .unwrap()
+    }
+
+    /// Whether a point turns the 0/1 switch `key` on.
+    fn switched_on(p: &flashtune::space::PlannedPoint, key: &str) -> bool {
+        p.variant.params[key] == flashtune::space::ParamValue::Int(1)
+    }
+
     #[test]
     fn constraints_and_device_limits_rule_points_out_with_reasons() {
         let (_d, space) = write_space(
@@ -456,26 +469,20 @@ mod planning {
     /// memory of two CTAs per SM fits one SM.
     #[test]
     fn tma_points_launch_with_tensor_maps_and_no_other_point_does() {
-        let space = Space::load(&repo().join("variants/hopper.toml")).unwrap();
-        let plan = space
-            .plan(&[64u32, 128].into_iter().collect(), &h100())
-            .unwrap();
-        let param = |p: &flashtune::space::PlannedPoint, k: &str| {
-            p.variant.params[k] == flashtune::space::ParamValue::Int(1)
-        };
+        let plan = h100_plan("variants/hopper.toml", &[64, 128]);
         let valid: Vec<_> = plan.iter().filter(|p| p.invalid.is_none()).collect();
-        assert!(valid.iter().filter(|p| param(p, "TMA")).count() >= 8);
-        assert!(valid.iter().filter(|p| param(p, "TWO_CTAS")).count() >= 4);
+        assert!(valid.iter().filter(|p| switched_on(p, "TMA")).count() >= 8);
+        assert!(valid.iter().filter(|p| switched_on(p, "TWO_CTAS")).count() >= 4);
         for p in &valid {
             let launch = p.launch.as_ref().unwrap();
             assert_eq!(
                 launch.tensor_maps,
-                param(p, "TMA"),
+                switched_on(p, "TMA"),
                 "{} d={}",
                 p.variant.id,
                 p.head_dim
             );
-            if param(p, "TMA") {
+            if switched_on(p, "TMA") {
                 assert!(p.variant.id.starts_with("wgmma-") && p.variant.id.contains("-t1"));
                 // One producer warp group beside the consumers, boxes of at most 256 rows.
                 assert_eq!(
@@ -486,7 +493,7 @@ mod planning {
                 );
                 assert!(launch.rows_per_cta <= 256 && launch.kv_rows_per_block <= 256);
             }
-            if param(p, "TWO_CTAS") {
+            if switched_on(p, "TWO_CTAS") {
                 assert!(
                     2 * (launch.smem_bytes + 1024) <= 228 * 1024,
                     "{} d={}",
@@ -502,11 +509,7 @@ mod planning {
             .unwrap();
         assert!(tc_128.invalid.as_deref().unwrap().contains("TWO_CTAS"));
         // A space without the key never passes tensor maps.
-        let quick = Space::load(&repo().join("variants/quick.toml")).unwrap();
-        for p in quick
-            .plan(&[64u32, 128].into_iter().collect(), &h100())
-            .unwrap()
-        {
+        for p in h100_plan("variants/quick.toml", &[64, 128]) {
             assert!(p.launch.map_or(true, |l| !l.tensor_maps));
         }
     }
@@ -518,19 +521,26 @@ mod planning {
     /// a tile that does not fit at 256 is ruled out by its shared memory, by name.
     #[test]
     fn merged_points_launch_no_combine_and_no_other_point_does() {
-        let space = Space::load(&repo().join("variants/merge.toml")).unwrap();
-        let plan = space
-            .plan(&[64u32, 128].into_iter().collect(), &h100())
-            .unwrap();
-        let on = |p: &flashtune::space::PlannedPoint, k: &str| {
-            p.variant.params[k] == flashtune::space::ParamValue::Int(1)
-        };
+        let plan = h100_plan("variants/merge.toml", &[64, 128]);
         assert!(plan.iter().all(|p| p.invalid.is_none()), "{plan:?}");
-        assert!(plan.iter().filter(|p| on(p, "CLUSTER_COMBINE")).count() >= 10);
-        assert!(plan.iter().filter(|p| on(p, "LAST_CTA_COMBINE")).count() >= 10);
+        assert!(
+            plan.iter()
+                .filter(|p| switched_on(p, "CLUSTER_COMBINE"))
+                .count()
+                >= 10
+        );
+        assert!(
+            plan.iter()
+                .filter(|p| switched_on(p, "LAST_CTA_COMBINE"))
+                .count()
+                >= 10
+        );
         for p in &plan {
             let launch = p.launch.as_ref().unwrap();
-            let (cluster, last) = (on(p, "CLUSTER_COMBINE"), on(p, "LAST_CTA_COMBINE"));
+            let (cluster, last) = (
+                switched_on(p, "CLUSTER_COMBINE"),
+                switched_on(p, "LAST_CTA_COMBINE"),
+            );
             assert_eq!(
                 launch.combine_in_forward,
                 cluster || last,
@@ -546,9 +556,9 @@ mod planning {
                 assert!(p.variant.id.ends_with("-lcc1"), "{}", p.variant.id);
             }
         }
-        assert!(plan
-            .iter()
-            .any(|p| on(p, "LAST_CTA_COMBINE") && p.launch.as_ref().unwrap().kv_splits == 0));
+        assert!(plan.iter().any(
+            |p| switched_on(p, "LAST_CTA_COMBINE") && p.launch.as_ref().unwrap().kv_splits == 0
+        ));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("auto-cluster.toml");
         let text = std::fs::read_to_string(repo().join("variants/merge.toml"))
@@ -569,10 +579,7 @@ mod planning {
             "{why:?}"
         );
         // Head dims 96 and 256 on wgmma: admitted, but a 128-key tile at 256 is out by its smem.
-        let headdims = Space::load(&repo().join("variants/headdims.toml")).unwrap();
-        let plan = headdims
-            .plan(&[96u32, 256].into_iter().collect(), &h100())
-            .unwrap();
+        let plan = h100_plan("variants/headdims.toml", &[96, 256]);
         let wgmma = |d: u32| {
             plan.iter()
                 .filter(|p| {
