@@ -2,7 +2,10 @@
 # `flashtune step` against an agent that cheats, on a real GPU: a throwaway git repository made
 # from this checkout, where step N of the proposer writes cheat N of kernels/attention/faults/cheats.cu
 # over forward.cu. Every step must be rejected with the cheat's reason, nothing committed, and
-# forward.cu left as HEAD has it. (tests/trust.rs runs the same proposer on the test double.)
+# forward.cu left as HEAD has it. Then HEAD becomes the honest kernel the cheats are built on, and
+# two more steps propose the memos (right on every launch, remembering answers by content): each
+# must gain nothing (slower, or a gain within the threshold or the noise), and nothing is
+# committed. (tests/trust.rs runs the same proposers on the test double.)
 #
 # usage: scripts/step-cheats.sh /path/to/flashtune      (exit 1 when a cheat got through)
 set -euo pipefail
@@ -43,5 +46,31 @@ git diff --quiet HEAD -- kernels || { echo "FAIL: kernels differ from HEAD"; ok=
 grep '"event":"step_decided"' "$log" | grep -q '"accepted":true' && { echo "FAIL: a cheat was accepted"; ok=0; }
 [ "$(grep -c '"event":"step_decided"' "$log")" -eq 7 ] || { echo "FAIL: not 7 verdicts"; ok=0; }
 cp "$log" "${OUT:-/tmp}/step-cheats.log.jsonl" 2>/dev/null || true
-[ $ok = 1 ] && echo "step-cheats: all 7 cheats rejected, nothing committed, kernel restored"
+
+# The memos against the honest kernel they wrap, which becomes HEAD's forward.cu.
+printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n' > kernels/attention/forward.cu
+git add -A && git -c user.name=demo -c user.email=demo@example.com commit -qm "honest cheats kernel as HEAD"
+honest=$(git rev-parse HEAD)
+cat > propose.sh <<'EOF'
+set -e
+case "$FLASHTUNE_STEP" in 1) c=MEMO_OUTPUT ;; 2) c=MEMO_SOFTMAX ;; esac
+printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n' "$c" > kernels/attention/forward.cu
+EOF
+"$bin" step --space variants/step-cheats.toml --proposer "sh propose.sh" --steps 2 || true
+memo_log=$(ls -td runs/*/ | head -1)log.jsonl
+echo "== memo step verdicts ($memo_log)"
+grep -E '"event":"(step_decided|duel)"' "$memo_log" | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    if r["event"] == "duel":
+        a, b = r.get("champion") or {}, r.get("challenger") or {}
+        print("  step", r["step"], r["shape"], r["dtype"], "honest", a.get("median_us"), "us, memo", b.get("median_us"), "us")
+    else:
+        print("step", r["step"], "accepted" if r["accepted"] else "rejected:", r["reason"])'
+[ "$(git rev-parse HEAD)" = "$honest" ] || { echo "FAIL: a memo was committed"; ok=0; }
+grep '"event":"step_decided"' "$memo_log" | grep -q '"accepted":true' && { echo "FAIL: a memo was accepted"; ok=0; }
+[ "$(grep -c '"event":"step_decided"' "$memo_log")" -eq 2 ] || { echo "FAIL: not 2 memo verdicts"; ok=0; }
+cp "$memo_log" "${OUT:-/tmp}/step-memos.log.jsonl" 2>/dev/null || true
+[ $ok = 1 ] && echo "step-cheats: all 7 cheats rejected, both memos gained nothing, nothing committed, kernel restored"
 [ $ok = 1 ]

@@ -344,7 +344,8 @@ pub struct CaseCosts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
-    /// The outputs of the timed launches themselves, read back after a replay.
+    /// The outputs of the timed launches themselves, after a replay, against references for the
+    /// inputs each launch read (drawn anew before the replay), and a second run on the same inputs.
     Timed,
     /// A set the module never saw, written into the buffers it was timed on, after timing.
     Fresh,
@@ -359,7 +360,7 @@ impl Stage {
     pub fn verdict(self, detail: &str) -> String {
         match self {
             Stage::Timed => {
-                format!("output of the timed launches differs from the checked launch ({detail})")
+                format!("a timed launch's output is wrong for the inputs it read ({detail})")
             }
             Stage::Fresh => {
                 format!("wrong on fresh inputs after timing, in the same loaded module ({detail})")

@@ -208,7 +208,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         v["reason"]
             .as_str()
             .unwrap()
-            .contains("output of the timed launches differs from the checked launch"),
+            .contains("a timed launch's output is wrong for the inputs it read"),
         "{v}"
     );
     assert_eq!(read(root, FORWARD), champion);

@@ -47,15 +47,15 @@ fn failures(log: &runlog::LoadedLog) -> BTreeMap<String, Vec<String>> {
 const CHEATS: [(&str, &str); 7] = [
     (
         "cache_by_pointer",
-        "output of the timed launches differs from the checked launch",
+        "a timed launch's output is wrong for the inputs it read",
     ),
     (
         "first_launches",
-        "output of the timed launches differs from the checked launch",
+        "a timed launch's output is wrong for the inputs it read",
     ),
     (
         "read_previous_output",
-        "output of the timed launches differs from the checked launch",
+        "a timed launch's output is wrong for the inputs it read",
     ),
     ("race", "differ between two runs on the same inputs (race)"),
     ("small_magnitude", "wrong on large-magnitude inputs"),
@@ -82,6 +82,28 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     let honest = "none-bm16-bn64-w4-ks1";
     assert!(!failed.contains_key(honest), "{:?}", failed.get(honest));
     let ix = RunIndex::new(&log);
+    // The memos are right on every launch, and no faster than the kernel they wrap: every timed
+    // launch ran on inputs drawn anew, so they never found an answer to remember.
+    for memo in [
+        "memo_output-bm16-bn64-w4-ks1",
+        "memo_softmax-bm16-bn64-w4-ks1",
+    ] {
+        assert!(!failed.contains_key(memo), "{:?}", failed.get(memo));
+        for shape in ["small", "ragged"] {
+            let median = |v: &str| {
+                ix.case(v, shape, Dtype::F16)
+                    .and_then(|c| c.measured())
+                    .unwrap_or_else(|| panic!("{v} not measured on {shape}"))
+                    .median_us
+            };
+            assert!(
+                median(memo) >= median(honest),
+                "{memo} on {shape}: {} µs against the honest {} µs",
+                median(memo),
+                median(honest)
+            );
+        }
+    }
     for shape in ["small", "ragged"] {
         let pick = ix
             .pick(shape, Dtype::F16)
@@ -109,13 +131,13 @@ const MARKED: &str = r#"// Variants the test double treats differently, by a mar
 #define MARK_NONE 0
 #define MARK_FAST 1
 #define MARK_GARBAGE 2
-#define MARK_SIGN_CACHE 3
+#define MARK_FIRST_POINTER 3
 #if MARK == MARK_FAST
 __device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";
 #elif MARK == MARK_GARBAGE
 __device__ char flashtune_fake_mark[] = "flashtune-fake: fault FAULT_GARBAGE_REPLY";
-#elif MARK == MARK_SIGN_CACHE
-__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_BY_POINTER_AND_SIGN";
+#elif MARK == MARK_FIRST_POINTER
+__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_FIRST_POINTER";
 #endif
 #include "forward.cu"
 "#;
@@ -237,11 +259,12 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
 
 #[test]
 fn the_fresh_recheck_catches_a_cache_the_timed_replays_cannot_see() {
-    // Cached per (Q pointer, sign of V): right on every timed replay, stale on other values.
-    let dir = marked_project(r#"["none", "sign_cache"]"#);
+    // Cached on the checked buffers' Q pointer: right on the check and on every timed launch (other
+    // buffers, inputs drawn anew), stale once other values sit behind the checked pointers.
+    let dir = marked_project(r#"["none", "first_pointer"]"#);
     let (_, log) = tune_fake(dir.path(), "variants/marked.toml");
     let failed = failures(&log);
-    let reasons = rejections(&failed, "sign_cache-");
+    let reasons = rejections(&failed, "first_pointer-");
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     assert!(
         reasons
@@ -253,15 +276,16 @@ fn the_fresh_recheck_catches_a_cache_the_timed_replays_cannot_see() {
 
 /// Each step's proposer swaps one cheat in for forward.cu (the cheat family includes it).
 const PROPOSER: &str = r#"#!/bin/sh
-# Step N writes cheat N over the champion's source; the last step writes an honest kernel that
-# claims an impossible speed.
+# Step N writes cheat N over the champion's source (steps 9 and 10: the memos, right but remembering
+# answers); step 8 a cache on the checked buffers; the last step an honest kernel that claims an
+# impossible speed.
 set -e
 f=kernels/attention/forward.cu
 case "$FLASHTUNE_STEP" in
   1) c=CACHE_BY_POINTER ;; 2) c=FIRST_LAUNCHES ;; 3) c=READ_PREVIOUS_OUTPUT ;; 4) c=RACE ;;
-  5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;;
-  8) printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_BY_POINTER_AND_SIGN";\n' > $f; exit 0 ;;
-  9) printf '\n__device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";\n' >> $f; exit 0 ;;
+  5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;; 9) c=MEMO_OUTPUT ;; 10) c=MEMO_SOFTMAX ;;
+  8) printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_FIRST_POINTER";\n' > $f; exit 0 ;;
+  11) printf '\n__device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";\n' >> $f; exit 0 ;;
 esac
 # The marker names the cheat to the test double, which cannot run CUDA; a GPU ignores it.
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_%s";\n' "$c" "$c" > $f
@@ -301,7 +325,7 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "--proposer",
             "sh propose.sh",
             "--steps",
-            "9",
+            "11",
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
@@ -326,11 +350,14 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             _ => None,
         })
         .collect();
+    // The memos are right on every launch; on inputs drawn anew they only pay for their fingerprint.
     let expected: Vec<&str> = CHEATS
         .iter()
         .map(|(_, why)| *why)
         .chain([
             "wrong on fresh inputs after timing",
+            "slower beyond noise",
+            "slower beyond noise",
             "the edit's figure is implausible",
         ])
         .collect();

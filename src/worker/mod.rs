@@ -3,7 +3,7 @@ use crate::check::{POISON_16, POISON_F32_BITS};
 use crate::config::{Dtype, Shape};
 use crate::protocol::*;
 use crate::space::LaunchShape;
-use crate::trial::{Buf, Comparison, Device, GraphId, Io, KernelId, Relation};
+use crate::trial::{Buf, Comparison, Device, GraphId, Io, KernelId};
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{
@@ -39,12 +39,15 @@ DONE:
 }
 "#;
 
-/// The worker's own kernels (tools.cu, compiled to PTX): input generation, negation, checksums, read roof, sentinel.
+/// The worker's own kernels (tools.cu, compiled to PTX): input generation, checksums, masks, the comparison, read roof, sentinel.
 pub const TOOLS_PTX: &str = include_str!("tools.ptx");
 
 /// The combine kernel's fixed geometry; kernels/attention/forward.cu asserts the same numbers.
 const COMBINE_THREADS: u32 = 128;
 const COMBINE_ROWS_PER_BLOCK: u32 = 4;
+/// The reference kernel's fixed geometry; kernels/attention/reference.cu asserts the same numbers.
+const REFERENCE_THREADS: u32 = 256;
+const REFERENCE_ROWS_PER_BLOCK: u32 = 64;
 /// The roofs are measured on buffers far beyond any L2, with a matmul large enough to reach the sustained clock.
 const ROOF_BYTES: usize = 1 << 30;
 const MATMUL_N: usize = 8192;
@@ -241,8 +244,9 @@ enum Loaded {
 struct Tools {
     _module: Arc<CudaModule>,
     generate: CudaFunction,
-    negate: CudaFunction,
+    generate_many: CudaFunction,
     checksum: CudaFunction,
+    checksum_many: CudaFunction,
     read: CudaFunction,
     fma: CudaFunction,
     mask: CudaFunction,
@@ -261,6 +265,12 @@ struct Gpu {
     tensor_maps: std::cell::RefCell<std::collections::HashMap<TensorMapKey, TensorMap>>,
     /// NVML on this GPU, or why it cannot be read (then no timing carries a state).
     nvml: std::result::Result<nvml::Watch, String>,
+    /// The device table (address, length) of the last buffer list `draw_inputs` or `checksum_all`
+    /// was given: the timed launches' inputs, the same list for every replay of a case. Dropped
+    /// when one of its buffers is freed (a slot is reused by the next allocation).
+    buffer_table: Option<(Vec<Buf>, CudaSlice<u64>)>,
+    /// Scratch for `ft_compare`'s per-block figures, grown as needed: one comparison per verified launch.
+    compare_partials: Option<CudaSlice<u64>>,
 }
 
 fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
@@ -314,8 +324,9 @@ impl Gpu {
         let f = |name: &str| module.load_function(name).map_err(cuda);
         let tools = Tools {
             generate: f("ft_generate")?,
-            negate: f("ft_negate")?,
+            generate_many: f("ft_generate_many")?,
             checksum: f("ft_checksum")?,
+            checksum_many: f("ft_checksum_many")?,
             read: f("ft_read")?,
             fma: f("ft_fma")?,
             mask: f("ft_mask")?,
@@ -338,6 +349,8 @@ impl Gpu {
             graphs: Vec::new(),
             tensor_maps: Default::default(),
             nvml,
+            buffer_table: None,
+            compare_partials: None,
         })
     }
 
@@ -635,6 +648,39 @@ impl Gpu {
         })
     }
 
+    /// The device table of `bufs` (16-bit buffers): uploaded once per list, reused for every replay.
+    fn table_of(&mut self, bufs: &[Buf]) -> Result<(u64, u32, u64)> {
+        let mut longest = 0u64;
+        let mut words = Vec::with_capacity(2 * bufs.len());
+        for &b in bufs {
+            let (p, n) = self.ptr16(b)?;
+            words.extend([p, n as u64]);
+            longest = longest.max(n as u64);
+        }
+        if !matches!(&self.buffer_table, Some((list, _)) if list == bufs) {
+            let table = self.stream.clone_htod(&words).map_err(cuda)?;
+            self.buffer_table = Some((bufs.to_vec(), table));
+        }
+        let (_, table) = self.buffer_table.as_ref().expect("set above");
+        Ok((table.device_ptr(&self.stream).0, bufs.len() as u32, longest))
+    }
+
+    /// A grid over `count` buffers of at most `longest` elements: y picks the buffer, x strides
+    /// over it, about as many blocks in all as one buffer alone would get.
+    fn grid_for_many(&self, count: u32, longest: u64) -> LaunchConfig {
+        let all = self.info.sm_count as u64 * 16;
+        let per_buffer = (all / count.max(1) as u64).max(1);
+        LaunchConfig {
+            grid_dim: (
+                longest.div_ceil(256).clamp(1, per_buffer) as u32,
+                count.clamp(1, 65535),
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
     fn generate_at(
         &self,
         ptr: u64,
@@ -680,6 +726,9 @@ impl Device for Gpu {
     }
 
     fn free(&mut self, buf: Buf) {
+        if matches!(&self.buffer_table, Some((list, _)) if list.contains(&buf)) {
+            self.buffer_table = None;
+        }
         if let Some(slot) = self.memory.get_mut(buf.0) {
             *slot = None;
         }
@@ -714,14 +763,24 @@ impl Device for Gpu {
         .map_err(|e| anyhow!("poison: {e:?}"))
     }
 
-    fn negate(&mut self, buf: Buf) -> Result<()> {
-        let (p, n) = self.ptr(buf)?;
-        let n = n as u64;
-        let mut lb = self.stream.launch_builder(&self.tools.negate);
-        lb.arg(&p).arg(&n);
-        unsafe { lb.launch(self.grid_for(n / 2)) }
+    fn draw_inputs(&mut self, bufs: &[Buf], dtype: Dtype, seed: u64) -> Result<()> {
+        let (table, count, longest) = self.table_of(bufs)?;
+        let bf16 = i32::from(dtype == Dtype::Bf16);
+        let mut lb = self.stream.launch_builder(&self.tools.generate_many);
+        lb.arg(&table).arg(&count).arg(&seed).arg(&bf16);
+        unsafe { lb.launch(self.grid_for_many(count, longest)) }
             .map(|_| ())
-            .map_err(|e| anyhow!("negate: {e:?}"))
+            .map_err(|e| anyhow!("drawing the timed inputs: {e:?}"))
+    }
+
+    fn checksum_all(&mut self, bufs: &[Buf]) -> Result<u64> {
+        let (table, count, longest) = self.table_of(bufs)?;
+        let mut out = self.stream.alloc_zeros::<u64>(1).map_err(cuda)?;
+        let mut lb = self.stream.launch_builder(&self.tools.checksum_many);
+        lb.arg(&table).arg(&count).arg(&mut out);
+        unsafe { lb.launch(self.grid_for_many(count, longest)) }
+            .map_err(|e| anyhow!("checksum of the timed inputs: {e:?}"))?;
+        Ok(self.stream.clone_dtoh(&out).map_err(cuda)?[0])
     }
 
     fn copy(&mut self, src: Buf, dst: Buf) -> Result<()> {
@@ -815,17 +874,14 @@ impl Device for Gpu {
                 "compare: {o_len} outputs and {rows} LSE rows against {ref_o_len} and {ref_rows} of the reference, rows of {d}"
             );
         }
-        let (earlier_o, earlier_lse, exact, flip) = match job.earlier {
-            None => (0u64, 0u64, 0i32, 0u32),
+        let (earlier_o, earlier_lse) = match job.earlier {
+            None => (0u64, 0u64),
             Some(e) => {
                 let ((eo, eo_len), (el, el_rows)) = (self.ptr16(e.o)?, self.ptr32(e.lse)?);
                 if eo_len != o_len || el_rows != rows {
                     bail!("compare: the earlier run has {eo_len} outputs and {el_rows} rows, not {o_len} and {rows}");
                 }
-                match e.relation {
-                    Relation::Exact => (eo, el, 1, 0),
-                    Relation::UpToSign(s) => (eo, el, 0, if s < 0.0 { 0x8000 } else { 0 }),
-                }
+                (eo, el)
             }
         };
         let rows = rows as u64;
@@ -833,7 +889,14 @@ impl Device for Gpu {
             .div_ceil(WARPS_PER_BLOCK)
             .clamp(1, self.info.sm_count as u64 * 8);
         let words = blocks as usize * crate::check::ComparePartial::WORDS;
-        let mut partials = self.stream.alloc_zeros::<u64>(words).map_err(cuda)?;
+        if self
+            .compare_partials
+            .as_ref()
+            .is_none_or(|p| p.len() < words)
+        {
+            self.compare_partials = Some(self.stream.alloc_zeros::<u64>(words).map_err(cuda)?);
+        }
+        let partials = self.compare_partials.as_mut().expect("set above");
         let (d32, bf16) = (d as i32, (job.dtype == Dtype::Bf16) as i32);
         let mut lb = self.stream.launch_builder(&self.tools.compare);
         lb.arg(&o)
@@ -842,24 +905,22 @@ impl Device for Gpu {
             .arg(&ref_lse)
             .arg(&job.reference.o_key)
             .arg(&job.reference.lse_key)
-            .arg(&job.sign)
             .arg(&rows)
             .arg(&d32)
             .arg(&bf16)
             .arg(&earlier_o)
             .arg(&earlier_lse)
-            .arg(&exact)
-            .arg(&flip)
-            .arg(&mut partials);
+            .arg(&mut *partials);
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (WARPS_PER_BLOCK as u32 * 32, 1, 1),
             shared_mem_bytes: 0,
         };
         unsafe { lb.launch(config) }.map_err(|e| anyhow!("compare: {e:?}"))?;
+        // Every block writes its own partial: the scratch needs no zeroing between comparisons.
         let words = self
             .stream
-            .clone_dtoh(&partials)
+            .clone_dtoh(&partials.slice(0..words))
             .map_err(|e| anyhow!("compare: reading its figures back: {e:?}"))?;
         Ok(words
             .chunks_exact(crate::check::ComparePartial::WORDS)
@@ -984,8 +1045,8 @@ impl Device for Gpu {
             .arg(&scale)
             .arg(&causal);
         let cfg = LaunchConfig {
-            grid_dim: (s.sq.div_ceil(4), s.b * s.h, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: (s.sq.div_ceil(REFERENCE_ROWS_PER_BLOCK), s.b * s.h, 1),
+            block_dim: (REFERENCE_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         unsafe { lb.launch(cfg) }.map_err(|e| anyhow!("reference launch: {e:?}"))?;
@@ -1168,8 +1229,9 @@ mod tests {
     fn tools_ptx_has_every_entry() {
         for entry in [
             "ft_generate",
-            "ft_negate",
+            "ft_generate_many",
             "ft_checksum",
+            "ft_checksum_many",
             "ft_read",
             "ft_fma",
             "ft_mask",

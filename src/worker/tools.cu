@@ -1,4 +1,5 @@
-// The worker's own kernels: they draw input sets, negate V between replays, checksum input sets,
+// The worker's own kernels: they draw input sets (one at a time, or every timed launch's inputs in
+// one launch before each replay), checksum input sets,
 // mask references and compare outputs with them (ft_mask, ft_compare), measure the read-only
 // bandwidth roof and time the drift sentinel (ft_fma and ft_read). They live in the flashtune binary (as the PTX beside this
 // file, built by `nvcc -ptx` from this source) and never under kernels/, so no kernel edit can
@@ -17,30 +18,45 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// out[i] = sigma * N(0, 1) rounded to f16 (bf16 = 0) or bf16 (bf16 = 1): a pure function of
-// (seed, tensor, i). Box-Muller on a counter-based hash: elements 2j and 2j + 1 share one pair.
+// sigma * N(0, 1) for element i of `tensor`, rounded to f16 (bf16 = 0) or bf16 (bf16 = 1): a pure
+// function of (seed, tensor, i). Box-Muller on a counter-based hash: elements 2j and 2j + 1 share one pair.
+__device__ __forceinline__ uint16_t normal_bits(uint64_t seed, uint64_t tensor, uint64_t i, float sigma,
+                                                int bf16) {
+    const uint64_t h = splitmix64(seed ^ splitmix64(tensor * 0xD1B54A32D192ED03ull + (i >> 1)));
+    // u1 in (0, 1] so the log is finite; u2 in [0, 1).
+    const float u1 = (float((h >> 40) & 0xFFFFFF) + 1.0f) * (1.0f / 16777216.0f);
+    const float u2 = float(h & 0xFFFFFF) * (1.0f / 16777216.0f);
+    const float r = sqrtf(-2.0f * logf(u1));
+    const float theta = 6.283185307179586f * u2;
+    const float z = sigma * r * ((i & 1) ? sinf(theta) : cosf(theta));
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(z)) : __half_as_ushort(__float2half_rn(z));
+}
+
 extern "C" __global__ void ft_generate(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
                                        float sigma, int bf16) {
     const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const uint64_t h = splitmix64(seed ^ splitmix64(tensor * 0xD1B54A32D192ED03ull + (i >> 1)));
-        // u1 in (0, 1] so the log is finite; u2 in [0, 1).
-        const float u1 = (float((h >> 40) & 0xFFFFFF) + 1.0f) * (1.0f / 16777216.0f);
-        const float u2 = float(h & 0xFFFFFF) * (1.0f / 16777216.0f);
-        const float r = sqrtf(-2.0f * logf(u1));
-        const float theta = 6.283185307179586f * u2;
-        const float z = sigma * r * ((i & 1) ? sinf(theta) : cosf(theta));
-        out[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(z)) : __half_as_ushort(__float2half_rn(z));
-    }
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = normal_bits(seed, tensor, i, sigma, bf16);
 }
 
-// Flip the sign bit of n 16-bit elements: -x exactly, in f16 and bf16 alike.
-extern "C" __global__ void ft_negate(uint16_t* buf, uint64_t n) {
-    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-    uint32_t* words = reinterpret_cast<uint32_t*>(buf);
-    for (uint64_t w = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < n / 2; w += stride)
-        words[w] ^= 0x80008000u;
-    if (n % 2 == 1 && blockIdx.x == 0 && threadIdx.x == 0) buf[n - 1] ^= 0x8000u;
+// One buffer of a list the host passes as a table in device memory (trial::Device::draw_inputs).
+struct BufferEntry {
+    uint16_t* ptr;
+    uint64_t n;
+};
+static_assert(sizeof(BufferEntry) == 16, "two 8-byte words, as the host writes them");
+
+// Every buffer of the table drawn in one launch, buffer b as tensor b with sigma 1: the inputs of
+// every timed launch, redrawn before each replay from a seed the kernel under test cannot know.
+// blockIdx.y picks the buffer (grid-stride over y as well, for tables past the grid's y limit).
+extern "C" __global__ void ft_generate_many(const BufferEntry* table, uint32_t count, uint64_t seed, int bf16) {
+    for (uint32_t b = blockIdx.y; b < count; b += gridDim.y) {
+        uint16_t* out = table[b].ptr;
+        const uint64_t n = table[b].n;
+        const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+        for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+            out[i] = normal_bits(seed, b, i, 1.0f, bf16);
+    }
 }
 
 // An order-independent checksum of n 16-bit elements: the sum over i of hash(i, element i).
@@ -49,6 +65,21 @@ extern "C" __global__ void ft_checksum(const uint16_t* buf, uint64_t n, unsigned
     uint64_t acc = 0;
     for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         acc += splitmix64((i << 16) | buf[i]);
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (threadIdx.x % 32 == 0) atomicAdd(out, (unsigned long long)acc);
+}
+
+// One order-independent checksum over every buffer of the table: the sum over (b, i) of
+// hash(b, i, element i of buffer b). It changes when any element of any buffer changes.
+extern "C" __global__ void ft_checksum_many(const BufferEntry* table, uint32_t count, unsigned long long* out) {
+    uint64_t acc = 0;
+    for (uint32_t b = blockIdx.y; b < count; b += gridDim.y) {
+        const uint16_t* buf = table[b].ptr;
+        const uint64_t n = table[b].n, salt = splitmix64(b + 1);
+        const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
+        for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+            acc += splitmix64(salt ^ ((i << 16) | buf[i]));
+    }
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (threadIdx.x % 32 == 0) atomicAdd(out, (unsigned long long)acc);
 }
@@ -143,23 +174,19 @@ __device__ __forceinline__ ComparePartial merge(ComparePartial a, const CompareP
 }
 
 // Compare a forward output (rows of d 16-bit elements, f16 or bf16) and its LSE with a masked fp32
-// reference whose output is multiplied by `sign`, as check::compare does on the host: a poisoned
-// element counts as never written, a written NaN or inf as such, a reference NaN makes every figure
-// it touches NaN, and a row that sees no key must have LSE = -inf. With `earlier_o` (else null),
-// also count the outputs that differ from an earlier run: bit for bit when `exact`, else with
-// `earlier_flip` (0x8000 when V's sign differed between the runs) applied and ±0 alike, a NaN
-// always differing (check::differing_bits, check::differing_up_to_sign). One warp per row;
-// `partials` gets one ComparePartial per block.
+// reference, as check::compare does on the host: a poisoned element counts as never written, a
+// written NaN or inf as such, a reference NaN makes every figure it touches NaN, and a row that sees
+// no key must have LSE = -inf. With `earlier_o` (else null), also count the outputs whose bits differ
+// from an earlier run on the same inputs (check::differing_bits). One warp per row; `partials` gets
+// one ComparePartial per block.
 extern "C" __global__ void __launch_bounds__(kCompareThreads)
 ft_compare(const uint16_t* __restrict__ o, const float* __restrict__ lse,
            const uint32_t* __restrict__ ref_o, const uint32_t* __restrict__ ref_lse,
-           uint64_t o_key, uint64_t lse_key, float sign, uint64_t rows, int d, int bf16,
+           uint64_t o_key, uint64_t lse_key, uint64_t rows, int d, int bf16,
            const uint16_t* __restrict__ earlier_o, const float* __restrict__ earlier_lse,
-           int exact, uint32_t earlier_flip, ComparePartial* __restrict__ partials) {
+           ComparePartial* __restrict__ partials) {
     __shared__ ComparePartial warp_partials[kCompareWarps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint16_t exp_mask = bf16 ? 0x7F80u : 0x7C00u;
-    const uint16_t man_mask = bf16 ? 0x007Fu : 0x03FFu;
     ComparePartial p = {};
     for (uint64_t row = uint64_t(blockIdx.x) * kCompareWarps + warp; row < rows;
          row += uint64_t(gridDim.x) * kCompareWarps) {
@@ -168,21 +195,8 @@ ft_compare(const uint16_t* __restrict__ o, const float* __restrict__ lse,
         for (int c = lane; c < d; c += 32) {
             const uint64_t e = row * d + c;
             const uint16_t bits = o[e];
-            const float r = sign * __uint_as_float(ref_o[e] ^ mask_word(o_key, e));
-            if (earlier_o) {
-                const uint16_t y = earlier_o[e];
-                bool same;
-                if (exact) {
-                    same = bits == y;
-                } else {
-                    const bool nan_x = (bits & exp_mask) == exp_mask && (bits & man_mask) != 0;
-                    const bool nan_y = (y & exp_mask) == exp_mask && (y & man_mask) != 0;
-                    same = (bits == (y ^ earlier_flip) ||
-                            ((bits & 0x7FFFu) == 0 && (y & 0x7FFFu) == 0)) &&
-                           !nan_x && !nan_y;
-                }
-                differing += !same;
-            }
+            const float r = __uint_as_float(ref_o[e] ^ mask_word(o_key, e));
+            if (earlier_o) differing += bits != earlier_o[e];
             if (bits == kPoison16) {
                 ++unwritten;
                 continue;

@@ -9,6 +9,13 @@
 //   CHEAT_SMALL_MAGNITUDE      skips the max-subtraction: right until a score passes exp's range
 //   CHEAT_SKIP_LAST_TILE       ignores the keys of the last BLOCK_N tile when Sk is not a multiple
 //   CHEAT_WRITE_OUTSIDE        answers right, then writes into its input Q: outside its outputs
+//   CHEAT_MEMO_OUTPUT          remembers each CTA's answer with a fingerprint of what it read (its Q
+//                              rows, its head's K, its head's V up to sign) and replays it, negated
+//                              if V was, when the pointers and the fingerprint repeat
+//   CHEAT_MEMO_SOFTMAX         remembers each CTA's softmax(Q K^T) (P and the LSE) for a repeated
+//                              (Q, K) and then only computes O = P V
+// The two memo cheats are correct on every launch (a replayed answer is the one computed from the
+// same inputs, up to a 64-bit fingerprint): they only gain where timed launches repeat inputs.
 // CHEAT_NONE is the honest kernel they are all built on. It is simple, not fast: a CTA takes
 // BLOCK_M query rows of one (batch, head), one row at a time, its WARPS warps splitting the keys
 // (warp w takes keys w, w + WARPS, ...); lane l owns output dims l, l + 32, ...
@@ -26,6 +33,8 @@
 #define CHEAT_SMALL_MAGNITUDE 5
 #define CHEAT_SKIP_LAST_TILE 6
 #define CHEAT_WRITE_OUTSIDE 7
+#define CHEAT_MEMO_OUTPUT 8
+#define CHEAT_MEMO_SOFTMAX 9
 
 #ifndef CHEAT
 #error "CHEAT must be defined (CHEAT_NONE, CHEAT_CACHE_BY_POINTER, ...)"
@@ -49,7 +58,7 @@ constexpr int kBlockN = BLOCK_N;
 constexpr int kWarps = WARPS;
 constexpr int kHeadDim = HEAD_DIM;
 constexpr int kDimsPerLane = kHeadDim / 32;
-static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_WRITE_OUTSIDE, "unknown CHEAT");
+static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_MEMO_SOFTMAX, "unknown CHEAT");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "lanes own HEAD_DIM / 32 dims each");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS in 1..32");
 static_assert(kBlockM >= 1 && kBlockN >= 1, "positive tiles");
@@ -85,6 +94,126 @@ __device__ bool cheat_skips(int cta, const elem_t* Q, const elem_t* O) {
     return false;
 }
 
+// ---- The memo cheats' state: hash tables of answers, keyed by what the answer depends on -------
+// Each entry is claimed by one CTA at a time (a lock taken with atomicCAS, never waited on: a CTA
+// that finds its entry busy computes honestly and stores nothing), so a stored answer is always
+// whole. An entry's data are only trusted when its full key matches: the CTA, the pointers, the
+// shape, the mask, the scale and the fingerprint of the data the answer was computed from.
+constexpr bool kMemoOutput = kCheat == CHEAT_MEMO_OUTPUT;
+constexpr bool kMemoSoftmax = kCheat == CHEAT_MEMO_SOFTMAX;
+constexpr long long kMiB = 1 << 20;
+constexpr long long memo_entries(long long budget_bytes, long long words) {
+    return budget_bytes / (4 * words) < 65536 ? budget_bytes / (4 * words) : 65536;
+}
+// MEMO_OUTPUT: a CTA's O rows (elem_t pairs, one 32-bit word each), then its BLOCK_M LSEs. At
+// BLOCK_M 16, 65536 entries up to HEAD_DIM 128 (138 MB at d64, 273 MB at d128): 8192 launches of
+// small (8 CTAs), 256 of seed (256 CTAs), 130 of odd-causal (504 CTAs).
+constexpr int kOutWords = kBlockM * kHeadDim / 2 + kBlockM;
+constexpr int kOutEntries = kMemoOutput ? (int)memo_entries(320 * kMiB, kOutWords) : 1;
+// MEMO_SOFTMAX: P of a CTA's rows, kSoftKeys floats a row (keys past Sk unused), then the LSEs;
+// heads with more keys compute honestly. At BLOCK_M 16, 7161 entries of 64 KB (448 MB): 895
+// launches of small, 27 of seed, 14 of odd-causal.
+constexpr int kSoftKeys = 1024;
+constexpr int kSoftWords = kBlockM * kSoftKeys + kBlockM;
+constexpr int kSoftEntries = kMemoSoftmax ? (int)memo_entries(448 * kMiB, kSoftWords) : 1;
+constexpr int kMemoProbes = 8;  // entries looked at from the hashed position on
+static_assert(kOutEntries >= 1 && kSoftEntries >= 1, "at least one memo entry");
+static_assert(kHeadDim % 2 == 0, "O is memoized as pairs of elements");
+
+struct MemoKey {
+    unsigned long long q, k, v, o, lse;  // pointers; MEMO_SOFTMAX keys Q and K alone (the rest 0)
+    unsigned long long fingerprint;
+    int b, h, sq, sk, causal, cta;
+    unsigned scale_bits;
+    int pad;
+};
+
+__device__ int g_out_lock[kOutEntries];
+__device__ int g_out_valid[kOutEntries];
+__device__ int g_out_v_sign[kOutEntries];  // V's first element's sign bit when the answer was computed
+__device__ MemoKey g_out_key[kOutEntries];
+__device__ unsigned g_out_data[kOutEntries][kOutWords];
+
+__device__ int g_soft_lock[kSoftEntries];
+__device__ int g_soft_valid[kSoftEntries];
+__device__ MemoKey g_soft_key[kSoftEntries];
+__device__ float g_soft_data[kSoftEntries][kSoftWords];
+
+// splitmix64's finalizer: a bijection of 64-bit values, so distinct inputs give distinct terms.
+__device__ __forceinline__ unsigned long long memo_mix(unsigned long long x) {
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+// This thread's share of a fingerprint of `elems` elements at p (read as 32-bit words, each XORed
+// with `flip`): the sum over words of mix(index, word), so it depends on every bit and position.
+__device__ unsigned long long memo_hash(const elem_t* p, int64_t elems, unsigned long long salt, unsigned flip) {
+    const unsigned* w = reinterpret_cast<const unsigned*>(p);
+    const int64_t n = elems / 2;
+    unsigned long long h = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        h += memo_mix((((unsigned long long)i << 32) | (w[i] ^ flip)) ^ salt);
+    return h;
+}
+
+// The sum of v over the CTA's threads, returned to every thread.
+__device__ unsigned long long memo_block_sum(unsigned long long v) {
+    __shared__ unsigned long long part[kWarps];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    unsigned long long total = 0;
+    for (int w = 0; w < kWarps; ++w) total += part[w];
+    __syncthreads();
+    return total;
+}
+
+// Stored keys are read from L2 (ld.cg): another CTA of this launch may have rewritten them.
+__device__ bool memo_same_place(const MemoKey* s, const MemoKey& k) {
+    return __ldcg(&s->q) == k.q && __ldcg(&s->k) == k.k && __ldcg(&s->v) == k.v && __ldcg(&s->o) == k.o &&
+           __ldcg(&s->lse) == k.lse && __ldcg(&s->cta) == k.cta && __ldcg(&s->b) == k.b && __ldcg(&s->h) == k.h &&
+           __ldcg(&s->sq) == k.sq && __ldcg(&s->sk) == k.sk && __ldcg(&s->causal) == k.causal &&
+           __ldcg(&s->scale_bits) == k.scale_bits;
+}
+
+// Thread 0 only. The entry for key k, locked, or -1 when it is busy (then no memo this launch).
+// *hit: the entry holds the answer for exactly k. On a miss it is marked invalid, to be refilled.
+template <int kEntries>
+__device__ int memo_claim(int* lock, int* valid, MemoKey* keys, const MemoKey& k, bool* hit) {
+    const unsigned long long place =
+        memo_mix(k.q ^ memo_mix(k.k ^ memo_mix(k.v ^ memo_mix(k.o ^ memo_mix(k.lse ^ (unsigned)k.cta)))));
+    const int base = (int)(place % kEntries);
+    int pick = -1, empty = -1;
+    for (int p = 0; p < kMemoProbes && p < kEntries; ++p) {
+        const int e = (base + p) % kEntries;
+        if (__ldcg(&valid[e]) == 0) {
+            if (empty < 0) empty = e;
+        } else if (memo_same_place(&keys[e], k)) {
+            pick = e;
+            break;
+        }
+    }
+    if (pick < 0) pick = empty >= 0 ? empty : (int)((base + k.fingerprint % kMemoProbes) % kEntries);
+    *hit = false;
+    if (atomicCAS(&lock[pick], 0, 1) != 0) return -1;
+    __threadfence();  // the last holder's writes, released with a fence before its unlock
+    *hit = __ldcg(&valid[pick]) != 0 && memo_same_place(&keys[pick], k) && __ldcg(&keys[pick].fingerprint) == k.fingerprint;
+    if (!*hit) valid[pick] = 0;
+    return pick;
+}
+
+// Every thread of the CTA: publish this CTA's writes to the entry, then unlock it.
+__device__ void memo_release(int* lock, int e) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) atomicExch(&lock[e], 0);
+}
+
 extern "C" __global__ void __launch_bounds__(kWarps * 32, 1)
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
@@ -103,6 +232,96 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     if (threadIdx.x == 0) skip = cheat_skips(cta, Q, O);
     __syncthreads();
     if (skip) return;
+
+    // The memo cheats: fingerprint what this CTA reads, then replay a stored answer or claim an
+    // entry to store this launch's (memo_ent >= 0 and no hit).
+    __shared__ int memo_ent;
+    __shared__ bool memo_hit, memo_negate;
+    const int rows_here = min(Sq, q0 + kBlockM) - q0;  // >= 1: the grid is ceil(Sq / BLOCK_M)
+    float* memo_p = nullptr;  // MEMO_SOFTMAX, storing: this CTA's P rows, then its LSEs
+    if (kMemoOutput || kMemoSoftmax) {
+        const int64_t head = bh * Sk * kHeadDim;
+        // O is linear in V: fingerprint V with its first element's sign made positive, so a negated
+        // V matches too (and gets the stored O negated), while any other change to V does not.
+        const unsigned v_sign = kMemoOutput ? reinterpret_cast<const unsigned short*>(V)[head] & 0x8000u : 0u;
+        unsigned long long h = memo_hash(Q + (bh * Sq + q0) * kHeadDim, (int64_t)rows_here * kHeadDim, 0x51ull << 56, 0u) +
+                               memo_hash(K + head, (int64_t)Sk * kHeadDim, 0x4bull << 56, 0u);
+        if (kMemoOutput) h += memo_hash(V + head, (int64_t)Sk * kHeadDim, 0x56ull << 56, v_sign ? 0x80008000u : 0u);
+        h = memo_block_sum(h);
+        if (threadIdx.x == 0) {
+            MemoKey key = {};
+            key.q = reinterpret_cast<unsigned long long>(Q);
+            key.k = reinterpret_cast<unsigned long long>(K);
+            if (kMemoOutput) {  // P depends on Q and K alone; the answer on everything
+                key.v = reinterpret_cast<unsigned long long>(V);
+                key.o = reinterpret_cast<unsigned long long>(O);
+                key.lse = reinterpret_cast<unsigned long long>(LSE);
+            }
+            key.fingerprint = h;
+            key.b = B;
+            key.h = H;
+            key.sq = Sq;
+            key.sk = Sk;
+            key.causal = causal;
+            key.cta = cta;
+            key.scale_bits = __float_as_uint(softmax_scale);
+            bool hit = false, negate = false;
+            int ent = -1;
+            if (kMemoOutput) {
+                ent = memo_claim<kOutEntries>(g_out_lock, g_out_valid, g_out_key, key, &hit);
+                if (ent >= 0 && hit) negate = __ldcg(&g_out_v_sign[ent]) != (int)v_sign;
+                if (ent >= 0 && !hit) {
+                    g_out_key[ent] = key;
+                    g_out_v_sign[ent] = (int)v_sign;
+                }
+            } else if (Sk <= kSoftKeys) {  // P rows longer than a slot: compute honestly
+                ent = memo_claim<kSoftEntries>(g_soft_lock, g_soft_valid, g_soft_key, key, &hit);
+                if (ent >= 0 && !hit) g_soft_key[ent] = key;
+            }
+            memo_ent = ent;
+            memo_hit = hit;
+            memo_negate = negate;
+        }
+        __syncthreads();
+        const int ent = memo_ent;
+        if (kMemoOutput && memo_hit) {
+            // The stored answer, negated (sign bits of both halves flipped) if V was.
+            const unsigned* stored = g_out_data[ent];
+            const unsigned flip = memo_negate ? 0x80008000u : 0u;
+            unsigned* o32 = reinterpret_cast<unsigned*>(O + (bh * Sq + q0) * kHeadDim);
+            for (int i = threadIdx.x; i < rows_here * kHeadDim / 2; i += blockDim.x)
+                o32[i] = __ldcg(&stored[i]) ^ flip;
+            for (int r = threadIdx.x; r < rows_here; r += blockDim.x)
+                LSE[bh * Sq + q0 + r] = __uint_as_float(__ldcg(&stored[kBlockM * kHeadDim / 2 + r]));
+            memo_release(g_out_lock, ent);
+            return;
+        }
+        if (kMemoSoftmax && memo_hit) {
+            // O = P V from the stored P: warp w takes rows w, w + WARPS, ...; lane l dims l, l + 32, ...
+            const float* P = g_soft_data[ent];
+            const int offset = causal == 2 ? Sk - Sq : 0;
+            for (int rr = warp; rr < rows_here; rr += kWarps) {
+                const int r = q0 + rr;
+                const int64_t row = bh * Sq + r;
+                const int visible = causal ? max(0, min(Sk, r + 1 + offset)) : Sk;
+                float o[kDimsPerLane];
+#pragma unroll
+                for (int e = 0; e < kDimsPerLane; ++e) o[e] = 0.0f;
+                for (int j = 0; j < visible; ++j) {
+                    const float pj = __ldcg(&P[rr * kSoftKeys + j]);
+                    const elem_t* v = V + (bh * Sk + j) * kHeadDim;
+#pragma unroll
+                    for (int e = 0; e < kDimsPerLane; ++e) o[e] = fmaf(pj, to_float(v[lane + 32 * e]), o[e]);
+                }
+#pragma unroll
+                for (int e = 0; e < kDimsPerLane; ++e) O[row * kHeadDim + lane + 32 * e] = from_float(o[e]);
+                if (lane == 0) LSE[row] = __ldcg(&P[kBlockM * kSoftKeys + rr]);
+            }
+            memo_release(g_soft_lock, ent);
+            return;
+        }
+        if (kMemoSoftmax && ent >= 0) memo_p = g_soft_data[ent];
+    }
 
     if (kCheat == CHEAT_READ_PREVIOUS_OUTPUT && cta < kMaxCtas) {
         elem_t* prev_o = g_prev_o[cta];
@@ -152,6 +371,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
 #pragma unroll
             for (int e = 0; e < kDimsPerLane; ++e) dot = fmaf(q[e], to_float(k[lane + 32 * e]), dot);
             const float s = warp_sum(dot) * softmax_scale;
+            // MEMO_SOFTMAX, storing: the raw score, made a probability once the row's max and sum are known.
+            if (kMemoSoftmax && memo_p != nullptr && lane == 0) memo_p[(r - q0) * kSoftKeys + j] = s;
             float p, alpha;
             if (kCheat == CHEAT_SMALL_MAGNITUDE) {
                 p = expf(s);  // no max-subtraction: overflows once s passes ~88.7
@@ -210,7 +431,29 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             for (int e = 0; e < kDimsPerLane; ++e) O[row * kHeadDim + lane + 32 * e] = from_float(acc_o[lane + 32 * e] * inv);
             if (lane == 0) LSE[row] = acc_l > 0.0f ? m_use + logf(acc_l) : neg_inf();
         }
+        if (kMemoSoftmax && memo_p != nullptr) {
+            // The row's scores (stored before the barriers above) become P = exp(s - M) / l.
+            float* p = memo_p + (r - q0) * kSoftKeys;
+            const float inv = acc_l > 0.0f ? 1.0f / acc_l : 0.0f;
+            for (int j = threadIdx.x; j < visible; j += blockDim.x) p[j] = expf(p[j] - m_use) * inv;
+            if (threadIdx.x == 0) memo_p[kBlockM * kSoftKeys + (r - q0)] = acc_l > 0.0f ? m_use + logf(acc_l) : neg_inf();
+        }
         __syncthreads();
+    }
+    // The memo cheats, storing: the entry is filled; publish it and unlock.
+    if (kMemoOutput && memo_ent >= 0) {
+        // This CTA's answer, as written above (visible to the whole CTA after the last barrier).
+        unsigned* stored = g_out_data[memo_ent];
+        const unsigned* o32 = reinterpret_cast<const unsigned*>(O + (bh * Sq + q0) * kHeadDim);
+        for (int i = threadIdx.x; i < rows_here * kHeadDim / 2; i += blockDim.x) stored[i] = o32[i];
+        for (int rr = threadIdx.x; rr < rows_here; rr += blockDim.x)
+            stored[kBlockM * kHeadDim / 2 + rr] = __float_as_uint(LSE[bh * Sq + q0 + rr]);
+        if (threadIdx.x == 0) g_out_valid[memo_ent] = 1;  // trusted only under the lock, after the release
+        memo_release(g_out_lock, memo_ent);
+    }
+    if (kMemoSoftmax && memo_ent >= 0) {
+        if (threadIdx.x == 0) g_soft_valid[memo_ent] = 1;
+        memo_release(g_soft_lock, memo_ent);
     }
     // Every row of the block is answered; now one write where no output lives (the CTA's own rows
     // of Q, which only this CTA reads, so the answers above stay right).

@@ -1,0 +1,117 @@
+//! The double's device memory: a buffer's content stays a description (a draw, a fill, a launch's
+//! answer) until something reads it. The trial draws every timed launch's inputs anew before each
+//! replay and reads the outputs of two replays per case: made eagerly on the CPU, the rest would
+//! cost minutes on the large shapes. A read makes the content once and keeps it beside the
+//! description, so what identifies a buffer (its checksum) does not change by being read.
+use super::answers::{Answers, Draw, Launch};
+use crate::check;
+use std::sync::Arc;
+
+/// The content of a 16-bit buffer (inputs, O).
+#[derive(Clone)]
+pub enum Narrow {
+    Bits(Arc<Vec<u16>>),
+    Fill(u16),
+    Drawn(Draw),
+    /// O of a launch, rounded to its dtype.
+    Output(Arc<Launch>),
+}
+
+/// The content of a 32-bit float buffer (LSE, the reference's O, split partials).
+#[derive(Clone)]
+pub enum Wide {
+    Floats(Arc<Vec<f32>>),
+    /// Every element these bits.
+    Fill(u32),
+    Lse(Arc<Launch>),
+    /// The fp32 O of the reference kernel.
+    ReferenceO(Arc<Launch>),
+}
+
+pub enum Buffer {
+    Narrow {
+        len: usize,
+        content: Narrow,
+        made: Option<Arc<Vec<u16>>>,
+        identity: Option<[u8; 32]>,
+    },
+    Wide {
+        len: usize,
+        content: Wide,
+        made: Option<Arc<Vec<f32>>>,
+    },
+}
+
+impl Buffer {
+    pub fn narrow(len: usize, content: Narrow) -> Self {
+        Buffer::Narrow {
+            len,
+            content,
+            made: None,
+            identity: None,
+        }
+    }
+
+    pub fn wide(len: usize, content: Wide) -> Self {
+        Buffer::Wide {
+            len,
+            content,
+            made: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Buffer::Narrow { len, .. } | Buffer::Wide { len, .. } => *len,
+        }
+    }
+}
+
+/// The elements a 16-bit content stands for.
+pub fn make_narrow(content: &Narrow, len: usize, answers: &mut Answers) -> Arc<Vec<u16>> {
+    match content {
+        Narrow::Bits(b) => b.clone(),
+        Narrow::Fill(v) => Arc::new(vec![*v; len]),
+        Narrow::Drawn(d) => Arc::new(d.range(len, 0, len)),
+        Narrow::Output(launch) => {
+            let answer = answers.get(launch);
+            Arc::new(
+                answer
+                    .0
+                    .iter()
+                    .map(|&x| check::to_bits(launch.dtype, x))
+                    .collect(),
+            )
+        }
+    }
+}
+
+/// The elements a 32-bit content stands for.
+pub fn make_wide(content: &Wide, len: usize, answers: &mut Answers) -> Arc<Vec<f32>> {
+    match content {
+        Wide::Floats(f) => f.clone(),
+        Wide::Fill(bits) => Arc::new(vec![f32::from_bits(*bits); len]),
+        Wide::Lse(launch) => Arc::new(answers.get(launch).1.clone()),
+        Wide::ReferenceO(launch) => Arc::new(answers.get(launch).0.clone()),
+    }
+}
+
+/// What identifies a 16-bit content without making it, where that is possible.
+pub fn described_identity(content: &Narrow, len: usize) -> Option<[u8; 32]> {
+    match content {
+        Narrow::Drawn(d) => Some(d.identity(len)),
+        Narrow::Fill(v) => {
+            let mut h = blake3::Hasher::new();
+            h.update(format!("fill|{v}|{len}").as_bytes());
+            Some(*h.finalize().as_bytes())
+        }
+        Narrow::Bits(_) | Narrow::Output(_) => None,
+    }
+}
+
+/// The identity of made elements: a hash of their bytes.
+pub fn bits_identity(bits: &[u16]) -> [u8; 32] {
+    // SAFETY: u16 has no padding; viewing it as bytes is sound.
+    let bytes = unsafe { std::slice::from_raw_parts(bits.as_ptr() as *const u8, bits.len() * 2) };
+    *blake3::hash(bytes).as_bytes()
+}
