@@ -26,6 +26,8 @@ pub enum Wide {
     Lse(Arc<Launch>),
     /// The fp32 O of the reference kernel.
     ReferenceO(Arc<Launch>),
+    /// Another content XORed with the mask words of a key (a masked reference).
+    Masked(Box<Wide>, u64),
 }
 
 pub enum Buffer {
@@ -73,16 +75,7 @@ pub fn make_narrow(content: &Narrow, len: usize, answers: &mut Answers) -> Arc<V
         Narrow::Bits(b) => b.clone(),
         Narrow::Fill(v) => Arc::new(vec![*v; len]),
         Narrow::Drawn(d) => Arc::new(d.range(len, 0, len)),
-        Narrow::Output(launch) => {
-            let answer = answers.get(launch);
-            Arc::new(
-                answer
-                    .0
-                    .iter()
-                    .map(|&x| check::to_bits(launch.dtype, x))
-                    .collect(),
-            )
-        }
+        Narrow::Output(launch) => answers.get(launch).o_bits(launch.dtype),
     }
 }
 
@@ -91,8 +84,13 @@ pub fn make_wide(content: &Wide, len: usize, answers: &mut Answers) -> Arc<Vec<f
     match content {
         Wide::Floats(f) => f.clone(),
         Wide::Fill(bits) => Arc::new(vec![f32::from_bits(*bits); len]),
-        Wide::Lse(launch) => Arc::new(answers.get(launch).1.clone()),
-        Wide::ReferenceO(launch) => Arc::new(answers.get(launch).0.clone()),
+        Wide::Lse(launch) => answers.get(launch).lse.clone(),
+        Wide::ReferenceO(launch) => answers.get(launch).o.clone(),
+        Wide::Masked(inner, key) => {
+            let mut values = make_wide(inner, len, answers).to_vec();
+            check::apply_mask(&mut values, *key, 0);
+            Arc::new(values)
+        }
     }
 }
 
