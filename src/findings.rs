@@ -17,7 +17,8 @@ pub fn min_bandwidth_gbs(shape: &Shape, dtype: Dtype, median_us: f64) -> f64 {
     shape.min_dram_bytes(dtype) / median_us / 1e3
 }
 
-/// One (shape, dtype): the fastest correct variant beside the space's baseline, PyTorch and the ceilings.
+/// One (shape, dtype): its champion (the fastest variant no fault bars from the shape) beside the
+/// space's baseline, PyTorch and the ceilings.
 #[derive(Debug, Clone)]
 pub struct BestRow {
     pub shape: Shape,
@@ -72,6 +73,8 @@ pub struct BestPerShape {
     /// Why PyTorch was not run at all.
     pub torch_missing: Option<String>,
     pub ceilings: Ceilings,
+    /// The run's `[gates] per_shape_dispatch`: each row's best may have faulted on another shape.
+    pub per_shape_dispatch: bool,
 }
 
 pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
@@ -101,6 +104,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
             rows: Vec::new(),
             torch_missing,
             ceilings,
+            per_shape_dispatch: ix.per_shape_dispatch,
         };
     };
     let mut rows = Vec::new();
@@ -188,6 +192,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
         rows,
         torch_missing,
         ceilings,
+        per_shape_dispatch: ix.per_shape_dispatch,
     }
 }
 

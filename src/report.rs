@@ -373,31 +373,16 @@ pub fn markdown(ix: &RunIndex) -> String {
         md.push_str(&problems.join("\n"));
         md.push('\n');
     }
-    let disqualified: Vec<String> = order
+    let measured_variants: BTreeSet<&str> = order
         .iter()
         .map(|k| k.0.as_str())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .filter(|v| {
             ix.cases
                 .iter()
                 .any(|c| c.variant == *v && c.measured().is_some())
         })
-        .filter_map(|v| {
-            ix.disqualified(v)
-                .map(|(line, why)| format!("- `{v}`: {why} (log line {line})"))
-        })
         .collect();
-    if !disqualified.is_empty() {
-        md.push_str("
-## Never a champion
-
-These variants were measured on some cases but failed a check, or passed a roof, on another: a kernel that is wrong anywhere is not a candidate anywhere.
-
-");
-        md.push_str(&disqualified.join("\n"));
-        md.push('\n');
-    }
+    md.push_str(&never_a_champion(ix, &measured_variants));
     if !invalid.is_empty() {
         let total: usize = invalid.values().map(|v| v.0).sum();
         let _ = writeln!(
@@ -431,6 +416,48 @@ These variants were measured on some cases but failed a check, or passed a roof,
     md
 }
 
+/// The variants measured somewhere that a runtime fault keeps from being a champion, each with its
+/// first fault (per shape, under per-shape dispatch).
+fn never_a_champion(ix: &RunIndex, measured_variants: &BTreeSet<&str>) -> String {
+    let shapes: &[crate::config::Shape] = ix.header.map_or(&[], |h| &h.shapes);
+    let lines: Vec<String> = measured_variants
+        .iter()
+        .flat_map(|&v| {
+            if !ix.per_shape_dispatch {
+                let fault = ix.disqualified(v);
+                return fault
+                    .map(|f| format!("- `{v}`: {} (log line {})", f.describe(), f.line))
+                    .into_iter()
+                    .collect::<Vec<_>>();
+            }
+            shapes
+                .iter()
+                .filter_map(|s| {
+                    let f = ix.disqualified_on(v, &s.name)?;
+                    Some(format!(
+                        "- `{v}` on {}: {} (log line {})",
+                        s.name,
+                        f.describe(),
+                        f.line
+                    ))
+                })
+                .collect()
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let scope = if ix.per_shape_dispatch {
+        "Per-shape dispatch is on: a fault keeps a variant from the shape it happened on only (from every shape when the log ties it to no case)."
+    } else {
+        "A kernel that faults anywhere is not a candidate anywhere, even where a retry of the case later passed."
+    };
+    format!(
+        "\n## Never a champion\n\nThese variants were measured on some cases but faulted on another: a wrong answer, a figure beyond a roof, a crash (a CUDA error or a dead worker), a hang, a write outside its outputs, or a quarantine. {scope}\n\n{}\n",
+        lines.join("\n")
+    )
+}
+
 fn geomean_speedup<'a>(
     baseline: &Row,
     row: &Row,
@@ -461,10 +488,13 @@ pub fn three_digits(x: f64) -> String {
     }
 }
 
-/// Per (shape, dtype): the fastest correct variant beside the reference library (a time ratio) and the measured ceilings.
+/// Per (shape, dtype): the champion beside the reference library (a time ratio) and the measured ceilings.
 fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     let backends = &found.backends;
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
+    if found.per_shape_dispatch {
+        md.push_str("> **Per-shape dispatch is on** (`[gates] per_shape_dispatch` in this run's policies): a variant that faulted on one shape may still be the best on another. Dispatch each shape's best kernel for that shape only.\n\n");
+    }
     let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
     for b in backends {
         let _ = write!(md, " PyTorch {b} µs (spread) |");
