@@ -343,7 +343,8 @@ pub fn chain(ix: &RunIndex) -> Option<Vec<(Shape, Vec<ChainRow>)>> {
     Some(blocks)
 }
 
-/// Best-so-far median µs of one (shape, dtype) at each improvement, on the run clock (seconds).
+/// Best-so-far median µs of one (shape, dtype) at each improvement, on the run clock (seconds),
+/// over the figures that may decide a champion: clean ones, of variants no fault bars from the shape.
 pub struct ChampionTrace {
     pub shape: String,
     pub dtype: Dtype,
@@ -358,6 +359,10 @@ pub fn champion_traces(ix: &RunIndex) -> (Vec<ChampionTrace>, f64) {
     let mut last_timed = 0.0f64;
     let mut traces: BTreeMap<(usize, usize), Vec<(f64, f64)>> = BTreeMap::new();
     for t in &ix.timings {
+        let eligible = t.conditions.is_empty() && ix.disqualified_on(t.variant, t.shape).is_none();
+        if !eligible {
+            continue;
+        }
         let (Some(s), Some(d)) = (
             header.shapes.iter().position(|x| x.name == t.shape),
             header.dtypes.iter().position(|x| *x == t.dtype),

@@ -308,6 +308,8 @@ pub struct Timing<'a> {
     pub shape: &'a str,
     pub dtype: Dtype,
     pub timing: &'a TimingStats,
+    /// What it was measured under and still was when timed again; empty when clean.
+    pub conditions: &'a [Condition],
     /// The GPU that timed it (from the `worker_ran` record before it), when the log says.
     pub device: Option<u32>,
     pub gpu: Option<&'a GpuState>,
@@ -850,6 +852,7 @@ impl<'a> RunIndex<'a> {
                         shape,
                         dtype: *dtype,
                         timing,
+                        conditions,
                         device,
                         gpu: gpu.as_ref(),
                         sentinel_before,

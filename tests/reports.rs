@@ -803,6 +803,11 @@ fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
         "{section}"
     );
     assert!(!section.contains("`v0`"), "{section}");
+    // The champion over the run follows only figures that could decide it: not the barred ones.
+    let (traces, _) = flashtune::findings::champion_traces(&ix);
+    let small = traces.iter().find(|t| t.shape == "small").unwrap();
+    let medians: Vec<f64> = small.points.iter().map(|p| p.1).collect();
+    assert_eq!(medians, [10.0]);
 }
 
 #[test]
