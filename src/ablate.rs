@@ -31,7 +31,8 @@ pub fn variants(space: &Space, champion: &Params) -> Vec<Variant> {
 }
 
 /// The variant to ablate around: `wanted`, or the one with the best geometric-mean time over every
-/// (shape, dtype) the run timed (only variants timed on all of them qualify).
+/// (shape, dtype) the run timed (only variants timed on all of them, with no runtime fault on any
+/// case, qualify: a retry that timed a case does not undo its crash).
 pub fn choose_champion(log: &LoadedLog, wanted: Option<&str>) -> Result<(String, Params), String> {
     let mut params: BTreeMap<String, Params> = BTreeMap::new();
     for (_, e) in &log.entries {
@@ -57,16 +58,17 @@ pub fn choose_champion(log: &LoadedLog, wanted: Option<&str>) -> Result<(String,
     }
     let cases: std::collections::BTreeSet<&(String, Dtype)> =
         times.values().flat_map(|t| t.keys()).collect();
+    let index = crate::runindex::RunIndex::new(log);
     let geomean = |t: &BTreeMap<(String, Dtype), f64>| {
         (t.values().map(|v| v.ln()).sum::<f64>() / t.len() as f64).exp()
     };
     times
         .iter()
-        .filter(|(_, t)| t.len() == cases.len())
+        .filter(|(id, t)| t.len() == cases.len() && index.disqualified(id).is_none())
         .min_by(|a, b| geomean(a.1).total_cmp(&geomean(b.1)))
         .and_then(|(id, _)| params.get(id).map(|p| (id.clone(), p.clone())))
         .ok_or_else(|| {
-            "no variant of this run was timed on every shape and dtype; name one with --variant"
+            "no variant of this run was timed on every shape and dtype without a fault on any case; name one with --variant"
                 .into()
         })
 }

@@ -108,9 +108,11 @@ pub fn keep_committed_ties(
     champions
         .iter()
         .map(|c| {
+            // A committed variant that faulted in this run is not kept, tie or no tie.
             let held = committed
                 .iter()
-                .find(|h| h.shape == c.shape && h.dtype == c.dtype && h.variant != c.variant);
+                .find(|h| h.shape == c.shape && h.dtype == c.dtype && h.variant != c.variant)
+                .filter(|h| ix.disqualified_on(&h.variant, &c.shape).is_none());
             let kept = held.and_then(|h| {
                 let theirs = ix.case(&h.variant, &c.shape, c.dtype)?;
                 let ours = ix.case(&c.variant, &c.shape, c.dtype)?;
@@ -160,7 +162,7 @@ pub fn to_toml(champions: &[Champion]) -> String {
         champion: champions.to_vec(),
     })
     .expect("champions serialize");
-    format!("# Written by flashtune from a run log: per (shape, dtype) the fastest variant that passed every check.\n# Each figure names the run and the log line it came from.\n\n{body}")
+    format!("# Written by flashtune from a run log: per (shape, dtype) the fastest variant with no runtime fault\n# (wrong answer, crash, hang, write outside its outputs, quarantine, figure beyond a roof) on any case\n# of the run (on its own shape under per-shape dispatch), or the one committed before where the two tie.\n# Each figure names the run and the log line it came from.\n\n{body}")
 }
 
 /// Commit the table on `flashtune/<run-id>` (never the current branch) with the figures as trailers.

@@ -145,6 +145,11 @@ pub struct Gates {
     /// A timed figure more than this fraction beyond a measured roof (dense matmul TFLOP/s, or the
     /// least traffic per second against the faster of copy and read-only bandwidth) is implausible.
     pub plausibility_margin: f64,
+    /// The user dispatches a kernel per shape: a variant's runtime fault (wrong answer, crash, hang,
+    /// write outside its outputs, quarantine, figure beyond a roof) keeps it from being the champion
+    /// of that shape only. Off (absent) by default: a fault anywhere bars it everywhere.
+    #[serde(default)]
+    pub per_shape_dispatch: bool,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq)]
@@ -1103,6 +1108,24 @@ mod tests {
             }
         }
         n
+    }
+
+    #[test]
+    fn per_shape_dispatch_is_off_unless_set_and_only_a_bool_sets_it() {
+        let path = Path::new("policies.toml");
+        let gates = |text: &str| parse_toml::<Gates>(path, text);
+        let absent = gates("max_spill_bytes = 0\nplausibility_margin = 0.05\n").unwrap();
+        assert!(!absent.per_shape_dispatch);
+        let on = "max_spill_bytes = 0\nplausibility_margin = 0.05\nper_shape_dispatch = true\n";
+        assert!(gates(on).unwrap().per_shape_dispatch);
+        let word =
+            "max_spill_bytes = 0\nplausibility_margin = 0.05\nper_shape_dispatch = \"yes\"\n";
+        match gates(word).unwrap_err() {
+            Error::Config { key, line, .. } => {
+                assert_eq!((key.as_str(), line), ("per_shape_dispatch", 3))
+            }
+            other => panic!("expected a config error, got {other}"),
+        }
     }
 
     #[test]

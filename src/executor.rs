@@ -85,7 +85,7 @@ impl WorkerOutcome {
 /// The logged reason for a reply that does not parse.
 pub fn garbled_reason(line: &str) -> String {
     let shown: String = line.chars().take(300).collect();
-    format!("the worker sent a reply that is not protocol: `{shown}`")
+    format!("{}: `{shown}`", crate::protocol::GARBLED_REPLY)
 }
 
 /// Starts worker sessions; the real GPU or the double is chosen once, here.
@@ -137,7 +137,7 @@ impl Executor {
     /// Start a worker for `device`; `Err` holds why it did not start.
     pub fn start(&self, device: u32) -> Result<Session, WorkerEnd> {
         let not_started = |e: std::io::Error| WorkerEnd::Crashed {
-            status: "not started".into(),
+            status: WORKER_NOT_STARTED.into(),
             stderr_tail: e.to_string(),
         };
         let (read_end, write_end) = reply_pipe().map_err(not_started)?;

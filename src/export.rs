@@ -26,8 +26,9 @@ pub struct CaseRow {
     pub build_seconds: f64,
     pub reason: Option<String>,
     pub log_line: usize,
-    /// `yes` for its (shape, dtype)'s fastest case; `tied` for that case and its runner-up when
-    /// the two are within the noise (then neither is the finding).
+    /// `yes` for its (shape, dtype)'s champion (the fastest case of a variant no fault bars from
+    /// the shape); `tied` for that case and its runner-up when the two are within the noise (then
+    /// neither is the finding).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub champion: Option<String>,
     /// The other variant of a tie.
@@ -200,7 +201,8 @@ pub fn json(ix: &RunIndex) -> Value {
     value
 }
 
-/// T4 results (schema 1.0.0): one result per (variant, shape, dtype); times in milliseconds as Kernel Tuner writes them.
+/// T4 results (schema 1.0.0): one result per (variant, shape, dtype); times in milliseconds as Kernel Tuner writes them,
+/// the `time` measurement being the median per launch and `runtimes` every sample.
 /// `metadata` (T4's metadata schema) names the GPU and says whether the figures are the fake GPU's.
 pub fn t4(ix: &RunIndex) -> Value {
     let started = ix.header.map(|h| h.started_at.clone()).unwrap_or_default();

@@ -17,7 +17,8 @@ pub fn min_bandwidth_gbs(shape: &Shape, dtype: Dtype, median_us: f64) -> f64 {
     shape.min_dram_bytes(dtype) / median_us / 1e3
 }
 
-/// One (shape, dtype): the fastest correct variant beside the space's baseline, PyTorch and the ceilings.
+/// One (shape, dtype): its champion (the fastest variant no fault bars from the shape) beside the
+/// space's baseline, PyTorch and the ceilings.
 #[derive(Debug, Clone)]
 pub struct BestRow {
     pub shape: Shape,
@@ -72,6 +73,8 @@ pub struct BestPerShape {
     /// Why PyTorch was not run at all.
     pub torch_missing: Option<String>,
     pub ceilings: Ceilings,
+    /// The run's `[gates] per_shape_dispatch`: each row's best may have faulted on another shape.
+    pub per_shape_dispatch: bool,
 }
 
 pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
@@ -101,6 +104,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
             rows: Vec::new(),
             torch_missing,
             ceilings,
+            per_shape_dispatch: ix.per_shape_dispatch,
         };
     };
     let mut rows = Vec::new();
@@ -188,6 +192,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
         rows,
         torch_missing,
         ceilings,
+        per_shape_dispatch: ix.per_shape_dispatch,
     }
 }
 
@@ -338,7 +343,8 @@ pub fn chain(ix: &RunIndex) -> Option<Vec<(Shape, Vec<ChainRow>)>> {
     Some(blocks)
 }
 
-/// Best-so-far median µs of one (shape, dtype) at each improvement, on the run clock (seconds).
+/// Best-so-far median µs of one (shape, dtype) at each improvement, on the run clock (seconds),
+/// over the figures that may decide a champion: clean ones, of variants no fault bars from the shape.
 pub struct ChampionTrace {
     pub shape: String,
     pub dtype: Dtype,
@@ -353,6 +359,10 @@ pub fn champion_traces(ix: &RunIndex) -> (Vec<ChampionTrace>, f64) {
     let mut last_timed = 0.0f64;
     let mut traces: BTreeMap<(usize, usize), Vec<(f64, f64)>> = BTreeMap::new();
     for t in &ix.timings {
+        let eligible = t.conditions.is_empty() && ix.disqualified_on(t.variant, t.shape).is_none();
+        if !eligible {
+            continue;
+        }
         let (Some(s), Some(d)) = (
             header.shapes.iter().position(|x| x.name == t.shape),
             header.dtypes.iter().position(|x| *x == t.dtype),

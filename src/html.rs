@@ -66,18 +66,23 @@ fn plots(ix: &RunIndex) -> String {
     let figures = [
         crate::plots::speedup(
             &found,
-            "Best variant vs the fastest PyTorch SDPA backend (time ratio)",
+            "Best variant vs the fastest PyTorch SDPA backend: PyTorch's median ÷ the best's",
             |r| Some(r.fastest_torch_us? / r.best.as_ref()?.1),
         )
         .map(|f| (f, key.clone())),
         crate::plots::speedup(
             &found,
-            "Best variant vs the space's baseline variant (time ratio)",
+            "Best variant vs the space's baseline variant: the baseline's median ÷ the best's",
             |r| Some(r.baseline_us? / r.best.as_ref()?.1),
         )
         .map(|f| (f, key.clone())),
         crate::plots::roofline(ix, &found.ceilings).map(|f| (f, String::new())),
-        crate::plots::champions_over_time(&traces, last_timed).map(|f| (f, String::new())),
+        crate::plots::champions_over_time(&traces, last_timed).map(|f| {
+            (
+                f,
+                "<figcaption>Only figures that may decide a champion: timed on a GPU neither throttled nor shared, by variants no fault bars from the shape.</figcaption>".into(),
+            )
+        }),
         crate::plots::sentinel_over_time(&crate::findings::sentinel_traces(ix))
             .map(|f| (f, String::new())),
         crate::plots::state_over_time(&crate::findings::gpu_states(ix)).map(|f| (f, String::new())),
@@ -91,7 +96,7 @@ fn plots(ix: &RunIndex) -> String {
         html.push_str("<p class=\"missing\">PyTorch SDPA was not measured in this run: no speedup against it.</p>\n");
     }
     if !traces.is_empty() && traces.iter().all(|t| t.points.len() < 2) {
-        html.push_str("<p class=\"missing\">No champion changed during the run (each shape's first timing stayed the best): no plot over time.</p>\n");
+        html.push_str("<p class=\"missing\">No champion changed during the run (each shape's first figure that could decide it stayed the best): no plot over time.</p>\n");
     }
     if found.ceilings.is_empty() {
         html.push_str("<p class=\"missing\">Ceilings not measured in this run: the roofline has no roof.</p>\n");

@@ -666,8 +666,9 @@ pub fn agents_md(pack: &ContextPack) -> String {
         "1. Your edit is built with nvcc with the champion's parameters (the same -D defines), in a\n   build cache of its own; a build failure or a spill rejected by the gates ends it.\n\
          2. On the GPU, under a lock (one judgement at a time), HEAD's champion and your edit are\n   checked against HEAD's fp32 reference kernel on fresh random inputs (new every step, with\n   poisoned outputs), then timed interleaved (A B, B A, ...), {} rounds per case, on every case\n   listed in PROMPT.md.\n\
          3. The outputs of the timed launches themselves are verified, fresh and large-magnitude\n   inputs are checked again after timing, and the inputs must be left untouched.\n\
-         4. Accepted only if the geometric mean gain over all cases beats {:.1}% and the measured\n   noise, and no case is slower beyond its noise.\n",
+         4. Accepted only if the geometric mean gain (of HEAD's median ÷ yours) over all cases beats\n   {:.1}% and the median case's noise (p10..p90 spread ÷ median), and no case is slower by more\n   than the larger of its own noise and {:.1}%.\n",
         pack.rounds,
+        pack.threshold * 100.0,
         pack.threshold * 100.0
     );
     let _ = writeln!(m, "## What gets an edit rejected\n");
@@ -676,7 +677,7 @@ pub fn agents_md(pack: &ContextPack) -> String {
         "- **wrong**: outputs differ from the reference beyond the dtype's tolerance, NaN, unwritten outputs.\n\
          - **timed outputs differ**: the launches that were timed did not compute the answer (caching by\n  pointer, skipping launches, reading a previous set's output, races between runs).\n\
          - **implausible**: a time faster than the GPU's measured roofs allow (dense matmul, memory bandwidth).\n\
-         - **slower** on any case beyond noise, or a geomean gain under the threshold.\n\
+         - **slower** on any case beyond its noise and the threshold, or a geomean gain not above both.\n\
          - a change outside the edit scope, a commit of your own, an agent that fails or runs out of time.\n"
     );
     let _ = writeln!(

@@ -203,7 +203,8 @@ pub fn roofline(ix: &RunIndex, ceilings: &Ceilings) -> Option<Result<String, Str
         .fold(0.0, f64::max)
         * 2.0;
     Some(svg(|root| {
-        let title = "Roofline: every timed case (minimal traffic Q+K+V+O)";
+        let title =
+            "Roofline: every measured case, implausible ones left out (least traffic Q+K+V+O)";
         let (x, y) = ((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale());
         let mut chart = chart(root, title, x, y)?;
         chart
@@ -374,6 +375,9 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
         return None;
     }
     let limit = traces.iter().map(|t| t.max_drift).fold(0.0, f64::max);
+    // Drift is slower ÷ faster - 1 (`runindex::sentinel_gap`): a sentinel faster than the first
+    // passes the limit below 1 / (1 + limit), not at 1 - limit.
+    let (floor, ceiling) = (1.0 / (1.0 + limit), 1.0 + limit);
     let end_t = lines
         .iter()
         .flat_map(|l| l.1.iter().map(|p| p.0))
@@ -381,11 +385,11 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
     let lo = lines
         .iter()
         .flat_map(|l| l.1.iter().map(|p| p.1))
-        .fold(1.0 - limit, f64::min);
+        .fold(floor, f64::min);
     let hi = lines
         .iter()
         .flat_map(|l| l.1.iter().map(|p| p.1))
-        .fold(1.0 + limit, f64::max);
+        .fold(ceiling, f64::max);
     let pad = (hi - lo) * 0.15;
     Some(svg(|root| {
         let title = "Drift sentinel over the run: time ÷ the first sentinel's";
@@ -401,7 +405,7 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
             .bold_line_style(BLACK.mix(0.15))
             .draw()
             .map_err(|e| e.to_string())?;
-        for bound in [1.0 - limit, 1.0 + limit] {
+        for bound in [floor, ceiling] {
             chart
                 .draw_series(DashedLineSeries::new(
                     [(0.0, bound), (end_t * 1.05, bound)],
@@ -415,7 +419,7 @@ pub fn sentinel_over_time(traces: &[findings::SentinelTrace]) -> Option<Result<S
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
             .map_err(|e| e.to_string())?
             .label(format!(
-                "limit ±{:.1}% ([sentinel] max_drift)",
+                "limit: {:.1}% slower or faster than the first ([sentinel] max_drift)",
                 100.0 * limit
             ))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 16, y)], BLACK.mix(0.5)));

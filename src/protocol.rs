@@ -215,9 +215,44 @@ impl CaseResult {
     /// Why the case failed, naming the stage that caught it; `None` when every check passed.
     pub fn failure(&self) -> Option<String> {
         if let Some(e) = &self.error {
-            return Some(format!("CUDA error: {e}"));
+            return Some(format!("{CUDA_ERROR}: {e}"));
         }
         failure_of(self.check.as_ref(), &self.stages)
+    }
+}
+
+/// How a failed case's reason begins when CUDA failed in it.
+pub const CUDA_ERROR: &str = "CUDA error";
+/// How a failed case's reason begins when the kernel changed memory outside its outputs (an input set).
+pub const WROTE_OUTSIDE: &str = "the kernel wrote outside its outputs";
+/// How a failed case's reason begins when the worker's reply to it was not protocol.
+pub const GARBLED_REPLY: &str = "the worker sent a reply that is not protocol";
+
+/// The status of a worker process that could not be started (the executor's, then the scheduler's
+/// `worker_crashed` detail begins with it): a failure of the machine, never of the variant.
+pub const WORKER_NOT_STARTED: &str = "not started";
+
+/// What went wrong in a failed case, read back from its logged reason: a `check_failed` record
+/// carries only the reason, which begins with one of the prefixes above when it is not a wrong answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseFault {
+    /// A CUDA error, or a reply the worker garbled: the process did not survive the kernel intact.
+    Crashed,
+    /// An input set changed: the kernel wrote outside its outputs.
+    WroteOutside,
+    /// The outputs were wrong (NaN, unwritten, beyond tolerance, a race, stale after timing).
+    Wrong,
+}
+
+impl CaseFault {
+    pub fn of_reason(reason: &str) -> CaseFault {
+        if reason.starts_with(CUDA_ERROR) || reason.starts_with(GARBLED_REPLY) {
+            CaseFault::Crashed
+        } else if reason.starts_with(WROTE_OUTSIDE) {
+            CaseFault::WroteOutside
+        } else {
+            CaseFault::Wrong
+        }
     }
 }
 
@@ -366,7 +401,7 @@ impl Stage {
                 format!("wrong on fresh inputs after timing, in the same loaded module ({detail})")
             }
             Stage::Stress => format!("wrong on large-magnitude inputs ({detail})"),
-            Stage::Inputs => format!("the kernel wrote outside its outputs ({detail})"),
+            Stage::Inputs => format!("{WROTE_OUTSIDE} ({detail})"),
         }
     }
 
@@ -572,6 +607,27 @@ mod tests {
         .unwrap();
         assert!(back.max_abs.is_nan());
         assert_eq!(back.reference_vs_cpu_rel_l2, None);
+    }
+
+    #[test]
+    fn a_failed_case_reads_back_as_the_fault_its_reason_was_written_for() {
+        let dtype = Dtype::F16;
+        let mut crashed = CaseResult::empty("small", dtype, 1);
+        crashed.error = Some("an illegal memory access was encountered".into());
+        let mut wrote = CaseResult::empty("small", dtype, 1);
+        wrote.check = Some(CheckStats::default());
+        wrote.stages = vec![Stage::Inputs.failed("input set 2 changed".into())];
+        let mut wrong = CaseResult::empty("small", dtype, 1);
+        wrong.check = Some(CheckStats {
+            failures: vec!["12 NaN outputs".into()],
+            ..Default::default()
+        });
+        let of = |c: &CaseResult| CaseFault::of_reason(&c.failure().expect("it failed"));
+        assert_eq!(of(&crashed), CaseFault::Crashed);
+        assert_eq!(of(&wrote), CaseFault::WroteOutside);
+        assert_eq!(of(&wrong), CaseFault::Wrong);
+        let garbled = format!("{GARBLED_REPLY}: `oops`");
+        assert_eq!(CaseFault::of_reason(&garbled), CaseFault::Crashed);
     }
 
     #[test]

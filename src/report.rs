@@ -332,7 +332,11 @@ pub fn markdown(ix: &RunIndex) -> String {
             r.registers, r.spills
         );
     }
-    md.push_str("\nµs: median per launch (forward + combine) over CUDA-graph replays; TF/s uses 4·B·H·Sq·Sk·D, halved when causal. Speedup: geometric mean over the shapes both rows measured.\n");
+    let _ = writeln!(
+        md,
+        "\nµs: median per launch (forward + combine) over CUDA-graph replays. TF/s: 4·D FLOPs (the two matmuls) per (query, key) pair the mask admits, over every batch and head, ÷ that median; unmasked that is 4·B·H·Sq·Sk·D, causal it counts only the visible pairs (about half when Sq = Sk). Speedup vs baseline: the baseline variant `{}`'s median ÷ this row's, per shape in the same dtype, geometric mean over the shapes both rows measured.",
+        header.baseline
+    );
     if ix.accounting.reused > 0 {
         md.push_str("↺: taken from the results store (`--reuse`), measured by an earlier run; see Reused from earlier runs.\n");
     }
@@ -373,31 +377,16 @@ pub fn markdown(ix: &RunIndex) -> String {
         md.push_str(&problems.join("\n"));
         md.push('\n');
     }
-    let disqualified: Vec<String> = order
+    let measured_variants: BTreeSet<&str> = order
         .iter()
         .map(|k| k.0.as_str())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .filter(|v| {
             ix.cases
                 .iter()
                 .any(|c| c.variant == *v && c.measured().is_some())
         })
-        .filter_map(|v| {
-            ix.disqualified(v)
-                .map(|(line, why)| format!("- `{v}`: {why} (log line {line})"))
-        })
         .collect();
-    if !disqualified.is_empty() {
-        md.push_str("
-## Never a champion
-
-These variants were measured on some cases but failed a check, or passed a roof, on another: a kernel that is wrong anywhere is not a candidate anywhere.
-
-");
-        md.push_str(&disqualified.join("\n"));
-        md.push('\n');
-    }
+    md.push_str(&never_a_champion(ix, &measured_variants));
     if !invalid.is_empty() {
         let total: usize = invalid.values().map(|v| v.0).sum();
         let _ = writeln!(
@@ -431,6 +420,48 @@ These variants were measured on some cases but failed a check, or passed a roof,
     md
 }
 
+/// The variants measured somewhere that a runtime fault keeps from being a champion, each with its
+/// first fault (per shape, under per-shape dispatch).
+fn never_a_champion(ix: &RunIndex, measured_variants: &BTreeSet<&str>) -> String {
+    let shapes: &[crate::config::Shape] = ix.header.map_or(&[], |h| &h.shapes);
+    let lines: Vec<String> = measured_variants
+        .iter()
+        .flat_map(|&v| {
+            if !ix.per_shape_dispatch {
+                let fault = ix.disqualified(v);
+                return fault
+                    .map(|f| format!("- `{v}`: {} (log line {})", f.describe(), f.line))
+                    .into_iter()
+                    .collect::<Vec<_>>();
+            }
+            shapes
+                .iter()
+                .filter_map(|s| {
+                    let f = ix.disqualified_on(v, &s.name)?;
+                    Some(format!(
+                        "- `{v}` on {}: {} (log line {})",
+                        s.name,
+                        f.describe(),
+                        f.line
+                    ))
+                })
+                .collect()
+        })
+        .collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let scope = if ix.per_shape_dispatch {
+        "Per-shape dispatch is on: a fault keeps a variant from the shape it happened on only (from every shape when the log ties it to no case)."
+    } else {
+        "A kernel that faults anywhere is not a candidate anywhere, even where a retry of the case later passed."
+    };
+    format!(
+        "\n## Never a champion\n\nThese variants were measured on some cases but faulted on another: a wrong answer, a figure beyond a roof, a crash (a CUDA error or a dead worker), a hang, a write outside its outputs, or a quarantine. {scope}\n\n{}\n",
+        lines.join("\n")
+    )
+}
+
 fn geomean_speedup<'a>(
     baseline: &Row,
     row: &Row,
@@ -461,10 +492,13 @@ pub fn three_digits(x: f64) -> String {
     }
 }
 
-/// Per (shape, dtype): the fastest correct variant beside the reference library (a time ratio) and the measured ceilings.
+/// Per (shape, dtype): the champion beside the reference library (a time ratio) and the measured ceilings.
 fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
     let backends = &found.backends;
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
+    if found.per_shape_dispatch {
+        md.push_str("> **Per-shape dispatch is on** (`[gates] per_shape_dispatch` in this run's policies): a variant that faulted on one shape may still be the best on another. Dispatch each shape's best kernel for that shape only.\n\n");
+    }
     let _ = write!(md, "| shape | dtype | best variant | µs | TF/s |");
     for b in backends {
         let _ = write!(md, " PyTorch {b} µs (spread) |");
@@ -1004,7 +1038,7 @@ fn implausible(ix: &RunIndex) -> String {
         return String::new();
     }
     let c = &ix.ceilings;
-    let mut md = String::from("\n## Implausible figures\n\nTimed faster than the GPU's measured roofs allow: a kernel that skips work or a timing that is wrong. Never a champion, never committed.\n\n");
+    let mut md = String::from("\n## Implausible figures\n\nTimed beyond a roof the run measured, by more than `[gates] plausibility_margin`: above the dtype's dense matmul TFLOP/s, or moving the least traffic (Q, K, V read once, O written once) faster than the faster of copy and read-only bandwidth. A kernel that skips work or a timing that is wrong; never a champion, never committed. µs: the median; × ceiling: the figure ÷ the highest roof this log holds (the gate held it to the roofs measured before the case).\n\n");
     md.push_str("| variant | shape | dtype | µs | TF/s | × matmul ceiling | least-traffic GB/s | × bandwidth ceiling | why | log line |\n");
     md.push_str("|---|---|---|---:|---:|---:|---:|---:|---|---:|\n");
     for case in cases {
@@ -1073,12 +1107,12 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
             m.value, m.line
         ));
     }
-    format!("\nMeasured ceilings: {}. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second ÷ the faster measured stream.\n{missing}", parts.join(", "))
+    format!("\nMeasured ceilings: {}. % of matmul ceiling: the best's TF/s ÷ its dtype's dense matmul TFLOP/s. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second at the best's median ÷ the faster measured stream. Where the worker and the PyTorch adapter both measured a roof, the higher figure is the ceiling.\n{missing}", parts.join(", "))
 }
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.
 fn ablation_chain(blocks: &[(crate::config::Shape, Vec<crate::findings::ChainRow>)]) -> String {
-    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. × previous and × baseline (the space's baseline variant): time ratios (higher is faster). ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
+    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. µs: the median. × previous and × baseline (the space's baseline variant): the other's median ÷ this step's (higher is faster). max abs err: the step's last check. ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
     let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("—".into(), f);
     for (shape, rows) in blocks {
         let _ = writeln!(md, "\n### {}\n", shape.label());
@@ -1126,12 +1160,18 @@ fn run_statistics(ix: &RunIndex) -> String {
         (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
     let wall = ix.wall_seconds;
+    // Every timed replay the workers ran: kept figures, those taken again on a throttled or shared
+    // GPU, and those beyond a roof.
     let replay_seconds: f64 = ix
         .timings
         .iter()
-        .map(|t| {
-            t.timing.samples_us.iter().sum::<f64>() * t.timing.launches_per_sample as f64 / 1e6
-        })
+        .map(|t| t.timing)
+        .chain(ix.disturbed.iter().map(|d| d.timing))
+        .chain(ix.cases.iter().filter_map(|c| match &c.outcome {
+            Outcome::Implausible { timing, .. } => Some(*timing),
+            _ => None,
+        }))
+        .map(|t| t.samples_us.iter().sum::<f64>() * t.launches_per_sample as f64 / 1e6)
         .sum();
     for b in &ix.builds {
         match b.outcome {
@@ -1181,7 +1221,7 @@ fn run_statistics(ix: &RunIndex) -> String {
     }
     // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
     let held: f64 = workers.values().flatten().map(|r| r.1).sum();
-    let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
+    let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
     md
 }
 
@@ -1265,7 +1305,8 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
     if proposals.is_empty() && rounds.is_empty() {
         return None;
     }
-    let best: BTreeMap<(String, String, Dtype), (f64, usize)> = log
+    // Each case's last `timed` record: a re-timing replaces the first.
+    let last_timed: BTreeMap<(String, String, Dtype), (f64, usize)> = log
         .timed()
         .map(|t| {
             (
@@ -1326,6 +1367,7 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
             _ => {}
         }
     }
+    let _ = writeln!(s, "\nThe µs columns: the median of each variant's last timing on that case. × vs champion: the champion's median ÷ the proposal's (above 1: the proposal is faster).");
     let _ = writeln!(s, "\n| round | proposed variant | rule | bottleneck seen | from champion | on | its µs | champion's µs there | result |");
     let _ = writeln!(s, "|---:|---|---|---|---|---|---:|---:|---|");
     let mut seen = BTreeSet::new();
@@ -1334,8 +1376,8 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
             continue; // one row per (variant, round), not per head dim
         }
         let on = format!("{} {}", p.shape, p.dtype);
-        let mine = best.get(&(variant.clone(), p.shape.clone(), p.dtype));
-        let theirs = best.get(&(p.from_variant.clone(), p.shape.clone(), p.dtype));
+        let mine = last_timed.get(&(variant.clone(), p.shape.clone(), p.dtype));
+        let theirs = last_timed.get(&(p.from_variant.clone(), p.shape.clone(), p.dtype));
         let (mine_s, result) = match (mine, invalid) {
             (Some((us, line)), _) => (
                 format!("{us:.1} (line {line})"),
@@ -1438,7 +1480,7 @@ pub fn factors_section(log: &LoadedLog) -> Option<String> {
     );
     let _ = writeln!(
         s,
-        "Each row sets one parameter of the champion back to the baseline's value; the figure is its time ÷ the champion's, both measured in this run. Ranked by geometric mean: the factor whose removal costs most comes first.\n"
+        "Each row sets one parameter of the champion back to the baseline's value; the figure is its median ÷ the champion's, both measured in this run (above 1: the factor's removal costs time). Ranked by the geometric mean over the cases both timed: the factor whose removal costs most comes first.\n"
     );
     let _ = write!(s, "| rank | factor (champion → baseline) | variant |");
     for (shape, dtype) in &cases {

@@ -459,6 +459,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         shapes: project.shapes.clone(),
         strategy: strategy.clone(),
         run_seed: None,
+        per_shape_dispatch: project.policies.gates.per_shape_dispatch,
     }
 }
 

@@ -3,7 +3,10 @@ use crate::config::{Dtype, Shape};
 use crate::decide::Verdict;
 use crate::plan::Proposal;
 use crate::profile::ProfileOutcome;
-use crate::protocol::{CheckStats, Condition, GpuState, SentinelFigure, TimingStats};
+use crate::protocol::{
+    CaseFault, CheckStats, Condition, GpuState, SentinelFigure, TimingStats, GARBLED_REPLY,
+    WORKER_NOT_STARTED,
+};
 use crate::ptxas::EntryResources;
 use crate::runlog::{Header, LoadedLog, Record};
 use crate::space::Params;
@@ -109,6 +112,78 @@ pub enum Failure {
     Crashed,
     /// The worker ran past its timeout before reaching it.
     TimedOut,
+}
+
+/// What a variant did wrong when it ran: any one, on any case, keeps it from being a champion (on
+/// that case's shape only, under per-shape dispatch). A build that failed or a gate that turned a
+/// build away is no fault: that kernel never ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// A wrong answer: NaN, unwritten outputs, errors above tolerance, a race, stale after timing.
+    Wrong,
+    /// A figure beyond a measured roof of the GPU.
+    Implausible,
+    /// A CUDA error, a garbled reply, or a worker that died on the case.
+    Crashed,
+    /// The worker ran past its timeout on the case.
+    TimedOut,
+    /// It changed memory outside its outputs (an input set).
+    WroteOutside,
+    /// Its worker failed twice; its remaining cases were not run.
+    Quarantined,
+}
+
+impl FaultKind {
+    /// The fault in words, as the reports name it.
+    pub fn words(self) -> &'static str {
+        match self {
+            FaultKind::Wrong => "wrong",
+            FaultKind::Implausible => "implausible",
+            FaultKind::Crashed => "crashed",
+            FaultKind::TimedOut => "timed out",
+            FaultKind::WroteOutside => "wrote outside its outputs",
+            FaultKind::Quarantined => "quarantined",
+        }
+    }
+
+    fn of_check_failure(reason: &str) -> FaultKind {
+        match CaseFault::of_reason(reason) {
+            CaseFault::Crashed => FaultKind::Crashed,
+            CaseFault::WroteOutside => FaultKind::WroteOutside,
+            CaseFault::Wrong => FaultKind::Wrong,
+        }
+    }
+}
+
+/// One fault of a variant and the record that shows it.
+#[derive(Debug, Clone)]
+pub struct Fault<'a> {
+    pub line: usize,
+    pub variant: &'a str,
+    pub kind: FaultKind,
+    /// The (shape, dtype) it happened on: the case in flight when a worker died or hung. `None`
+    /// when the record names none (a worker that died after answering every case).
+    pub case: Option<(&'a str, Dtype)>,
+    /// What the record says happened.
+    pub detail: String,
+}
+
+impl Fault<'_> {
+    /// "crashed on ragged f16: CUDA error: ...", for the reports.
+    pub fn describe(&self) -> String {
+        match self.case {
+            Some((shape, dtype)) => {
+                format!("{} on {shape} {dtype}: {}", self.kind.words(), self.detail)
+            }
+            None => format!("{}: {}", self.kind.words(), self.detail),
+        }
+    }
+
+    /// Whether it bars its variant from `shape`: everywhere, unless the user dispatches per shape
+    /// and the fault happened on another shape.
+    pub fn bars(&self, shape: &str, per_shape_dispatch: bool) -> bool {
+        !per_shape_dispatch || self.case.is_none_or(|(s, _)| s == shape)
+    }
 }
 
 /// The accounting bins: every planned case lands in exactly one.
@@ -233,6 +308,8 @@ pub struct Timing<'a> {
     pub shape: &'a str,
     pub dtype: Dtype,
     pub timing: &'a TimingStats,
+    /// What it was measured under and still was when timed again; empty when clean.
+    pub conditions: &'a [Condition],
     /// The GPU that timed it (from the `worker_ran` record before it), when the log says.
     pub device: Option<u32>,
     pub gpu: Option<&'a GpuState>,
@@ -494,6 +571,10 @@ pub struct RunIndex<'a> {
     pub search: Vec<(usize, &'a Record)>,
     /// Worker crashes and timeouts, budgets, quarantines and unhealthy GPUs, in log order.
     pub incidents: Vec<(usize, &'a Record)>,
+    /// Every runtime fault of every variant, in log order, those a retry or a resume made good included.
+    pub faults: Vec<Fault<'a>>,
+    /// The run's `[gates] per_shape_dispatch` (from its header): a fault bars a variant from its own shape only.
+    pub per_shape_dispatch: bool,
     /// The drift sentinels, in log order.
     pub sentinels: Vec<SentinelPoint<'a>>,
     /// Timings taken under a condition and taken again.
@@ -544,6 +625,8 @@ impl<'a> RunIndex<'a> {
             duels: Vec::new(),
             search: Vec::new(),
             incidents: Vec::new(),
+            faults: Vec::new(),
+            per_shape_dispatch: header.is_some_and(|h| h.per_shape_dispatch),
             sentinels: Vec::new(),
             disturbed: Vec::new(),
             drift_duels: Vec::new(),
@@ -564,6 +647,8 @@ impl<'a> RunIndex<'a> {
         let mut build_seconds: BTreeMap<(&str, Dtype, u32), f64> = BTreeMap::new();
         // The GPU each variant's last worker ran on: its cases' records follow that `worker_ran`.
         let mut device_of: BTreeMap<&str, u32> = BTreeMap::new();
+        // Whether each variant's last failed worker failed by the variant's own doing.
+        let mut own_worker_failure: BTreeMap<&str, bool> = BTreeMap::new();
         for (line, e) in &log.entries {
             let line = *line;
             ix.wall_seconds = ix.wall_seconds.max(e.t);
@@ -716,7 +801,15 @@ impl<'a> RunIndex<'a> {
                         dtype: *dtype,
                         reason,
                     });
-                    let kind = if reason.starts_with("CUDA error") {
+                    let fault = FaultKind::of_check_failure(reason);
+                    ix.faults.push(Fault {
+                        line,
+                        variant,
+                        kind: fault,
+                        case: Some((shape, *dtype)),
+                        detail: reason.clone(),
+                    });
+                    let kind = if fault == FaultKind::Crashed {
                         Failure::Crashed
                     } else {
                         Failure::Wrong
@@ -759,6 +852,7 @@ impl<'a> RunIndex<'a> {
                         shape,
                         dtype: *dtype,
                         timing,
+                        conditions,
                         device,
                         gpu: gpu.as_ref(),
                         sentinel_before,
@@ -834,6 +928,13 @@ impl<'a> RunIndex<'a> {
                     timing,
                     reason,
                 } => {
+                    ix.faults.push(Fault {
+                        line,
+                        variant,
+                        kind: FaultKind::Implausible,
+                        case: Some((shape, *dtype)),
+                        detail: reason.clone(),
+                    });
                     let outcome = Outcome::Implausible {
                         line,
                         timing,
@@ -876,6 +977,11 @@ impl<'a> RunIndex<'a> {
                     ..
                 } => {
                     ix.incidents.push((line, &e.record));
+                    let own = !worker_never_started(&e.record);
+                    own_worker_failure.insert(variant.as_str(), own);
+                    if own {
+                        ix.faults.extend(worker_fault(line, &e.record, dtypes));
+                    }
                     let kind = if matches!(e.record, Record::TimedOut { .. }) {
                         Failure::TimedOut
                     } else {
@@ -884,10 +990,7 @@ impl<'a> RunIndex<'a> {
                     // Not terminal: the scheduler retries the cases once, and only a second failure
                     // (or the end of the run) leaves them here.
                     for case in cases_not_run {
-                        let Some((shape, dtype)) = case.split_once('/') else {
-                            continue;
-                        };
-                        let Some(&dtype) = dtypes.iter().find(|d| d.name() == dtype) else {
+                        let Some((shape, dtype)) = named_case(case, dtypes) else {
                             continue;
                         };
                         if let Some(&i) = ix.by_key.get(&(variant.as_str(), shape, dtype)) {
@@ -902,9 +1005,27 @@ impl<'a> RunIndex<'a> {
                         }
                     }
                 }
-                Record::BudgetReached { .. }
-                | Record::Quarantined { .. }
-                | Record::GpuUnhealthy { .. } => ix.incidents.push((line, &e.record)),
+                Record::Quarantined {
+                    variant,
+                    reason,
+                    cases_not_run,
+                } => {
+                    ix.incidents.push((line, &e.record));
+                    // A quarantine follows its attempt's failure record: the variant's fault unless
+                    // that worker never started.
+                    if own_worker_failure.get(variant.as_str()) != Some(&false) {
+                        ix.faults.push(Fault {
+                            line,
+                            variant,
+                            kind: FaultKind::Quarantined,
+                            case: cases_not_run.first().and_then(|c| named_case(c, dtypes)),
+                            detail: reason.clone(),
+                        });
+                    }
+                }
+                Record::BudgetReached { .. } | Record::GpuUnhealthy { .. } => {
+                    ix.incidents.push((line, &e.record))
+                }
                 Record::Profiled {
                     variant,
                     shape,
@@ -1196,7 +1317,7 @@ impl<'a> RunIndex<'a> {
             .cases
             .iter()
             .filter(|c| c.shape.name == shape && c.dtype == dtype && c.measured().is_some())
-            .filter(|c| self.disqualified(c.variant).is_none())
+            .filter(|c| self.disqualified_on(c.variant, shape).is_none())
             .collect();
         ranked.sort_by(|a, b| {
             let median = |c: &Case| c.measured().map_or(f64::INFINITY, |t| t.median_us);
@@ -1205,33 +1326,20 @@ impl<'a> RunIndex<'a> {
         ranked
     }
 
-    /// Why a variant may not be anyone's champion: it computed a wrong answer, or a figure beyond the
-    /// roofs, on some case. A kernel wrong on one shape is a wrong kernel; its right answers elsewhere
-    /// are luck of the shape. Returns the first such case's line and reason.
-    pub fn disqualified(&self, variant: &str) -> Option<(usize, String)> {
-        self.cases
+    /// Why a variant may not be anyone's champion anywhere: its first runtime fault (a wrong answer,
+    /// a crash, a hang, a write outside its outputs, a quarantine, a figure beyond the roofs) on any
+    /// case, even one a retry later measured. A kernel that faults on one shape is a faulty kernel;
+    /// its clean runs elsewhere are luck of the shape.
+    pub fn disqualified(&self, variant: &str) -> Option<&Fault<'a>> {
+        self.faults.iter().find(|f| f.variant == variant)
+    }
+
+    /// Why a variant may not be the champion of `shape`: as [`RunIndex::disqualified`], except that
+    /// under per-shape dispatch only a fault on that shape (or on no named case) counts.
+    pub fn disqualified_on(&self, variant: &str, shape: &str) -> Option<&Fault<'a>> {
+        self.faults
             .iter()
-            .filter(|c| c.variant == variant)
-            .find_map(|c| match &c.outcome {
-                Outcome::Failed {
-                    line,
-                    kind: Failure::Wrong,
-                    reason,
-                } => Some((
-                    *line,
-                    format!(
-                        "wrong on {} {}: {}",
-                        c.shape.name,
-                        c.dtype,
-                        reason.unwrap_or("see the log")
-                    ),
-                )),
-                Outcome::Implausible { line, reason, .. } => Some((
-                    *line,
-                    format!("implausible on {} {}: {reason}", c.shape.name, c.dtype),
-                )),
-                _ => None,
-            })
+            .find(|f| f.variant == variant && f.bars(shape, self.per_shape_dispatch))
     }
 
     /// The champion of one (shape, dtype): the fastest measured case, and whether its runner-up ties it.
@@ -1419,6 +1527,61 @@ impl Ledger {
             }
         }
     }
+}
+
+/// A `shape/dtype` of a record's `cases_not_run`, when the run has that dtype.
+fn named_case<'r>(case: &'r str, dtypes: &[Dtype]) -> Option<(&'r str, Dtype)> {
+    let (shape, dtype) = case.split_once('/')?;
+    let &dtype = dtypes.iter().find(|d| d.name() == dtype)?;
+    Some((shape, dtype))
+}
+
+/// A `worker_crashed` record of a worker that could not be started: the machine's failure.
+fn worker_never_started(record: &Record) -> bool {
+    matches!(record, Record::WorkerCrashed { detail, .. } if detail.starts_with(WORKER_NOT_STARTED))
+}
+
+/// The fault a `timed_out` or `worker_crashed` record shows, on the case that was in flight (the
+/// first not run). `None` for a garbled reply: the `check_failed` record before it already holds
+/// that fault, on the case that was in flight.
+fn worker_fault<'a>(line: usize, record: &'a Record, dtypes: &[Dtype]) -> Option<Fault<'a>> {
+    let (variant, kind, detail, cases_not_run) = match record {
+        Record::TimedOut {
+            variant,
+            stage,
+            seconds,
+            cases_not_run,
+        } => (
+            variant,
+            FaultKind::TimedOut,
+            match stage.as_str() {
+                "worker" => crate::runlog::timed_out_limit(stage, *seconds),
+                _ => format!(
+                    "{stage} {}",
+                    crate::runlog::timed_out_limit(stage, *seconds)
+                ),
+            },
+            cases_not_run,
+        ),
+        Record::WorkerCrashed {
+            variant,
+            detail,
+            cases_not_run,
+        } if !detail.starts_with(GARBLED_REPLY) => (
+            variant,
+            FaultKind::Crashed,
+            format!("its worker died: {detail}"),
+            cases_not_run,
+        ),
+        _ => return None,
+    };
+    Some(Fault {
+        line,
+        variant,
+        kind,
+        case: cases_not_run.first().and_then(|c| named_case(c, dtypes)),
+        detail,
+    })
 }
 
 fn settle<'a>(

@@ -39,6 +39,10 @@ pub struct Header {
     /// `resume` keeps it, so a resumed run judges on the same inputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_seed: Option<u64>,
+    /// `[gates] per_shape_dispatch` as the run began: a fault bars a variant from its own shape only.
+    /// Logged only when on, so older logs (and runs with it off) read as off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_shape_dispatch: bool,
 }
 
 /// One line of the log. `t` is seconds since the run started.

@@ -606,7 +606,7 @@ impl Scheduler<'_> {
                     detail: detail.clone(),
                     cases_not_run: not_run.clone(),
                 })?;
-                (detail, status == "not started")
+                (detail, status == crate::protocol::WORKER_NOT_STARTED)
             }
         };
         if remaining.is_empty() {

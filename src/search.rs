@@ -72,13 +72,14 @@ fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder
         .filter(|(_, accepted)| !accepted)
         .map(|(k, _)| k)
         .collect();
-    // A variant wrong (or implausible) on any case is nobody's champion, as in the reports.
+    // A variant that faulted (wrong, implausible, crashed, hung, ...) is no champion, as in the
+    // reports: anywhere, or on that shape only under per-shape dispatch.
     let index = crate::runindex::RunIndex::new(log);
     let mut out: BTreeMap<(String, Dtype), Holder> = BTreeMap::new();
     for t in log.timed() {
         let key = (t.shape.to_owned(), t.dtype);
         if lost.contains(&(t.shape.to_owned(), t.dtype, t.variant.to_owned()))
-            || index.disqualified(t.variant).is_some()
+            || index.disqualified_on(t.variant, t.shape).is_some()
         {
             continue;
         }

@@ -715,3 +715,225 @@ fn pytorch_figures_show_their_spread_and_a_noisy_one_is_marked() {
         }
     ));
 }
+
+/// `hung` is the fastest on `small` but hung on `seed` twice and was quarantined; `crashed` is the
+/// fastest on both, but its worker died on `seed` before a retry timed it there. `v0` never faulted.
+/// Returns the log and the lines of the two first faults.
+fn faults_on_seed(per_shape_dispatch: bool) -> (LoadedLog, usize, usize) {
+    let mut log = Log::new(false);
+    if per_shape_dispatch {
+        let Record::Header(header) = &mut log.entries[0].1.record else {
+            panic!("the first record is the header");
+        };
+        header.per_shape_dispatch = true;
+    }
+    for v in ["v0", "hung", "crashed"] {
+        log.plan(v);
+    }
+    log.timed("v0", "small", 10.0, 0.01);
+    log.timed("v0", "seed", 20.0, 0.01);
+    log.timed("hung", "small", 5.0, 0.01);
+    let hung = log.record(
+        json!({"event": "timed_out", "variant": "hung", "stage": "worker", "seconds": 60,
+        "cases_not_run": ["seed/f16"]}),
+    );
+    log.record(
+        json!({"event": "timed_out", "variant": "hung", "stage": "worker", "seconds": 60,
+        "cases_not_run": ["seed/f16"]}),
+    );
+    log.record(json!({"event": "quarantined", "variant": "hung",
+        "reason": "failed twice: worker timed out: no case finished in 60 s",
+        "cases_not_run": ["seed/f16"]}));
+    log.record(
+        json!({"event": "case_skipped", "variant": "hung", "shape": "seed", "dtype": "f16",
+        "reason": "quarantined: failed twice: worker timed out: no case finished in 60 s"}),
+    );
+    log.timed("crashed", "small", 4.0, 0.01);
+    let crashed = log.record(
+        json!({"event": "worker_crashed", "variant": "crashed",
+        "detail": "signal: 11 (SIGSEGV): an illegal memory access", "cases_not_run": ["seed/f16"]}),
+    );
+    // The retry times the case fine: the crash still stands.
+    log.timed("crashed", "seed", 15.0, 0.01);
+    log.finished();
+    (log.done(), hung, crashed)
+}
+
+fn never_a_champion(md: &str) -> &str {
+    md.split("\n## Never a champion")
+        .nth(1)
+        .expect("a Never a champion section")
+        .split("\n## ")
+        .next()
+        .unwrap()
+}
+
+#[test]
+fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
+    let (log, hung, crashed) = faults_on_seed(false);
+    let ix = RunIndex::new(&log);
+    assert!(ix.accounting.holds(), "{:?}", ix.accounting);
+    for shape in ["small", "seed"] {
+        assert_eq!(ix.pick(shape, F16).unwrap().best.variant, "v0", "{shape}");
+    }
+    let champions = flashtune::champions::from_index(&ix);
+    assert!(champions.iter().all(|c| c.variant == "v0"), "{champions:?}");
+    use flashtune::runindex::FaultKind;
+    assert_eq!(
+        ix.disqualified("hung").map(|f| f.kind),
+        Some(FaultKind::TimedOut)
+    );
+    assert_eq!(
+        ix.disqualified("crashed").map(|f| f.kind),
+        Some(FaultKind::Crashed)
+    );
+    let md = flashtune::report::markdown(&ix);
+    assert!(!md.contains("Per-shape dispatch is on"), "{md}");
+    let section = never_a_champion(&md);
+    assert!(
+        section.contains(&format!(
+            "- `hung`: timed out on seed f16: no case finished in 60 s (log line {hung})"
+        )),
+        "{section}"
+    );
+    assert!(
+        section.contains(&format!(
+            "- `crashed`: crashed on seed f16: its worker died: signal: 11 (SIGSEGV): an illegal memory access (log line {crashed})"
+        )),
+        "{section}"
+    );
+    assert!(!section.contains("`v0`"), "{section}");
+    // The champion over the run follows only figures that could decide it: not the barred ones.
+    let (traces, _) = flashtune::findings::champion_traces(&ix);
+    let small = traces.iter().find(|t| t.shape == "small").unwrap();
+    let medians: Vec<f64> = small.points.iter().map(|p| p.1).collect();
+    assert_eq!(medians, [10.0]);
+}
+
+#[test]
+fn under_per_shape_dispatch_a_fault_bars_a_variant_from_its_own_shape_only() {
+    let (log, hung, crashed) = faults_on_seed(true);
+    let ix = RunIndex::new(&log);
+    // `crashed` is the fastest on `small` and never faulted there; on `seed` its crash bars it.
+    let small = ix.pick("small", F16).unwrap();
+    assert_eq!(small.best.variant, "crashed");
+    assert_eq!(small.runner_up.map(|r| r.variant), Some("hung"));
+    assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "v0");
+    let md = flashtune::report::markdown(&ix);
+    let best = md
+        .split("\n## Best per shape")
+        .nth(1)
+        .expect("a best-per-shape section");
+    assert!(
+        best.lines()
+            .take(4)
+            .any(|l| l.starts_with("> **Per-shape dispatch is on**")),
+        "{best}"
+    );
+    let section = never_a_champion(&md);
+    assert!(
+        section.contains(&format!(
+            "- `hung` on seed: timed out on seed f16: no case finished in 60 s (log line {hung})"
+        )) && section.contains("- `crashed` on seed: crashed on seed f16:")
+            && section.contains(&format!("(log line {crashed})")),
+        "{section}"
+    );
+    assert!(!section.contains("on small"), "{section}");
+    // The header keeps the setting through a write and a read of the log.
+    let header = serde_json::to_string(&log.entries[0].1).unwrap();
+    assert!(header.contains("\"per_shape_dispatch\":true"), "{header}");
+}
+
+/// A worker that never started is the machine's failure: the retry that measured the variant stands.
+#[test]
+fn a_worker_that_never_started_is_not_the_variants_fault() {
+    let mut log = Log::new(false);
+    log.plan("v0");
+    log.plan("late");
+    log.timed("v0", "small", 10.0, 0.01);
+    log.timed("v0", "seed", 20.0, 0.01);
+    log.record(json!({"event": "worker_crashed", "variant": "late",
+        "detail": "not started: Resource temporarily unavailable (os error 11)",
+        "cases_not_run": ["small/f16", "seed/f16"]}));
+    log.timed("late", "small", 5.0, 0.01);
+    log.timed("late", "seed", 15.0, 0.01);
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    assert!(ix.disqualified("late").is_none());
+    assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "late");
+}
+
+/// A garbled reply fails the case it answered (`check_failed`); the `worker_crashed` after it names
+/// the cases still to run, which the retry measures: under per-shape dispatch only the garbled
+/// case's shape is barred.
+#[test]
+fn a_garbled_reply_bars_the_shape_it_answered_not_the_next() {
+    let mut log = Log::new(false);
+    let Record::Header(header) = &mut log.entries[0].1.record else {
+        panic!("the first record is the header");
+    };
+    header.per_shape_dispatch = true;
+    log.plan("v0");
+    log.plan("garbler");
+    log.timed("v0", "small", 10.0, 0.01);
+    log.timed("v0", "seed", 20.0, 0.01);
+    let garbled = "the worker sent a reply that is not protocol: `oops`";
+    let line = log.record(
+        json!({"event": "check_failed", "variant": "garbler", "shape": "seed", "dtype": "f16",
+        "check": null, "reason": garbled}),
+    );
+    log.record(
+        json!({"event": "worker_crashed", "variant": "garbler", "detail": garbled,
+        "cases_not_run": ["small/f16"]}),
+    );
+    log.timed("garbler", "small", 5.0, 0.01);
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    assert_eq!(ix.pick("small", F16).unwrap().best.variant, "garbler");
+    assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "v0");
+    let fault = ix.disqualified("garbler").expect("a fault");
+    assert_eq!(
+        (fault.kind, fault.case, fault.line),
+        (
+            flashtune::runindex::FaultKind::Crashed,
+            Some(("seed", F16)),
+            line
+        )
+    );
+    assert_eq!(ix.faults.len(), 1, "{:?}", ix.faults);
+}
+
+/// HEAD's table names `v1`, which ties with this run's fastest on `small` but crashed on `seed`:
+/// a faulty kernel is not kept on a tie.
+#[test]
+fn a_committed_champion_that_faulted_in_this_run_is_not_kept_on_a_tie() {
+    let mut log = Log::new(false);
+    log.plan("v0");
+    log.plan("v1");
+    log.timed("v0", "small", 10.0, 0.02);
+    log.timed("v1", "small", 10.05, 0.02);
+    log.timed("v0", "seed", 20.0, 0.01);
+    log.record(json!({"event": "worker_crashed", "variant": "v1",
+        "detail": "signal: 6 (SIGABRT): misaligned address", "cases_not_run": ["seed/f16"]}));
+    log.timed("v1", "seed", 25.0, 0.01);
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    let mine = flashtune::champions::from_index(&ix);
+    assert!(mine.iter().all(|c| c.variant == "v0"), "{mine:?}");
+    let committed: Vec<_> = mine
+        .iter()
+        .map(|c| flashtune::champions::Champion {
+            variant: "v1".into(),
+            run: "an-earlier-run".into(),
+            ..c.clone()
+        })
+        .collect();
+    let table = flashtune::champions::keep_committed_ties(&ix, &mine, &committed);
+    assert!(
+        table.iter().all(|c| c.variant == "v0" && !c.kept),
+        "{table:?}"
+    );
+}

@@ -117,6 +117,12 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
         .iter()
         .any(|c| c.variant.starts_with("skip_last_tile") && c.measured().is_some()));
     assert!(ix.disqualified("skip_last_tile-bm16-bn64-w4-ks1").is_some());
+    // A write into the inputs is named as such, not as a wrong answer.
+    assert_eq!(
+        ix.disqualified("write_outside-bm16-bn64-w4-ks1")
+            .map(|f| f.kind),
+        Some(flashtune::runindex::FaultKind::WroteOutside)
+    );
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
         report.contains("## Never a champion")
