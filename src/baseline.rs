@@ -77,6 +77,18 @@ pub async fn measure_with_ceilings(
     measure_rotating(root, policies, shapes, &BTreeMap::new()).await
 }
 
+/// Input sets the adapter's timed calls rotate over on `shape`: enough for twice the L2 cache
+/// (Q, K, V read, O written per call), at least the trial's minimum, at most its launch cap.
+pub fn rotating_sets(shape: &Shape, l2_bytes: u64) -> u32 {
+    let per_set = 2
+        * (2 * shape.b as u64 * shape.h as u64 * (shape.sq as u64 + shape.sk as u64))
+        * shape.d as u64;
+    (2 * l2_bytes).div_ceil(per_set.max(1)).clamp(
+        crate::trial::MIN_LAUNCHES as u64,
+        crate::trial::MAX_LAUNCHES as u64,
+    ) as u32
+}
+
 /// As `measure_with_ceilings`, each shape's timed calls rotating over `sets[shape name]` distinct
 /// input sets (1 where absent), the way the worker times the variants, so neither side is timed
 /// on inputs left in L2 by the call before. A row whose p10..p90 spread is above

@@ -90,8 +90,14 @@ enum Command {
     },
     /// Compile and gate every variant of a space without a GPU, and print the resource table.
     Build {
+        /// Variant space (default: `default_space` in policies.toml).
         #[arg(long)]
         space: Option<PathBuf>,
+        /// Only a covering sample: per (MMA path, head dim) the points at the extremes of shared
+        /// memory and per-thread work, and enough others that every value of every parameter is
+        /// built once (a gate that takes a minute, not ten).
+        #[arg(long)]
+        covering: bool,
         /// nvcc target, e.g. sm_89 (default: policies.toml's build.default_arch). Points are ruled
         /// out with that target's limits from policies.toml's [build.targets.<arch>].
         #[arg(long)]
@@ -228,6 +234,14 @@ enum Command {
     },
     /// Check the toolchain, GPU, profiler, repository and disk.
     Doctor,
+    /// Find nvcc the way every command does (FLASHTUNE_NVCC, PATH, CUDA_HOME, CUDA_PATH,
+    /// /usr/local/cuda, then .tools/cuda) and prove it compiles a kernel; when none is found,
+    /// install the pinned compiler (scripts/cuda-requirements.txt) from PyPI into .tools/cuda.
+    Setup {
+        /// The target the proof compiles for (default: policies.toml's default_arch).
+        #[arg(long)]
+        arch: Option<String>,
+    },
     /// The GPU worker process (used by tune): serves JSON requests, one per line on stdin, for one GPU.
     #[command(hide = true)]
     Worker {
@@ -580,9 +594,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
             Ok(run.finish(outcome))
         }
-        Command::Build { space, arch } => {
+        Command::Build {
+            space,
+            arch,
+            covering,
+        } => {
             let project = Project::load(paths, space.as_deref())?;
-            let (planned, rows) = engine::build_space(&project, arch.as_deref()).await?;
+            let (planned, rows) = engine::build_space(&project, arch.as_deref(), covering).await?;
             let (table, failures) = build_table(&planned, &rows);
             println!("{table}");
             if failures > 0 {
@@ -811,6 +829,22 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
         },
+        Command::Setup { arch } => {
+            let arch = match arch {
+                Some(a) => a,
+                None => crate::config::Policies::load(&paths.policies())
+                    .map(|(p, _)| p.build.default_arch)
+                    .unwrap_or_else(|_| "sm_90a".into()),
+            };
+            let (source, tc) = crate::toolchain::setup(&paths.root, &arch)?;
+            println!(
+                "nvcc: {} ({}), found by {}; it compiles for {arch}",
+                tc.nvcc.display(),
+                tc.version,
+                source.describe()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             let checks = crate::doctor::run(&paths).await;
             for c in &checks {

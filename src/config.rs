@@ -197,6 +197,10 @@ pub struct MeasurePolicy {
     pub cpu_reference_max_macs: f64,
     /// Seed of the first input set; each (variant, shape, dtype) derives its own from it.
     pub seed: u64,
+    /// Racing: after this many samples a case stops when its p10 lies above the p90 of the best
+    /// timing of its (shape, dtype) so far in the run; 0 times every case in full.
+    #[serde(default)]
+    pub race_samples: u32,
 }
 
 /// The reference library timed beside the variants, in the same run.
@@ -663,6 +667,16 @@ impl Policies {
             return fail(
                 "samples",
                 "at least 3 samples are needed for a median and percentiles".into(),
+            );
+        }
+        let race = self.measure.race_samples as usize;
+        if race != 0 && !(3..self.measure.samples).contains(&race) {
+            return fail(
+                "race_samples",
+                format!(
+                    "must be 0 (time every case in full) or from 3 to below samples ({}), not {race}",
+                    self.measure.samples
+                ),
             );
         }
         for (name, agent) in &self.agents {

@@ -49,7 +49,7 @@ fn check(
 }
 
 pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
-    let mut checks = vec![nvcc()];
+    let mut checks = vec![nvcc(paths)];
     let gpu = gpu().await;
     let device = gpu.as_ref().ok().cloned();
     checks.push(match gpu {
@@ -68,7 +68,7 @@ pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
             ),
             None,
         ),
-        Err(e) => check("gpu", Status::Fail, format!("no GPU usable: {e}"), Some("run on a machine with an NVIDIA GPU and driver; `flashtune build` works without one")),
+        Err(e) => check("gpu", Status::Fail, format!("no GPU usable: {e}"), Some(crate::error::NO_GPU_NEXT_STEPS)),
     });
     checks.push(ncu(device.as_ref()).await);
     checks.push(git(paths));
@@ -76,20 +76,23 @@ pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
     checks
 }
 
-fn nvcc() -> Check {
-    match crate::build::find_nvcc() {
-        Ok(tc) => check(
+fn nvcc(paths: &ProjectPaths) -> Check {
+    match crate::toolchain::locate_nvcc(&paths.root) {
+        Some((source, tc)) => check(
             "nvcc",
             Status::Pass,
-            format!("{} ({})", tc.version, tc.nvcc.display()),
+            format!(
+                "{} ({}, found by {})",
+                tc.version,
+                tc.nvcc.display(),
+                source.describe()
+            ),
             None,
         ),
-        Err(e) => check(
-            "nvcc",
-            Status::Fail,
-            e.to_string(),
-            Some("put nvcc on PATH or set FLASHTUNE_NVCC"),
-        ),
+        None => {
+            let e = crate::toolchain::find_nvcc(&paths.root).unwrap_err();
+            check("nvcc", Status::Fail, e.to_string(), None)
+        }
     }
 }
 

@@ -308,10 +308,7 @@ fn refused(reason: String) -> Error {
 }
 
 fn no_gpu(reason: String) -> Error {
-    Error::NoGpu(format!(
-        "{reason}\n`flashtune tune` checks and times kernels on an NVIDIA GPU. Without one, `flashtune build` still compiles and gates \
-         every variant, and `flashtune doctor` lists what is missing."
-    ))
+    Error::NoGpu(format!("{reason}\n{}", crate::error::NO_GPU_NEXT_STEPS))
 }
 
 /// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
@@ -344,6 +341,16 @@ async fn drive(
             Some(project.space.plan_points(&variants, &head_dims, &limits)?)
         }
     };
+    // The GPU's first job is the reference library (and its roofs), while nvcc builds the plan's
+    // kernels into the cache on every core: the measurement then starts on built kernels.
+    unless_stopped(baseline_while_building(
+        project,
+        device,
+        events,
+        planned.as_deref(),
+        done,
+    ))
+    .await?;
     let ending = match planned {
         Some(planned) => {
             let no_reasons = BTreeMap::new();
@@ -375,7 +382,6 @@ async fn drive(
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
         unless_stopped(reduel_across_drift(project, device, opts, events)).await?;
         unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
-        unless_stopped(baseline_stage(project, device, events)).await?;
         interrupted = crate::stop::requested().is_some();
         if !interrupted {
             events.emit(Record::Finished {
@@ -577,7 +583,48 @@ async fn profile_stage(
     Ok(())
 }
 
-/// Time the reference library after the variants, so the two never share the GPU.
+/// Time the reference library before the variants (never beside them: one GPU, one job), while the
+/// planned kernels build into the cache on the CPU; builds still running when it ends are dropped
+/// and the scheduler builds them as usual. A resumed run that has its baseline skips it.
+async fn baseline_while_building(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    planned: Option<&[PlannedPoint]>,
+    done: &BTreeSet<String>,
+) -> Result<()> {
+    let log = runlog::read(&events.log.path)?;
+    let measured = log.entries.iter().any(|(_, e)| {
+        matches!(
+            e.record,
+            Record::BaselineTimed { .. } | Record::BaselineUnavailable { .. }
+        )
+    });
+    if measured {
+        return Ok(());
+    }
+    let prebuild = planned.filter(|_| !device.fake).map(|p| {
+        crate::scheduler::spawn_builds(project, project.build_specs(p, &device.arch, done))
+    });
+    let result = baseline_stage(project, device, events).await;
+    // Dropping the set aborts the builds still running; the finished ones are in the cache, and
+    // their first request reports the compile they were (the run statistics count nvcc's time).
+    if let Some((tasks, mut results)) = prebuild {
+        drop(tasks);
+        let mut ahead = project.compiled_ahead.lock().expect("not poisoned");
+        while let Ok((_, built)) = results.try_recv() {
+            match built {
+                Ok(out) if !out.cached => {
+                    ahead.insert(out.key, out.seconds);
+                }
+                _ => {}
+            }
+        }
+    }
+    result
+}
+
+/// Time the reference library on every shape of the run.
 async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
     let unavailable = |reason: String| Record::BaselineUnavailable {
         backend: None,
@@ -595,16 +642,19 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
             "baseline.command is empty in policies.toml".into(),
         ));
     }
-    // PyTorch's calls rotate over at least as many distinct input sets as the variants' timed
-    // launches did on each shape, so neither side is timed on inputs sitting in L2.
-    let log = runlog::read(&events.log.path)?;
-    let mut sets: BTreeMap<String, u32> = BTreeMap::new();
-    for t in log.timed() {
-        let n = sets
-            .entry(t.shape.to_owned())
-            .or_insert(crate::trial::MIN_LAUNCHES);
-        *n = (*n).max(t.timing.launches_per_sample);
-    }
+    // PyTorch's calls rotate over enough distinct input sets to fill twice the L2 cache, so it is
+    // not timed on inputs sitting in L2 (the variants' inputs are drawn anew and L2 flushed
+    // before each replay).
+    let sets: BTreeMap<String, u32> = project
+        .shapes
+        .iter()
+        .map(|s| {
+            (
+                s.name.clone(),
+                crate::baseline::rotating_sets(s, device.l2_bytes),
+            )
+        })
+        .collect();
     let measured = crate::baseline::measure_rotating(
         &project.paths.root,
         &project.policies,
@@ -677,13 +727,19 @@ pub fn offline_limits(project: &Project, arch: &str) -> Result<DeviceLimits> {
 pub async fn build_space(
     project: &Project,
     arch: Option<&str>,
+    covering: bool,
 ) -> Result<(Vec<PlannedPoint>, Vec<BuiltRow>)> {
     let arch = arch
         .unwrap_or(&project.policies.build.default_arch)
         .to_owned();
     let limits = offline_limits(project, &arch)?;
     let planned = project.space.plan(&project.head_dims(), &limits)?;
-    let specs = project.build_specs(&planned, &arch, &BTreeSet::new());
+    let to_build = if covering {
+        crate::plan::covering_sample(&planned)
+    } else {
+        planned.clone()
+    };
+    let specs = project.build_specs(&to_build, &arch, &BTreeSet::new());
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
     let mut done: BTreeMap<UnitKey, BuiltRow> = BTreeMap::new();
     let (_tasks, mut results) = crate::scheduler::spawn_builds(project, specs);
@@ -703,6 +759,24 @@ pub async fn build_space(
     }
     let rows = order.into_iter().filter_map(|k| done.remove(&k)).collect();
     Ok((planned, rows))
+}
+
+/// The spec keys (`build::spec_key`) of every build the whole plan of the project's space needs
+/// for `arch`, sorted: what the full build gate certifies in its manifest.
+pub fn gate_spec_keys(project: &Project, arch: Option<&str>) -> Result<Vec<String>> {
+    let arch = arch
+        .unwrap_or(&project.policies.build.default_arch)
+        .to_owned();
+    let limits = offline_limits(project, &arch)?;
+    let planned = project.space.plan(&project.head_dims(), &limits)?;
+    let mut keys = project
+        .build_specs(&planned, &arch, &BTreeSet::new())
+        .iter()
+        .map(|(_, spec)| build::spec_key(spec))
+        .collect::<Result<Vec<_>>>()?;
+    keys.sort();
+    keys.dedup();
+    Ok(keys)
 }
 
 /// `flashtune ablate`: a new run over the parent run's space, measuring its champion and each one-factor reset.

@@ -16,6 +16,12 @@ pub mod exit_code {
     pub const INTERRUPTED: u8 = 130;
 }
 
+/// What a user without a usable GPU can do next; `tune` and `doctor` both print it.
+pub const NO_GPU_NEXT_STEPS: &str = "Without a GPU: `flashtune tune --fake-gpu` runs the whole pipeline on a test double \
+(about a minute and a half for the default space on two cores; `--space variants/smoke.toml` takes seconds); \
+its figures are synthetic and marked so. For real figures run on a machine with an NVIDIA GPU and driver, where \
+`flashtune doctor` lists anything missing. `flashtune build` compiles and gates every variant with no GPU at all.";
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A configuration file that cannot be used as written.

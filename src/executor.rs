@@ -107,6 +107,8 @@ pub struct Session {
     stdin: Option<tokio::process::ChildStdin>,
     replies: mpsc::UnboundedReceiver<std::io::Result<String>>,
     output: Arc<Mutex<String>>,
+    /// The tasks copying stdout and stderr into `output`; a crash report waits for them to drain.
+    readers: Vec<tokio::task::JoinHandle<()>>,
     _group: crate::build::ProcessGroup,
     /// False once a request ended badly: the process is gone or no longer trusted.
     pub alive: bool,
@@ -173,6 +175,7 @@ impl Executor {
         drop(write_end);
         let group = crate::build::ProcessGroup(child.id());
         let output = Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
         for stream in [
             child
                 .stdout
@@ -186,7 +189,7 @@ impl Executor {
         .into_iter()
         .flatten()
         {
-            tokio::spawn(keep_tail(stream, output.clone()));
+            readers.push(tokio::spawn(keep_tail(stream, output.clone())));
         }
         let (tx, replies) = mpsc::unbounded_channel();
         // A plain thread reads the pipe: blocking reads, one line at a time, until the worker closes it.
@@ -206,6 +209,7 @@ impl Executor {
             child,
             replies,
             output,
+            readers,
             _group: group,
             alive: true,
         })
@@ -333,10 +337,12 @@ impl Session {
             Some(stdin) => stdin.write_all(&line).await.and(stdin.flush().await),
             None => Err(std::io::Error::other("stdin closed")),
         };
+        // A request that could not be sent still reads what the worker said: one that failed to
+        // start writes its reason (a `Fatal` reply) and exits before it reads its stdin.
+        if let Err(e) = &sent {
+            tracing::debug!(error = %e, "request not sent; reading what the worker said");
+        }
         let read = async {
-            if sent.is_err() {
-                return None;
-            }
             // The limit is on silence, not on the whole request: a variant with many large cases
             // may run for long, but a hung launch stops the replies and is caught `timeout` after
             // the last case the worker finished.
@@ -376,8 +382,12 @@ impl Session {
                         Ok(Err(e)) => e.to_string(),
                         Err(_) => "reply channel closed".into(),
                     };
-                // Let the output readers catch the last words.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // The readers reach end of file once the worker is gone; a busy machine may take a
+                // while to get there, and the last words are the crash's cause. A process the
+                // worker left behind may hold the pipes open, hence the limit.
+                for reader in std::mem::take(&mut self.readers) {
+                    let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+                }
                 let tail = self.output.lock().expect("not poisoned").clone();
                 WorkerEnd::Crashed {
                     status,

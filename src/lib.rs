@@ -50,6 +50,7 @@ pub mod space;
 pub mod step;
 pub mod stop;
 pub mod store;
+pub mod toolchain;
 pub mod trial;
 pub mod usage;
 pub mod vcs;

@@ -99,6 +99,33 @@ pub struct CaseSpec {
     pub cpu_oracle_max_macs: f64,
     pub forward: ForwardKernel,
     pub reference: ReferenceKernel,
+    /// Racing: the bar this case must get under to be timed in full (`[measure] race_samples`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub race: Option<RaceBar>,
+}
+
+/// The best timing of a (shape, dtype) so far in the run, as a bar for the cases timed after it: a
+/// case whose p10 over its first `samples` samples lies above `p90_us` cannot win or tie, and stops
+/// there (its outputs verified all the same).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RaceBar {
+    pub samples: u32,
+    /// The p90 of the best timing so far.
+    #[serde(with = "tagged_f64")]
+    pub p90_us: f64,
+    /// The variant that set it.
+    pub best: String,
+}
+
+/// A case stopped by racing: what it measured when it stopped, against which bar.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RacedOut {
+    /// Samples taken before it stopped.
+    pub samples: u32,
+    /// Their p10, above the bar.
+    #[serde(with = "tagged_f64")]
+    pub p10_us: f64,
+    pub bar: RaceBar,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -193,6 +220,9 @@ pub struct CaseResult {
     /// Why there is no state: NVML cannot be loaded or read (CI, a container without it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_state_missing: Option<String>,
+    /// Stopped by racing after a few samples: it could not win.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raced: Option<RacedOut>,
 }
 
 impl CaseResult {
@@ -209,6 +239,7 @@ impl CaseResult {
             costs: CaseCosts::default(),
             gpu_state: None,
             gpu_state_missing: None,
+            raced: None,
         }
     }
 

@@ -14,6 +14,8 @@ enum Cell {
         tflops: f64,
         /// Taken from the results store, not measured in this run.
         reused: bool,
+        /// Stopped by racing after this many samples.
+        raced: Option<u32>,
     },
     Failed(String),
 }
@@ -252,6 +254,7 @@ pub fn markdown(ix: &RunIndex) -> String {
                     median_us: timing.median_us,
                     tflops: timing.tflops,
                     reused: case.reused().is_some(),
+                    raced: case.raced().map(|r| r.samples),
                 }
             }
             Outcome::NotRun => continue,
@@ -305,10 +308,12 @@ pub fn markdown(ix: &RunIndex) -> String {
                     median_us,
                     tflops,
                     reused,
+                    raced,
                 }) => format!(
-                    "{median_us:.1} ({}){}",
+                    "{median_us:.1} ({}){}{}",
                     three_digits(*tflops),
-                    if *reused { " ↺" } else { "" }
+                    if *reused { " ↺" } else { "" },
+                    if raced.is_some() { " ⏹" } else { "" }
                 ),
                 Some(Cell::Failed(what)) => format!("**{what}**"),
                 None => "—".into(),
@@ -339,6 +344,15 @@ pub fn markdown(ix: &RunIndex) -> String {
     );
     if ix.accounting.reused > 0 {
         md.push_str("↺: taken from the results store (`--reuse`), measured by an earlier run; see Reused from earlier runs.\n");
+    }
+    let raced: Vec<_> = ix.cases.iter().filter_map(|c| c.raced()).collect();
+    if let Some(first) = raced.first() {
+        let _ = writeln!(
+            md,
+            "⏹: raced out ({} cases): stopped after {} of its samples because their p10 lay above the p90 of the best timing of its shape and dtype so far (`[measure] race_samples`), so it could neither win nor tie; its median stands on those samples, its outputs were verified as every case's are. Each case's figures and bar are in its `timed` record.",
+            raced.len(),
+            first.samples
+        );
     }
     md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
     md.push_str(&reused(ix));
@@ -1222,6 +1236,35 @@ fn run_statistics(ix: &RunIndex) -> String {
     // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
     let held: f64 = workers.values().flatten().map(|r| r.1).sum();
     let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
+    // Each resource's busy share of the wall. ncu runs after the timing, never beside it: it
+    // serialises the GPU's kernels and fixes its clocks, so a profile next to a timed replay on
+    // the same GPU would change the figure being measured.
+    let devices = workers.len().max(1) as f64;
+    let cores = match ix.header.and_then(|h| h.build_jobs) {
+        Some(jobs) => format!(
+            "build cores {:.0}% ({nvcc_seconds:.1} s of nvcc on {jobs} jobs)",
+            100.0 * nvcc_seconds / (jobs as f64 * wall).max(1e-9)
+        ),
+        None => format!("build cores: {nvcc_seconds:.1} s of nvcc (jobs not logged)"),
+    };
+    let _ = writeln!(
+        md,
+        "- busy share of the wall: GPU {:.0}% (worker runs), {cores}; ncu runs after the timing, not beside it, because it serialises the GPU and fixes its clocks",
+        100.0 * held / (devices * wall).max(1e-9)
+    );
+    let raced: Vec<u32> = ix
+        .cases
+        .iter()
+        .filter_map(|c| c.raced().map(|r| r.samples))
+        .collect();
+    if !raced.is_empty() {
+        let timed = ix
+            .cases
+            .iter()
+            .filter(|c| c.measured().is_some() && c.reused().is_none())
+            .count();
+        let _ = writeln!(md, "- racing: {} of {timed} timed cases stopped after {} samples, their p10 above the best timing's p90 at the time (marked ⏹)", raced.len(), raced.iter().max().copied().unwrap_or(0));
+    }
     md
 }
 

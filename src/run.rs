@@ -124,6 +124,8 @@ pub struct Project {
     /// policies.toml's timeouts, or the space's own.
     pub timeouts: Timeouts,
     pub toolchain: Toolchain,
+    /// Shared by every builder of this project (see `Builder::compiled_ahead`).
+    pub compiled_ahead: build::CompiledAhead,
 }
 
 impl Project {
@@ -136,7 +138,7 @@ impl Project {
             .timeouts
             .clone()
             .unwrap_or_else(|| policies.timeouts.clone());
-        let toolchain = build::find_nvcc()?;
+        let toolchain = build::find_nvcc(&paths.root)?;
         Ok(Project {
             paths,
             policies,
@@ -145,6 +147,7 @@ impl Project {
             shapes,
             timeouts,
             toolchain,
+            compiled_ahead: Default::default(),
         })
     }
 
@@ -168,6 +171,7 @@ impl Project {
             toolchain: self.toolchain.clone(),
             cache_dir: self.paths.build_cache(),
             timeout: Duration::from_secs(self.timeouts.build_s),
+            compiled_ahead: self.compiled_ahead.clone(),
         }
     }
 
@@ -460,6 +464,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         strategy: strategy.clone(),
         run_seed: None,
         per_shape_dispatch: project.policies.gates.per_shape_dispatch,
+        build_jobs: Some(project.jobs() as u32),
     }
 }
 
@@ -560,6 +565,7 @@ pub fn logged_case(
             cubin: cache.join(&ref_key).join("kernel.cubin"),
             entry: family.reference_entry.clone(),
         },
+        race: None,
     };
     Some(LoggedCase {
         spec,

@@ -61,6 +61,8 @@ pub enum Outcome<'a> {
         reused: Option<ReusedFrom<'a>>,
         /// What the figure was measured under, still there when timed again: never a champion alone.
         conditions: &'a [Condition],
+        /// Stopped by racing after a few samples: it could not win.
+        raced: Option<&'a crate::protocol::RacedOut>,
     },
     Failed {
         line: usize,
@@ -295,6 +297,14 @@ impl<'a> Case<'a> {
         match self.outcome {
             Outcome::Measured { conditions, .. } => conditions,
             _ => &[],
+        }
+    }
+
+    /// Where racing stopped a measured case.
+    pub fn raced(&self) -> Option<&'a crate::protocol::RacedOut> {
+        match self.outcome {
+            Outcome::Measured { raced, .. } => raced,
+            _ => None,
         }
     }
 }
@@ -838,6 +848,7 @@ impl<'a> RunIndex<'a> {
                     timing,
                     gpu,
                     conditions,
+                    raced,
                     ..
                 } => {
                     let device = device_of.get(variant.as_str()).copied();
@@ -864,6 +875,7 @@ impl<'a> RunIndex<'a> {
                         kv_splits: *kv_splits,
                         reused: None,
                         conditions,
+                        raced: raced.as_ref(),
                     };
                     ledger.land(
                         &mut ix.cases,
@@ -893,6 +905,7 @@ impl<'a> RunIndex<'a> {
                         }),
                         // The store keeps only figures measured clean (`store::write_record_in` skips the others).
                         conditions: &[],
+                        raced: None,
                     };
                     ledger.land(
                         &mut ix.cases,

@@ -43,6 +43,9 @@ pub struct Header {
     /// Logged only when on, so older logs (and runs with it off) read as off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub per_shape_dispatch: bool,
+    /// nvcc processes the run allowed at once (the build cores); absent in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_jobs: Option<u32>,
 }
 
 /// One line of the log. `t` is seconds since the run started.
@@ -147,6 +150,10 @@ pub enum Record {
         /// throttling, another process on the GPU): it never decides a champion alone.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         conditions: Vec<Condition>,
+        /// Stopped by racing after a few samples (`[measure] race_samples`): its p10 lay above the
+        /// best timing's p90, so it could not win or tie; the figure stands on fewer samples.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raced: Option<crate::protocol::RacedOut>,
     },
     /// A timing taken under a condition (throttling, another process on the GPU): not kept; the
     /// case is timed again once, in the same worker, and its terminal record follows.

@@ -100,6 +100,42 @@ fn flagged(case: &CaseResult, retime_on: &[Condition]) -> Vec<Condition> {
 /// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
 const INFRA_RETRIES: u32 = 3;
 
+/// The best clean timing so far per (shape, dtype) in this run: the bars racing holds later cases to.
+#[derive(Default)]
+struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
+
+impl Bests {
+    /// A timing a case may set the bar with: clean (no throttling, no other process) and in full.
+    fn offer(&mut self, variant: &str, case: &CaseResult, timing: &TimingStats, clean: bool) {
+        if !clean || case.raced.is_some() {
+            return;
+        }
+        let key = (case.shape.clone(), case.dtype);
+        if self
+            .0
+            .get(&key)
+            .is_some_and(|(median, _)| *median <= timing.median_us)
+        {
+            return;
+        }
+        let bar = RaceBar {
+            samples: 0,
+            p90_us: timing.p90_us,
+            best: variant.to_owned(),
+        };
+        self.0.insert(key, (timing.median_us, bar));
+    }
+
+    /// The bar for a case, with `samples` before the decision (0: no racing).
+    fn bar(&self, case: &CaseSpec, samples: u32) -> Option<RaceBar> {
+        let (_, bar) = self.0.get(&(case.shape.name.clone(), case.dtype))?;
+        (samples > 0).then(|| RaceBar {
+            samples,
+            ..bar.clone()
+        })
+    }
+}
+
 pub struct Scheduler<'a> {
     pub project: &'a Project,
     pub executor: &'a Executor,
@@ -181,6 +217,8 @@ impl Scheduler<'_> {
             .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for signals: {e}")))?;
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
+        let mut bests = Bests::default();
+        let race_samples = project.policies.measure.race_samples;
         let mut interrupted = false;
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
@@ -242,6 +280,9 @@ impl Scheduler<'_> {
                         let case = (variant.clone(), c.shape.name.clone(), c.dtype);
                         !self.reused.contains(&case)
                     });
+                    for case in &mut cases {
+                        case.race = bests.bar(case, race_samples);
+                    }
                     if cases.is_empty() {
                         finished.insert(variant.clone());
                         events.emit(Record::VariantDone {
@@ -311,7 +352,7 @@ impl Scheduler<'_> {
                         events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
                     }
                     let variant = result.job.variant.clone();
-                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals, &mut state_reported)? {
+                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals, &mut state_reported, &mut bests)? {
                         in_flight += 1;
                         let tx = job_tx.clone();
                         tokio::spawn(async move {
@@ -364,6 +405,7 @@ impl Scheduler<'_> {
         variant: &str,
         case: &CaseResult,
         specs: &[CaseSpec],
+        bests: &mut Bests,
     ) -> Result<bool> {
         let (shape, dtype) = (case.shape.clone(), case.dtype);
         let failure = case.failure().or_else(|| {
@@ -412,6 +454,8 @@ impl Scheduler<'_> {
             })?;
             return Ok(false);
         }
+        let conditions = flagged(case, &self.project.policies.gpu_state.retime_on);
+        bests.offer(variant, case, &timing, conditions.is_empty());
         events.emit(Record::Timed {
             variant: variant.to_owned(),
             shape,
@@ -421,7 +465,8 @@ impl Scheduler<'_> {
             verified: case.stages.clone(),
             costs: Some(case.costs.clone()),
             gpu: case.gpu_state.clone(),
-            conditions: flagged(case, &self.project.policies.gpu_state.retime_on),
+            conditions,
+            raced: case.raced.clone(),
         })?;
         Ok(true)
     }
@@ -486,6 +531,7 @@ impl Scheduler<'_> {
         result: JobResult,
         totals: &mut Totals,
         state_reported: &mut BTreeSet<u32>,
+        bests: &mut Bests,
     ) -> Result<Option<Retry>> {
         let JobResult {
             job,
@@ -529,7 +575,7 @@ impl Scheduler<'_> {
                     gpu: first.gpu_state.clone(),
                 })?;
             }
-            if self.record_case(events, &variant, case, &job.cases)? {
+            if self.record_case(events, &variant, case, &job.cases, bests)? {
                 totals.measured += 1;
                 measured += 1;
             } else {
@@ -969,6 +1015,7 @@ fn cases_for(
                     cubin: reference.clone(),
                     entry: family.reference_entry.clone(),
                 },
+                race: None,
             });
         }
     }

@@ -688,6 +688,7 @@ impl Session<'_> {
                 cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
                 entry: family.reference_entry.clone(),
             },
+            race: None,
         };
         let mut pairs = Vec::new();
         let mut seeds = Vec::new();

@@ -176,6 +176,11 @@ pub trait Device {
     fn sync(&mut self) -> Result<()> {
         Ok(())
     }
+    /// Push what the last writes left in the L2 cache out of it: a replay must not start on inputs
+    /// the draw just wrote into L2, which the reference library's rotating calls never get.
+    fn flush_l2(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Changes when any word of the buffer changes.
     fn checksum(&mut self, buf: Buf) -> Result<u64>;
     /// One figure over every buffer of `bufs` that changes when any word of any of them changes;
@@ -948,9 +953,17 @@ fn unpredictable_seed() -> u64 {
     rand::rng().random()
 }
 
+/// The timed replays of every contender, and where racing stopped them.
+struct Timings {
+    launches: u32,
+    /// Per contender: the per-launch samples and the timed-output check.
+    sides: Vec<(Vec<f64>, StageCheck)>,
+    raced: Option<RacedOut>,
+}
+
 /// Replays of every contender, interleaved (A B, B A, ...), each over `launches` launches with
-/// inputs and outputs of their own, the inputs drawn anew before every replay; returns per
-/// contender the per-launch samples and the timed-output check.
+/// inputs and outputs of their own, the inputs drawn anew before every replay. With a `race` bar
+/// (one contender), the replays stop once the first `race.samples` put its p10 above the bar.
 #[allow(clippy::too_many_arguments)]
 fn time_interleaved<D: Device>(
     dev: &mut D,
@@ -959,9 +972,10 @@ fn time_interleaved<D: Device>(
     case: &CaseSpec,
     contenders: &[&Contender],
     samples: usize,
+    race: Option<&RaceBar>,
     measure: &MeasureSpec,
     costs: &mut CaseCosts,
-) -> Result<(u32, Vec<(Vec<f64>, StageCheck)>)> {
+) -> Result<Timings> {
     let shape = &case.shape;
     let started = Instant::now();
     let first = contenders[0];
@@ -980,6 +994,7 @@ fn time_interleaved<D: Device>(
     let mut sides = Vec::new();
     let mut out: Vec<Side> = contenders.iter().map(|_| Side::default()).collect();
     let (mut replays_us, mut inputs_s, mut verify_s) = (0.0, 0.0, 0.0);
+    let mut raced = None;
     let timed = (|| -> Result<()> {
         for c in contenders {
             let mut ios = Vec::with_capacity(launches);
@@ -999,7 +1014,12 @@ fn time_interleaved<D: Device>(
         dev.draw_inputs(&inputs, case.dtype, unpredictable_seed())?;
         inputs_s += drawing.elapsed().as_secs_f64();
         // The worker's first case warms the GPU up for `warmup_ms`; later ones only their graphs.
-        let warmup_us = 1000.0 * if warm { REWARM_MS.min(measure.warmup_ms) } else { measure.warmup_ms };
+        let warmup_us = 1000.0
+            * if warm {
+                REWARM_MS.min(measure.warmup_ms)
+            } else {
+                measure.warmup_ms
+            };
         for (graph, _) in &sides {
             let mut warm_us = 0.0;
             // A replay lasts at least min_sample_us, so a real GPU reaches the warm-up time long
@@ -1013,16 +1033,39 @@ fn time_interleaved<D: Device>(
             }
             replays_us += warm_us;
         }
+        // Racing decides after `race.samples - 1` samples whether the next is the last; the replay
+        // verified at random comes before that point, so a case that stops has two verified too.
+        let decide_at = race
+            .filter(|_| contenders.len() == 1)
+            .map(|bar| (bar.samples as usize).clamp(2, samples) - 1);
+        let mut last = samples - 1;
         // Which replays are verified: one the kernel cannot predict, and the last.
-        let random_round = rand::rng().random_range(0..samples.max(1));
+        let random_round = rand::rng().random_range(0..decide_at.unwrap_or(samples).max(1));
         for round in 0..samples {
+            if Some(round) == decide_at {
+                let bar = race.expect("decide_at comes from a bar");
+                let mut sofar = out[0].samples.clone();
+                sofar.sort_by(f64::total_cmp);
+                let p10 = check::percentile(&sofar, 10.0);
+                if p10 > bar.p90_us {
+                    last = round;
+                    raced = Some(RacedOut {
+                        samples: round as u32 + 1,
+                        p10_us: p10,
+                        bar: bar.clone(),
+                    });
+                }
+            }
+            if round > last {
+                break;
+            }
             // A B, then B A: drift falls on both sides alike.
             let order: Vec<usize> = if round % 2 == 0 {
                 (0..sides.len()).collect()
             } else {
                 (0..sides.len()).rev().collect()
             };
-            let verified = round == random_round || round + 1 == samples;
+            let verified = round == random_round || round == last;
             for side in order {
                 let (graph, ios) = &sides[side];
                 let drawing = Instant::now();
@@ -1030,6 +1073,7 @@ fn time_interleaved<D: Device>(
                 for io in ios {
                     poison_outputs(dev, io)?;
                 }
+                dev.flush_l2()?;
                 let checking = verified && out[side].failed.is_none();
                 let drawn = if checking {
                     dev.checksum_all(&inputs)?
@@ -1091,7 +1135,11 @@ fn time_interleaved<D: Device>(
             },
         )
         .collect();
-    Ok((launches as u32, result))
+    Ok(Timings {
+        launches: launches as u32,
+        sides: result,
+        raced,
+    })
 }
 
 /// After timing, in the same module: a set it never saw written into the buffers it was checked
@@ -1188,16 +1236,22 @@ pub fn run_case<D: Device>(
             }
             let mut costs = std::mem::take(&mut result.costs);
             dev.gpu_state_begin();
-            let (launches, mut sides) = time_interleaved(
+            let Timings {
+                launches,
+                mut sides,
+                raced,
+            } = time_interleaved(
                 dev,
                 pools,
                 pool,
                 case,
                 &[&c],
                 measure.samples,
+                case.race.as_ref(),
                 measure,
                 &mut costs,
             )?;
+            result.raced = raced;
             // Right after the replays, before the checks: the state the figure was measured in.
             match dev.gpu_state() {
                 Ok(state) => result.gpu_state = Some(state),
@@ -1290,13 +1344,16 @@ pub fn duel<D: Device>(
                 return Ok(());
             }
             let mut costs = CaseCosts::default();
-            let (launches, sides) = time_interleaved(
+            let Timings {
+                launches, sides, ..
+            } = time_interleaved(
                 dev,
                 pools,
                 pool,
                 case,
                 &[&champion, &challenger],
                 rounds,
+                None,
                 measure,
                 &mut costs,
             )?;

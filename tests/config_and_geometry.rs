@@ -540,6 +540,66 @@ mod offline_targets {
         );
     }
 
+    /// The build gate's covering sample (`plan::covering_sample`): only valid points, and per MMA
+    /// path and head dim every value each parameter takes among the valid points, plus the points
+    /// with the most and the least shared memory; on the large spaces far fewer builds than the plan.
+    #[test]
+    fn covering_sample_holds_every_parameter_value_and_the_extremes() {
+        use std::collections::BTreeSet;
+        for space in [
+            "variants/attention.toml",
+            "variants/hopper.toml",
+            "variants/merge.toml",
+        ] {
+            let project = Project::load(ProjectPaths::new(repo()), Some(Path::new(space))).unwrap();
+            let limits = engine::offline_limits(&project, "sm_90a").unwrap();
+            let planned = project.space.plan(&project.head_dims(), &limits).unwrap();
+            let sample = flashtune::plan::covering_sample(&planned);
+            let valid: Vec<_> = planned.iter().filter(|p| p.invalid.is_none()).collect();
+            assert!(sample.iter().all(|p| p.invalid.is_none()), "{space}");
+            assert!(
+                sample.len() * 2 < valid.len(),
+                "{space}: {} of {}",
+                sample.len(),
+                valid.len()
+            );
+            let group = |p: &flashtune::space::PlannedPoint| {
+                (
+                    p.variant.params.get("MMA").map(|v| v.to_string()),
+                    p.head_dim,
+                )
+            };
+            let pairs = |points: &mut dyn Iterator<Item = &flashtune::space::PlannedPoint>| {
+                points
+                    .flat_map(|p| {
+                        p.variant
+                            .params
+                            .iter()
+                            .map(move |(k, v)| (group(p), k.clone(), v.to_string()))
+                    })
+                    .collect::<BTreeSet<_>>()
+            };
+            let missing: Vec<_> = pairs(&mut valid.iter().copied())
+                .difference(&pairs(&mut sample.iter()))
+                .cloned()
+                .collect();
+            assert!(missing.is_empty(), "{space}: never compiled: {missing:?}");
+            let smem = |p: &flashtune::space::PlannedPoint| p.launch.as_ref().unwrap().smem_bytes;
+            for g in valid.iter().map(|p| group(p)).collect::<BTreeSet<_>>() {
+                let in_group: Vec<_> = valid.iter().filter(|p| group(p) == g).collect();
+                let sampled: Vec<_> = sample.iter().filter(|p| group(p) == g).collect();
+                let most = in_group.iter().map(|p| smem(p)).max();
+                let least = in_group.iter().map(|p| smem(p)).min();
+                assert_eq!(sampled.iter().map(|p| smem(p)).max(), most, "{space} {g:?}");
+                assert_eq!(
+                    sampled.iter().map(|p| smem(p)).min(),
+                    least,
+                    "{space} {g:?}"
+                );
+            }
+        }
+    }
+
     /// The Hopper path is sm_90a only: on an L4 (sm_89) or an A100 (sm_80) every wgmma point of
     /// the spaces that hold it is ruled out before compiling, with the path and the arch named,
     /// while the other paths stay; on sm_90a the same points are valid.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first; a module may import from its own layer (if that makes no cycle) or any below.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves", &["error", "ptxas", "vcs", "stop"]),
+    ("leaves", &["error", "ptxas", "vcs", "stop", "toolchain"]),
     (
         "vocabulary",
         &["vocab", "usage", "config", "space", "protocol", "plan"],

@@ -271,6 +271,8 @@ struct Gpu {
     buffer_table: Option<(Vec<Buf>, CudaSlice<u64>)>,
     /// Scratch for `ft_compare`'s per-block figures, grown as needed: one comparison per verified launch.
     compare_partials: Option<CudaSlice<u64>>,
+    /// Twice the L2 cache, written over to push a draw's last writes out of L2 before a replay.
+    l2_flush: Option<CudaSlice<u32>>,
 }
 
 fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
@@ -351,6 +353,7 @@ impl Gpu {
             nvml,
             buffer_table: None,
             compare_partials: None,
+            l2_flush: None,
         })
     }
 
@@ -773,6 +776,18 @@ impl Device for Gpu {
         unsafe { lb.launch(self.grid_for_many(count, longest.div_ceil(8))) }
             .map(|_| ())
             .map_err(|e| anyhow!("drawing the timed inputs: {e:?}"))
+    }
+
+    fn flush_l2(&mut self) -> Result<()> {
+        if self.l2_flush.is_none() {
+            let words = (2 * self.info.l2_bytes.max(1 << 20) / 4) as usize;
+            self.l2_flush = Some(self.stream.alloc_zeros::<u32>(words).map_err(cuda)?);
+        }
+        let scratch = self.l2_flush.as_ref().expect("set above");
+        let (p, _) = scratch.device_ptr(&self.stream);
+        unsafe { sys::cuMemsetD32Async(p, 0, scratch.len(), self.stream.cu_stream()) }
+            .result()
+            .map_err(|e| anyhow!("flushing L2: {e:?}"))
     }
 
     fn sync(&mut self) -> Result<()> {

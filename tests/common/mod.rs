@@ -101,10 +101,16 @@ pub fn commit_all(dir: &Path, message: &str) {
         .unwrap();
 }
 
-/// Rewrite a file with every `from` replaced by `to`.
+/// Rewrite a file with every `from` replaced by `to`; `from` must be there (a test that edits
+/// nothing tests nothing).
 pub fn replace_in(path: &Path, from: &str, to: &str) {
-    let text = std::fs::read_to_string(path).unwrap().replace(from, to);
-    std::fs::write(path, text).unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(
+        text.contains(from),
+        "{} holds no `{from}` to replace",
+        path.display()
+    );
+    std::fs::write(path, text.replace(from, to)).unwrap();
 }
 
 /// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`, alone on its line or, as

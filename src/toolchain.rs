@@ -1,0 +1,208 @@
+//! Finding nvcc, one order for every command (`tune`, `build`, `doctor`, `setup`, the tests), and
+//! installing the pinned PyPI compiler when none is found.
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The CUDA compiler in use, identified by its full version banner (part of every build key).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Toolchain {
+    pub nvcc: PathBuf,
+    pub version: String,
+}
+
+/// Where an nvcc candidate comes from, in the order they are tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NvccSource {
+    /// `FLASHTUNE_NVCC`: an explicit choice wins over everything found.
+    Override,
+    /// The first `nvcc` on PATH.
+    Path,
+    /// `$CUDA_HOME/bin/nvcc`, then `$CUDA_PATH/bin/nvcc`.
+    CudaHome,
+    /// `/usr/local/cuda/bin/nvcc`, where the toolkit's installers put it.
+    UsrLocal,
+    /// `.tools/cuda` in the project: what `flashtune setup` (and `scripts/test.sh`) install.
+    ProjectTools,
+}
+
+impl NvccSource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            NvccSource::Override => "FLASHTUNE_NVCC",
+            NvccSource::Path => "PATH",
+            NvccSource::CudaHome => "CUDA_HOME / CUDA_PATH",
+            NvccSource::UsrLocal => "/usr/local/cuda",
+            NvccSource::ProjectTools => ".tools/cuda (flashtune setup)",
+        }
+    }
+}
+
+/// The PyPI packages `flashtune setup` installs, pinned together (scripts/cuda-requirements.txt).
+pub const PINNED_REQUIREMENTS: &str = include_str!("../scripts/cuda-requirements.txt");
+/// Where `flashtune setup` installs, under the project root.
+pub const PROJECT_TOOLS_DIR: &str = ".tools/cuda";
+/// The command every "nvcc not found" message gives: it works from any project folder.
+pub const SETUP_HINT: &str = "flashtune setup";
+
+fn project_nvcc(root: &Path) -> PathBuf {
+    root.join(PROJECT_TOOLS_DIR).join("nvidia/cu13/bin/nvcc")
+}
+
+/// Every place nvcc may be, in the order they are tried.
+pub fn nvcc_candidates(root: &Path) -> Vec<(NvccSource, PathBuf)> {
+    let mut out: Vec<(NvccSource, PathBuf)> = Vec::new();
+    if let Some(p) = std::env::var_os("FLASHTUNE_NVCC").filter(|p| !p.is_empty()) {
+        out.push((NvccSource::Override, p.into()));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        out.extend(std::env::split_paths(&path).map(|d| (NvccSource::Path, d.join("nvcc"))));
+    }
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+            out.push((NvccSource::CudaHome, Path::new(&home).join("bin/nvcc")));
+        }
+    }
+    out.push((NvccSource::UsrLocal, "/usr/local/cuda/bin/nvcc".into()));
+    out.push((NvccSource::ProjectTools, project_nvcc(root)));
+    out
+}
+
+/// The first candidate that runs `--version`, and where it came from.
+pub fn locate_nvcc(root: &Path) -> Option<(NvccSource, Toolchain)> {
+    nvcc_candidates(root)
+        .into_iter()
+        .find_map(|(source, nvcc)| {
+            if !nvcc.is_file() {
+                return None;
+            }
+            let out = std::process::Command::new(&nvcc)
+                .arg("--version")
+                .output()
+                .ok()?;
+            if !out.status.success() {
+                return None;
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            let version = text
+                .lines()
+                .filter(|l| l.contains("release") || l.starts_with("Build"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            Some((source, Toolchain { nvcc, version }))
+        })
+}
+
+/// nvcc for the project at `root`, or an error whose hint is a command that installs one.
+pub fn find_nvcc(root: &Path) -> Result<Toolchain> {
+    locate_nvcc(root).map(|(_, tc)| tc).ok_or_else(not_found)
+}
+
+fn not_found() -> Error {
+    Error::ToolMissing {
+        tool: "nvcc",
+        hint: format!(
+            "looked at FLASHTUNE_NVCC, PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda and {PROJECT_TOOLS_DIR}; \
+             install the CUDA toolkit, or run `{SETUP_HINT}` (installs the pinned nvcc 13.0 from \
+             PyPI into {PROJECT_TOOLS_DIR}: python3 with pip, network, about 300 MB)"
+        ),
+    }
+}
+
+/// A program that needs the headers a kernel build needs (cuda_fp16.h reaches into CCCL).
+const PROBE_SOURCE: &str =
+    "#include <cuda_fp16.h>\n__global__ void probe(__half *x) { x[0] = __float2half(1.0f); }\n";
+
+/// Compiles a probe with `tc` for `arch`: nvcc found is not nvcc that works.
+pub fn probe_compile(tc: &Toolchain, arch: &str) -> Result<()> {
+    let dir = tempfile_dir()?;
+    let src = dir.join("probe.cu");
+    std::fs::write(&src, PROBE_SOURCE)
+        .map_err(|e| Error::BadInput(format!("{}: {e}", src.display())))?;
+    let out = std::process::Command::new(&tc.nvcc)
+        .args(["-cubin", &format!("-arch={arch}"), "-o"])
+        .arg(dir.join("probe.cubin"))
+        .arg(&src)
+        .output()
+        .map_err(|e| Error::BadInput(format!("{}: {e}", tc.nvcc.display())))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::BadInput(format!(
+            "{} cannot compile a kernel that includes cuda_fp16.h for {arch}:\n{}",
+            tc.nvcc.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("flashtune-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::BadInput(format!("{}: {e}", dir.display())))?;
+    Ok(dir)
+}
+
+/// `flashtune setup`: use the nvcc the search finds, or install the pinned one into the project's
+/// `.tools/cuda`; either way, prove it compiles for `arch`. Returns what is in use and where from.
+pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
+    if let Some((source, tc)) = locate_nvcc(root) {
+        eprintln!(
+            "nvcc found ({}): {} — {}",
+            source.describe(),
+            tc.nvcc.display(),
+            tc.version
+        );
+        probe_compile(&tc, arch)?;
+        return Ok((source, tc));
+    }
+    let target = root.join(PROJECT_TOOLS_DIR);
+    let requirements =
+        std::env::temp_dir().join(format!("flashtune-cuda-{}.txt", std::process::id()));
+    std::fs::write(&requirements, PINNED_REQUIREMENTS)
+        .map_err(|e| Error::BadInput(format!("{}: {e}", requirements.display())))?;
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    eprintln!(
+        "no nvcc found: installing the pinned CUDA compiler from PyPI into {} ({python} -m pip install --target ...)",
+        target.display()
+    );
+    let status = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--target",
+        ])
+        .arg(&target)
+        .arg("-r")
+        .arg(&requirements)
+        .status();
+    let _ = std::fs::remove_file(&requirements);
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => {
+            return Err(Error::BadInput(format!(
+                "`{python} -m pip install` into {} failed ({s}); it needs network access to PyPI",
+                target.display()
+            )))
+        }
+        Err(e) => {
+            return Err(Error::ToolMissing {
+                tool: "python3",
+                hint: format!("{python}: {e}; `flashtune setup` installs nvcc with pip (set PYTHON to choose the interpreter)"),
+            })
+        }
+    }
+    let (source, tc) = locate_nvcc(root).ok_or_else(not_found)?;
+    probe_compile(&tc, arch)?;
+    eprintln!(
+        "installed ({}): {} — {}",
+        source.describe(),
+        tc.nvcc.display(),
+        tc.version
+    );
+    Ok((source, tc))
+}
