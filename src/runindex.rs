@@ -1031,6 +1031,7 @@ impl<'a> RunIndex<'a> {
                     shape,
                     dtype,
                     profile,
+                    ..
                 } => ix.profiles.push(Profile {
                     line,
                     variant,

@@ -8,12 +8,15 @@ impl Runner<'_> {
         n: u32,
         workdirs: &[(u32, PathBuf)],
         base: &str,
-        base_ref: &str,
+        (head, head_ref): (&str, &str),
         repo: &git2::Repository,
         events: &mut Events,
     ) -> Result<Vec<Proposal>> {
         let bench = self.bench;
         let project = &bench.project;
+        let last = last_decided(&bench.run_dir, n)?;
+        let run_dir = std::path::absolute(&bench.run_dir)
+            .with_context(|| format!("cannot resolve {}", bench.run_dir.display()))?;
         let timeout = Duration::from_secs(project.policies.step.proposer_timeout_s);
         let budget = self.agent.max_cost_usd.map_or(1_000_000.0, |max| {
             let spent = Ledger::read(&bench.run_dir).map_or(0.0, |l| l.known_usd());
@@ -58,6 +61,11 @@ impl Runner<'_> {
                     "FLASHTUNE_THRESHOLD",
                     project.policies.step.threshold.to_string(),
                 )
+                // What `--proposer`'s help promises every proposer, a candidate's included.
+                .env("FLASHTUNE_RUN_DIR", &run_dir)
+                .env("FLASHTUNE_LAST_VERDICT", &last.0)
+                .env("FLASHTUNE_LAST_REASON", &last.1)
+                .env("FLASHTUNE_LAST_REPORT", &last.2)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
@@ -129,9 +137,9 @@ impl Runner<'_> {
         proposals.sort_by_key(|p| p.candidate);
         // An agent that reached outside its worktree: the main tree or HEAD changed under the step.
         let (now, now_ref) = step::head_of(repo)?;
-        let moved = now != base || now_ref != base_ref;
+        let moved = now != head || now_ref != head_ref;
         if moved {
-            step::put_head_back(repo, base_ref, base)?;
+            step::put_head_back(repo, head_ref, head)?;
         }
         let (inside, outside) = step::changes(project, &bench.root)?;
         let touched: Vec<String> = inside.into_iter().chain(outside).collect();
@@ -154,7 +162,8 @@ impl Runner<'_> {
         Ok(proposals)
     }
 
-    /// What a candidate changed in its worktree, and what it cost, into the log.
+    /// What a candidate changed in its worktree, what it tried and what it cost, into the log; its
+    /// whole patch into the run folder, judged or not.
     pub(super) fn read_proposal(
         &self,
         n: u32,
@@ -164,7 +173,16 @@ impl Runner<'_> {
         events: &mut Events,
     ) -> Result<Proposal> {
         let project = &self.bench.project;
-        let diff = worktree_diff(workdir, base, |p| step::in_scope(project, p))?;
+        let diff = step::diff_against(
+            workdir,
+            base,
+            |p| step::in_scope(project, p),
+            pack::is_pack_path,
+        )?;
+        let touched = !diff.inside.is_empty() || !diff.outside.is_empty();
+        if touched {
+            step::keep_patch(&self.bench.run_dir, n, Some(run.candidate), &diff.patch)?;
+        }
         let (usage, usage_error): (Option<Usage>, Option<String>) = {
             let format = self
                 .agent
@@ -186,6 +204,8 @@ impl Runner<'_> {
                 },
             }
         };
+        let idea = idea_of(self.agent.usage, run, workdir, base)
+            .or_else(|| touched.then(|| diff.as_idea()));
         let finished = !run.timed_out && run.status == "exit status: 0";
         let unjudged = if !finished {
             Some(format!(
@@ -202,6 +222,15 @@ impl Runner<'_> {
         } else {
             None
         };
+        eprintln!(
+            "step {n} candidate {}: the agent ended ({}) after {:.0} s: {}{}",
+            run.candidate,
+            run.status,
+            run.seconds,
+            diff.stat,
+            idea.as_ref()
+                .map_or(String::new(), |i| format!("; idea: {}", i.summary))
+        );
         events.emit(Record::CandidateProposed {
             step: n,
             candidate: run.candidate,
@@ -212,9 +241,10 @@ impl Runner<'_> {
             changed_files: diff.inside.clone(),
             outside_scope: diff.outside.clone(),
             diff_stat: diff.stat.clone(),
-            patch: diff.patch,
+            patch: diff.bounded(),
             usage,
             usage_error,
+            idea,
         })?;
         Ok(Proposal {
             candidate: run.candidate,
@@ -345,4 +375,62 @@ pub(super) fn shell_quote(s: &str) -> String {
         return s.to_owned();
     }
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The verdict, reason and report of the last step before `n` (`none` before the first), as
+/// `FLASHTUNE_LAST_VERDICT`, `_LAST_REASON` and `_LAST_REPORT` give them to every proposer.
+fn last_decided(run_dir: &Path, n: u32) -> Result<(String, String, PathBuf)> {
+    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let last = log.entries.iter().rev().find_map(|(_, e)| match &e.record {
+        Record::StepDecided {
+            step,
+            accepted,
+            reason,
+            ..
+        } if *step < n => Some((*step, *accepted, reason.clone())),
+        _ => None,
+    });
+    Ok(match last {
+        None => ("none".into(), String::new(), PathBuf::new()),
+        Some((step, accepted, reason)) => (
+            if accepted { "accepted" } else { "rejected" }.into(),
+            reason,
+            std::path::absolute(run_dir.join(format!("step-{step}.md")))
+                .unwrap_or_else(|_| run_dir.join(format!("step-{step}.md"))),
+        ),
+    })
+}
+
+/// What a candidate tried, in its own words: an `IDEA:` line (in its last message, else anywhere in
+/// its output), else the first line of its last message, else the message of a commit it made.
+fn idea_of(
+    format: Option<UsageFormat>,
+    run: &AgentRun,
+    workdir: &Path,
+    base: &str,
+) -> Option<Idea> {
+    let agent = |summary: String| Idea {
+        summary,
+        from: "agent".into(),
+    };
+    let message = crate::usage::final_message(format, &run.stdout);
+    if let Some(said) = message
+        .as_deref()
+        .and_then(step::idea_line)
+        .or_else(|| step::idea_line(&run.output))
+    {
+        return Some(agent(said));
+    }
+    if let Some(first) = message.as_deref().and_then(step::one_line) {
+        return Some(agent(first));
+    }
+    let repo = git2::Repository::open(workdir).ok()?;
+    let head = repo.head().ok()?.peel_to_commit().ok()?;
+    (head.id().to_string() != base)
+        .then(|| head.message().ok().and_then(step::one_line))
+        .flatten()
+        .map(|summary| Idea {
+            summary,
+            from: "commit message".into(),
+        })
 }

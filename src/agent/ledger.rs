@@ -1,11 +1,29 @@
 //! The cost ledger of an agent session, read from its log: one row per candidate, the step reports and the morning summary.
 use super::*;
 
+/// `ledger.json`: the session's candidates and what each cost.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LedgerDoc {
+    pub schema_version: u32,
+    pub run_id: String,
+    pub gpu: String,
+    /// True on the fake GPU: every figure is synthetic, and accepted edits went to scratch
+    /// references (`refs/flashtune/fake/<run>/step-<n>`), never to a branch.
+    pub synthetic: bool,
+    pub rows: Vec<LedgerRow>,
+}
+
 /// One candidate's line in the ledger.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LedgerRow {
     pub step: u32,
     pub candidate: u32,
+    /// Its attempt id (`flashtune show-attempt` gives its patch back).
+    pub attempt: String,
+    /// What it tried, in one line.
+    pub idea: Option<String>,
+    /// The near miss its work directory started from.
+    pub start_from: Option<String>,
     /// `committed`, `accepted`, `rejected`, `dropped` or `unfinished`.
     pub verdict: String,
     pub reason: String,
@@ -22,16 +40,14 @@ pub struct LedgerRow {
     pub diff_stat: Option<String>,
 }
 
-/// One case of a candidate's duel: shape, dtype, HEAD's median and the candidate's (µs).
-pub(super) type DuelMedians = (String, crate::config::Dtype, Option<f64>, Option<f64>);
-
 /// Every candidate of an agent session, from its log.
 pub(super) struct Ledger {
+    pub(super) run_id: String,
+    pub(super) gpu: String,
+    pub(super) synthetic: bool,
     pub(super) rows: Vec<LedgerRow>,
     /// Per decided step: committed, with its gain.
     pub(super) steps: Vec<(u32, bool, Option<f64>)>,
-    /// Per (step, shape, dtype): the champion's time after the step (µs), from its duels.
-    pub(super) champion_after: BTreeMap<(u32, String, crate::config::Dtype), f64>,
 }
 
 impl Ledger {
@@ -39,17 +55,24 @@ impl Ledger {
         let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
         let mut rows: BTreeMap<(u32, u32), LedgerRow> = BTreeMap::new();
         let mut steps = Vec::new();
-        let mut duels: BTreeMap<(u32, u32), Vec<DuelMedians>> = BTreeMap::new();
+        let header = log.header();
+        let run_id = header.map_or(String::new(), |h| h.run_id.clone());
         for (_, e) in &log.entries {
             match &e.record {
                 Record::CandidateStarted {
-                    step, candidate, ..
+                    step,
+                    candidate,
+                    start_from,
+                    ..
                 } => {
                     rows.insert(
                         (*step, *candidate),
                         LedgerRow {
                             step: *step,
                             candidate: *candidate,
+                            attempt: pack::attempt_id(&run_id, *step, Some(*candidate)),
+                            idea: None,
+                            start_from: start_from.clone(),
                             verdict: "unfinished".into(),
                             reason: String::new(),
                             geomean_gain: None,
@@ -73,9 +96,11 @@ impl Ledger {
                     outside_scope,
                     diff_stat,
                     usage,
+                    idea,
                     ..
                 } => {
                     if let Some(r) = rows.get_mut(&(*step, *candidate)) {
+                        r.idea = idea.as_ref().map(|i| i.summary.clone());
                         r.agent_seconds = Some(*seconds);
                         r.files = changed_files.iter().chain(outside_scope).cloned().collect();
                         r.diff_stat = Some(diff_stat.clone());
@@ -113,22 +138,6 @@ impl Ledger {
                         r.reason = reason.clone();
                     }
                 }
-                Record::Duel {
-                    step,
-                    shape,
-                    dtype,
-                    champion,
-                    challenger,
-                    candidate: Some(k),
-                    ..
-                } => {
-                    duels.entry((*step, *k)).or_default().push((
-                        shape.clone(),
-                        *dtype,
-                        champion.as_ref().map(|t| t.median_us),
-                        challenger.as_ref().map(|t| t.median_us),
-                    ));
-                }
                 Record::StepDecided {
                     step,
                     accepted,
@@ -146,36 +155,24 @@ impl Ledger {
                 _ => {}
             }
         }
-        // The champion after each step: the winner's time where one was committed, else HEAD's as measured.
-        let mut champion_after = BTreeMap::new();
-        for &(n, accepted, _) in &steps {
-            let winner = rows
-                .values()
-                .find(|r| r.step == n && r.verdict == "committed")
-                .map(|r| r.candidate);
-            for ((s, k), cases) in &duels {
-                if *s != n {
-                    continue;
-                }
-                for (shape, dtype, champ, chall) in cases {
-                    let value = if accepted && winner == Some(*k) {
-                        *chall
-                    } else if !accepted {
-                        *champ
-                    } else {
-                        None
-                    };
-                    if let Some(v) = value {
-                        champion_after.insert((n, shape.clone(), *dtype), v);
-                    }
-                }
-            }
-        }
         Ok(Ledger {
+            gpu: header.map_or(String::new(), |h| h.device.name.clone()),
+            synthetic: header.is_some_and(|h| h.device.fake),
+            run_id,
             rows: rows.into_values().collect(),
             steps,
-            champion_after,
         })
+    }
+
+    /// `ledger.json`'s document.
+    pub(super) fn document(&self) -> LedgerDoc {
+        LedgerDoc {
+            schema_version: pack::JSON_SCHEMA_VERSION,
+            run_id: self.run_id.clone(),
+            gpu: self.gpu.clone(),
+            synthetic: self.synthetic,
+            rows: self.rows.clone(),
+        }
     }
 
     pub(super) fn steps(&self) -> u32 {
@@ -216,29 +213,17 @@ impl Ledger {
             - 1.0
     }
 
-    /// The lowest binding-roof fraction over the cases, after the last decided step.
-    pub(super) fn lowest_roof_fraction(
-        &self,
-        project: &crate::run::Project,
-        roofs: &crate::roofs::Roofs,
-    ) -> Option<f64> {
-        let last = self.steps.last()?.0;
-        let mut lowest: Option<f64> = None;
-        for shape in &project.shapes {
-            for &dtype in &project.policies.dtypes {
-                let us = *self
-                    .champion_after
-                    .get(&(last, shape.name.clone(), dtype))?;
-                let f = pack::roof_fraction(shape, dtype, us, roofs)?;
-                lowest = Some(lowest.map_or(f, |l: f64| l.min(f)));
-            }
-        }
-        lowest
-    }
-
     /// The morning summary: what was tried, what was kept, what it cost.
     pub(super) fn summary_markdown(&self, stopped: Option<&str>) -> String {
         let mut m = String::from("## Summary\n\n");
+        if self.synthetic {
+            let _ = writeln!(
+                m,
+                "**Synthetic: the fake GPU measured nothing.** Accepted edits were committed to \
+                 `refs/flashtune/fake/{}/step-<n>` only, never to a branch.\n",
+                self.run_id
+            );
+        }
         let candidates = self.rows.len();
         let committed = self.committed();
         let kept = self.speedup_kept();
@@ -335,11 +320,10 @@ pub(super) fn step_markdown(
     device: &crate::protocol::DeviceInfo,
     judged: &[Judged],
     proposals: &[Proposal],
-    accepted: bool,
-    reason: &str,
-    commit: Option<&str>,
+    decided: &Decided,
     ledger: &Ledger,
 ) -> String {
+    let (accepted, reason) = (decided.accepted, &decided.reason);
     let mut m = String::new();
     let _ = writeln!(
         m,
@@ -358,14 +342,20 @@ pub(super) fn step_markdown(
         }
     );
     let _ = writeln!(m, "- why: {reason}");
-    if let Some(c) = commit {
+    if let (Some(c), Some(r)) = (&decided.commit, &decided.scratch_ref) {
+        let _ = writeln!(
+            m,
+            "- committed to `{r}` as `{}`, not to your branch: synthetic figures are never committed there",
+            step::short(c)
+        );
+    } else if let Some(c) = &decided.commit {
         let _ = writeln!(m, "- committed: `{}`", step::short(c));
     }
     let _ = writeln!(
         m,
-        "\n| cand. | files | verdict | gain | agent s | GPU s | tokens in/out | $ | reason |"
+        "\n| cand. | idea | files | verdict | gain | agent s | GPU s | tokens in/out | $ | reason |"
     );
-    let _ = writeln!(m, "|---:|---|---|---:|---:|---:|---:|---:|---|");
+    let _ = writeln!(m, "|---:|---|---|---|---:|---:|---:|---:|---:|---|");
     for p in proposals {
         let row = ledger
             .rows
@@ -374,8 +364,13 @@ pub(super) fn step_markdown(
         let j = judged.iter().find(|j| j.candidate == p.candidate);
         let _ = writeln!(
             m,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {}{} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.candidate,
+            row.and_then(|r| r.idea.clone())
+                .unwrap_or_else(|| "—".into())
+                .replace('|', "/"),
+            row.and_then(|r| r.start_from.as_ref())
+                .map_or(String::new(), |s| format!(" (from near miss `{s}`)")),
             row.and_then(|r| r.diff_stat.clone()).unwrap_or_default(),
             row.map_or("—".into(), |r| r.verdict.clone()),
             j.and_then(|j| j.gain)

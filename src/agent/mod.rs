@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::pack::{self, BudgetLeft, ContextPack, HistoryEntry, PackCase, PackInput};
 use crate::run::{Events, WhenBusy};
-use crate::runlog::{AgentSettings, Record};
+use crate::runlog::{AgentSettings, Idea, Record};
 use crate::step::{self, Bench, Pairing, StepOptions, EDIT_SCOPE};
 use crate::usage::{Usage, UsageFormat};
 use anyhow::{anyhow, Context};
@@ -21,21 +21,26 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod candidates;
+mod context;
 mod ledger;
+mod preflight;
 mod recover;
+mod round;
 mod workbench;
 mod worktree;
 
-pub use ledger::LedgerRow;
+use context::{build_pack, PackFor};
+pub use context::{context_pack, write_context_pack, ContextOptions};
 use ledger::{step_markdown, Ledger};
-use workbench::build_pack;
+pub use ledger::{LedgerDoc, LedgerRow};
+pub use preflight::preflight;
+use round::Decided;
 pub use workbench::{
-    context_pack, judge_working_tree, step_history, verdict_from_log, write_context_pack,
-    ContextOptions, JudgeOptions, JudgeVerdict,
+    attempt, error_code, error_document, judge_working_tree, log_refusal, step_history,
+    verdict_from_log, AttemptDoc, HistoryDoc, JudgeOptions, JudgeVerdict, Refusal,
 };
 use worktree::{
-    apply, champion_sources, make_worktree, remove_worktree, sources_at, worktree_diff,
-    worktree_name,
+    apply, champion_sources, make_worktree, remove_worktree, sources_at, worktree_name,
 };
 
 /// How the candidates' agents run and when the session stops.
@@ -54,15 +59,28 @@ pub struct AgentOptions {
     pub stop_at_roof: Option<f64>,
     /// Stop after this many steps in a row with nothing accepted.
     pub patience: Option<u32>,
+    /// Variables carrying the agent's credentials (`[agents.NAME] auth_env`): checked before step 1.
+    pub auth_env: Vec<String>,
 }
 
 impl AgentOptions {
-    /// The agent named in policies.toml's `[agents]`, or a custom command.
+    /// The agent named in policies.toml's `[agents]`, or a custom command; one candidate per step
+    /// and no stop rule until the caller sets them.
     pub fn named(
         policies: &crate::config::Policies,
         name: Option<&str>,
         custom: Option<&str>,
-    ) -> Result<(String, String, Option<UsageFormat>)> {
+    ) -> Result<AgentOptions> {
+        let plain = |name: &str, command: &str, usage, auth_env| AgentOptions {
+            name: name.to_owned(),
+            command: command.to_owned(),
+            usage,
+            candidates: 1,
+            max_cost_usd: None,
+            stop_at_roof: None,
+            patience: None,
+            auth_env,
+        };
         match (name, custom) {
             (Some(_), Some(_)) => Err(Error::BadInput(
                 "give --agent NAME or --proposer CMD, not both".into(),
@@ -76,7 +94,7 @@ impl AgentOptions {
                         AGENT_PLACEHOLDERS.join("}, {")
                     )));
                 }
-                Ok(("custom".into(), cmd.to_owned(), None))
+                Ok(plain("custom", cmd, None, Vec::new()))
             }
             (Some(name), None) => {
                 let t = policies.agents.get(name).ok_or_else(|| {
@@ -85,7 +103,7 @@ impl AgentOptions {
                         policies.agents.keys().cloned().collect::<Vec<_>>().join(", ")
                     ))
                 })?;
-                Ok((name.to_owned(), t.command.clone(), t.usage))
+                Ok(plain(name, &t.command, t.usage, t.auth_env.clone()))
             }
             (None, None) => Err(Error::BadInput(
                 "an agent session needs --agent NAME or --proposer CMD".into(),
@@ -116,6 +134,9 @@ pub async fn session(opts: StepOptions, agent: AgentOptions) -> Result<SessionOu
                 "--stop-at-roof is a fraction of the measured roof in (0, 1], not {f}"
             )));
         }
+    }
+    for warning in preflight(&agent)? {
+        eprintln!("warning: {warning}");
     }
     let (bench, mut events) = Bench::open(&opts, true, None).await?;
     refuse_dirty_scope(&bench)?;
@@ -179,6 +200,7 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
         executor: ro.executor,
         when_busy: ro.when_busy,
         quiet: false,
+        idea: None,
     };
     let agent = AgentOptions {
         name: settings.agent.clone(),
@@ -188,7 +210,9 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
         max_cost_usd: settings.max_cost_usd,
         stop_at_roof: settings.stop_at_roof,
         patience: settings.patience,
+        auth_env: Vec::new(),
     };
+    preflight(&agent)?;
     let (bench, mut events) = Bench::open(&opts, true, Some(run_dir)).await?;
     let decided: Vec<u32> = loaded
         .entries
@@ -284,7 +308,7 @@ impl Runner<'_> {
         self.bench.session(self.opts)
     }
 
-    async fn run_from(&self, first: u32, events: &mut Events) -> Result<SessionOutcome> {
+    pub(super) async fn run_from(&self, first: u32, events: &mut Events) -> Result<SessionOutcome> {
         let run_dir = self.bench.run_dir.clone();
         let mut stopped = None;
         for n in first..=self.opts.steps {
@@ -311,7 +335,7 @@ impl Runner<'_> {
         write(&run_dir.join("summary.md"), summary.as_bytes())?;
         write(
             &run_dir.join("ledger.json"),
-            &serde_json::to_vec_pretty(&ledger.rows).map_err(|e| Error::Other(e.into()))?,
+            &serde_json::to_vec_pretty(&ledger.document()).map_err(|e| Error::Other(e.into()))?,
         )?;
         let report: String = (1..=self.opts.steps)
             .filter_map(|n| std::fs::read_to_string(run_dir.join(format!("step-{n}.md"))).ok())
@@ -359,13 +383,12 @@ impl Runner<'_> {
             }
         }
         if let Some(f) = self.agent.stop_at_roof {
-            if let Some(lowest) =
-                ledger.lowest_roof_fraction(&self.bench.project, &self.bench.roofs)
-            {
+            if let Some(lowest) = self.lowest_roof_fraction()? {
                 if lowest >= f {
                     return Ok(Some(format!(
-                        "roof: every case's champion is at {:.0}% or more of its measured roof (--stop-at-roof {f})",
-                        lowest * 100.0
+                        "roof: every case's champion is at {:.1}% or more of its binding measured roof (--stop-at-roof {f} = {:.1}%)",
+                        lowest * 100.0,
+                        f * 100.0
                     )));
                 }
             }
@@ -373,181 +396,17 @@ impl Runner<'_> {
         Ok(None)
     }
 
-    /// One step: make the worktrees and packs, run the agents side by side, judge, commit the best.
-    /// With `recovered`, the agents already ran (a resumed step): those proposals are judged.
-    async fn one_step(
-        &self,
-        n: u32,
-        recovered: Option<Vec<Proposal>>,
-        events: &mut Events,
-    ) -> Result<String> {
-        let bench = self.bench;
-        let session = self.session();
-        let root = &bench.root;
-        // Absolute: agents run in their worktrees, and paths handed to them must not depend on the cwd.
-        let step_dir = std::path::absolute(bench.run_dir.join(format!("step-{n}")))
-            .with_context(|| format!("cannot resolve {}", bench.run_dir.display()))?;
-        let repo = git2::Repository::open(root).map_err(git)?;
-        let (base, base_ref) = step::head_of(&repo)?;
-        let pairings = session.champions(&repo)?;
-        let head_tree = step_dir.join("head");
-        if !head_tree.exists() {
-            step::extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
-        }
-        let head_cubins = session.build_head(&pairings, &head_tree, events).await?;
-        let proposals = match recovered {
-            Some(p) => p,
-            None => {
-                let pack = self.pack(n, &base, &pairings, &repo, Some(&bench.device))?;
-                let sources = sources_at(&repo, &base, &pack.sources)?;
-                pack::write(&pack, &sources, &step_dir.join("pack"))
-                    .map_err(|e| Error::Other(e.context("cannot write the context pack")))?;
-                let mut workdirs = Vec::new();
-                for k in 1..=self.agent.candidates {
-                    let workdir = step_dir.join(format!("cand-{k}"));
-                    make_worktree(&repo, &worktree_name(&bench.run_id, n, k), &base, &workdir)?;
-                    let bytes = pack::write(&pack, &sources, &workdir)
-                        .map_err(|e| Error::Other(e.context("cannot write the context pack")))?;
-                    events.emit(Record::CandidateStarted {
-                        step: n,
-                        candidate: k,
-                        workdir: workdir.clone(),
-                        base_commit: base.clone(),
-                        pack_bytes: bytes,
-                    })?;
-                    workdirs.push((k, workdir));
-                }
-                self.run_agents(n, &workdirs, &base, &base_ref, &repo, events)
-                    .await?
-            }
-        };
-        let judged = self
-            .judge_all(n, &proposals, &pairings, &head_cubins, &step_dir, events)
-            .await?;
-        let winner = judged
-            .iter()
-            .filter(|j| j.accepted)
-            .max_by(|a, b| a.gain.unwrap_or(0.0).total_cmp(&b.gain.unwrap_or(0.0)));
-        let (accepted, reason, gain, commit, candidate) = match winner {
-            Some(w) => {
-                let p = proposals
-                    .iter()
-                    .find(|p| p.candidate == w.candidate)
-                    .expect("a judged candidate has a proposal");
-                let overall = w
-                    .overall
-                    .as_ref()
-                    .expect("an accepted candidate has a verdict");
-                let mut message = session.commit_message(n, &p.changed, overall, &w.duels);
-                let _ = writeln!(
-                    message,
-                    "Flashtune-Candidate: {} of {} ({})",
-                    w.candidate, self.agent.candidates, self.agent.name
-                );
-                apply(&p.workdir, root, &p.changed)?;
-                let commit = crate::vcs::commit_paths(root, &p.changed, &message).map_err(|e| {
-                    Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
-                })?;
-                (
-                    true,
-                    format!("candidate {}: {}", w.candidate, w.reason),
-                    w.gain,
-                    Some(commit),
-                    Some(w.candidate),
-                )
-            }
-            None => (
-                false,
-                if judged.is_empty() {
-                    "no candidate to judge".to_owned()
-                } else {
-                    format!(
-                        "no candidate accepted: {}",
-                        judged
-                            .iter()
-                            .map(|j| format!(
-                                "{}: {}",
-                                j.candidate,
-                                j.reason.lines().next().unwrap_or("")
-                            ))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    )
-                },
-                None,
-                None,
-                None,
-            ),
-        };
-        events.emit(Record::StepDecided {
-            step: n,
-            accepted,
-            reason: reason.clone(),
-            geomean_gain: gain,
-            commit: commit.clone(),
-            restored: Vec::new(),
-            candidate,
-        })?;
-        for p in &proposals {
-            remove_worktree(
-                &repo,
-                &worktree_name(&bench.run_id, n, p.candidate),
-                &p.workdir,
-            );
-        }
-        let markdown = step_markdown(
-            n,
-            &base,
-            &bench.device,
-            &judged,
-            &proposals,
-            accepted,
-            &reason,
-            commit.as_deref(),
-            &Ledger::read(&bench.run_dir)?,
-        );
-        write(
-            &bench.run_dir.join(format!("step-{n}.md")),
-            markdown.as_bytes(),
-        )?;
-        Ok(markdown)
-    }
-
-    /// The pack for step `n` from the logs and HEAD's tree.
-    fn pack(
-        &self,
-        n: u32,
-        base: &str,
-        pairings: &[Pairing],
-        repo: &git2::Repository,
-        device: Option<&crate::protocol::DeviceInfo>,
-    ) -> Result<ContextPack> {
-        let ledger = Ledger::read(&self.bench.run_dir)?;
-        let budget = BudgetLeft {
-            steps_left: self.opts.steps.saturating_sub(n),
-            candidates: self.agent.candidates,
-            spent_usd: Some(ledger.known_usd()),
-            max_cost_usd: self.agent.max_cost_usd,
-            time_left_s: self
-                .opts
-                .time_limit
-                .map(|t| t.saturating_sub(self.started.elapsed()).as_secs_f64()),
-            patience_left: self
-                .agent
-                .patience
-                .map(|k| k.saturating_sub(ledger.steps_since_commit())),
-            stop_at_roof: self.agent.stop_at_roof,
-        };
-        build_pack(
-            &self.bench.project,
-            repo,
-            base,
-            pairings,
-            device,
-            &self.bench.roofs,
-            n,
-            budget,
-        )
+    /// The lowest binding-roof fraction over the cases of the base the next step would build on,
+    /// from the best figures any log holds for it (a `tune`, a duel of this or an earlier session);
+    /// none while a case has no figure.
+    fn lowest_roof_fraction(&self) -> Result<Option<f64>> {
+        let repo = git2::Repository::open(&self.bench.root).map_err(git)?;
+        let (head, _) = step::head_of(&repo)?;
+        let base = self.base_commit(&head);
+        let pairings = self.session().champions(&repo)?;
+        let pack = self.pack(1, &base, &pairings, &repo)?;
+        let fractions: Option<Vec<f64>> = pack.cases.iter().map(|c| c.roof_fraction()).collect();
+        Ok(fractions.and_then(|f| f.into_iter().reduce(f64::min)))
     }
 }
 

@@ -22,9 +22,21 @@ impl Runner<'_> {
         let repo = git2::Repository::open(&bench.root).map_err(git)?;
         let head = repo.head().and_then(|h| h.peel_to_commit()).map_err(git)?;
         let trailer = format!("Flashtune-Step: {}/{n}\n", bench.run_id);
-        let committed = head.message().is_ok_and(|m| m.contains(&trailer));
+        // On the fake GPU the step's commit is its scratch reference; on a GPU, HEAD with its trailer.
+        let reference = step::scratch_ref(&bench.run_id, n);
+        let scratch = repo
+            .find_reference(&reference)
+            .and_then(|r| r.peel_to_commit())
+            .ok()
+            .map(|c| c.id().to_string());
+        let recovered_commit = match &scratch {
+            Some(id) => Some(id.clone()),
+            None => head
+                .message()
+                .is_ok_and(|m| m.contains(&trailer))
+                .then(|| head.id().to_string()),
+        };
         let restored = self.restore_scope()?;
-        let recovered_commit = committed.then(|| head.id().to_string());
         events.emit(Record::SessionResumed {
             step: Some(n),
             restored,
@@ -80,12 +92,17 @@ impl Runner<'_> {
             events.emit(Record::StepDecided {
                 step: n,
                 accepted: true,
-                reason: "committed before the session was killed; recovered from HEAD's trailer"
-                    .into(),
+                reason: if scratch.is_some() {
+                    "committed before the session was killed; recovered from its scratch reference"
+                } else {
+                    "committed before the session was killed; recovered from HEAD's trailer"
+                }
+                .into(),
                 geomean_gain: None,
                 commit: Some(commit),
                 restored: Vec::new(),
                 candidate: None,
+                scratch_ref: scratch.map(|_| reference),
             })?;
             return Ok(());
         }

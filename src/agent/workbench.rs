@@ -1,76 +1,9 @@
-//! The workbench: the operations an agent calls (CLI `--json`, MCP): judge the working tree, the context pack, the history. Names are stable.
+//! The workbench: the operations an agent calls, by the CLI's `--json` commands and the MCP server
+//! alike, each answering one JSON document (`schema_version` in every one; their JSON Schema is
+//! tests/fixtures/schemas/workbench-1.schema.json): judge the working tree, the history, one
+//! attempt, and the refusals and errors. Names are stable.
 use super::*;
-
-/// Gather a pack for HEAD's champions.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn build_pack(
-    project: &crate::run::Project,
-    repo: &git2::Repository,
-    base: &str,
-    pairings: &[Pairing],
-    device: Option<&crate::protocol::DeviceInfo>,
-    roofs: &crate::roofs::Roofs,
-    n: u32,
-    budget: BudgetLeft,
-) -> Result<ContextPack> {
-    let head_tree = tempfile_dir(&project.paths.runs())?;
-    step::extract_tree(repo, base, EDIT_SCOPE, head_tree.path())?;
-    let hash = crate::run::sources_hash(&head_tree.path().join(EDIT_SCOPE));
-    let cases = pairings
-        .iter()
-        .map(|p| PackCase {
-            shape: p.shape.clone(),
-            dtype: p.dtype,
-            variant: p.point.variant.id.clone(),
-            params: p
-                .point
-                .variant
-                .params
-                .iter()
-                .map(|(k, v)| (k.clone(), v.to_string()))
-                .collect(),
-        })
-        .collect();
-    Ok(pack::gather(PackInput {
-        policies: &project.policies,
-        runs_dir: &project.paths.runs(),
-        step: n,
-        base_commit: base,
-        kernel_sources_hash: &hash,
-        edit_scope: EDIT_SCOPE,
-        protected: step::protected(project),
-        device,
-        roofs,
-        cases,
-        sources: champion_sources(project, repo, base)?,
-        budget,
-    }))
-}
-
-/// A scratch folder removed when dropped (under runs/, which is flashtune's own).
-pub(super) struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    pub(super) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-pub(super) fn tempfile_dir(runs: &Path) -> Result<ScratchDir> {
-    let dir = runs.join(format!(
-        ".scratch-{}-{}",
-        std::process::id(),
-        crate::run::new_run_id()
-    ));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    Ok(ScratchDir(dir))
-}
+use serde_json::{json, Value};
 
 /// Where and how to judge: the project, and the GPU (or the test double).
 pub struct JudgeOptions {
@@ -82,26 +15,45 @@ pub struct JudgeOptions {
     pub device: u32,
     pub executor: Executor,
     pub when_busy: WhenBusy,
+    /// What the edit tries, in one line: its entry in the history.
+    pub idea: Option<String>,
 }
 
-/// The verdict on the working tree's edit, as `flashtune judge --json` prints it.
+/// The verdict on the working tree's edit, as `flashtune judge --json` prints it and the MCP
+/// `judge` tool returns it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct JudgeVerdict {
-    pub run_id: String,
-    pub run_dir: PathBuf,
+    pub schema_version: u32,
+    /// `done`: the verdict is in (the MCP tool answers `running` with a job id before that).
+    pub status: String,
+    /// `accepted` or `rejected`.
+    pub verdict: String,
     pub accepted: bool,
     pub reason: String,
     pub geomean_gain: Option<f64>,
     /// The commit made for an accepted edit.
     pub commit: Option<String>,
-    /// Files put back as HEAD has them (a rejected edit).
+    /// On the fake GPU: the scratch reference that commit is on (never a branch).
+    pub scratch_ref: Option<String>,
+    /// Files put back as HEAD has them (a rejected edit, or any edit on the fake GPU).
     pub restored: Vec<String>,
     pub changed_files: Vec<String>,
-    pub duels: Vec<pack::DuelFigure>,
-    /// The step's Markdown report.
+    /// Per case: HEAD's and the edit's median µs, the gain and noise, or why it failed.
+    pub cases: Vec<pack::DuelFigure>,
+    /// This attempt's id (`flashtune show-attempt ID` gives its patch back).
+    pub attempt: String,
+    pub idea: Option<Idea>,
+    pub diff_stat: Option<String>,
+    /// The whole patch of the edit, ready for `git apply`.
+    pub patch_file: Option<PathBuf>,
+    pub metrics: Option<pack::MetricsMoved>,
+    pub run_id: String,
+    pub run_dir: PathBuf,
+    /// The step's Markdown report, and its text.
     pub report: PathBuf,
+    pub report_markdown: Option<String>,
     /// True on the test double: the figures are synthetic.
-    pub fake_gpu: bool,
+    pub synthetic: bool,
 }
 
 /// Judge the uncommitted edit under kernels/ as `flashtune step` does (build, check, interleaved
@@ -118,6 +70,7 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
         executor: opts.executor,
         when_busy: opts.when_busy,
         quiet: true,
+        idea: opts.idea,
     })
     .await?;
     verdict_from_log(&outcome.run_dir)
@@ -129,151 +82,199 @@ pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
-    let mut v = JudgeVerdict {
+    let restored = log
+        .entries
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match &e.record {
+            Record::StepDecided { restored, .. } => Some(restored.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let entry = pack::history_in(run_dir)
+        .into_iter()
+        .next_back()
+        .ok_or_else(|| Error::Other(anyhow!("{} holds no step", run_dir.display())))?;
+    let accepted = entry.verdict == "committed";
+    let report = run_dir.join("step-1.md");
+    Ok(JudgeVerdict {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        status: "done".into(),
+        verdict: if accepted { "accepted" } else { "rejected" }.into(),
+        accepted,
+        reason: entry.reason,
+        geomean_gain: entry.geomean_gain,
+        commit: entry.commit,
+        scratch_ref: entry.scratch_ref,
+        restored,
+        changed_files: entry.files,
+        cases: entry.cases,
+        attempt: entry.attempt,
+        idea: entry.idea,
+        diff_stat: entry.diff_stat,
+        patch_file: entry.patch_file,
+        metrics: entry.metrics,
         run_id: header.run_id.clone(),
         run_dir: run_dir.to_path_buf(),
-        accepted: false,
-        reason: "the log holds no decision".into(),
-        geomean_gain: None,
-        commit: None,
-        restored: Vec::new(),
-        changed_files: Vec::new(),
-        duels: Vec::new(),
-        report: run_dir.join("step-1.md"),
-        fake_gpu: header.device.fake,
-    };
-    for (_, e) in &log.entries {
-        match &e.record {
-            Record::StepStarted { changed_files, .. } => v.changed_files = changed_files.clone(),
-            Record::Duel {
-                shape,
-                dtype,
-                champion,
-                challenger,
-                verdict,
-                failure,
-                ..
-            } => v.duels.push(pack::DuelFigure {
-                shape: shape.clone(),
-                dtype: *dtype,
-                champion_us: champion.as_ref().map(|t| t.median_us),
-                challenger_us: challenger.as_ref().map(|t| t.median_us),
-                gain: verdict.as_ref().map(|x| x.gain),
-                noise: verdict.as_ref().map(|x| x.noise),
-                failure: failure.clone(),
-            }),
-            Record::StepDecided {
-                accepted,
-                reason,
-                geomean_gain,
-                commit,
-                restored,
-                ..
-            } => {
-                v.accepted = *accepted;
-                v.reason = reason.clone();
-                v.geomean_gain = *geomean_gain;
-                v.commit = commit.clone();
-                v.restored = restored.clone();
-            }
-            _ => {}
-        }
-    }
-    Ok(v)
-}
-
-/// Every earlier step and candidate on this project, across sessions, oldest first.
-pub fn step_history(paths: &ProjectPaths) -> Result<Vec<HistoryEntry>> {
-    Ok(pack::history(&paths.runs()))
-}
-
-/// What `context_pack` needs: the project, and the space and champion as `step` would take them.
-pub struct ContextOptions {
-    pub paths: ProjectPaths,
-    pub space: Option<PathBuf>,
-    pub variant: Option<String>,
-}
-
-/// The context pack for the next step at HEAD, without a GPU: limits from policies.toml's
-/// `[build.targets]` for the default arch, GPU facts and roofs from the newest run log that measured them.
-pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
-    let project = crate::run::Project::load(opts.paths.clone(), opts.space.as_deref())?;
-    let repo = git2::Repository::open(&project.paths.root).map_err(|e| {
-        Error::BadInput(format!(
-            "{} is not a git repository's top: {}",
-            project.paths.root.display(),
-            e.message()
-        ))
-    })?;
-    let (base, _) = step::head_of(&repo)?;
-    let newest = newest_device_log(&project.paths.runs());
-    let (device, roofs) = match &newest {
-        Some(log) => (
-            log.header().map(|h| h.device.clone()),
-            crate::roofs::Roofs::from_log(log),
-        ),
-        None => (None, crate::roofs::Roofs::default()),
-    };
-    let arch = &project.policies.build.default_arch;
-    let limits = match &device {
-        Some(d) => crate::space::DeviceLimits {
-            max_threads_per_block: d.max_threads_per_block,
-            max_smem_optin_bytes: d.max_smem_optin_bytes,
-            arch: d.arch.clone(),
-        },
-        None => {
-            let t = project.policies.build.targets.get(arch).ok_or_else(|| {
-                Error::BadInput(format!(
-                    "policies.toml has no [build.targets.{arch}] for the default arch"
-                ))
-            })?;
-            crate::space::DeviceLimits {
-                max_threads_per_block: t.max_threads_per_block,
-                max_smem_optin_bytes: t.max_smem_optin_bytes,
-                arch: arch.clone(),
-            }
-        }
-    };
-    let pairings = step::champions_for(&project, &limits, opts.variant.as_deref(), &repo)?;
-    let history = pack::history(&project.paths.runs());
-    let step = history
-        .iter()
-        .filter(|h| h.candidate.is_none() || h.candidate == Some(1))
-        .count() as u32
-        + 1;
-    build_pack(
-        &project,
-        &repo,
-        &base,
-        &pairings,
-        device.as_ref(),
-        &roofs,
-        step,
-        BudgetLeft::default(),
-    )
-}
-
-/// The newest run log that measured the GPU's roofs.
-pub(super) fn newest_device_log(runs: &Path) -> Option<crate::runlog::LoadedLog> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(runs)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("log.jsonl").is_file())
-        .collect();
-    dirs.sort();
-    dirs.iter().rev().find_map(|d| {
-        let text = std::fs::read_to_string(d.join("log.jsonl")).ok()?;
-        if !text.contains("\"event\":\"ceiling_measured\"") {
-            return None;
-        }
-        crate::runlog::read(&d.join("log.jsonl")).ok()
+        report_markdown: std::fs::read_to_string(&report).ok(),
+        report,
+        synthetic: header.device.fake,
     })
 }
 
-/// Write a pack into `dir` (AGENTS.md, PROMPT.md, context/); the bytes written.
-pub fn write_context_pack(pack: &ContextPack, paths: &ProjectPaths, dir: &Path) -> Result<u64> {
-    let repo = git2::Repository::open(&paths.root).map_err(git)?;
-    let sources = sources_at(&repo, &pack.base_commit, &pack.sources)?;
-    pack::write(pack, &sources, dir)
-        .map_err(|e| Error::Other(e.context("cannot write the context pack")))
+/// Every earlier step and candidate on this project, as `history --json` prints it and the MCP
+/// `history` tool returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HistoryDoc {
+    pub schema_version: u32,
+    /// Attempts on record, all of them (`steps` may hold only the latest).
+    pub total: usize,
+    /// Oldest first.
+    pub steps: Vec<HistoryEntry>,
+}
+
+/// Every earlier step and candidate on this project, across sessions, oldest first; the latest
+/// `last` of them when given.
+pub fn step_history(paths: &ProjectPaths, last: Option<usize>) -> HistoryDoc {
+    let all = pack::history(&paths.runs());
+    let total = all.len();
+    let skip = last.map_or(0, |l| total.saturating_sub(l));
+    HistoryDoc {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        total,
+        steps: all.into_iter().skip(skip).collect(),
+    }
+}
+
+/// One earlier attempt with its whole patch, as `show-attempt --json` prints it and the MCP
+/// `attempt` tool returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AttemptDoc {
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub entry: HistoryEntry,
+}
+
+/// An attempt by its id (`<run id>/<step>` or `<run id>/<step>.<candidate>`).
+pub fn attempt(paths: &ProjectPaths, id: &str) -> Result<AttemptDoc> {
+    if pack::parse_attempt_id(id).is_none() {
+        return Err(Error::BadInput(format!(
+            "`{id}` is not an attempt id: <run id>/<step> or <run id>/<step>.<candidate>, as `history` lists them"
+        )));
+    }
+    let entry = pack::find_attempt(&paths.runs(), id).ok_or_else(|| {
+        Error::BadInput(format!(
+            "no attempt `{id}` under {}: `flashtune history` lists them",
+            paths.runs().display()
+        ))
+    })?;
+    Ok(AttemptDoc {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        entry,
+    })
+}
+
+/// An edit turned away before any build (changes outside the edit scope, seen by the MCP server):
+/// logged as a run of its own, so the history and its patch keep it like any judged edit.
+pub struct Refusal {
+    pub paths: ProjectPaths,
+    pub space: Option<PathBuf>,
+    /// The server judges on the fake GPU.
+    pub fake: bool,
+    pub base: String,
+    pub files: Vec<String>,
+    pub diff_stat: String,
+    pub patch: String,
+    pub reason: String,
+    pub idea: Option<String>,
+}
+
+/// Log a refusal (header, `step_started`, `step_decided`, the patch under attempts/) and return
+/// its verdict, the same document a judged edit gets.
+pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
+    let project = crate::run::Project::load(r.paths.clone(), r.space.as_deref())?;
+    let run_id = crate::run::new_run_id();
+    let run_dir = r.paths.runs().join(&run_id);
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let device = crate::protocol::DeviceInfo {
+        ordinal: 0,
+        name: "no GPU: refused before any build".into(),
+        sm_count: 0,
+        compute_capability: (0, 0),
+        arch: project.policies.build.default_arch.clone(),
+        max_threads_per_block: 0,
+        max_smem_optin_bytes: 0,
+        driver_version: 0,
+        total_memory_bytes: 0,
+        visible_devices: 0,
+        l2_bytes: 0,
+        fake: r.fake,
+    };
+    let header = crate::run::header(
+        &project,
+        &device,
+        &run_id,
+        &crate::plan::Strategy::default(),
+    );
+    let log = crate::runlog::RunLog::create(&run_dir.join("log.jsonl"))?;
+    let mut events = Events::new(log, Vec::new());
+    events.emit(Record::Header(Box::new(header)))?;
+    step::keep_patch(&run_dir, 1, None, &r.patch)?;
+    let idea = r
+        .idea
+        .as_deref()
+        .and_then(step::one_line)
+        .map(|summary| Idea {
+            summary,
+            from: "caller".into(),
+        });
+    events.emit(Record::StepStarted {
+        step: 1,
+        base_commit: r.base.clone(),
+        changed_files: r.files.clone(),
+        diff_stat: Some(r.diff_stat.clone()),
+        patch: Some(r.patch.clone()),
+        idea,
+    })?;
+    events.emit(Record::StepDecided {
+        step: 1,
+        accepted: false,
+        reason: r.reason.clone(),
+        geomean_gain: None,
+        commit: None,
+        restored: r.files.clone(),
+        candidate: None,
+        scratch_ref: None,
+    })?;
+    let markdown = format!(
+        "## Step 1 — rejected\n\n- base: `{}`\n- edit: {}\n- why: {}\n",
+        step::short(&r.base),
+        r.files.join(", "),
+        r.reason
+    );
+    write(&run_dir.join("step-1.md"), markdown.as_bytes())?;
+    verdict_from_log(&run_dir)
+}
+
+/// The workbench's error document: `{"schema_version", "error": {"code", "message", ...}}`, what
+/// `judge --json` prints on a refusal and the MCP tools return with `isError`.
+pub fn error_document(code: &str, message: &str, extra: Value) -> Value {
+    let mut error = json!({ "code": code, "message": message });
+    if let (Some(e), Value::Object(extra)) = (error.as_object_mut(), extra) {
+        e.extend(extra);
+    }
+    json!({ "schema_version": pack::JSON_SCHEMA_VERSION, "error": error })
+}
+
+/// The error document's code for an error that reached the user.
+pub fn error_code(e: &Error) -> &'static str {
+    match e {
+        Error::Config { .. } | Error::BadInput(_) => "bad_input",
+        Error::NoGpu(_) => "no_gpu",
+        Error::GpuBusy(_) => "gpu_busy",
+        Error::ToolMissing { .. } => "tool_missing",
+        Error::DiskFull(_) => "disk_full",
+        Error::Other(_) => "failed",
+    }
 }

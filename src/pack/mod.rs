@@ -12,12 +12,24 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+mod figures;
 mod history;
+mod ideas;
 mod render;
 
-pub use history::{history, Cost, DuelFigure, HistoryEntry};
+pub use figures::{has_profile, SpeedOfLight};
+pub use history::{
+    attempt_id, attempt_patch_path, find_attempt, history, history_in, parse_attempt_id, Cost,
+    DuelFigure, HistoryEntry, MetricsMoved,
+};
 use history::{logs_where, LogMeta};
-pub use render::{agents_md, history_md, is_pack_path, prompt_md, write};
+pub use ideas::{is_near_miss, near_misses, IdeaNote};
+pub use render::{agents_md, history_md, is_pack_path, prompt_md, write, MCP_TOOLS};
+
+/// The version of every JSON document the workbench prints or writes (`judge --json`, `context
+/// --json`, `history --json`, `show-attempt --json`, ledger.json, errors, and the MCP tools' answers,
+/// which are the same documents). Their JSON Schema: tests/fixtures/schemas/workbench-1.schema.json.
+pub const JSON_SCHEMA_VERSION: u32 = 1;
 
 /// Codex reads at most this much of AGENTS.md; flashtune's is held under it.
 pub const AGENTS_MD_MAX_BYTES: usize = 32 * 1024;
@@ -90,7 +102,9 @@ impl CaseContext {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Bottleneck {
     pub names: Vec<String>,
+    /// The evidence: the values of the metrics the naming rules read.
     pub metrics: BTreeMap<String, f64>,
+    pub speed_of_light: SpeedOfLight,
     pub from: String,
     /// The profile was taken of these kernel sources (the champion's may have changed since).
     pub same_sources: bool,
@@ -108,9 +122,23 @@ pub struct BudgetLeft {
     pub stop_at_roof: Option<f64>,
 }
 
-/// Everything an agent is told at a step; written as AGENTS.md, PROMPT.md and context/.
+/// How to build the champion's kernel by hand, as the judge builds it (defines and flags).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct BuildHint {
+    /// `small f16`, ... : the cases this build serves.
+    pub cases: Vec<String>,
+    pub variant: String,
+    /// The nvcc command line, relative to the work directory.
+    pub command: String,
+}
+
+/// Everything an agent is told at a step; written as AGENTS.md, PROMPT.md and context/. The same
+/// document `flashtune context --json` prints and the MCP `context` tool returns.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ContextPack {
+    pub schema_version: u32,
+    /// True where the GPU is the fake one: every figure is synthetic.
+    pub synthetic: bool,
     pub step: u32,
     pub base_commit: String,
     pub edit_scope: String,
@@ -118,11 +146,24 @@ pub struct ContextPack {
     /// `[step] threshold`: the geomean gain an edit must show beyond the noise.
     pub threshold: f64,
     pub rounds: usize,
+    /// How an edit is judged, in words.
+    pub how_judged: String,
+    /// What gets an edit rejected.
+    pub rejected_when: Vec<String>,
+    /// How to build the champion's kernel locally, per distinct build.
+    pub build: Vec<BuildHint>,
     pub gpu: Option<GpuFacts>,
     pub cases: Vec<CaseContext>,
     /// The champion's sources at the base commit, repository-relative.
     pub sources: Vec<String>,
     pub budget: BudgetLeft,
+    /// Earlier attempts not to repeat: rejected, and not close.
+    pub avoid: Vec<IdeaNote>,
+    /// Earlier attempts that came close (correct, within the threshold of HEAD, or beaten only by
+    /// another candidate): worth another try, their patches in `context/attempts/`.
+    pub worth_retrying: Vec<IdeaNote>,
+    /// The near-miss this work directory starts from (its patch is already applied).
+    pub start_from: Option<IdeaNote>,
     pub history: Vec<HistoryEntry>,
 }
 
@@ -140,7 +181,7 @@ pub struct PackInput<'a> {
     pub runs_dir: &'a Path,
     pub step: u32,
     pub base_commit: &'a str,
-    /// `run::sources_hash` of the base commit's kernels: figures of other sources are not the champion's.
+    /// `run::kernel_sources_hash` of the base commit: figures of other sources are not the champion's.
     pub kernel_sources_hash: &'a str,
     pub edit_scope: &'a str,
     pub protected: Vec<String>,
@@ -149,6 +190,9 @@ pub struct PackInput<'a> {
     pub cases: Vec<PackCase>,
     pub sources: Vec<String>,
     pub budget: BudgetLeft,
+    pub build: Vec<BuildHint>,
+    /// The near-miss (attempt id) the work directory starts from.
+    pub start_from: Option<String>,
 }
 
 /// Gather the pack from the project's logs.
@@ -163,9 +207,29 @@ pub fn gather(input: PackInput) -> ContextPack {
     let cases = input
         .cases
         .iter()
-        .map(|c| case_context(&input, c, &history, &figure_logs))
+        .map(|c| figures::case_context(&input, c, &history, &figure_logs))
         .collect();
+    let gpu = input.device.map(|d| d.name.as_str());
+    let threshold = input.policies.step.threshold;
+    let avoid = ideas::to_avoid(&history, threshold, gpu);
+    let worth_retrying = near_misses(&history, threshold, gpu)
+        .into_iter()
+        .take(ideas::RETRY_MAX)
+        .map(IdeaNote::of)
+        .collect();
+    let start_from = input
+        .start_from
+        .as_deref()
+        .and_then(|id| history.iter().find(|h| h.attempt == id).map(IdeaNote::of));
     ContextPack {
+        schema_version: JSON_SCHEMA_VERSION,
+        synthetic: input.device.is_some_and(|d| d.fake),
+        how_judged: how_judged(input.policies),
+        rejected_when: REJECTED_WHEN.iter().map(|s| (*s).to_owned()).collect(),
+        build: input.build.clone(),
+        avoid,
+        worth_retrying,
+        start_from,
         step: input.step,
         base_commit: input.base_commit.to_owned(),
         edit_scope: input.edit_scope.to_owned(),
@@ -192,155 +256,28 @@ pub fn gather(input: PackInput) -> ContextPack {
     }
 }
 
-fn case_context(
-    input: &PackInput,
-    c: &PackCase,
-    history: &[HistoryEntry],
-    logs: &[(LogMeta, runlog::LoadedLog)],
-) -> CaseContext {
-    let gpu = input.device.map(|d| d.name.as_str());
-    let same_gpu = |m: &LogMeta| gpu.is_none_or(|g| g == m.gpu);
-    // HEAD's own figure: a duel whose champion side was the base commit, or whose edit became it.
-    let mut champion_us: Option<Sourced> = None;
-    for h in history.iter().filter(|h| h.gpu == gpu.unwrap_or(&h.gpu)) {
-        for f in h
-            .figures
-            .iter()
-            .filter(|f| f.shape == c.shape.name && f.dtype == c.dtype)
-        {
-            let value = if h.commit.as_deref() == Some(input.base_commit) {
-                f.challenger_us
-            } else if h.base_commit == input.base_commit {
-                f.champion_us
-            } else {
-                None
-            };
-            if let Some(v) = value {
-                champion_us = Some(Sourced {
-                    value: v,
-                    from: format!("run {} step {} duel", h.run_id, h.step),
-                });
-            }
-        }
-    }
-    let mut pytorch_us = None;
-    let mut bottleneck: Option<Bottleneck> = None;
-    for (meta, log) in logs.iter().filter(|(m, _)| same_gpu(m)) {
-        let same_sources = meta.kernel_sources_hash == input.kernel_sources_hash;
-        for (line, e) in &log.entries {
-            let from = || format!("run {} line {line}", meta.run_id);
-            match &e.record {
-                Record::Timed {
-                    variant,
-                    shape,
-                    dtype,
-                    timing,
-                    ..
-                } if same_sources
-                    && *variant == c.variant
-                    && *shape == c.shape.name
-                    && *dtype == c.dtype
-                    && champion_us.is_none() =>
-                {
-                    champion_us = Some(Sourced {
-                        value: timing.median_us,
-                        from: from(),
-                    });
-                }
-                Record::BaselineTimed {
-                    shape,
-                    dtype,
-                    timing,
-                    noisy: false,
-                    ..
-                } if *shape == c.shape.name && *dtype == c.dtype => {
-                    pytorch_us = Some(Sourced {
-                        value: timing.median_us,
-                        from: from(),
-                    });
-                }
-                Record::Profiled {
-                    variant,
-                    shape,
-                    dtype,
-                    profile:
-                        crate::profile::ProfileOutcome::Profiled {
-                            kernels,
-                            bottlenecks,
-                            ..
-                        },
-                } if *variant == c.variant && *shape == c.shape.name && *dtype == c.dtype => {
-                    // A profile of the champion's current sources beats an older one.
-                    if bottleneck
-                        .as_ref()
-                        .is_some_and(|b| b.same_sources && !same_sources)
-                    {
-                        continue;
-                    }
-                    let rules = &input.policies.profile.bottlenecks;
-                    let mut metrics = BTreeMap::new();
-                    for k in kernels.iter().take(1) {
-                        for (name, m) in &k.metrics {
-                            let underscored = name.replace('.', "_");
-                            let read = rules.iter().any(|r| {
-                                bottlenecks.contains(&r.name) && r.when.contains(&underscored)
-                            });
-                            if read {
-                                metrics.insert(name.clone(), m.value);
-                            }
-                        }
-                    }
-                    bottleneck = Some(Bottleneck {
-                        names: bottlenecks.clone(),
-                        metrics,
-                        from: from(),
-                        same_sources,
-                    });
-                }
-                _ => {}
-            }
-        }
-    }
-    let guided = bottleneck
-        .as_ref()
-        .map(|b| {
-            input
-                .policies
-                .guided
-                .rules
-                .iter()
-                .filter(|r| b.names.contains(&r.bottleneck))
-                .map(|r| {
-                    let change: Vec<String> =
-                        r.change.iter().map(|(k, v)| format!("{k} = {v}")).collect();
-                    format!("{} ({})", r.name, change.join(", "))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let tflops = champion_us
-        .as_ref()
-        .map(|t| c.shape.flops() / (t.value * 1e-6) / 1e12);
-    let matmul_roof_fraction = tflops
-        .zip(input.roofs.matmul.get(&c.dtype))
-        .map(|(t, r)| t / r);
-    let bandwidth_roof_fraction = champion_us
-        .as_ref()
-        .zip(input.roofs.bandwidth_gbps)
-        .map(|(t, r)| c.shape.min_dram_bytes(c.dtype) / (t.value * 1e-6) / 1e9 / r);
-    CaseContext {
-        shape: c.shape.clone(),
-        dtype: c.dtype,
-        variant: c.variant.clone(),
-        params: c.params.clone(),
-        champion_us,
-        tflops,
-        matmul_roof_fraction,
-        bandwidth_roof_fraction,
-        pytorch_us,
-        bottleneck,
-        guided,
-    }
+/// What gets an edit rejected, in words (the pack's and the MCP server's).
+pub const REJECTED_WHEN: &[&str] = &[
+    "it does not build, spills registers, or breaks a gate in policies.toml",
+    "it is wrong on any case (max abs, relative L2, NaN or unwritten outputs against the reference)",
+    "the outputs of the timed launches differ from the checked launch (caching, skipping work)",
+    "it is wrong on fresh inputs after timing or on large-magnitude inputs",
+    "its figure is implausible (beyond the GPU's measured roofs)",
+    "it is slower on any case beyond noise, or not faster overall",
+    "it changes anything outside the edit scope or a protected file",
+];
+
+/// How an edit is judged, in words.
+pub fn how_judged(policies: &Policies) -> String {
+    let step = &policies.step;
+    format!(
+        "HEAD's champion and your edit are built with the same parameters (HEAD's from HEAD's tree, yours from the working tree), \
+         checked against HEAD's fp32 reference on fresh inputs with poisoned outputs, then timed interleaved {} rounds on every \
+         shape and dtype. The edit is committed only if its geomean gain beats {:.1}% and the noise, and no case is slower \
+         by more than its noise.",
+        step.rounds,
+        step.threshold * 100.0
+    )
 }
 
 /// A time's fraction of its binding measured roof (the larger of matmul and bandwidth); none without a roof.

@@ -1,6 +1,31 @@
 //! The pack as files: AGENTS.md (the standing rules), PROMPT.md (this step's task), context/ (figures, history, sources).
 use super::*;
 
+/// The tools `flashtune mcp` serves, as AGENTS.md lists them (tests/mcp.rs checks the server has each).
+pub const MCP_TOOLS: &[(&str, &str)] = &[
+    (
+        "context",
+        "this pack as JSON: rules, cases, figures, bottleneck, ideas to avoid and to retry",
+    ),
+    (
+        "history",
+        "every earlier attempt: idea, verdict, reason, per-case figures, metrics, cost",
+    ),
+    (
+        "attempt",
+        "one earlier attempt by id, with its whole patch (ready for `git apply`)",
+    ),
+    (
+        "profile",
+        "Nsight Compute digest of a variant from a run that timed it",
+    ),
+    (
+        "judge",
+        "judge the working tree's edit now (outside an agent session only)",
+    ),
+    ("judge_status", "wait for a judge or profile job"),
+];
+
 pub(super) fn pct(x: Option<f64>) -> String {
     x.map_or("unknown".into(), |x| format!("{:.1}%", x * 100.0))
 }
@@ -65,9 +90,52 @@ pub fn agents_md(pack: &ContextPack) -> String {
     let _ = writeln!(
         m,
         "## Where to look\n\n\
-         - `PROMPT.md`: this step's task, the champion's figures, its bottleneck, the budget left.\n\
-         - `context/history.md` (and `history.json`): every earlier attempt on this repository, with\n  its verdict and reason. Do not repeat a rejected idea without a reason to expect a new result.\n\
+         - `PROMPT.md`: this step's task, the champion's figures, its speed of light and bottleneck, the\n  ideas tried before (to avoid, and close enough to try again), the budget left.\n\
+         - `context/history.md` (and `history.json`): every earlier attempt on this repository, with\n  its idea, verdict, reason and how the metrics moved. Do not repeat a rejected idea without a\n  reason to expect a new result.\n\
+         - `context/attempts/*.patch`: the patches of the attempts worth another try (`git apply` them).\n\
          - `context/gpu.json`, `context/cases.json`, `context/champion/`: GPU facts, per-case figures and\n  bottleneck metrics, the champion's sources and parameters.\n"
+    );
+    let _ = writeln!(m, "## Say what you tried\n");
+    let _ = writeln!(
+        m,
+        "End your last message with one line `IDEA: <what this edit tries, and why>` (one sentence).\n\
+         It becomes this attempt's entry in the history every later step reads, beside the verdict\n\
+         and how the metrics moved. Without it, the history shows only your diff's size.\n"
+    );
+    let _ = writeln!(m, "## Building the kernel yourself\n");
+    let _ = writeln!(
+        m,
+        "You may compile to check your edit builds and see its registers and spills (ptxas `-v`); the\n\
+         judge builds exactly so, in a cache of its own. Run from this directory, output to `$TMPDIR`:\n"
+    );
+    if pack.build.is_empty() {
+        let _ = writeln!(m, "(no champion build is known for this space)\n");
+    }
+    for b in &pack.build {
+        let _ = writeln!(
+            m,
+            "- `{}` ({}):\n\n  ```sh\n  {}\n  ```\n",
+            b.variant,
+            b.cases.join(", "),
+            b.command
+        );
+    }
+    let _ = writeln!(
+        m,
+        "Correctness and speed are the judge's to measure, on the GPU under its lock: do not time\n\
+         or profile on the GPU yourself during a session (another candidate's judgement may be running).\n"
+    );
+    let _ = writeln!(
+        m,
+        "## MCP tools (`flashtune mcp`), where your client has them\n"
+    );
+    for (name, what) in MCP_TOOLS {
+        let _ = writeln!(m, "- `{name}`: {what}");
+    }
+    let _ = writeln!(
+        m,
+        "\nIn an agent session flashtune judges your edit when you stop: read with `context`, `history`\n\
+         and `attempt`, but do not call `judge` from a candidate's work directory.\n"
     );
     debug_assert!(m.len() <= AGENTS_MD_MAX_BYTES);
     m
@@ -147,46 +215,65 @@ pub fn prompt_md(pack: &ContextPack) -> String {
             us(c.pytorch_us.as_ref())
         );
     }
-    let _ = writeln!(m, "\n## Bottleneck\n");
+    bottleneck_md(&mut m, pack);
+    budget_md(&mut m, &pack.budget);
+    ideas_md(&mut m, pack);
+    m
+}
+
+/// PROMPT.md's bottleneck: per case, ncu's speed of light and the named bottleneck with its evidence.
+fn bottleneck_md(m: &mut String, pack: &ContextPack) {
+    let _ = writeln!(m, "\n## Speed of light and bottleneck (Nsight Compute)\n");
     let mut any = false;
     for c in &pack.cases {
-        if let Some(b) = &c.bottleneck {
-            any = true;
-            let metrics: Vec<String> = b
-                .metrics
-                .iter()
-                .map(|(k, v)| format!("{k} = {v}"))
-                .collect();
-            let _ = writeln!(
-                m,
-                "- {} {}: **{}** ({}{}; {})",
-                c.shape.name,
-                c.dtype,
-                b.names.join(", "),
-                b.from,
-                if b.same_sources {
-                    ""
-                } else {
-                    ", profiled at other kernel sources"
-                },
-                if metrics.is_empty() {
-                    "no metric values logged".into()
-                } else {
-                    metrics.join(", ")
-                }
-            );
-            for g in &c.guided {
-                let _ = writeln!(m, "  - the guided rules would try: {g}");
-            }
+        let Some(b) = &c.bottleneck else { continue };
+        any = true;
+        let evidence: Vec<String> = b
+            .metrics
+            .iter()
+            .map(|(k, v)| format!("{k} = {v}"))
+            .collect();
+        let sol = b.speed_of_light.line();
+        let _ = writeln!(
+            m,
+            "- {} {}: **{}**{}\n  - speed of light: {}\n  - evidence: {}\n  - from {}",
+            c.shape.name,
+            c.dtype,
+            if b.names.is_empty() {
+                "no bottleneck rule matched".to_owned()
+            } else {
+                b.names.join(", ")
+            },
+            if b.same_sources {
+                ""
+            } else {
+                " (profiled at other kernel sources)"
+            },
+            if sol.is_empty() {
+                "not logged".into()
+            } else {
+                sol
+            },
+            if evidence.is_empty() {
+                "no metric values logged".into()
+            } else {
+                evidence.join(", ")
+            },
+            b.from
+        );
+        for g in &c.guided {
+            let _ = writeln!(m, "  - the guided rules would try: {g}");
         }
     }
     if !any {
         let _ = writeln!(
             m,
-            "No Nsight Compute profile of the champion is in the run logs (`flashtune profile` adds one)."
+            "No Nsight Compute profile of the champion is in the run logs (an agent session profiles it at the start; `flashtune profile` adds one)."
         );
     }
-    let b = &pack.budget;
+}
+
+fn budget_md(m: &mut String, b: &BudgetLeft) {
     let _ = writeln!(m, "\n## Budget left\n");
     let _ = writeln!(
         m,
@@ -211,24 +298,60 @@ pub fn prompt_md(pack: &ContextPack) -> String {
     if let Some(f) = b.stop_at_roof {
         let _ = writeln!(
             m,
-            "- the session stops when every case reaches {:.0}% of its binding roof",
+            "- the session stops when every case reaches {:.1}% of its binding roof",
             f * 100.0
         );
     }
-    let tried = pack.history.len();
+}
+
+fn note_line(n: &IdeaNote) -> String {
+    format!(
+        "`{}` {}: {}{} — {}",
+        n.attempt,
+        n.verdict,
+        n.idea.as_deref().unwrap_or("(no idea summary)"),
+        n.metrics
+            .as_ref()
+            .map_or(String::new(), |x| format!(" [{x}]")),
+        n.reason
+    )
+}
+
+/// PROMPT.md's memory: the near-miss this directory starts from, what came close, what to avoid.
+fn ideas_md(m: &mut String, pack: &ContextPack) {
+    if let Some(n) = &pack.start_from {
+        let _ = writeln!(
+            m,
+            "\n## Your starting point\n\nThis work directory already holds the patch of the near miss {} \
+             (uncommitted; `{}`). Build on it: make it beat HEAD, or take it further.",
+            note_line(n),
+            n.pack_patch()
+        );
+    }
+    let _ = writeln!(m, "\n## Close — worth another try\n");
+    if pack.worth_retrying.is_empty() {
+        let _ = writeln!(m, "None yet.");
+    }
+    for n in &pack.worth_retrying {
+        let patch = if n.patch_file.is_some() {
+            format!(" (patch: `{}`)", n.pack_patch())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(m, "- {}{patch}", note_line(n));
+    }
+    let _ = writeln!(m, "\n## Tried and failed — avoid\n");
+    if pack.avoid.is_empty() {
+        let _ = writeln!(m, "None yet.");
+    }
+    for n in &pack.avoid {
+        let _ = writeln!(m, "- {}", note_line(n));
+    }
     let _ = writeln!(
         m,
-        "\n## Tried before\n\n{tried} earlier attempts are in `context/history.md`{}.",
-        pack.history
-            .iter()
-            .rev()
-            .find(|h| h.verdict == "rejected")
-            .map_or(String::new(), |h| format!(
-                "; the last rejection: {}",
-                h.reason.lines().next().unwrap_or("")
-            ))
+        "\nAll {} earlier attempts are in `context/history.md`.",
+        pack.history.len()
     );
-    m
 }
 
 /// history.md: one row per attempt, newest last.
@@ -244,24 +367,25 @@ pub fn history_md(history: &[HistoryEntry]) -> String {
     }
     let _ = writeln!(
         m,
-        "| run | step | cand. | base | diff | verdict | gain | reason | agent s | GPU s | tokens in/out | $ |"
+        "| attempt | base | idea | diff | verdict | gain | metrics | reason | agent s | GPU s | tokens in/out | $ |"
     );
-    let _ = writeln!(
-        m,
-        "|---|---:|---:|---|---|---|---:|---|---:|---:|---:|---:|"
-    );
+    let _ = writeln!(m, "|---|---|---|---|---|---:|---|---|---:|---:|---:|---:|");
     for h in &history[skipped..] {
         let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("—".into(), f);
         let _ = writeln!(
             m,
-            "| {} | {} | {} | `{}` | {} | {} | {} | {} | {} | {} | {} | {} |",
-            h.run_id,
-            h.step,
-            h.candidate.map_or("—".into(), |c| c.to_string()),
+            "| `{}` | `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            h.attempt,
             short(&h.base_commit),
+            h.idea
+                .as_ref()
+                .map_or("—".into(), |i| i.summary.replace('|', "/")),
             h.diff_stat.clone().unwrap_or_else(|| h.files.join(" ")),
             h.verdict,
             opt(h.geomean_gain, &|g| format!("{:+.1}%", g * 100.0)),
+            h.metrics
+                .as_ref()
+                .map_or("—".into(), |x| x.summary.replace('|', "/")),
             h.reason.lines().next().unwrap_or("").replace('|', "/"),
             opt(h.cost.agent_seconds, &|s| format!("{s:.0}")),
             opt(h.cost.gpu_seconds, &|s| format!("{s:.1}")),
@@ -310,8 +434,28 @@ pub fn write(pack: &ContextPack, sources: &[(String, Vec<u8>)], dir: &Path) -> R
             context.join("budget.json"),
             serde_json::to_vec_pretty(&pack.budget)?,
         ),
+        (
+            context.join("ideas.json"),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "start_from": pack.start_from,
+                "worth_retrying": pack.worth_retrying,
+                "avoid": pack.avoid,
+            }))?,
+        ),
     ];
     let mut total: u64 = files.iter().map(|(_, b)| b.len() as u64).sum();
+    // The patches worth another try, whole, as their run folders keep them.
+    for note in pack.start_from.iter().chain(&pack.worth_retrying) {
+        let Some(patch) = note.patch_file.as_ref().and_then(|p| std::fs::read(p).ok()) else {
+            continue;
+        };
+        let path = dir.join(note.pack_patch());
+        if total + patch.len() as u64 > PACK_MAX_BYTES || files.iter().any(|(p, _)| *p == path) {
+            continue;
+        }
+        total += patch.len() as u64;
+        files.push((path, patch));
+    }
     let mut left_out = Vec::new();
     for (rel, content) in sources {
         if total + content.len() as u64 > PACK_MAX_BYTES {

@@ -56,7 +56,42 @@ impl Session<'_> {
         PendingBuild { tasks, rx, order }
     }
 
+    /// One side of a duel (or a profile) on a pairing's case: `cubin` checked against HEAD's reference.
+    pub(super) fn case_spec(
+        &self,
+        p: &Pairing,
+        cubin: &Path,
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        seed: u64,
+    ) -> CaseSpec {
+        let project = self.project;
+        let family = &project.space.family;
+        CaseSpec {
+            shape: p.shape.clone(),
+            dtype: p.dtype,
+            seed,
+            tolerance: project.policies.tolerance_for(p.dtype),
+            cpu_oracle_max_macs: project.policies.measure.cpu_reference_max_macs,
+            forward: ForwardKernel {
+                cubin: cubin.to_path_buf(),
+                entry: family.forward_entry.clone(),
+                combine_entry: family.combine_entry.clone(),
+                launch: p.point.launch.clone().expect("valid points have a launch"),
+                defines: project
+                    .space
+                    .forward_defines(&p.point.variant, p.dtype, p.shape.d),
+            },
+            // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
+            reference: ReferenceKernel {
+                cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
+                entry: family.reference_entry.clone(),
+            },
+        }
+    }
+
     /// Check and re-time built edit kernels against HEAD's champion (interleaved, under the GPU lock).
+    /// Each case is logged (and a line printed on stderr) as the worker answers it; the first case
+    /// the edit fails ends the duel there.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn duel_edit(
         &self,
@@ -70,29 +105,7 @@ impl Session<'_> {
         duels: &mut Vec<DuelRow>,
     ) -> Result<std::result::Result<decide::Overall, String>> {
         let project = self.project;
-        let family = &project.space.family;
         let policy = &project.policies.measure;
-        // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
-        let case = |p: &Pairing, cubin: &Path, seed: u64| CaseSpec {
-            shape: p.shape.clone(),
-            dtype: p.dtype,
-            seed,
-            tolerance: project.policies.tolerance_for(p.dtype),
-            cpu_oracle_max_macs: policy.cpu_reference_max_macs,
-            forward: ForwardKernel {
-                cubin: cubin.to_path_buf(),
-                entry: family.forward_entry.clone(),
-                combine_entry: family.combine_entry.clone(),
-                launch: p.point.launch.clone().expect("valid points have a launch"),
-                defines: project
-                    .space
-                    .forward_defines(&p.point.variant, p.dtype, p.shape.d),
-            },
-            reference: ReferenceKernel {
-                cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
-                entry: family.reference_entry.clone(),
-            },
-        };
         let mut pairs = Vec::new();
         let mut seeds = Vec::new();
         for p in pairings {
@@ -106,8 +119,8 @@ impl Session<'_> {
             seeds.push(seed);
             let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
             pairs.push(DuelPair {
-                champion: case(p, &head_cubins[&key("head")], seed),
-                challenger: case(p, &edit_cubins[&key(tag)], seed),
+                champion: self.case_spec(p, &head_cubins[&key("head")], head_cubins, seed),
+                challenger: self.case_spec(p, &edit_cubins[&key(tag)], head_cubins, seed),
             });
         }
         let request = DuelRequest {
@@ -118,63 +131,165 @@ impl Session<'_> {
             },
             rounds: project.policies.step.rounds,
             pairs,
+            stop_at_failure: true,
         };
         let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
+        let label = match candidate {
+            Some(k) => format!("step {n} candidate {k}"),
+            None => format!("step {n}"),
+        };
+        let mut tally = Tally {
+            verdicts: Vec::new(),
+            failure: None,
+            seen: vec![false; pairings.len()],
+            logged: Ok(()),
+        };
+        let answered = crate::executor::WorkerOutcome::ended(crate::executor::WorkerEnd::Clean);
         let outcome = self
             .opts
             .executor
-            .duel(self.opts.device, request, timeout)
+            .duel_each(self.opts.device, request, timeout, &mut |r: &DuelResult| {
+                let Some(i) = pairings
+                    .iter()
+                    .position(|p| p.shape.name == r.shape && p.dtype == r.dtype)
+                else {
+                    return;
+                };
+                if tally.logged.is_ok() && !tally.seen[i] {
+                    tally.seen[i] = true;
+                    let judged = self.judge_one(Some(r), &answered, &pairings[i]);
+                    tally.logged = self.log_pair(
+                        (n, candidate, &label),
+                        &pairings[i],
+                        seeds[i],
+                        judged,
+                        events,
+                        duels,
+                        &mut tally.verdicts,
+                        &mut tally.failure,
+                    );
+                }
+            })
             .await;
-        let threshold = project.policies.step.threshold;
-        let mut verdicts = Vec::new();
-        let mut failure: Option<String> = None;
+        let Tally {
+            mut verdicts,
+            mut failure,
+            seen,
+            logged,
+        } = tally;
+        logged?;
+        // A worker that stopped at the edit's first failure left the rest untimed, as it should;
+        // otherwise a case without an answer is a failure of its own (the worker died, timed out).
+        let stopped_early = failure.is_some() && outcome.trouble().is_none();
         for (i, p) in pairings.iter().enumerate() {
-            let result = outcome.duels.get(i);
-            let judged = crate::duel::judge_pair(
-                result,
-                &outcome,
-                threshold,
-                &p.shape,
-                &self.roofs,
-                project.policies.gates.plausibility_margin,
-            );
-            if let Some(v) = &judged.verdict {
-                verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
+            if seen[i] || stopped_early {
+                continue;
             }
-            if failure.is_none() {
-                failure = judged
-                    .failure
-                    .as_ref()
-                    .map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
-            }
-            duels.push(DuelRow {
-                shape: p.shape.name.clone(),
-                dtype: p.dtype,
-                variant: p.point.variant.id.clone(),
-                champion_us: judged.champion.as_ref().map(|t| t.median_us),
-                challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
-                verdict: judged.verdict.clone(),
-                failure: judged.failure.clone(),
-            });
-            events.emit(Record::Duel {
-                step: n,
-                shape: p.shape.name.clone(),
-                dtype: p.dtype,
-                variant: p.point.variant.id.clone(),
-                seed: seeds[i],
-                champion: judged.champion,
-                challenger: judged.challenger,
-                challenger_check: judged.challenger_check,
-                verdict: judged.verdict,
-                failure: judged.failure,
-                candidate,
-            })?;
+            let judged = self.judge_one(None, &outcome, p);
+            self.log_pair(
+                (n, candidate, &label),
+                p,
+                seeds[i],
+                judged,
+                events,
+                duels,
+                &mut verdicts,
+                &mut failure,
+            )?;
         }
         if let Some(why) = failure {
             return Ok(Err(why));
         }
-        Ok(Ok(decide::judge_overall(&verdicts, threshold)))
+        Ok(Ok(decide::judge_overall(
+            &verdicts,
+            project.policies.step.threshold,
+        )))
     }
+
+    fn judge_one(
+        &self,
+        result: Option<&DuelResult>,
+        outcome: &crate::executor::WorkerOutcome,
+        p: &Pairing,
+    ) -> crate::duel::PairOutcome {
+        crate::duel::judge_pair(
+            result,
+            outcome,
+            self.project.policies.step.threshold,
+            &p.shape,
+            &self.roofs,
+            self.project.policies.gates.plausibility_margin,
+        )
+    }
+
+    /// One judged case into the log (flushed), the report's rows and a line on stderr.
+    #[allow(clippy::too_many_arguments)]
+    fn log_pair(
+        &self,
+        (n, candidate, label): (u32, Option<u32>, &str),
+        p: &Pairing,
+        seed: u64,
+        judged: crate::duel::PairOutcome,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+        verdicts: &mut Vec<(String, Verdict)>,
+        failure: &mut Option<String>,
+    ) -> Result<()> {
+        let case = format!("{} {}", p.shape.name, p.dtype);
+        if let Some(v) = &judged.verdict {
+            verdicts.push((case.clone(), v.clone()));
+        }
+        if failure.is_none() {
+            *failure = judged.failure.as_ref().map(|w| format!("{case}: {w}"));
+        }
+        let us = |t: &Option<crate::protocol::TimingStats>| {
+            t.as_ref()
+                .map_or("—".to_owned(), |t| format!("{:.2} µs", t.median_us))
+        };
+        let said = match (&judged.verdict, &judged.failure) {
+            (_, Some(f)) => f.lines().next().unwrap_or("").to_owned(),
+            (Some(v), None) => format!(
+                "HEAD {}, edit {}: {:+.1}% (noise {:.1}%)",
+                us(&judged.champion),
+                us(&judged.challenger),
+                v.gain * 100.0,
+                v.noise * 100.0
+            ),
+            (None, None) => "no verdict".into(),
+        };
+        eprintln!("{label}: {case}: {said}");
+        duels.push(DuelRow {
+            shape: p.shape.name.clone(),
+            dtype: p.dtype,
+            variant: p.point.variant.id.clone(),
+            champion_us: judged.champion.as_ref().map(|t| t.median_us),
+            challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
+            verdict: judged.verdict.clone(),
+            failure: judged.failure.clone(),
+        });
+        events.emit(Record::Duel {
+            step: n,
+            shape: p.shape.name.clone(),
+            dtype: p.dtype,
+            variant: p.point.variant.id.clone(),
+            seed,
+            champion: judged.champion,
+            challenger: judged.challenger,
+            challenger_check: judged.challenger_check,
+            verdict: judged.verdict,
+            failure: judged.failure,
+            candidate,
+        })?;
+        Ok(())
+    }
+}
+
+/// What a streamed duel has judged so far.
+struct Tally {
+    verdicts: Vec<(String, Verdict)>,
+    failure: Option<String>,
+    seen: Vec<bool>,
+    logged: Result<()>,
 }
 
 /// Build every spec, logging each result as `tune` does; returns them in spec order.

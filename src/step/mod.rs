@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::protocol::*;
 use crate::run::{self, Events, Project, UnitKey};
-use crate::runlog::{Record, RunLog};
+use crate::runlog::{Idea, Record, RunLog};
 use crate::space::{DeviceLimits, PlannedPoint, REFERENCE};
 use anyhow::{anyhow, Context};
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,9 +21,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod attempt;
 mod judge;
+mod profile;
 mod report;
 mod tree;
+
+pub(crate) use attempt::{diff_against, idea_line, keep_patch, one_line};
 
 use judge::build_logged;
 pub(crate) use judge::collect_builds;
@@ -52,6 +56,8 @@ pub struct StepOptions {
     pub when_busy: run::WhenBusy,
     /// Print nothing on stdout (the caller prints the verdict itself, e.g. as JSON).
     pub quiet: bool,
+    /// What the edit tries, in one line (`judge --idea`, the MCP judge's `idea`): the history's entry.
+    pub idea: Option<String>,
 }
 
 pub struct StepOutcome {
@@ -59,6 +65,19 @@ pub struct StepOutcome {
     pub report_markdown: String,
     pub accepted: u32,
     pub rejected: u32,
+}
+
+/// What the proposer of an in-place step left: whether it finished, and what it said (the tail).
+struct Proposed {
+    finished: bool,
+    output: String,
+}
+
+/// Where the fake GPU commits an accepted edit of step `n`: a scratch reference, never a branch.
+/// Synthetic figures must not land where a user would build on them; the commit stays inspectable
+/// (`git show refs/flashtune/fake/<run>/step-<n>`) and a session's later steps build on it.
+pub fn scratch_ref(run_id: &str, n: u32) -> String {
+    format!("refs/flashtune/fake/{run_id}/step-{n}")
 }
 
 /// What a step decided, as the next proposer sees it.
@@ -338,72 +357,86 @@ impl Session<'_> {
         extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
         let head_cubins = self.build_head(&pairings, &head_tree, events).await?;
         let mut duels = Vec::new();
-        let mut proposer_finished = false;
-        if let Some(command) = &self.opts.proposer {
-            let guarded = self.guarded_files(&head_cubins);
-            let before = fingerprint(&guarded);
-            let log_before = file_hash(&events.log.path);
-            let ran = self.run_proposer(n, command, last).await?;
-            let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
-            if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
-                return Err(Error::Other(anyhow!(
-                    "the proposer modified flashtune's run files ({}); the run log can no longer be trusted, stopping",
-                    if tampered.is_empty() {
-                        "log.jsonl".to_owned()
-                    } else {
-                        tampered.join(", ")
-                    }
-                )));
+        let proposed = match &self.opts.proposer {
+            Some(command) => {
+                let sources = crate::run::kernel_sources_hash(project, Some(&head_tree));
+                self.profile_champions(&pairings, &head_cubins, &sources, events)
+                    .await?;
+                let p = self
+                    .propose(
+                        n,
+                        command,
+                        last,
+                        &repo,
+                        (&base, &base_ref),
+                        &head_cubins,
+                        events,
+                    )
+                    .await?;
+                Some(p)
             }
-            proposer_finished = matches!(&ran, Record::ProposerRan { status, timed_out: false, .. } if status == "exit status: 0");
-            events.emit(ran)?;
-            let (now, now_ref) = head_of(&repo)?;
-            if now != base || now_ref != base_ref {
-                let reason = format!(
-                    "the proposer moved HEAD ({base_ref} {}) to ({now_ref} {}); flashtune commits accepted edits itself. \
-                     HEAD was put back; the proposer's commit stays reachable as {now}",
-                    short(&base),
-                    short(&now)
-                );
-                put_head_back(&repo, &base_ref, &base)?;
-                let (inside, outside) = changes(project, self.root)?;
-                let left: Vec<String> = inside.into_iter().chain(outside).collect();
-                restore(self.root, &left)?;
-                events.emit(Record::StepDecided {
-                    step: n,
-                    accepted: false,
-                    reason: reason.clone(),
-                    geomean_gain: None,
-                    commit: None,
-                    restored: left,
-                    candidate: None,
-                })?;
-                return Err(Error::Other(anyhow!("{reason}")));
-            }
-        }
+            None => None,
+        };
         let (inside, outside) = changes(project, self.root)?;
-        let stray: Vec<String> = if self.opts.proposer.is_some() {
+        let stray: Vec<String> = if proposed.is_some() {
             outside
         } else {
             Vec::new()
         };
-        let proposer_failed = self.opts.proposer.is_some() && !proposer_finished;
+        let proposer_failed = proposed.as_ref().is_some_and(|p| !p.finished);
+        let edit: Vec<String> = inside.iter().chain(&stray).cloned().collect();
+        let diff = attempt::diff_against(
+            self.root,
+            &base,
+            |p| in_scope(project, p),
+            |p| !edit.iter().any(|e| e == p),
+        )?;
+        if !edit.is_empty() {
+            attempt::keep_patch(self.run_dir, n, None, &diff.patch)?;
+        }
+        let idea = self
+            .opts
+            .idea
+            .as_deref()
+            .and_then(attempt::one_line)
+            .map(|summary| Idea {
+                summary,
+                from: "caller".into(),
+            })
+            .or_else(|| {
+                let said = attempt::idea_line(&proposed.as_ref()?.output)?;
+                Some(Idea {
+                    summary: said,
+                    from: "agent".into(),
+                })
+            })
+            .or_else(|| (!edit.is_empty()).then(|| diff.as_idea()));
         events.emit(Record::StepStarted {
             step: n,
             base_commit: base.clone(),
-            changed_files: inside.iter().chain(&stray).cloned().collect(),
+            changed_files: edit.clone(),
+            diff_stat: Some(diff.stat.clone()),
+            patch: (!edit.is_empty()).then(|| diff.bounded()),
+            idea,
         })?;
+        if !edit.is_empty() {
+            eprintln!(
+                "step {n}: {} against HEAD {} ({})",
+                edit.join(", "),
+                short(&base),
+                diff.stat
+            );
+        }
         let outcome = if !stray.is_empty() {
             // The proposer stepped outside its scope: undo all of it, judge nothing.
-            let all: Vec<String> = inside.iter().chain(&stray).cloned().collect();
-            restore(self.root, &all)?;
+            restore(self.root, &edit)?;
             Outcome::rejected(
                 format!(
                     "the proposer changed files outside the edit scope: {}; all its changes were restored",
                     stray.join(", ")
                 ),
                 None,
-                all,
+                edit.clone(),
             )
         } else if proposer_failed {
             // A proposer that failed or ran out of time may have left half an edit.
@@ -421,18 +454,7 @@ impl Session<'_> {
                 .await?;
             match judged {
                 Ok(overall) if overall.accept => {
-                    let message = self.commit_message(n, &inside, &overall, &duels);
-                    let commit =
-                        crate::vcs::commit_paths(self.root, &inside, &message).map_err(|e| {
-                            Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
-                        })?;
-                    Outcome {
-                        accepted: true,
-                        reason: overall.reason,
-                        geomean_gain: Some(overall.geomean_gain),
-                        commit: Some(commit),
-                        restored: Vec::new(),
-                    }
+                    self.keep_in_place(n, &base, &inside, &overall, &duels)?
                 }
                 Ok(overall) => {
                     restore(self.root, &inside)?;
@@ -444,6 +466,15 @@ impl Session<'_> {
                 }
             }
         };
+        eprintln!(
+            "step {n}: {}: {}",
+            if outcome.accepted {
+                "accepted"
+            } else {
+                "rejected"
+            },
+            outcome.reason.lines().next().unwrap_or("")
+        );
         events.emit(Record::StepDecided {
             step: n,
             accepted: outcome.accepted,
@@ -452,6 +483,7 @@ impl Session<'_> {
             commit: outcome.commit.clone(),
             restored: outcome.restored.clone(),
             candidate: None,
+            scratch_ref: outcome.scratch_ref.clone(),
         })?;
         let markdown = step_markdown(&StepSummary {
             step: n,
@@ -471,6 +503,112 @@ impl Session<'_> {
             },
             markdown,
         ))
+    }
+
+    /// Run the proposer, then check it left flashtune's files and HEAD alone; `Err` stops the run.
+    #[allow(clippy::too_many_arguments)]
+    async fn propose(
+        &self,
+        n: u32,
+        command: &str,
+        last: Option<&Decided>,
+        repo: &git2::Repository,
+        (base, base_ref): (&str, &str),
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        events: &mut Events,
+    ) -> Result<Proposed> {
+        let guarded = self.guarded_files(head_cubins);
+        let before = fingerprint(&guarded);
+        let log_before = file_hash(&events.log.path);
+        eprintln!("step {n}: the proposer runs");
+        let ran = self.run_proposer(n, command, last).await?;
+        let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
+        if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
+            return Err(Error::Other(anyhow!(
+                "the proposer modified flashtune's run files ({}); the run log can no longer be trusted, stopping",
+                if tampered.is_empty() {
+                    "log.jsonl".to_owned()
+                } else {
+                    tampered.join(", ")
+                }
+            )));
+        }
+        let proposed = match &ran {
+            Record::ProposerRan {
+                status,
+                timed_out,
+                output_tail,
+                ..
+            } => Proposed {
+                finished: !timed_out && status == "exit status: 0",
+                output: output_tail.clone(),
+            },
+            _ => unreachable!("run_proposer returns proposer_ran"),
+        };
+        events.emit(ran)?;
+        let (now, now_ref) = head_of(repo)?;
+        if now != base || now_ref != base_ref {
+            let reason = format!(
+                "the proposer moved HEAD ({base_ref} {}) to ({now_ref} {}); flashtune commits accepted edits itself. \
+                 HEAD was put back; the proposer's commit stays reachable as {now}",
+                short(base),
+                short(&now)
+            );
+            put_head_back(repo, base_ref, base)?;
+            let (inside, outside) = changes(self.project, self.root)?;
+            let left: Vec<String> = inside.into_iter().chain(outside).collect();
+            restore(self.root, &left)?;
+            events.emit(Record::StepDecided {
+                step: n,
+                accepted: false,
+                reason: reason.clone(),
+                geomean_gain: None,
+                commit: None,
+                restored: left,
+                candidate: None,
+                scratch_ref: None,
+            })?;
+            return Err(Error::Other(anyhow!("{reason}")));
+        }
+        Ok(proposed)
+    }
+
+    /// Commit an accepted in-place edit: on a GPU onto the current branch (HEAD moves); on the fake
+    /// GPU onto the scratch reference `scratch_ref`, never a branch, the working tree back at HEAD.
+    fn keep_in_place(
+        &self,
+        n: u32,
+        base: &str,
+        inside: &[String],
+        overall: &decide::Overall,
+        duels: &[DuelRow],
+    ) -> Result<Outcome> {
+        let message = self.commit_message(n, inside, overall, duels);
+        let cannot =
+            |e: git2::Error| Error::Other(anyhow!("cannot commit the edit: {}", e.message()));
+        let (commit, restored, reference) = if self.device.fake {
+            let files: Vec<(String, Option<Vec<u8>>)> = inside
+                .iter()
+                .map(|f| (f.clone(), std::fs::read(self.root.join(f)).ok()))
+                .collect();
+            let reference = scratch_ref(self.run_id, n);
+            let commit =
+                crate::vcs::commit_files_to_ref(self.root, base, &files, &message, &reference)
+                    .map_err(cannot)?;
+            restore(self.root, inside)?;
+            (commit, inside.to_vec(), Some(reference))
+        } else {
+            let commit = crate::vcs::commit_paths(self.root, inside, &message).map_err(cannot)?;
+            (commit, Vec::new(), None)
+        };
+        Ok(Outcome {
+            accepted: true,
+            reason: overall.reason.clone(),
+            geomean_gain: Some(overall.geomean_gain),
+            commit: Some(commit),
+            restored,
+            scratch_ref: reference,
+        })
     }
 
     /// Per (shape, dtype): the variant HEAD's champion table names, else `--variant`, else the space's default.

@@ -14,7 +14,8 @@ impl Session<'_> {
             .map(|f| f.rsplit('/').next().unwrap_or(f))
             .collect();
         let mut m = format!(
-            "flashtune step: {} {:+.1}% geomean over {} cases\n\n",
+            "flashtune step{}: {} {:+.1}% geomean over {} cases\n\n",
+            if self.device.fake { " (synthetic)" } else { "" },
             names.join(", "),
             overall.geomean_gain * 100.0,
             duels.len()
@@ -39,6 +40,13 @@ impl Session<'_> {
             1.0 + overall.geomean_gain,
             self.device.name,
         );
+        if self.device.fake {
+            let _ = writeln!(
+                m,
+                "Flashtune-Synthetic: fake GPU figures, nothing measured; committed to {} only",
+                super::scratch_ref(self.run_id, n)
+            );
+        }
         m
     }
 }
@@ -63,6 +71,8 @@ pub(crate) struct Outcome {
     pub(crate) commit: Option<String>,
     /// Files put back as HEAD has them.
     pub(crate) restored: Vec<String>,
+    /// On the fake GPU: the scratch reference the accepted edit was committed to.
+    pub(crate) scratch_ref: Option<String>,
 }
 
 impl Outcome {
@@ -77,6 +87,7 @@ impl Outcome {
             geomean_gain,
             commit: None,
             restored,
+            scratch_ref: None,
         }
     }
 }
@@ -121,14 +132,21 @@ pub(crate) fn step_markdown(s: &StepSummary) -> String {
     if let Some(g) = s.outcome.geomean_gain {
         let _ = writeln!(m, "- geomean gain: {:+.2}%", g * 100.0);
     }
-    match &s.outcome.commit {
-        Some(c) => {
+    match (&s.outcome.commit, &s.outcome.scratch_ref) {
+        (Some(c), Some(r)) => {
+            let _ = writeln!(
+                m,
+                "- committed to `{r}` as `{}`, not to your branch: synthetic figures are never committed there (the working tree is back at HEAD)",
+                short(c)
+            );
+        }
+        (Some(c), None) => {
             let _ = writeln!(m, "- committed: `{}`", short(c));
         }
-        None if !s.outcome.restored.is_empty() => {
+        (None, _) if !s.outcome.restored.is_empty() => {
             let _ = writeln!(m, "- restored to HEAD: {}", s.outcome.restored.join(", "));
         }
-        None => {}
+        (None, _) => {}
     }
     if !s.duels.is_empty() {
         let _ = writeln!(
