@@ -59,6 +59,28 @@ pub fn gencode(arch: &str) -> String {
     format!("arch=compute_{number},code=sm_{number}")
 }
 
+/// nvcc's arguments for `spec`, the cubin written to `out`: what the build cache runs, and what an
+/// agent's AGENTS.md tells it to run to build the kernel as the judge does.
+pub fn nvcc_args(spec: &BuildSpec, out: &Path) -> Vec<String> {
+    let mut args = vec![
+        "-cubin".to_owned(),
+        "-gencode".to_owned(),
+        gencode(&spec.arch),
+    ];
+    args.extend(spec.flags.iter().cloned());
+    args.extend(["-Xptxas".to_owned(), "-v".to_owned()]);
+    if let Some(dir) = spec.source.parent() {
+        args.push(format!("-I{}", dir.display()));
+    }
+    for (k, v) in &spec.defines {
+        args.push(format!("-D{k}={v}"));
+    }
+    args.push(spec.source.display().to_string());
+    args.push("-o".to_owned());
+    args.push(out.display().to_string());
+    args
+}
+
 pub struct Builder {
     pub toolchain: Toolchain,
     pub cache_dir: PathBuf,
@@ -115,21 +137,7 @@ impl Builder {
         std::fs::create_dir_all(&staging)
             .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
         let mut cmd = tokio::process::Command::new(&self.toolchain.nvcc);
-        cmd.arg("-cubin")
-            .arg("-gencode")
-            .arg(gencode(&spec.arch))
-            .args(&spec.flags)
-            .arg("-Xptxas")
-            .arg("-v");
-        if let Some(dir) = spec.source.parent() {
-            cmd.arg(format!("-I{}", dir.display()));
-        }
-        for (k, v) in &spec.defines {
-            cmd.arg(format!("-D{k}={v}"));
-        }
-        cmd.arg(&spec.source)
-            .arg("-o")
-            .arg(staging.join("kernel.cubin"));
+        cmd.args(nvcc_args(spec, &staging.join("kernel.cubin")));
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

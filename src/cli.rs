@@ -171,18 +171,39 @@ enum Command {
         patience: Option<u32>,
     },
     /// Judge the working tree's edit under kernels/ once, as `step` does (commit or restore), and print the verdict.
+    ///
+    /// The edit is kept as a patch (runs/<id>/attempts/1.patch; `flashtune show-attempt` gives it
+    /// back) and joins the history with its idea and verdict, accepted or not.
     Judge {
+        /// Variant space whose shapes are the cases judged (default: `default_space` in policies.toml).
         #[arg(long)]
         space: Option<PathBuf>,
+        /// The champion variant where HEAD's champion table names none.
         #[arg(long)]
         variant: Option<String>,
+        /// GPU ordinal.
         #[arg(long, default_value_t = 0)]
         gpu: u32,
+        /// Use the test double instead of a GPU: synthetic figures, and an accepted edit goes to
+        /// refs/flashtune/fake/<run>/step-1, never to your branch.
         #[arg(long)]
         fake_gpu: bool,
+        /// If another flashtune run holds the GPU, wait for it instead of exiting with code 5.
         #[arg(long)]
         wait: bool,
-        /// Print the verdict as JSON.
+        /// What the edit tries, in one line: its entry in the history later attempts read.
+        #[arg(long)]
+        idea: Option<String>,
+        /// Print the verdict as JSON (an error as `{"schema_version", "error": {...}}`, with the
+        /// same exit code).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print an earlier attempt's patch (ready for `git apply`), or the whole attempt with --json.
+    ShowAttempt {
+        /// `<run id>/<step>` or `<run id>/<step>.<candidate>`, as `flashtune history` lists them.
+        id: String,
+        /// Print the attempt (idea, verdict, reason, per-case figures, metrics, whole patch) as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -212,12 +233,16 @@ enum Command {
         /// A shape of policies.toml (matched by its geometry, so a renamed shape keeps its history),
         /// or a name the store knows.
         shape: Option<String>,
-        /// Print as JSON.
+        /// Print as JSON: `{"schema_version", "total", "steps": [...]}` without a shape,
+        /// `{"schema_version", "shape", "rows": [...]}` with one.
         #[arg(long)]
         json: bool,
-        /// Only this dtype.
+        /// Only this dtype (with a shape).
         #[arg(long, value_parser = parse_dtype)]
         dtype: Option<crate::config::Dtype>,
+        /// Only the latest N attempts (without a shape).
+        #[arg(long)]
+        last: Option<usize>,
     },
     /// Serve judge, profile, history and context as MCP tools on stdin/stdout, for coding agents.
     ///
@@ -264,6 +289,10 @@ enum McpAction {
         /// The server the snippet starts judges on the test double.
         #[arg(long)]
         fake_gpu: bool,
+        /// Merge the snippet into the agent's config file instead of printing it: the `flashtune`
+        /// server entry is added or replaced, everything else in the file is kept.
+        #[arg(long)]
+        write: bool,
     },
 }
 
@@ -532,17 +561,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 &dtype,
             )
             .await?;
-            let (log, _) = engine::read_run(&run_dir)?;
-            let mut profiled = 0;
-            for (shape, dtype, outcome) in &results {
-                let Some(outcome) = outcome else {
-                    println!(
-                        "{variant} {shape} {dtype}: not built in this run, nothing to profile"
-                    );
-                    continue;
-                };
-                let line = log
-                    .entries
+            let (log, header) = engine::read_run(&run_dir)?;
+            let line_of = |shape: &str, dtype: crate::config::Dtype| {
+                log.entries
                     .iter()
                     .rev()
                     .find_map(|(line, e)| match &e.record {
@@ -551,24 +572,58 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                             shape: s,
                             dtype: d,
                             ..
-                        } if v == &variant && s == shape && d == dtype => Some(*line),
+                        } if v == &variant && s == shape && *d == dtype => Some(*line),
                         _ => None,
-                    });
+                    })
+            };
+            let profiled = results
+                .iter()
+                .filter(|(_, _, o)| {
+                    matches!(o, Some(crate::profile::ProfileOutcome::Profiled { .. }))
+                })
+                .count();
+            let code = if profiled == 0 {
+                ExitCode::from(exit_code::FAILURE)
+            } else {
+                ExitCode::SUCCESS
+            };
+            if run.json {
+                let profiles: Vec<serde_json::Value> = results
+                    .iter()
+                    .map(|(shape, dtype, outcome)| {
+                        serde_json::json!({
+                            "shape": shape,
+                            "dtype": dtype,
+                            "log_line": line_of(shape, *dtype),
+                            "profile": outcome,
+                        })
+                    })
+                    .collect();
+                let doc = serde_json::json!({
+                    "schema_version": crate::pack::JSON_SCHEMA_VERSION,
+                    "run": header.run_id,
+                    "variant": variant,
+                    "synthetic": header.device.fake,
+                    "profiles": profiles,
+                });
+                println!("{}", to_json(&doc)?);
+                return Ok(code);
+            }
+            for (shape, dtype, outcome) in &results {
+                let Some(outcome) = outcome else {
+                    println!(
+                        "{variant} {shape} {dtype}: not built in this run, nothing to profile"
+                    );
+                    continue;
+                };
+                let line = line_of(shape, *dtype);
                 println!(
                     "{variant} {shape} {dtype}: {}",
                     crate::report::profile_summary(outcome, line.unwrap_or(0))
                 );
-                profiled += usize::from(matches!(
-                    outcome,
-                    crate::profile::ProfileOutcome::Profiled { .. }
-                ));
             }
             println!("Logged in {}", run_dir.join("log.jsonl").display());
-            Ok(if profiled == 0 {
-                ExitCode::from(exit_code::FAILURE)
-            } else {
-                ExitCode::SUCCESS
-            })
+            Ok(code)
         }
         Command::Resume {
             run_dir,
@@ -577,6 +632,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         } => {
             let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             if crate::agent::is_agent_session(&run_dir) {
+                if run.json {
+                    return Err(Error::BadInput(
+                        "--json streams a tune run's records; an agent session writes ledger.json and summary.md in its run folder instead".into(),
+                    ));
+                }
                 let (policies, _) = crate::config::Policies::load(&paths.policies())?;
                 let outcome = crate::agent::resume(
                     crate::agent::ResumeOptions {
@@ -668,9 +728,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 executor,
                 when_busy: when_busy(wait),
                 quiet: false,
+                idea: None,
             };
             if agent.is_some() || candidates.is_some() {
-                let (name, command, usage) = crate::agent::AgentOptions::named(
+                let named = crate::agent::AgentOptions::named(
                     &policies,
                     agent.as_deref(),
                     proposer.as_deref(),
@@ -678,13 +739,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 let outcome = crate::agent::session(
                     opts,
                     crate::agent::AgentOptions {
-                        name,
-                        command,
-                        usage,
                         candidates: candidates.unwrap_or(1),
                         max_cost_usd,
                         stop_at_roof,
                         patience,
+                        ..named
                     },
                 )
                 .await?;
@@ -705,18 +764,38 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             gpu,
             fake_gpu,
             wait,
+            idea,
             json,
         } => {
-            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
-            let verdict = crate::agent::judge_working_tree(crate::agent::JudgeOptions {
-                paths,
-                space,
-                variant,
-                device: gpu,
-                executor: executor(fake_gpu, &policies)?,
-                when_busy: when_busy(wait),
-            })
-            .await?;
+            let judged = async {
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                crate::agent::judge_working_tree(crate::agent::JudgeOptions {
+                    paths,
+                    space,
+                    variant,
+                    device: gpu,
+                    executor: executor(fake_gpu, &policies)?,
+                    when_busy: when_busy(wait),
+                    idea,
+                })
+                .await
+            }
+            .await;
+            let verdict = match judged {
+                Ok(v) => v,
+                // A refusal is a document too: a script reading stdout gets the code and message.
+                Err(e) if json => {
+                    let doc = crate::agent::error_document(
+                        crate::agent::error_code(&e),
+                        &e.to_string(),
+                        serde_json::json!({ "exit_code": e.exit_code() }),
+                    );
+                    println!("{}", to_json(&doc)?);
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(e.exit_code()));
+                }
+                Err(e) => return Err(e),
+            };
             if json {
                 println!("{}", to_json(&verdict)?);
             } else {
@@ -754,24 +833,57 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::ShowAttempt { id, json } => {
+            let doc = crate::agent::attempt(&paths, &id)?;
+            if json {
+                println!("{}", to_json(&doc)?);
+            } else {
+                let patch = doc.entry.patch.as_deref().unwrap_or("");
+                if patch.is_empty() {
+                    return Err(Error::BadInput(format!(
+                        "attempt `{id}` changed no file: there is no patch to show"
+                    )));
+                }
+                print!("{patch}");
+                if let Some(idea) = &doc.entry.idea {
+                    eprintln!("# {}: {} ({})", doc.entry.attempt, idea.summary, idea.from);
+                }
+                eprintln!("# verdict: {} — {}", doc.entry.verdict, doc.entry.reason);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::History {
             shape: None,
             json,
-            dtype: _,
+            dtype,
+            last,
         } => {
-            let history = crate::agent::step_history(&paths)?;
+            if dtype.is_some() {
+                return Err(Error::BadInput(
+                    "--dtype filters a shape's history: give a shape (`flashtune history seed --dtype f16`)"
+                        .into(),
+                ));
+            }
+            let history = crate::agent::step_history(&paths, last);
             if json {
                 println!("{}", to_json(&history)?);
             } else {
-                print!("{}", crate::pack::history_md(&history));
+                print!("{}", crate::pack::history_md(&history.steps));
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::History {
             shape: Some(shape),
             dtype,
-            json: _,
+            json,
+            last,
         } => {
+            if last.is_some() {
+                return Err(Error::BadInput(
+                    "--last counts attempts: it goes without a shape (`flashtune history --last 10`)"
+                        .into(),
+                ));
+            }
             let (policies, _) = crate::config::Policies::load(&paths.policies())?;
             let known = policies.shapes.iter().find(|s| s.name == shape);
             let path = crate::store::path(&paths);
@@ -798,7 +910,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     dtype.map_or(String::new(), |d| format!(" in {d}"))
                 )));
             }
-            print!("{}", history_table(&shape, known, &rows));
+            if json {
+                let doc = serde_json::json!({
+                    "schema_version": crate::pack::JSON_SCHEMA_VERSION,
+                    "shape": shape,
+                    "rows": rows,
+                });
+                println!("{}", to_json(&doc)?);
+            } else {
+                print!("{}", history_table(&shape, known, &rows));
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { fake_gpu, action } => match action {
@@ -806,7 +927,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 crate::mcp::serve(crate::mcp::McpOptions { paths, fake_gpu }).await?;
                 Ok(ExitCode::SUCCESS)
             }
-            Some(McpAction::PrintConfig { agent, fake_gpu }) => {
+            Some(McpAction::PrintConfig {
+                agent,
+                fake_gpu,
+                write,
+            }) => {
                 let agent = match agent {
                     AgentArg::Claude => crate::mcp::Agent::Claude,
                     AgentArg::Codex => crate::mcp::Agent::Codex,
@@ -819,13 +944,25 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     Error::BadInput(format!("project root {}: {e}", paths.root.display()))
                 })?;
                 let (file, snippet) = crate::mcp::client_config(agent, &binary, &root, fake_gpu);
-                let place = if file.starts_with('~') {
-                    file
-                } else {
-                    root.join(file).display().to_string()
+                let place = match file.strip_prefix("~/") {
+                    Some(rel) => std::env::var_os("HOME")
+                        .map(PathBuf::from)
+                        .ok_or_else(|| {
+                            Error::BadInput(format!("{file} is under HOME, which is not set"))
+                        })?
+                        .join(rel),
+                    None => root.join(file),
                 };
-                eprintln!("# write this to {place} (merge it with what is there)");
-                print!("{snippet}");
+                if write {
+                    crate::mcp::write_client_config(agent, &place, &snippet)?;
+                    eprintln!("merged the flashtune server into {}", place.display());
+                } else {
+                    eprintln!(
+                        "# belongs in {}; `--write` merges it there, keeping the rest of the file",
+                        place.display()
+                    );
+                    print!("{snippet}");
+                }
                 Ok(ExitCode::SUCCESS)
             }
         },

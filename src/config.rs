@@ -49,6 +49,10 @@ pub struct AgentTemplate {
     /// Which output holds the agent's tokens and dollars (none: `$FLASHTUNE_USAGE_FILE` if written).
     #[serde(default)]
     pub usage: Option<crate::usage::UsageFormat>,
+    /// Environment variables that carry the agent's credentials, any one of which will do. A session
+    /// warns before its first step when none is set (the CLI may still be logged in on its own).
+    #[serde(default)]
+    pub auth_env: Vec<String>,
 }
 
 /// The placeholders an agent template may name.

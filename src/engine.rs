@@ -490,6 +490,7 @@ async fn reduel_across_drift(
         },
         rounds,
         pairs,
+        stop_at_failure: false,
     };
     let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
     let outcome = opts.executor.duel(device.ordinal, request, timeout).await;

@@ -41,7 +41,7 @@ pub enum Error {
     #[error("{0}")]
     GpuBusy(String),
     #[error("{tool} not found: {hint}")]
-    ToolMissing { tool: &'static str, hint: String },
+    ToolMissing { tool: String, hint: String },
     /// Too little free space to start a run.
     #[error("{0}")]
     DiskFull(String),

@@ -253,8 +253,31 @@ impl Executor {
         request: DuelRequest,
         timeout: Duration,
     ) -> WorkerOutcome {
-        self.once(device, &WorkerRequest::Duel(request), timeout)
-            .await
+        self.duel_each(device, request, timeout, |_| {}).await
+    }
+
+    /// A duel whose pairs are handed to `on_pair` as each arrives (a step logs and prints each case
+    /// as it is judged), then returned together as `duel` does.
+    pub async fn duel_each(
+        &self,
+        device: u32,
+        request: DuelRequest,
+        timeout: Duration,
+        mut on_pair: impl FnMut(&DuelResult),
+    ) -> WorkerOutcome {
+        let request = WorkerRequest::Duel(request);
+        match self.start(device) {
+            Ok(mut session) => {
+                session
+                    .request_each(&request, timeout, |m| {
+                        if let WorkerMessage::Duel(d) = m {
+                            on_pair(d);
+                        }
+                    })
+                    .await
+            }
+            Err(end) => WorkerOutcome::ended(end),
+        }
     }
 
     /// The GPU's roofs, measured by a worker of its own.
@@ -323,6 +346,16 @@ async fn keep_tail(
 impl Session {
     /// Send one request and collect its replies until `Done`; anything else ends the session.
     pub async fn request(&mut self, request: &WorkerRequest, timeout: Duration) -> WorkerOutcome {
+        self.request_each(request, timeout, |_| {}).await
+    }
+
+    /// `request`, with each reply also handed to `on_reply` the moment it arrives.
+    pub async fn request_each(
+        &mut self,
+        request: &WorkerRequest,
+        timeout: Duration,
+        mut on_reply: impl FnMut(&WorkerMessage),
+    ) -> WorkerOutcome {
         let mut outcome = WorkerOutcome::new();
         if !self.alive {
             outcome.end = WorkerEnd::Crashed {
@@ -360,7 +393,11 @@ impl Session {
                 if line.trim().is_empty() {
                     continue;
                 }
-                match serde_json::from_str::<WorkerMessage>(&line) {
+                let message = serde_json::from_str::<WorkerMessage>(&line);
+                if let Ok(m) = &message {
+                    on_reply(m);
+                }
+                match message {
                     Ok(WorkerMessage::Device(d)) => outcome.device = Some(d),
                     Ok(WorkerMessage::Case(c)) => outcome.cases.push(*c),
                     Ok(WorkerMessage::Duel(d)) => outcome.duels.push(*d),

@@ -33,6 +33,10 @@ pub struct DuelRequest {
     /// Samples per side, taken alternately: champion, challenger, champion, ...
     pub rounds: usize,
     pub pairs: Vec<DuelPair>,
+    /// Stop after the first pair that cannot be judged (a failed check, a CUDA error): a step's
+    /// edit that is wrong once is wrong, and the remaining cases are not timed.
+    #[serde(default)]
+    pub stop_at_failure: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -254,8 +254,26 @@ pub fn new_run_id() -> String {
     format!("{}-{}-{salt}", &stamp[..8], &stamp[8..14])
 }
 
+/// The one rule for "the kernel sources" that figures are matched on: every `.cu`, `.cuh` and `.h`
+/// under the forward kernel's folder (`kernels/attention`), named relative to that folder. Run
+/// headers (and through them the results store), context packs and profiles all hash with it, so a
+/// `tune` at HEAD and a pack built from HEAD's extracted tree agree. `tree_root`: a checkout or an
+/// extracted tree holding the project's paths; `None` is the project itself.
+pub fn kernel_sources_hash(project: &Project, tree_root: Option<&Path>) -> String {
+    let folder = project
+        .space
+        .family
+        .forward
+        .parent()
+        .unwrap_or(Path::new("kernels"));
+    match tree_root {
+        Some(root) => sources_hash(&root.join(folder)),
+        None => sources_hash(&project.paths.resolve(folder)),
+    }
+}
+
 /// Hash of every CUDA source a kernel build can see (not the champion table beside them).
-pub fn sources_hash(dir: &Path) -> String {
+fn sources_hash(dir: &Path) -> String {
     let mut files: Vec<PathBuf> = walk(dir)
         .into_iter()
         .filter(|p| {
@@ -437,14 +455,6 @@ fn lock_gpu(device: u32, when_busy: WhenBusy) -> Result<std::fs::File> {
 }
 
 pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
-    let kernel_dir = project.paths.resolve(
-        project
-            .space
-            .family
-            .forward
-            .parent()
-            .unwrap_or(Path::new("kernels")),
-    );
     Header {
         schema_version: runlog::SCHEMA_VERSION,
         flashtune_version: env!("CARGO_PKG_VERSION").into(),
@@ -454,7 +464,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         device: device.clone(),
         toolchain: project.toolchain.clone(),
         policies_hash: short_hash(&project.policies_text),
-        kernel_sources_hash: sources_hash(&kernel_dir),
+        kernel_sources_hash: kernel_sources_hash(project, None),
         space: project.space.name.clone(),
         space_path: project.space.path.clone(),
         space_hash: short_hash(&project.space.text),
@@ -506,6 +516,7 @@ pub fn logged_case(
                 shape: s,
                 dtype: d,
                 profile: p,
+                ..
             } if v == variant && s == &shape.name && *d == dtype => {
                 profile = Some(p.clone());
             }
@@ -575,6 +586,66 @@ pub fn logged_case(
     })
 }
 
+/// Profile one case now: Nsight Compute on a GPU (ncu's report and the parsed metrics under
+/// `run_dir/profiles/`), the double's synthetic figures on the fake GPU. `splits`: the KV split the
+/// worker chose for an `auto` variant, where known.
+#[allow(clippy::too_many_arguments)]
+pub async fn profile_now(
+    project: &Project,
+    device: &DeviceInfo,
+    run_dir: &Path,
+    variant: &str,
+    shape: &Shape,
+    dtype: Dtype,
+    params: &crate::space::Params,
+    spec: CaseSpec,
+    splits: Option<u32>,
+) -> Result<crate::profile::ProfileOutcome> {
+    let launch = spec.forward.launch.clone();
+    let policy = &project.policies.profile;
+    if device.fake {
+        return Ok(crate::fakegpu::profile(
+            policy, params, &launch, shape, device,
+        ));
+    }
+    let request = WorkerRequest::Run(RunRequest {
+        measure: MeasureSpec {
+            warmup_ms: 0.0,
+            samples: 0,
+            min_sample_us: 0.0,
+        },
+        cases: vec![spec],
+    });
+    let json = serde_json::to_vec(&request).expect("requests serialize");
+    let profiles = run_dir.join("profiles");
+    std::fs::create_dir_all(&profiles)
+        .with_context(|| format!("cannot create {}", profiles.display()))?;
+    // A split variant launches forward + combine; otherwise, or when the forward merges its
+    // splits itself, the first forward is enough. `auto` is resolved per shape by the worker:
+    // the timed record says what it chose.
+    let splits = splits.unwrap_or(launch.kv_splits);
+    let launches = if splits == 1 || launch.combine_in_forward {
+        1
+    } else {
+        2
+    };
+    let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
+    let outcome = crate::profile::profile(
+        policy,
+        device.ordinal,
+        &json,
+        &base,
+        launches,
+        Duration::from_secs(policy.timeout_s),
+    )
+    .await;
+    // The parsed metrics beside ncu's own report, for tools that read JSON rather than the log.
+    let parsed = serde_json::to_vec_pretty(&outcome).expect("profiles serialize");
+    std::fs::write(base.with_extension("json"), parsed)
+        .with_context(|| format!("cannot write {}", base.with_extension("json").display()))?;
+    Ok(outcome)
+}
+
 /// The run's earlier profile of one case, else a new one (ncu; synthetic on the fake GPU), logged as `profiled`.
 /// `None` when the case was never built in this run, so there is nothing to profile.
 pub async fn profile_case(
@@ -594,59 +665,25 @@ pub async fn profile_case(
     if let Some(earlier) = case.profile {
         return Ok(Some(earlier));
     }
-    let launch = case.spec.forward.launch.clone();
-    let outcome = if device.fake {
-        crate::fakegpu::profile(
-            &project.policies.profile,
-            &case.params,
-            &launch,
-            shape,
-            device,
-        )
-    } else {
-        let request = WorkerRequest::Run(RunRequest {
-            measure: MeasureSpec {
-                warmup_ms: 0.0,
-                samples: 0,
-                min_sample_us: 0.0,
-            },
-            cases: vec![case.spec],
-        });
-        let json = serde_json::to_vec(&request).expect("requests serialize");
-        let profiles = run_dir.join("profiles");
-        std::fs::create_dir_all(&profiles)
-            .with_context(|| format!("cannot create {}", profiles.display()))?;
-        // A split variant launches forward + combine; otherwise, or when the forward merges its
-        // splits itself, the first forward is enough. `auto` is resolved per shape by the worker:
-        // the timed record says what it chose.
-        let splits = case.resolved_splits.unwrap_or(launch.kv_splits);
-        let launches = if splits == 1 || launch.combine_in_forward {
-            1
-        } else {
-            2
-        };
-        let policy = &project.policies.profile;
-        let base = profiles.join(format!("{variant}-{}-{dtype}", shape.name));
-        let outcome = crate::profile::profile(
-            policy,
-            device.ordinal,
-            &json,
-            &base,
-            launches,
-            Duration::from_secs(policy.timeout_s),
-        )
-        .await;
-        // The parsed metrics beside ncu's own report, for tools that read JSON rather than the log.
-        let parsed = serde_json::to_vec_pretty(&outcome).expect("profiles serialize");
-        std::fs::write(base.with_extension("json"), parsed)
-            .with_context(|| format!("cannot write {}", base.with_extension("json").display()))?;
-        outcome
-    };
+    let splits = case.resolved_splits;
+    let outcome = profile_now(
+        project,
+        device,
+        run_dir,
+        variant,
+        shape,
+        dtype,
+        &case.params,
+        case.spec,
+        splits,
+    )
+    .await?;
     events.emit(Record::Profiled {
         variant: variant.to_owned(),
         shape: shape.name.clone(),
         dtype,
         profile: outcome.clone(),
+        sources: None,
     })?;
     Ok(Some(outcome))
 }

@@ -1044,6 +1044,7 @@ impl<'a> RunIndex<'a> {
                     shape,
                     dtype,
                     profile,
+                    ..
                 } => ix.profiles.push(Profile {
                     line,
                     variant,

@@ -207,6 +207,10 @@ pub enum Record {
         shape: String,
         dtype: Dtype,
         profile: crate::profile::ProfileOutcome,
+        /// `run::kernel_sources_hash` of the code profiled, where it is not the header's (a step
+        /// profiles HEAD's champion, whose sources change as the session commits).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sources: Option<String>,
     },
     /// The reference library (PyTorch SDPA) on one shape, timed like the variants.
     BaselineTimed {
@@ -371,6 +375,15 @@ pub enum Record {
         step: u32,
         base_commit: String,
         changed_files: Vec<String>,
+        /// `N files, +A -D` of the edit against the base (logs before it have none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        diff_stat: Option<String>,
+        /// The edit's diff, cut to a bounded length; the whole patch is `attempts/<step>.patch`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        patch: Option<String>,
+        /// What the edit tried, in one line, and where that line came from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idea: Option<Idea>,
     },
     /// HEAD's champion and the edit re-timed interleaved on one (shape, dtype), same inputs.
     Duel {
@@ -402,6 +415,10 @@ pub enum Record {
         /// In an agent session: the candidate committed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         candidate: Option<u32>,
+        /// On the fake GPU: the scratch reference the accepted edit was committed to (never a
+        /// branch: synthetic figures are not committed where a user would build on them).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scratch_ref: Option<String>,
     },
     /// `flashtune step --agent` / `--candidates`: the session's settings, so `flashtune resume` can go on.
     AgentSession(Box<AgentSettings>),
@@ -413,6 +430,9 @@ pub enum Record {
         base_commit: String,
         /// Bytes of AGENTS.md, PROMPT.md and context/ together.
         pack_bytes: u64,
+        /// The earlier near-miss (an attempt id) whose patch the work directory started from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        start_from: Option<String>,
     },
     /// A candidate's agent ended: what it changed against the base, and what it cost.
     CandidateProposed {
@@ -435,6 +455,9 @@ pub enum Record {
         usage: Option<crate::usage::Usage>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         usage_error: Option<String>,
+        /// What the candidate tried, in one line, and where that line came from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        idea: Option<Idea>,
     },
     /// One candidate judged against HEAD's champion (its commit, if it wins, is `step_decided`'s).
     CandidateJudged {
@@ -465,6 +488,15 @@ pub enum Record {
     SessionStopped {
         reason: String,
     },
+}
+
+/// What an attempt tried, in one line: the agent's own words (an `IDEA:` line, else its final
+/// message), a commit message, what it was told to say (`judge --idea`), or failing those its diff.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Idea {
+    pub summary: String,
+    /// `agent`, `commit message`, `caller` or `diff`.
+    pub from: String,
 }
 
 /// How an agent session runs, as its log records it.

@@ -344,6 +344,7 @@ impl Guided<'_> {
                 },
                 rounds,
                 pairs,
+                stop_at_failure: false,
             };
             let timeout = std::time::Duration::from_secs(project.timeouts.worker_s * 2);
             let outcome = self

@@ -148,7 +148,7 @@ pub struct Figure {
 }
 
 /// One run's champion on one (shape, dtype), for `history`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct HistoryRow {
     pub run_id: String,
     pub started_at: String,
@@ -600,6 +600,7 @@ fn write_record_in(
             shape,
             dtype,
             profile: crate::profile::ProfileOutcome::Profiled { bottlenecks, .. },
+            ..
         } => {
             let (Some(run), Some(s), Some(params)) = (
                 &ctx.run,

@@ -100,7 +100,7 @@ pub fn find_nvcc(root: &Path) -> Result<Toolchain> {
 
 fn not_found() -> Error {
     Error::ToolMissing {
-        tool: "nvcc",
+        tool: "nvcc".into(),
         hint: format!(
             "looked at FLASHTUNE_NVCC, PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda and {PROJECT_TOOLS_DIR}; \
              install the CUDA toolkit, or run `{SETUP_HINT}` (installs the pinned nvcc 13.0 from \
@@ -191,7 +191,7 @@ pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
         }
         Err(e) => {
             return Err(Error::ToolMissing {
-                tool: "python3",
+                tool: "python3".into(),
                 hint: format!("{python}: {e}; `flashtune setup` installs nvcc with pip (set PYTHON to choose the interpreter)"),
             })
         }

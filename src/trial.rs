@@ -1680,11 +1680,17 @@ fn answer<D: Device>(
             for pair in &req.pairs {
                 let result = duel(dev, pools, pair, &req.measure, req.rounds);
                 let failed_in_cuda = result.error.is_some();
+                let unjudgeable = failed_in_cuda
+                    || result.challenger.failure().is_some()
+                    || result.champion.failure().is_some();
                 reply(&WorkerMessage::Duel(Box::new(result)));
                 if failed_in_cuda {
                     dev.health_check().map_err(|e| {
                         anyhow!("GPU failed its health check after a kernel error: {e:#}")
                     })?;
+                }
+                if req.stop_at_failure && unjudgeable {
+                    break;
                 }
             }
             Ok(())

@@ -127,6 +127,37 @@ pub fn read(
     Ok(usage)
 }
 
+/// The agent's last message to the user, from its CLI's own output: Claude Code's `result`, Gemini
+/// CLI's `response`, Codex's last `agent_message`. `None` for other formats (a wrapper's stdout is
+/// its own business) or where the output holds none.
+pub fn final_message(format: Option<UsageFormat>, stdout: &str) -> Option<String> {
+    let text = match format? {
+        UsageFormat::Claude => last_json_object(stdout)
+            .ok()?
+            .get("result")?
+            .as_str()?
+            .to_owned(),
+        UsageFormat::Gemini => last_json_object(stdout)
+            .ok()?
+            .get("response")?
+            .as_str()?
+            .to_owned(),
+        UsageFormat::Codex => stdout
+            .lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+            .find(|v| {
+                v.get("type").and_then(Value::as_str) == Some("item.completed")
+                    && v.pointer("/item/type").and_then(Value::as_str) == Some("agent_message")
+            })?
+            .pointer("/item/text")?
+            .as_str()?
+            .to_owned(),
+        UsageFormat::Aider | UsageFormat::File => return None,
+    };
+    (!text.trim().is_empty()).then_some(text)
+}
+
 impl Usage {
     fn total(&mut self) {
         self.input_tokens = self.models.iter().map(|m| m.input_tokens).sum();

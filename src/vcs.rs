@@ -65,6 +65,56 @@ pub fn commit_files_to_branch(
     Ok(commit.to_string())
 }
 
+/// Commit `files` (repository-relative path, new content, or `None` to delete it) on top of the
+/// commit `parent` into the reference `refname` (made or moved), leaving HEAD, every branch, the
+/// index and the working tree alone: where the fake GPU's accepted edits go. Returns the commit id.
+pub fn commit_files_to_ref(
+    root: &Path,
+    parent: &str,
+    files: &[(String, Option<Vec<u8>>)],
+    message: &str,
+    refname: &str,
+) -> Result<String, git2::Error> {
+    let repo = git2::Repository::discover(root)?;
+    let parent = repo.find_commit(git2::Oid::from_str(parent)?)?;
+    let mut index = git2::Index::new()?;
+    index.read_tree(&parent.tree()?)?;
+    for (path, content) in files {
+        match content {
+            Some(bytes) => {
+                let blob = repo.blob(bytes)?;
+                index.add(&index_entry(path, blob, bytes.len()))?;
+            }
+            None => {
+                let _ = index.remove_path(Path::new(path));
+            }
+        }
+    }
+    let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
+    let sig = signature(&repo)?;
+    let commit = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
+    repo.reference(refname, commit, true, "flashtune: synthetic step")?;
+    Ok(commit.to_string())
+}
+
+/// References under `prefix` (e.g. `refs/flashtune/fake/<run>/`) with the commit each points at.
+pub fn refs_under(root: &Path, prefix: &str) -> Vec<(String, String)> {
+    let Ok(repo) = git2::Repository::discover(root) else {
+        return Vec::new();
+    };
+    let Ok(refs) = repo.references_glob(&format!("{prefix}*")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for r in refs {
+        let Ok(r) = r else { continue };
+        if let (Ok(name), Ok(commit)) = (r.name(), r.peel_to_commit()) {
+            out.push((name.to_owned(), commit.id().to_string()));
+        }
+    }
+    out
+}
+
 /// Commit the working-tree state of `paths` on the current branch (HEAD moves).
 pub fn commit_paths(root: &Path, paths: &[String], message: &str) -> Result<String, git2::Error> {
     let repo = git2::Repository::discover(root)?;

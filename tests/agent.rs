@@ -1,5 +1,6 @@
 //! Agent sessions on the fake GPU: best of N in worktrees, the history the next pack shows, the usage adapters on real CLI outputs, the cost limit, and a killed session resumed with nothing half-done.
 mod common;
+use common::gitstate::{file_at, scratch_commits};
 use common::*;
 use flashtune::runlog::Record;
 use flashtune::usage::{self, PriceTable, UsageFormat};
@@ -44,13 +45,16 @@ fn worktrees(dir: &Path) -> usize {
 }
 
 /// A scripted proposer: candidate 1 faster, 2 slower, 3 wrong (the fake GPU reads the marker in
-/// the cubin); each says what it cost through $FLASHTUNE_USAGE_FILE. From step 2 on, no edits.
+/// the cubin); each says what it cost through $FLASHTUNE_USAGE_FILE and what it tried in an IDEA
+/// line. From step 2 on, no edits; each writes down the last verdict it was given.
 const THREE: &str = r#"
 case "$FLASHTUNE_CANDIDATE" in 1) m='time x0.80';; 2) m='time x1.30';; *) m='fault FAULT_WRONG';; esac
 echo "{\"model\": \"scripted\", \"input_tokens\": 1000, \"output_tokens\": 100, \"usd\": 0.25}" > "$FLASHTUNE_USAGE_FILE"
 test -f AGENTS.md && test -f PROMPT.md && test -f context/history.json || exit 9
+echo "$FLASHTUNE_LAST_VERDICT|$FLASHTUNE_LAST_REASON|$FLASHTUNE_LAST_REPORT|$FLASHTUNE_RUN_DIR" > "$FLASHTUNE_WORKDIR.agent/env.txt"
 [ "$FLASHTUNE_STEP" = 1 ] || exit 0
 printf '\n__device__ char flashtune_fake_c%s[] = "flashtune-fake: %s";\n' "$FLASHTUNE_CANDIDATE" "$m" >> kernels/attention/forward.cu
+echo "IDEA: candidate $FLASHTUNE_CANDIDATE tries $m"
 "#;
 
 #[test]
@@ -63,16 +67,22 @@ fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let (after, message) = head(dir.path());
-    assert_ne!(after, before, "{t}");
+    // On the fake GPU the winner goes to a scratch ref: the branch and the working tree stay as they were.
+    assert_eq!(head(dir.path()).0, before, "{t}");
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(scratch.len(), 1, "{scratch:?}");
+    let (_, after, message) = scratch[0].clone();
     assert!(message.contains("Flashtune-Candidate: 1 of 3"), "{message}");
-    let committed = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let committed = file_at(dir.path(), &after, FORWARD);
     assert!(
         committed.contains("time x0.80")
             && !committed.contains("time x1.30")
             && !committed.contains("FAULT_WRONG"),
         "only the faster candidate's edit is committed"
     );
+    assert!(!std::fs::read_to_string(dir.path().join(FORWARD))
+        .unwrap()
+        .contains("time x0.80"));
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
     assert_eq!(
         worktrees(dir.path()),
@@ -101,8 +111,46 @@ fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
         !judged[2].1 && judged[2].2.contains("fails its checks"),
         "{judged:?}"
     );
+    // The candidates' own words are their ideas; every patch is kept whatever the verdict.
+    // In the order the agents ended.
+    let mut ideas: Vec<String> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::CandidateProposed {
+                step: 1,
+                idea: Some(i),
+                ..
+            } => Some(format!("{} ({})", i.summary, i.from)),
+            _ => None,
+        })
+        .collect();
+    ideas.sort();
+    assert_eq!(
+        ideas,
+        [
+            "candidate 1 tries time x0.80 (agent)",
+            "candidate 2 tries time x1.30 (agent)",
+            "candidate 3 tries fault FAULT_WRONG (agent)"
+        ]
+    );
+    for k in 1..=3 {
+        assert!(run.join(format!("attempts/1.{k}.patch")).is_file());
+    }
+    // Step 2's candidates were told what step 1 decided, as any proposer is.
+    let env = std::fs::read_to_string(run.join("step-2/cand-1.agent/env.txt")).unwrap();
+    let fields: Vec<&str> = env.trim().split('|').collect();
+    assert_eq!(fields[0], "accepted", "{env}");
+    assert!(fields[1].starts_with("candidate 1:"), "{env}");
+    assert!(
+        fields[2].ends_with("step-1.md") && Path::new(fields[2]).is_file(),
+        "{env}"
+    );
+    assert!(Path::new(fields[3]).join("log.jsonl").is_file(), "{env}");
     assert!(records.iter().any(|r| matches!(r,
-        Record::StepDecided { step: 1, accepted: true, candidate: Some(1), commit: Some(c), .. } if *c == after)));
+        Record::StepDecided { step: 1, accepted: true, candidate: Some(1), commit: Some(c), scratch_ref: Some(_), .. } if *c == after)));
+    // Step 2 built on step 1's scratch commit, not on the branch.
+    assert!(records.iter().any(|r| matches!(r,
+        Record::CandidateStarted { step: 2, base_commit, .. } if *base_commit == after)));
     // Step 2's pack, written before its agents ran, holds all three candidates of step 1.
     let history: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(run.join("step-2/pack/context/history.json")).unwrap(),
@@ -138,24 +186,53 @@ fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
     assert_eq!(step1_costs, [0.25, 0.25, 0.25]);
     let agents_md = std::fs::read_to_string(run.join("step-2/pack/AGENTS.md")).unwrap();
     assert!(agents_md.len() <= 32 * 1024 && agents_md.contains("kernels/attention/reference.cu"));
+    assert!(
+        agents_md.contains("IDEA:") && agents_md.contains("nvcc -cubin") && agents_md.contains("`attempt`"),
+        "AGENTS.md says how to report an idea, build locally, and which MCP tools exist:\n{agents_md}"
+    );
     let prompt = std::fs::read_to_string(run.join("step-2/pack/PROMPT.md")).unwrap();
     assert!(
         prompt.contains("small") && prompt.contains("µs"),
         "{prompt}"
     );
+    // The champion was profiled at the session's start: speed of light and bottleneck in the pack.
+    assert!(
+        prompt.contains("speed of light: SM") && prompt.contains("evidence: "),
+        "{prompt}"
+    );
+    // Tried and failed: the slower and the wrong candidate, by their ideas.
+    let avoid = &prompt[prompt.find("## Tried and failed").expect(&prompt)..];
+    assert!(
+        avoid.contains("candidate 2 tries time x1.30") && avoid.contains("candidate 3 tries fault"),
+        "{avoid}"
+    );
     let summary = std::fs::read_to_string(run.join("summary.md")).unwrap();
     assert!(
-        summary.contains("committed: 1") && summary.contains("$1.500"),
+        summary.contains("committed: 1")
+            && summary.contains("$1.500")
+            && summary.contains("Synthetic"),
         "{summary}"
     );
+    let ledger: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("ledger.json")).unwrap()).unwrap();
+    schema::check("ledger", &ledger);
+    assert_eq!(ledger["synthetic"], true);
+    assert_eq!(ledger["rows"][0]["idea"], "candidate 1 tries time x0.80");
     // The same history through the CLI, as an agent without MCP reads it.
     let listed = flashtune(dir.path(), &["history", "--json"]);
     assert!(listed.status.success(), "{}", text(&listed));
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    schema::check("history", &listed);
+    assert_eq!(listed["total"], 6, "2 steps x 3 candidates");
+    assert_eq!(listed["steps"].as_array().unwrap().len(), 6);
+    let last = flashtune(dir.path(), &["history", "--json", "--last", "2"]);
+    let last: serde_json::Value = serde_json::from_slice(&last.stdout).unwrap();
     assert_eq!(
-        listed.as_array().unwrap().len(),
-        6,
-        "2 steps x 3 candidates"
+        (
+            last["total"].as_u64(),
+            last["steps"].as_array().map(Vec::len)
+        ),
+        (Some(6), Some(2))
     );
     let context = flashtune(
         dir.path(),
@@ -163,12 +240,13 @@ fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
     );
     assert!(context.status.success(), "{}", text(&context));
     let context: serde_json::Value = serde_json::from_slice(&context.stdout).unwrap();
-    assert_eq!(context["base_commit"], after.as_str());
+    schema::check("context", &context);
+    assert_eq!(context["base_commit"], before.as_str());
     assert!(
         context["cases"][0]["champion_us"]["value"]
             .as_f64()
             .is_some(),
-        "HEAD's figure comes from step 1's winning duel: {context}"
+        "HEAD's figure comes from step 1's duels: {context}"
     );
 }
 
@@ -330,7 +408,7 @@ fn cost_limit_and_patience_stop_a_session() {
         &std::fs::read_to_string(only_run(dir.path()).join("ledger.json")).unwrap(),
     )
     .unwrap();
-    assert!(ledger[0]["usd"].is_null(), "{ledger}");
+    assert!(ledger["rows"][0]["usd"].is_null(), "{ledger}");
 }
 
 #[test]
@@ -404,15 +482,16 @@ fi
     let out = flashtune(dir.path(), &["resume", &run_id, "--fake-gpu"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let (after, message) = head(dir.path());
-    assert_ne!(after, before, "{t}");
+    // The fake GPU's winner is on the step's scratch ref; the branch and the tree are as before.
+    assert_eq!(head(dir.path()).0, before, "{t}");
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(scratch.len(), 1, "{scratch:?}");
+    let (_, kept, message) = &scratch[0];
     assert!(message.contains("Flashtune-Candidate: 1 of 2"), "{message}");
+    let won = file_at(dir.path(), kept, FORWARD);
+    assert!(won.contains("time x0.80") && !won.contains("half an edit"));
     let now = std::fs::read_to_string(&fwd).unwrap();
-    assert!(
-        now.contains("time x0.80")
-            && !now.contains("never committed")
-            && !now.contains("half an edit")
-    );
+    assert_eq!(now, original, "the tree is back at HEAD");
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
     assert_eq!(worktrees(dir.path()), 0);
     let records = records(&run);
@@ -443,23 +522,244 @@ fi
 }
 
 #[test]
-fn judge_json_commits_a_faster_edit_with_its_verdict() {
+fn judge_json_keeps_a_faster_fake_edit_off_the_branch_and_says_so() {
     let dir = repo_project();
-    mark_forward(dir.path(), "time x0.80");
+    let (before, _) = head(dir.path());
+    let original = mark_forward(dir.path(), "time x0.80");
+    let out = fake_judge_json(dir.path(), &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    schema::check("verdict", &doc);
+    let v: flashtune::agent::JudgeVerdict = serde_json::from_value(doc).unwrap();
+    assert!(v.accepted && v.synthetic, "{v:?}");
+    assert_eq!(head(dir.path()).0, before);
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(v.commit.as_deref(), Some(scratch[0].1.as_str()));
+    assert_eq!(v.scratch_ref.as_deref(), Some(scratch[0].0.as_str()));
+    assert_eq!(v.changed_files, [FORWARD]);
+    assert_eq!(v.restored, [FORWARD]);
+    assert!(v.cases[0].gain.unwrap() > 0.2, "{v:?}");
+    assert_eq!(v.idea.as_ref().unwrap().from, "diff");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    // A refusal is a JSON document too, with the exit code it explains.
+    let out = fake_judge_json(dir.path(), &["--variant", "no-such-variant"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    schema::check("error", &err);
+    assert_eq!(err["error"]["code"], "bad_input");
+    assert_eq!(err["error"]["exit_code"], 2);
+    // The schema is not a formality: a verdict without its cases is refused.
+    let mut broken = serde_json::from_slice::<serde_json::Value>(
+        &flashtune(dir.path(), &["history", "--json"]).stdout,
+    )
+    .unwrap();
+    broken["steps"][0].as_object_mut().unwrap().remove("cases");
+    assert!(!schema::is_valid("history", &broken));
+    // --json is honoured or refused, never ignored.
+    let dtype_alone = flashtune(dir.path(), &["history", "--dtype", "f16"]);
+    assert_eq!(dtype_alone.status.code(), Some(2), "{}", text(&dtype_alone));
+}
+
+#[test]
+fn tune_then_context_in_a_fresh_repository_gives_heads_figures() {
+    let dir = repo_project();
     let out = flashtune(
         dir.path(),
-        &[
-            "judge",
-            "--json",
-            "--fake-gpu",
-            "--space",
-            "variants/step-ci.toml",
-        ],
+        &["tune", "--fake-gpu", "--space", "variants/step-ci.toml"],
     );
     assert!(out.status.success(), "{}", text(&out));
-    let v: flashtune::agent::JudgeVerdict = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(v.accepted && v.fake_gpu, "{v:?}");
-    assert_eq!(v.commit.as_deref(), Some(head(dir.path()).0.as_str()));
-    assert_eq!(v.changed_files, [FORWARD]);
-    assert!(v.duels[0].gain.unwrap() > 0.2, "{v:?}");
+    let tune = run_dir_from(&out);
+    let tune_id = tune.file_name().unwrap().to_str().unwrap();
+    let context = flashtune(
+        dir.path(),
+        &["context", "--json", "--space", "variants/step-ci.toml"],
+    );
+    assert!(context.status.success(), "{}", text(&context));
+    let context: serde_json::Value = serde_json::from_slice(&context.stdout).unwrap();
+    schema::check("context", &context);
+    let case = &context["cases"][0];
+    assert!(case["champion_us"]["value"].as_f64().is_some(), "{context}");
+    assert!(
+        case["champion_us"]["from"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("run {tune_id} line")),
+        "{case}"
+    );
+    // A profile of that run's champion (the fake GPU's tune skips ncu; `profile` takes one) is of
+    // HEAD's sources by the same rule.
+    let variant = case["variant"].as_str().unwrap();
+    let out = flashtune(
+        dir.path(),
+        &["profile", tune_id, variant, "--fake-gpu", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let profiled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(profiled["schema_version"], 1, "{profiled}");
+    assert_eq!(profiled["synthetic"], true, "{profiled}");
+    let context = flashtune(
+        dir.path(),
+        &["context", "--json", "--space", "variants/step-ci.toml"],
+    );
+    let context: serde_json::Value = serde_json::from_slice(&context.stdout).unwrap();
+    let case = &context["cases"][0];
+    assert_eq!(case["bottleneck"]["same_sources"], true, "{case}");
+    assert!(
+        case["bottleneck"]["speed_of_light"]["sm_pct"]
+            .as_f64()
+            .is_some(),
+        "{case}"
+    );
+    let prompt = flashtune(dir.path(), &["context", "--space", "variants/step-ci.toml"]);
+    let prompt = String::from_utf8_lossy(&prompt.stdout);
+    assert!(
+        !prompt.contains("HEAD unknown") && !prompt.contains("other kernel sources"),
+        "{prompt}"
+    );
+}
+
+/// Step 1: candidate 1 comes close (1% slower, correct), candidate 2 is far slower. Step 2: both
+/// make no edit of their own; the last candidate starts from the near miss.
+const NEAR: &str = r#"
+echo '{"input_tokens": 1, "output_tokens": 1, "usd": 0.0}' > "$FLASHTUNE_USAGE_FILE"
+[ "$FLASHTUNE_STEP" = 1 ] || exit 0
+case "$FLASHTUNE_CANDIDATE" in 1) m='time x1.01';; *) m='time x1.30';; esac
+printf '\n__device__ char flashtune_fake_n%s[] = "flashtune-fake: %s";\n' "$FLASHTUNE_CANDIDATE" "$m" >> kernels/attention/forward.cu
+echo "IDEA: near $m"
+"#;
+
+#[test]
+fn a_near_miss_is_archived_and_a_later_candidate_starts_from_it() {
+    let dir = repo_project();
+    let out = session(
+        dir.path(),
+        &["--candidates", "2", "--proposer", NEAR, "--steps", "2"],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let run = only_run(dir.path());
+    let id = |s: u32, k: u32| format!("{}/{s}.{k}", run.file_name().unwrap().to_str().unwrap());
+    let pack: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(run.join("step-2/pack/context/ideas.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(pack["worth_retrying"][0]["attempt"], id(1, 1), "{pack}");
+    assert_eq!(pack["worth_retrying"][0]["idea"], "near time x1.01");
+    assert_eq!(pack["avoid"][0]["attempt"], id(1, 2), "{pack}");
+    assert!(run
+        .join("step-2/pack")
+        .join(format!(
+            "context/attempts/{}.patch",
+            id(1, 1).replace('/', "_")
+        ))
+        .is_file());
+    let records = records(&run);
+    assert!(records.iter().any(|r| matches!(r,
+        Record::CandidateStarted { step: 2, candidate: 2, start_from: Some(s), .. } if *s == id(1, 1))));
+    assert!(records.iter().any(|r| matches!(
+        r,
+        Record::CandidateStarted {
+            step: 2,
+            candidate: 1,
+            start_from: None,
+            ..
+        }
+    )));
+    // Its agent added nothing, so its edit is the near miss itself, judged again.
+    let patch = records.iter().find_map(|r| match r {
+        Record::CandidateProposed {
+            step: 2,
+            candidate: 2,
+            patch,
+            ..
+        } => Some(patch.clone()),
+        _ => None,
+    });
+    assert!(patch.unwrap().contains("time x1.01"));
+}
+
+#[test]
+fn a_missing_agent_is_refused_before_the_first_step() {
+    let dir = repo_project();
+    let out = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
+        .args(["--agent", "claude", "--steps", "3"])
+        .env("PATH", "/usr/bin:/bin")
+        .env_remove("ANTHROPIC_API_KEY")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(4), "{t}");
+    assert!(t.contains("claude") && t.contains("not on PATH"), "{t}");
+    assert!(!dir.path().join("runs").exists(), "no run started: {t}");
+    // Installed but without its key: a warning, and the session goes on.
+    let bin = tempfile::tempdir().unwrap();
+    let fake = bin.path().join("claude");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho '{\"result\": \"IDEA: nothing\", \"modelUsage\": {}}'\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
+        .args(["--agent", "claude", "--steps", "1"])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.path().display()))
+        .env_remove("ANTHROPIC_API_KEY")
+        .env_remove("CLAUDE_CODE_OAUTH_TOKEN")
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("warning: none of ANTHROPIC_API_KEY"), "{t}");
+}
+
+#[test]
+fn stop_at_roof_reads_the_best_known_figures_before_the_first_step() {
+    let dir = repo_project();
+    // A judged edit leaves HEAD's figures in the logs; the session's own duels are not needed.
+    mark_forward(dir.path(), "time x1.30");
+    let out = flashtune(
+        dir.path(),
+        &["judge", "--fake-gpu", "--space", "variants/step-ci.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let out = session(
+        dir.path(),
+        &[
+            "--candidates",
+            "1",
+            "--proposer",
+            "true",
+            "--steps",
+            "5",
+            "--stop-at-roof",
+            "0.000001",
+        ],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("stopped: roof: every case's champion is at"),
+        "{t}"
+    );
+    let session_run = only_run_holding(dir.path(), "ledger.json");
+    let records = records(&session_run);
+    assert!(
+        !records
+            .iter()
+            .any(|r| matches!(r, Record::CandidateStarted { .. })),
+        "no step started: {t}"
+    );
 }

@@ -255,7 +255,8 @@ fn gemini_cli_as_a_named_agent_has_its_edit_committed_and_its_usage_in_the_ledge
     let ledger: Value =
         serde_json::from_str(&std::fs::read_to_string(session.join("ledger.json")).unwrap())
             .unwrap();
-    let row = &ledger[0];
+    assert_eq!(ledger["synthetic"], true, "{ledger}");
+    let row = &ledger["rows"][0];
     assert_eq!(row["verdict"], "committed", "{ledger}");
     let tokens = row["input_tokens"].as_u64().unwrap_or(0)
         + row["cached_input_tokens"].as_u64().unwrap_or(0)
@@ -297,6 +298,10 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
     let mut merged: Value =
         serde_json::from_str(&std::fs::read_to_string(&settings).unwrap()).unwrap();
     let snippet: Value = serde_json::from_slice(&out.stdout).expect("print-config prints JSON");
+    assert_eq!(
+        snippet["mcpServers"]["flashtune"]["trust"], true,
+        "{snippet}"
+    );
     merged["mcpServers"] = snippet["mcpServers"].clone();
     std::fs::write(&settings, merged.to_string()).unwrap();
 
@@ -331,29 +336,29 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
                 .is_some_and(|n| n.ends_with("judge"))
                 .then(|| f["response"].to_string())
         })
-        .last()
+        .next_back()
         .unwrap_or_else(|| panic!("the CLI never returned a judge result to the model: {t}"));
     assert!(
         verdict.contains(r#"\"accepted\":true"#) || verdict.contains(r#""accepted":true"#),
         "{verdict}"
     );
-    let (after, message) = head(root);
-    assert_ne!(after, before, "{t}");
-    assert!(message.contains("Flashtune-Step: "), "{message}");
+    assert_edit_committed(root, &before, marker, &t);
+    let (_, after, _) = scratch_commits(root).pop().unwrap();
     assert!(verdict.contains(&after), "{verdict}");
-    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
 }
 
-/// The agent's edit (the marker in forward.cu) is HEAD's new commit, with step's trailers, and
-/// nothing is left uncommitted.
+/// The agent's edit (the marker in forward.cu) is committed with step's trailers, on the fake GPU
+/// to a scratch ref (never the branch, which stays at `before`), and nothing is left uncommitted.
 fn assert_edit_committed(root: &Path, before: &str, marker: &str, output: &str) {
-    let (after, message) = head(root);
-    assert_ne!(
-        after, before,
-        "the agent's edit was not committed:\n{output}"
-    );
+    assert_eq!(head(root).0, before, "the branch moved:\n{output}");
+    let scratch = scratch_commits(root);
+    let Some((_, commit, message)) = scratch.last() else {
+        panic!("the agent's edit was not committed:\n{output}");
+    };
     assert!(message.contains("Flashtune-Speedup: "), "{message}");
-    assert!(std::fs::read_to_string(root.join(FORWARD))
+    assert!(message.contains("Flashtune-Step: "), "{message}");
+    assert!(file_at(root, commit, FORWARD).contains(marker));
+    assert!(!std::fs::read_to_string(root.join(FORWARD))
         .unwrap()
         .contains(marker));
     assert!(dirty(root).is_empty(), "{:?}", dirty(root));

@@ -1,6 +1,7 @@
 //! `flashtune mcp` driven by a real MCP client (rmcp's) over stdio, on the fake GPU with real nvcc builds: a faster edit committed; a wrong edit, an edit outside the scope and a cheat refused and restored; bad arguments and a second judge answered with structured errors while the server goes on.
 mod common;
 use common::gitstate::*;
+use common::schema;
 use common::*;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
@@ -26,10 +27,22 @@ async fn call(client: &Client, tool: &str, args: Value) -> (bool, Value) {
     let params = CallToolRequestParams::new(tool.to_owned())
         .with_arguments(args.as_object().expect("arguments object").clone());
     let result: CallToolResult = client.call_tool(params).await.expect("tools/call answered");
-    (
-        result.is_error == Some(true),
-        result.structured_content.expect("structured content"),
-    )
+    let doc = result.structured_content.expect("structured content");
+    // Every answer is one of the workbench's documents, `schema_version` and all.
+    let failed = result.is_error == Some(true);
+    let def = if failed {
+        "error"
+    } else if doc["status"] == "running" {
+        "running"
+    } else {
+        match tool {
+            "judge" | "judge_status" if doc.get("verdict").is_some() => "verdict",
+            "judge_status" | "profile" => "profile",
+            other => other,
+        }
+    };
+    schema::check(def, &doc);
+    (failed, doc)
 }
 
 /// Every judge here is on the one-variant, one-shape space: the default space has shapes the test
@@ -84,7 +97,6 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         json!(binary().canonicalize().unwrap().display().to_string())
     );
     std::fs::write(root.join(".mcp.json"), &out.stdout).unwrap();
-    let original = read(root, FORWARD);
     let client = connect(root).await;
 
     let tools = client.list_all_tools().await.unwrap();
@@ -98,10 +110,48 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
             "{name} needs a description an agent can act on"
         );
     }
-    let (failed, ctx) = call(&client, "context", json!({})).await;
+    // AGENTS.md names every tool the server has.
+    for (name, _) in flashtune::pack::MCP_TOOLS {
+        assert!(tools.iter().any(|t| t.name == *name), "no tool {name}");
+    }
+    let (failed, ctx) = call(&client, "context", on_small(json!({}))).await;
     assert!(!failed, "{ctx}");
     assert_eq!(ctx["edit_scope"], "kernels/");
     assert!(ctx["protected"].to_string().contains("tuned.toml"), "{ctx}");
+    // The same document `flashtune context --json` prints.
+    let cli = flashtune(
+        root,
+        &["context", "--json", "--space", "variants/step-ci.toml"],
+    );
+    let cli: Value = serde_json::from_slice(&cli.stdout).unwrap();
+    assert_eq!(cli, ctx);
+    // A missing file inside the project is not found; a path outside it is refused as such.
+    let (failed, v) = call(&client, "context", json!({ "space": "variants/nope.toml" })).await;
+    assert!(failed && v["error"]["code"] == "not_found", "{v}");
+    let (failed, v) = call(&client, "context", json!({ "space": "../../outside.toml" })).await;
+    assert!(
+        failed && v["error"]["code"] == "path_outside_project",
+        "{v}"
+    );
+    // An argument of the wrong type: JSON-RPC invalid params, with the error document as its data.
+    let params = CallToolRequestParams::new("judge")
+        .with_arguments(json!({ "wait_s": "soon" }).as_object().unwrap().clone());
+    match client.call_tool(params).await {
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{e:?}");
+            let data = e.data.expect("structured data");
+            schema::check("error", &data);
+            assert_eq!(data["error"]["code"], "bad_argument", "{data}");
+            assert!(
+                data["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("wait_s"),
+                "{data}"
+            );
+        }
+        other => panic!("a wrong type must be invalid params, not {other:?}"),
+    }
 
     // Bad arguments: structured errors, and the server goes on.
     let (failed, v) = call(
@@ -128,7 +178,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
 
     // A faster edit: a job that returns at once, a second judge refused while it runs, then the verdict.
     let (before, _) = head(root);
-    mark_forward(root, "time x0.80");
+    let champion = mark_forward(root, "time x0.80");
     let edited = read(root, FORWARD);
     let (failed, first) = call(&client, "judge", on_small(json!({ "wait_s": 0 }))).await;
     assert!(!failed && first["status"] == "running", "{first}");
@@ -140,31 +190,45 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
     let (failed, v) = poll(&client, &job).await;
     assert!(!failed, "{v}");
     assert_eq!(v["accepted"], true, "{v}");
-    let (after, message) = head(root);
-    assert_ne!(after, before);
+    // The fake GPU's verdict is committed to a scratch ref, never the branch; the tree goes back.
+    assert_eq!(head(root).0, before);
+    let scratch = scratch_commits(root);
+    let (_, after, message) = scratch.last().expect("a scratch commit").clone();
     assert_eq!(v["commit"], json!(after));
+    assert_eq!(v["synthetic"], true);
     assert!(message.contains("Flashtune-Step: "), "{message}");
-    assert_eq!(read(root, FORWARD), edited);
+    assert_eq!(file_at(root, &after, FORWARD), edited);
+    assert_eq!(read(root, FORWARD), champion);
     assert_eq!(
         dirty(root),
         [".mcp.json"],
         "only the snippet stays uncommitted"
     );
-    let cases = v["duels"].as_array().unwrap();
+    let cases = v["cases"].as_array().unwrap();
     assert!(
         !cases.is_empty() && cases.iter().all(|c| c["gain"].as_f64() > Some(0.1)),
         "{v}"
     );
 
-    // A wrong edit: refused and restored.
-    let champion = read(root, FORWARD);
+    // A wrong edit: refused and restored, and its patch comes back from `attempt`.
     mark_forward(root, "fault FAULT_WRONG");
-    let (failed, v) = judge(&client, json!({})).await;
+    let (failed, v) = judge(&client, json!({ "idea": "skip the softmax rescale" })).await;
     assert!(!failed, "{v}");
     assert_eq!(v["accepted"], false, "{v}");
     assert!(v["reason"].as_str().unwrap().contains("relative L2"), "{v}");
+    assert_eq!(v["idea"]["summary"], "skip the softmax rescale");
     assert_eq!(read(root, FORWARD), champion);
-    assert_eq!(head(root).0, after);
+    assert_eq!(head(root).0, before);
+    let (failed, a) = call(&client, "attempt", json!({ "id": v["attempt"] })).await;
+    assert!(!failed, "{a}");
+    assert!(a["patch"].as_str().unwrap().contains("FAULT_WRONG"), "{a}");
+    let (failed, a) = call(
+        &client,
+        "attempt",
+        json!({ "id": "20990101-000000-abcd/1" }),
+    )
+    .await;
+    assert!(failed && a["error"]["code"] == "not_found", "{a}");
 
     // An edit outside the scope (the policies, a stray file, the oracle): all of it undone unjudged.
     let policies = read(root, "policies.toml");
@@ -193,7 +257,15 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
     assert_eq!(read(root, FORWARD), champion);
     assert!(!root.join("stray.txt").exists());
     assert_eq!(dirty(root), [".mcp.json"]);
-    assert_eq!(head(root).0, after);
+    assert_eq!(head(root).0, before);
+    // Refused before any build, yet kept: its patch (the stray file included) is in the history.
+    let (failed, a) = call(&client, "attempt", json!({ "id": v["attempt"] })).await;
+    assert!(!failed, "{a}");
+    let patch = a["patch"].as_str().unwrap();
+    assert!(
+        patch.contains("stray.txt") && patch.contains("time x0.50"),
+        "{patch}"
+    );
 
     // A cheat (outputs cached by pointer): refused by name and restored.
     std::fs::write(
@@ -212,8 +284,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         "{v}"
     );
     assert_eq!(read(root, FORWARD), champion);
-    assert_eq!(head(root).0, after);
-    assert_ne!(read(root, FORWARD), original);
+    assert_eq!(head(root).0, before);
 
     // The history holds every judged step, in order.
     let (failed, h) = call(&client, "history", json!({})).await;
@@ -224,6 +295,65 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         .iter()
         .map(|s| s["verdict"].as_str().unwrap_or("none"))
         .collect();
-    assert_eq!(verdicts, ["committed", "rejected", "rejected"], "{h}");
+    assert_eq!(
+        verdicts,
+        ["committed", "rejected", "rejected", "rejected"],
+        "{h}"
+    );
     client.cancel().await.unwrap();
+}
+
+#[test]
+fn print_config_write_merges_into_the_agents_files_and_keeps_them_valid() {
+    let dir = repo_project();
+    let home = tempfile::tempdir().unwrap();
+    let codex = home.path().join(".codex/config.toml");
+    std::fs::create_dir_all(codex.parent().unwrap()).unwrap();
+    std::fs::write(
+        &codex,
+        "# my settings\nmodel = \"gpt-x\"\n\n[mcp_servers.other]\ncommand = \"other\"\n",
+    )
+    .unwrap();
+    let print = |agent: &str| {
+        std::process::Command::new(binary())
+            .arg("--root")
+            .arg(dir.path())
+            .args(["mcp", "print-config", "--agent", agent, "--write"])
+            .env("HOME", home.path())
+            .output()
+            .unwrap()
+    };
+    // Twice: the second replaces the first, where `>>` twice made invalid TOML.
+    for _ in 0..2 {
+        let out = print("codex");
+        assert!(out.status.success(), "{}", text(&out));
+    }
+    let written = std::fs::read_to_string(&codex).unwrap();
+    let parsed: toml::Table = toml::from_str(&written).expect("valid TOML");
+    let servers = parsed["mcp_servers"].as_table().unwrap();
+    assert!(
+        servers.contains_key("other") && servers.contains_key("flashtune"),
+        "{written}"
+    );
+    assert!(written.starts_with("# my settings"), "{written}");
+    assert_eq!(
+        written.matches("[mcp_servers.flashtune]").count(),
+        1,
+        "{written}"
+    );
+    // A JSON file keeps its other servers.
+    std::fs::write(
+        dir.path().join(".mcp.json"),
+        r#"{"mcpServers": {"other": {"command": "other"}}}"#,
+    )
+    .unwrap();
+    let out = print("claude");
+    assert!(out.status.success(), "{}", text(&out));
+    let merged: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(".mcp.json")).unwrap())
+            .unwrap();
+    assert!(
+        merged["mcpServers"]["other"].is_object() && merged["mcpServers"]["flashtune"].is_object(),
+        "{merged}"
+    );
 }

@@ -1,5 +1,6 @@
 //! `flashtune step` on temporary git repositories with the fake GPU: edits reverted or committed, proposers kept in their scope. Builds are real nvcc builds.
 mod common;
+use common::gitstate::{file_at, scratch_commits};
 use common::*;
 use flashtune::runlog::{self, Record};
 use std::path::{Path, PathBuf};
@@ -99,35 +100,119 @@ fn a_slower_edit_is_reverted_and_the_log_says_why() {
 }
 
 #[test]
-fn a_faster_edit_is_committed_with_trailers() {
+fn a_fake_step_refuses_to_commit_to_the_branch_and_keeps_the_edit_on_a_scratch_ref() {
     let dir = repo_project();
     let (before, _) = head(dir.path());
-    mark_forward(dir.path(), "time x0.80");
+    let original = mark_forward(dir.path(), "time x0.80");
     let edited = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
     let out = step(dir.path(), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    let (after, message) = head(dir.path());
-    assert_ne!(after, before, "{t}");
+    // Synthetic figures never reach the user's branch, nor stay in the working tree.
+    assert_eq!(head(dir.path()).0, before, "{t}");
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    let (accepted, reason, restored) = decision(&records(dir.path()));
+    assert!(accepted, "{reason}");
+    assert_eq!(restored, [FORWARD]);
+    // The edit is kept where it can be inspected: a scratch ref, with step's trailers.
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(scratch.len(), 1, "{scratch:?}");
+    let (name, commit, message) = &scratch[0];
+    assert!(
+        name.starts_with("refs/flashtune/fake/") && name.ends_with("/step-1"),
+        "{name}"
+    );
     for trailer in [
         "Flashtune-Step: ",
         "Flashtune-Speedup: 1.250x",
         "Flashtune-GPU: fake GPU",
+        "Flashtune-Synthetic: ",
     ] {
         assert!(
             message.contains(trailer),
             "{trailer} missing in:\n{message}"
         );
     }
-    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    assert!(
+        message.starts_with("flashtune step (synthetic): "),
+        "{message}"
+    );
+    assert_eq!(file_at(dir.path(), commit, FORWARD), edited);
+    assert!(records(dir.path()).iter().any(|r| matches!(r,
+        Record::StepDecided { commit: Some(c), scratch_ref: Some(s), .. } if c == commit && s == name)));
+    assert!(
+        t.contains("not to your branch") && t.contains("synthetic"),
+        "{t}"
+    );
+}
+
+#[test]
+fn a_rejected_edits_patch_comes_back_from_show_attempt_and_applies() {
+    let dir = repo_project();
+    let original = mark_forward(dir.path(), "time x1.30");
+    let edited = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
+    let out = fake_judge_json(dir.path(), &["--idea", "sleep longer in the main loop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    schema::check("verdict", &v);
+    assert_eq!(v["verdict"], "rejected", "{v}");
+    assert_eq!(v["idea"]["summary"], "sleep longer in the main loop");
+    assert_eq!(v["idea"]["from"], "caller");
+    assert_eq!(v["diff_stat"], "1 file, +2 -0", "{v}");
+    assert!(v["metrics"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("geomean -2"));
+    // Restored to HEAD, and not lost: the history has it, with its patch.
     assert_eq!(
         std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
+        original
+    );
+    let id = v["attempt"].as_str().unwrap().to_owned();
+    let history = flashtune(dir.path(), &["history", "--json"]);
+    let history: serde_json::Value = serde_json::from_slice(&history.stdout).unwrap();
+    schema::check("history", &history);
+    let entry = &history["steps"][0];
+    assert_eq!(entry["attempt"], id.as_str());
+    assert_eq!(entry["diff_stat"], "1 file, +2 -0");
+    assert_eq!(entry["verdict"], "rejected");
+    let shown = flashtune(dir.path(), &["show-attempt", &id]);
+    assert!(shown.status.success(), "{}", text(&shown));
+    let patch = String::from_utf8(shown.stdout).unwrap();
+    assert!(
+        patch.contains("+__device__ char flashtune_fake_time_x1_30"),
+        "{patch}"
+    );
+    // `git apply` takes it in a fresh clone of HEAD, and gives back the edit exactly.
+    let clone = tempfile::tempdir().unwrap();
+    let git = |args: &[&str], at: &Path| {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(at)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", text(&out));
+    };
+    git(
+        &["clone", "-q", dir.path().to_str().unwrap(), "."],
+        clone.path(),
+    );
+    std::fs::write(clone.path().join("attempt.patch"), &patch).unwrap();
+    git(&["apply", "attempt.patch"], clone.path());
+    assert_eq!(
+        std::fs::read_to_string(clone.path().join(FORWARD)).unwrap(),
         edited
     );
-    let (accepted, reason, _) = decision(&records(dir.path()));
-    assert!(accepted, "{reason}");
-    assert!(records(dir.path()).iter().any(|r| matches!(r,
-        Record::StepDecided { commit: Some(c), .. } if *c == after)));
+    let json = flashtune(dir.path(), &["show-attempt", &id, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    schema::check("attempt", &json);
+    assert_eq!(json["patch"], patch.as_str());
+    let missing = flashtune(dir.path(), &["show-attempt", "20990101-000000-abcd/1"]);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
 }
 
 #[test]
@@ -143,8 +228,24 @@ fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
     assert!(!accepted && reason.contains("does not build"), "{reason}");
 
     std::fs::remove_dir_all(dir.path().join("runs")).unwrap();
+    // Two shapes: the wrong edit fails on the first, and the second is never timed.
+    std::fs::write(
+        dir.path().join("variants/step-ci2.toml"),
+        SPACE.replace(r#"shapes = ["small"]"#, r#"shapes = ["small", "ragged"]"#),
+    )
+    .unwrap();
+    commit_all(dir.path(), "a two-shape space");
     mark_forward(dir.path(), "fault FAULT_WRONG");
-    let out = step(dir.path(), &[]);
+    let out = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["step", "--fake-gpu", "--space", "variants/step-ci2.toml"])
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
     let records = records(dir.path());
@@ -153,8 +254,19 @@ fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
         !accepted && reason.contains("the edit fails its checks") && reason.contains("relative L2"),
         "{reason}"
     );
-    assert!(records.iter().any(|r| matches!(r,
-        Record::Duel { challenger_check: Some(c), verdict: None, .. } if !c.passed())));
+    let duels: Vec<&Record> = records
+        .iter()
+        .filter(|r| matches!(r, Record::Duel { .. }))
+        .collect();
+    assert_eq!(duels.len(), 1, "stops at the first failed case: {duels:?}");
+    assert!(matches!(duels[0],
+        Record::Duel { shape, challenger_check: Some(c), verdict: None, .. } if !c.passed() && shape == "small"));
+    // Each case's line reached stderr as it was judged.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("step 1: small f16: the edit fails its checks"),
+        "{stderr}"
+    );
 }
 
 #[test]

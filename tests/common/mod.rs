@@ -1,6 +1,7 @@
 //! Helpers every test binary shares: where the checkout and the binary are, scratch projects, running the CLI.
 #![allow(dead_code)]
 pub mod gitstate;
+pub mod schema;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -57,6 +58,19 @@ pub fn scratch_project() -> tempfile::TempDir {
 }
 
 /// Run the CLI on a project; every test shares one content-addressed build cache.
+/// `flashtune judge --json --fake-gpu` on the one-shape CI space, then `extra`.
+pub fn fake_judge_json(root: &Path, extra: &[&str]) -> Output {
+    let args = [
+        "judge",
+        "--json",
+        "--fake-gpu",
+        "--space",
+        "variants/step-ci.toml",
+    ];
+    let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+    flashtune(root, &all)
+}
+
 pub fn flashtune(root: &Path, args: &[&str]) -> Output {
     Command::new(binary())
         .arg("--root")

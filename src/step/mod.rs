@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::protocol::*;
 use crate::run::{self, Events, Project, UnitKey};
-use crate::runlog::{Record, RunLog};
+use crate::runlog::{Idea, Record, RunLog};
 use crate::space::{DeviceLimits, PlannedPoint, REFERENCE};
 use anyhow::{anyhow, Context};
 use std::collections::{BTreeMap, BTreeSet};
@@ -20,6 +20,23 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+
+mod attempt;
+mod judge;
+mod profile;
+mod report;
+mod tree;
+
+pub(crate) use attempt::{diff_against, idea_line, keep_patch, one_line};
+
+use judge::build_logged;
+pub(crate) use judge::collect_builds;
+pub(crate) use report::{step_markdown, DuelRow, Outcome, StepSummary};
+use tree::walk;
+pub(crate) use tree::{
+    extract_tree, file_hash, fingerprint, fingerprint_changes, head_of, put_head_back, restore,
+    short,
+};
 
 /// Edits are judged only under this folder (repository-relative).
 pub const EDIT_SCOPE: &str = "kernels/";
@@ -39,6 +56,8 @@ pub struct StepOptions {
     pub when_busy: run::WhenBusy,
     /// Print nothing on stdout (the caller prints the verdict itself, e.g. as JSON).
     pub quiet: bool,
+    /// What the edit tries, in one line (`judge --idea`, the MCP judge's `idea`): the history's entry.
+    pub idea: Option<String>,
 }
 
 pub struct StepOutcome {
@@ -46,6 +65,19 @@ pub struct StepOutcome {
     pub report_markdown: String,
     pub accepted: u32,
     pub rejected: u32,
+}
+
+/// What the proposer of an in-place step left: whether it finished, and what it said (the tail).
+struct Proposed {
+    finished: bool,
+    output: String,
+}
+
+/// Where the fake GPU commits an accepted edit of step `n`: a scratch reference, never a branch.
+/// Synthetic figures must not land where a user would build on them; the commit stays inspectable
+/// (`git show refs/flashtune/fake/<run>/step-<n>`) and a session's later steps build on it.
+pub fn scratch_ref(run_id: &str, n: u32) -> String {
+    format!("refs/flashtune/fake/{run_id}/step-{n}")
 }
 
 /// What a step decided, as the next proposer sees it.
@@ -325,72 +357,86 @@ impl Session<'_> {
         extract_tree(&repo, &base, EDIT_SCOPE, &head_tree)?;
         let head_cubins = self.build_head(&pairings, &head_tree, events).await?;
         let mut duels = Vec::new();
-        let mut proposer_finished = false;
-        if let Some(command) = &self.opts.proposer {
-            let guarded = self.guarded_files(&head_cubins);
-            let before = fingerprint(&guarded);
-            let log_before = file_hash(&events.log.path);
-            let ran = self.run_proposer(n, command, last).await?;
-            let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
-            if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
-                return Err(Error::Other(anyhow!(
-                    "the proposer modified flashtune's run files ({}); the run log can no longer be trusted, stopping",
-                    if tampered.is_empty() {
-                        "log.jsonl".to_owned()
-                    } else {
-                        tampered.join(", ")
-                    }
-                )));
+        let proposed = match &self.opts.proposer {
+            Some(command) => {
+                let sources = crate::run::kernel_sources_hash(project, Some(&head_tree));
+                self.profile_champions(&pairings, &head_cubins, &sources, events)
+                    .await?;
+                let p = self
+                    .propose(
+                        n,
+                        command,
+                        last,
+                        &repo,
+                        (&base, &base_ref),
+                        &head_cubins,
+                        events,
+                    )
+                    .await?;
+                Some(p)
             }
-            proposer_finished = matches!(&ran, Record::ProposerRan { status, timed_out: false, .. } if status == "exit status: 0");
-            events.emit(ran)?;
-            let (now, now_ref) = head_of(&repo)?;
-            if now != base || now_ref != base_ref {
-                let reason = format!(
-                    "the proposer moved HEAD ({base_ref} {}) to ({now_ref} {}); flashtune commits accepted edits itself. \
-                     HEAD was put back; the proposer's commit stays reachable as {now}",
-                    short(&base),
-                    short(&now)
-                );
-                put_head_back(&repo, &base_ref, &base)?;
-                let (inside, outside) = changes(project, self.root)?;
-                let left: Vec<String> = inside.into_iter().chain(outside).collect();
-                restore(self.root, &left)?;
-                events.emit(Record::StepDecided {
-                    step: n,
-                    accepted: false,
-                    reason: reason.clone(),
-                    geomean_gain: None,
-                    commit: None,
-                    restored: left,
-                    candidate: None,
-                })?;
-                return Err(Error::Other(anyhow!("{reason}")));
-            }
-        }
+            None => None,
+        };
         let (inside, outside) = changes(project, self.root)?;
-        let stray: Vec<String> = if self.opts.proposer.is_some() {
+        let stray: Vec<String> = if proposed.is_some() {
             outside
         } else {
             Vec::new()
         };
-        let proposer_failed = self.opts.proposer.is_some() && !proposer_finished;
+        let proposer_failed = proposed.as_ref().is_some_and(|p| !p.finished);
+        let edit: Vec<String> = inside.iter().chain(&stray).cloned().collect();
+        let diff = attempt::diff_against(
+            self.root,
+            &base,
+            |p| in_scope(project, p),
+            |p| !edit.iter().any(|e| e == p),
+        )?;
+        if !edit.is_empty() {
+            attempt::keep_patch(self.run_dir, n, None, &diff.patch)?;
+        }
+        let idea = self
+            .opts
+            .idea
+            .as_deref()
+            .and_then(attempt::one_line)
+            .map(|summary| Idea {
+                summary,
+                from: "caller".into(),
+            })
+            .or_else(|| {
+                let said = attempt::idea_line(&proposed.as_ref()?.output)?;
+                Some(Idea {
+                    summary: said,
+                    from: "agent".into(),
+                })
+            })
+            .or_else(|| (!edit.is_empty()).then(|| diff.as_idea()));
         events.emit(Record::StepStarted {
             step: n,
             base_commit: base.clone(),
-            changed_files: inside.iter().chain(&stray).cloned().collect(),
+            changed_files: edit.clone(),
+            diff_stat: Some(diff.stat.clone()),
+            patch: (!edit.is_empty()).then(|| diff.bounded()),
+            idea,
         })?;
+        if !edit.is_empty() {
+            eprintln!(
+                "step {n}: {} against HEAD {} ({})",
+                edit.join(", "),
+                short(&base),
+                diff.stat
+            );
+        }
         let outcome = if !stray.is_empty() {
             // The proposer stepped outside its scope: undo all of it, judge nothing.
-            let all: Vec<String> = inside.iter().chain(&stray).cloned().collect();
-            restore(self.root, &all)?;
+            restore(self.root, &edit)?;
             Outcome::rejected(
                 format!(
                     "the proposer changed files outside the edit scope: {}; all its changes were restored",
                     stray.join(", ")
                 ),
                 None,
-                all,
+                edit.clone(),
             )
         } else if proposer_failed {
             // A proposer that failed or ran out of time may have left half an edit.
@@ -408,18 +454,7 @@ impl Session<'_> {
                 .await?;
             match judged {
                 Ok(overall) if overall.accept => {
-                    let message = self.commit_message(n, &inside, &overall, &duels);
-                    let commit =
-                        crate::vcs::commit_paths(self.root, &inside, &message).map_err(|e| {
-                            Error::Other(anyhow!("cannot commit the edit: {}", e.message()))
-                        })?;
-                    Outcome {
-                        accepted: true,
-                        reason: overall.reason,
-                        geomean_gain: Some(overall.geomean_gain),
-                        commit: Some(commit),
-                        restored: Vec::new(),
-                    }
+                    self.keep_in_place(n, &base, &inside, &overall, &duels)?
                 }
                 Ok(overall) => {
                     restore(self.root, &inside)?;
@@ -431,6 +466,15 @@ impl Session<'_> {
                 }
             }
         };
+        eprintln!(
+            "step {n}: {}: {}",
+            if outcome.accepted {
+                "accepted"
+            } else {
+                "rejected"
+            },
+            outcome.reason.lines().next().unwrap_or("")
+        );
         events.emit(Record::StepDecided {
             step: n,
             accepted: outcome.accepted,
@@ -439,6 +483,7 @@ impl Session<'_> {
             commit: outcome.commit.clone(),
             restored: outcome.restored.clone(),
             candidate: None,
+            scratch_ref: outcome.scratch_ref.clone(),
         })?;
         let markdown = step_markdown(&StepSummary {
             step: n,
@@ -458,6 +503,112 @@ impl Session<'_> {
             },
             markdown,
         ))
+    }
+
+    /// Run the proposer, then check it left flashtune's files and HEAD alone; `Err` stops the run.
+    #[allow(clippy::too_many_arguments)]
+    async fn propose(
+        &self,
+        n: u32,
+        command: &str,
+        last: Option<&Decided>,
+        repo: &git2::Repository,
+        (base, base_ref): (&str, &str),
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        events: &mut Events,
+    ) -> Result<Proposed> {
+        let guarded = self.guarded_files(head_cubins);
+        let before = fingerprint(&guarded);
+        let log_before = file_hash(&events.log.path);
+        eprintln!("step {n}: the proposer runs");
+        let ran = self.run_proposer(n, command, last).await?;
+        let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
+        if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
+            return Err(Error::Other(anyhow!(
+                "the proposer modified flashtune's run files ({}); the run log can no longer be trusted, stopping",
+                if tampered.is_empty() {
+                    "log.jsonl".to_owned()
+                } else {
+                    tampered.join(", ")
+                }
+            )));
+        }
+        let proposed = match &ran {
+            Record::ProposerRan {
+                status,
+                timed_out,
+                output_tail,
+                ..
+            } => Proposed {
+                finished: !timed_out && status == "exit status: 0",
+                output: output_tail.clone(),
+            },
+            _ => unreachable!("run_proposer returns proposer_ran"),
+        };
+        events.emit(ran)?;
+        let (now, now_ref) = head_of(repo)?;
+        if now != base || now_ref != base_ref {
+            let reason = format!(
+                "the proposer moved HEAD ({base_ref} {}) to ({now_ref} {}); flashtune commits accepted edits itself. \
+                 HEAD was put back; the proposer's commit stays reachable as {now}",
+                short(base),
+                short(&now)
+            );
+            put_head_back(repo, base_ref, base)?;
+            let (inside, outside) = changes(self.project, self.root)?;
+            let left: Vec<String> = inside.into_iter().chain(outside).collect();
+            restore(self.root, &left)?;
+            events.emit(Record::StepDecided {
+                step: n,
+                accepted: false,
+                reason: reason.clone(),
+                geomean_gain: None,
+                commit: None,
+                restored: left,
+                candidate: None,
+                scratch_ref: None,
+            })?;
+            return Err(Error::Other(anyhow!("{reason}")));
+        }
+        Ok(proposed)
+    }
+
+    /// Commit an accepted in-place edit: on a GPU onto the current branch (HEAD moves); on the fake
+    /// GPU onto the scratch reference `scratch_ref`, never a branch, the working tree back at HEAD.
+    fn keep_in_place(
+        &self,
+        n: u32,
+        base: &str,
+        inside: &[String],
+        overall: &decide::Overall,
+        duels: &[DuelRow],
+    ) -> Result<Outcome> {
+        let message = self.commit_message(n, inside, overall, duels);
+        let cannot =
+            |e: git2::Error| Error::Other(anyhow!("cannot commit the edit: {}", e.message()));
+        let (commit, restored, reference) = if self.device.fake {
+            let files: Vec<(String, Option<Vec<u8>>)> = inside
+                .iter()
+                .map(|f| (f.clone(), std::fs::read(self.root.join(f)).ok()))
+                .collect();
+            let reference = scratch_ref(self.run_id, n);
+            let commit =
+                crate::vcs::commit_files_to_ref(self.root, base, &files, &message, &reference)
+                    .map_err(cannot)?;
+            restore(self.root, inside)?;
+            (commit, inside.to_vec(), Some(reference))
+        } else {
+            let commit = crate::vcs::commit_paths(self.root, inside, &message).map_err(cannot)?;
+            (commit, Vec::new(), None)
+        };
+        Ok(Outcome {
+            accepted: true,
+            reason: overall.reason.clone(),
+            geomean_gain: Some(overall.geomean_gain),
+            commit: Some(commit),
+            restored,
+            scratch_ref: reference,
+        })
     }
 
     /// Per (shape, dtype): the variant HEAD's champion table names, else `--variant`, else the space's default.
@@ -597,221 +748,6 @@ impl Session<'_> {
             output_tail: crate::build::log_tail(&output, 40),
         })
     }
-
-    /// Build the edit, check and re-time it against HEAD's champion; `Err` holds why it was turned away before timing ended.
-    async fn judge_edit(
-        &self,
-        n: u32,
-        pairings: &[Pairing],
-        head_cubins: &BTreeMap<UnitKey, PathBuf>,
-        step_dir: &Path,
-        events: &mut Events,
-        duels: &mut Vec<DuelRow>,
-    ) -> Result<std::result::Result<decide::Overall, String>> {
-        // A cache of its own: a cubin the proposer planted in the shared cache is never used.
-        let pending = self.spawn_edit_build(
-            pairings,
-            self.root,
-            "edit",
-            step_dir.join("build"),
-            self.project.jobs(),
-        );
-        let edit_cubins = match collect_builds(pending, self.project, events).await? {
-            Ok(cubins) => cubins,
-            Err(why) => return Ok(Err(why)),
-        };
-        self.duel_edit(
-            n,
-            None,
-            pairings,
-            head_cubins,
-            &edit_cubins,
-            "edit",
-            events,
-            duels,
-        )
-        .await
-    }
-
-    /// Start building the edit's forward kernels from `tree` into the build cache `cache`.
-    pub(crate) fn spawn_edit_build(
-        &self,
-        pairings: &[Pairing],
-        tree: &Path,
-        tag: &str,
-        cache: PathBuf,
-        jobs: usize,
-    ) -> PendingBuild {
-        let builder = Builder {
-            cache_dir: cache,
-            ..self.project.builder()
-        };
-        let specs = self.specs(pairings, tree, tag);
-        let order = specs.iter().map(|(k, _)| k.clone()).collect();
-        let (tasks, rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
-        PendingBuild { tasks, rx, order }
-    }
-
-    /// Check and re-time built edit kernels against HEAD's champion (interleaved, under the GPU lock).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn duel_edit(
-        &self,
-        n: u32,
-        candidate: Option<u32>,
-        pairings: &[Pairing],
-        head_cubins: &BTreeMap<UnitKey, PathBuf>,
-        edit_cubins: &BTreeMap<UnitKey, PathBuf>,
-        tag: &str,
-        events: &mut Events,
-        duels: &mut Vec<DuelRow>,
-    ) -> Result<std::result::Result<decide::Overall, String>> {
-        let project = self.project;
-        let family = &project.space.family;
-        let policy = &project.policies.measure;
-        // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
-        let case = |p: &Pairing, cubin: &Path, seed: u64| CaseSpec {
-            shape: p.shape.clone(),
-            dtype: p.dtype,
-            seed,
-            tolerance: project.policies.tolerance_for(p.dtype),
-            cpu_oracle_max_macs: policy.cpu_reference_max_macs,
-            forward: ForwardKernel {
-                cubin: cubin.to_path_buf(),
-                entry: family.forward_entry.clone(),
-                combine_entry: family.combine_entry.clone(),
-                launch: p.point.launch.clone().expect("valid points have a launch"),
-                defines: project
-                    .space
-                    .forward_defines(&p.point.variant, p.dtype, p.shape.d),
-            },
-            reference: ReferenceKernel {
-                cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
-                entry: family.reference_entry.clone(),
-            },
-            race: None,
-        };
-        let mut pairs = Vec::new();
-        let mut seeds = Vec::new();
-        for p in pairings {
-            let id = &p.point.variant.id;
-            // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
-            let seed = run::input_seed(
-                self.seed ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-                &p.shape,
-                p.dtype,
-            );
-            seeds.push(seed);
-            let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
-            pairs.push(DuelPair {
-                champion: case(p, &head_cubins[&key("head")], seed),
-                challenger: case(p, &edit_cubins[&key(tag)], seed),
-            });
-        }
-        let request = DuelRequest {
-            measure: MeasureSpec {
-                warmup_ms: policy.warmup_ms,
-                samples: project.policies.step.rounds,
-                min_sample_us: policy.min_sample_us,
-            },
-            rounds: project.policies.step.rounds,
-            pairs,
-        };
-        let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
-        let outcome = self
-            .opts
-            .executor
-            .duel(self.opts.device, request, timeout)
-            .await;
-        let threshold = project.policies.step.threshold;
-        let mut verdicts = Vec::new();
-        let mut failure: Option<String> = None;
-        for (i, p) in pairings.iter().enumerate() {
-            let result = outcome.duels.get(i);
-            let judged = crate::duel::judge_pair(
-                result,
-                &outcome,
-                threshold,
-                &p.shape,
-                &self.roofs,
-                project.policies.gates.plausibility_margin,
-            );
-            if let Some(v) = &judged.verdict {
-                verdicts.push((format!("{} {}", p.shape.name, p.dtype), v.clone()));
-            }
-            if failure.is_none() {
-                failure = judged
-                    .failure
-                    .as_ref()
-                    .map(|w| format!("{} {}: {w}", p.shape.name, p.dtype));
-            }
-            duels.push(DuelRow {
-                shape: p.shape.name.clone(),
-                dtype: p.dtype,
-                variant: p.point.variant.id.clone(),
-                champion_us: judged.champion.as_ref().map(|t| t.median_us),
-                challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
-                verdict: judged.verdict.clone(),
-                failure: judged.failure.clone(),
-            });
-            events.emit(Record::Duel {
-                step: n,
-                shape: p.shape.name.clone(),
-                dtype: p.dtype,
-                variant: p.point.variant.id.clone(),
-                seed: seeds[i],
-                champion: judged.champion,
-                challenger: judged.challenger,
-                challenger_check: judged.challenger_check,
-                verdict: judged.verdict,
-                failure: judged.failure,
-                candidate,
-            })?;
-        }
-        if let Some(why) = failure {
-            return Ok(Err(why));
-        }
-        Ok(Ok(decide::judge_overall(&verdicts, threshold)))
-    }
-
-    pub(crate) fn commit_message(
-        &self,
-        n: u32,
-        files: &[String],
-        overall: &decide::Overall,
-        duels: &[DuelRow],
-    ) -> String {
-        let names: Vec<&str> = files
-            .iter()
-            .map(|f| f.rsplit('/').next().unwrap_or(f))
-            .collect();
-        let mut m = format!(
-            "flashtune step: {} {:+.1}% geomean over {} cases\n\n",
-            names.join(", "),
-            overall.geomean_gain * 100.0,
-            duels.len()
-        );
-        for d in duels {
-            if let (Some(a), Some(b), Some(v)) = (d.champion_us, d.challenger_us, &d.verdict) {
-                let _ = writeln!(
-                    m,
-                    "{} {} ({}): {a:.2} -> {b:.2} µs ({:+.1}%, noise {:.1}%)",
-                    d.shape,
-                    d.dtype,
-                    d.variant,
-                    v.gain * 100.0,
-                    v.noise * 100.0
-                );
-            }
-        }
-        let _ = write!(
-            m,
-            "\nFlashtune-Step: {}/{n}\nFlashtune-Speedup: {:.3}x geomean vs HEAD's champion, interleaved re-timing\nFlashtune-GPU: {}\n",
-            self.run_id,
-            1.0 + overall.geomean_gain,
-            self.device.name,
-        );
-        m
-    }
 }
 
 /// Per (shape, dtype): the variant HEAD's champion table names, else `variant_opt`, else the space's default.
@@ -880,251 +816,6 @@ pub(crate) fn champions_for(
     Ok(out)
 }
 
-/// A duel as the step report shows it.
-#[derive(Debug, Clone)]
-pub(crate) struct DuelRow {
-    pub(crate) shape: String,
-    pub(crate) dtype: Dtype,
-    pub(crate) variant: String,
-    pub(crate) champion_us: Option<f64>,
-    pub(crate) challenger_us: Option<f64>,
-    pub(crate) verdict: Option<Verdict>,
-    pub(crate) failure: Option<String>,
-}
-
-/// How a step ended.
-pub(crate) struct Outcome {
-    pub(crate) accepted: bool,
-    pub(crate) reason: String,
-    pub(crate) geomean_gain: Option<f64>,
-    pub(crate) commit: Option<String>,
-    /// Files put back as HEAD has them.
-    pub(crate) restored: Vec<String>,
-}
-
-impl Outcome {
-    pub(crate) fn rejected(
-        reason: String,
-        geomean_gain: Option<f64>,
-        restored: Vec<String>,
-    ) -> Self {
-        Outcome {
-            accepted: false,
-            reason,
-            geomean_gain,
-            commit: None,
-            restored,
-        }
-    }
-}
-
-pub(crate) struct StepSummary<'a> {
-    pub(crate) step: u32,
-    pub(crate) base: &'a str,
-    pub(crate) device: &'a DeviceInfo,
-    pub(crate) files: &'a [String],
-    pub(crate) outcome: &'a Outcome,
-    pub(crate) duels: &'a [DuelRow],
-}
-
-/// The step's Markdown section: outcome first, then one row per (shape, dtype).
-pub(crate) fn step_markdown(s: &StepSummary) -> String {
-    let mut m = String::new();
-    let _ = writeln!(
-        m,
-        "## Step {} — {}\n",
-        s.step,
-        if s.outcome.accepted {
-            "accepted"
-        } else {
-            "rejected"
-        }
-    );
-    let _ = writeln!(m, "- base: `{}`", short(s.base));
-    let _ = writeln!(
-        m,
-        "- GPU: {}{}",
-        s.device.name,
-        if s.device.fake {
-            " — synthetic figures, nothing here was measured"
-        } else {
-            ""
-        }
-    );
-    if !s.files.is_empty() {
-        let _ = writeln!(m, "- edit: {}", s.files.join(", "));
-    }
-    let _ = writeln!(m, "- why: {}", s.outcome.reason);
-    if let Some(g) = s.outcome.geomean_gain {
-        let _ = writeln!(m, "- geomean gain: {:+.2}%", g * 100.0);
-    }
-    match &s.outcome.commit {
-        Some(c) => {
-            let _ = writeln!(m, "- committed: `{}`", short(c));
-        }
-        None if !s.outcome.restored.is_empty() => {
-            let _ = writeln!(m, "- restored to HEAD: {}", s.outcome.restored.join(", "));
-        }
-        None => {}
-    }
-    if !s.duels.is_empty() {
-        let _ = writeln!(
-            m,
-            "\n| shape | dtype | champion | HEAD µs | edit µs | gain | noise | verdict |"
-        );
-        let _ = writeln!(m, "|---|---|---|---:|---:|---:|---:|---|");
-        let us = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.2}"));
-        for d in s.duels {
-            let (gain, noise) = d.verdict.as_ref().map_or(("—".into(), "—".into()), |v| {
-                (
-                    format!("{:+.1}%", v.gain * 100.0),
-                    format!("{:.1}%", v.noise * 100.0),
-                )
-            });
-            let verdict = match (&d.verdict, &d.failure) {
-                (_, Some(f)) => format!("**{f}**"),
-                (Some(v), None) => v.reason.clone(),
-                (None, None) => String::new(),
-            };
-            let _ = writeln!(
-                m,
-                "| {} | {} | `{}` | {} | {} | {gain} | {noise} | {verdict} |",
-                d.shape,
-                d.dtype,
-                d.variant,
-                us(d.champion_us),
-                us(d.challenger_us)
-            );
-        }
-    }
-    m
-}
-
-/// Build every spec, logging each result as `tune` does; returns them in spec order.
-async fn build_logged(
-    builder: Builder,
-    jobs: usize,
-    specs: Vec<(UnitKey, BuildSpec)>,
-    events: &mut Events,
-) -> Result<Vec<(UnitKey, std::result::Result<BuildOutput, String>)>> {
-    let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
-    let (_tasks, mut rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
-    let mut done = BTreeMap::new();
-    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        let record = match &result {
-            Ok(out) => Record::built(&variant, dtype, head_dim, out),
-            Err(f) => Record::BuildFailed {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                reason: f.to_string(),
-                log_tail: crate::build::log_tail(f.log(), 30),
-            },
-        };
-        events.emit(record)?;
-        let result = result.map_err(|f| format!("{f}\n{}", crate::build::log_tail(f.log(), 12)));
-        done.insert((variant, dtype, head_dim), result);
-    }
-    Ok(order
-        .into_iter()
-        .filter_map(|k| done.remove(&k).map(|r| (k, r)))
-        .collect())
-}
-
-/// Edit builds in flight, and what they are judged by once done.
-pub(crate) struct PendingBuild {
-    tasks: tokio::task::JoinSet<()>,
-    rx: tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::BuildResult>,
-    order: Vec<UnitKey>,
-}
-
-/// Wait for an edit's builds, logging each; `Err` inside says why the edit is turned away.
-pub(crate) async fn collect_builds(
-    pending: PendingBuild,
-    project: &Project,
-    events: &mut Events,
-) -> Result<std::result::Result<BTreeMap<UnitKey, PathBuf>, String>> {
-    let PendingBuild {
-        tasks: _tasks,
-        mut rx,
-        order,
-    } = pending;
-    let mut done = BTreeMap::new();
-    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        let record = match &result {
-            Ok(out) => Record::built(&variant, dtype, head_dim, out),
-            Err(f) => Record::BuildFailed {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                reason: f.to_string(),
-                log_tail: crate::build::log_tail(f.log(), 30),
-            },
-        };
-        events.emit(record)?;
-        done.insert((variant, dtype, head_dim), result);
-    }
-    let mut cubins = BTreeMap::new();
-    for key in order {
-        match done.remove(&key) {
-            None => return Ok(Err(format!("the build of {} was lost", key.0))),
-            Some(Err(f)) => {
-                return Ok(Err(format!(
-                    "the edit does not build ({}, {}, d={}): {f}\n{}",
-                    key.0,
-                    key.1,
-                    key.2,
-                    crate::build::log_tail(f.log(), 12)
-                )))
-            }
-            Some(Ok(out)) => {
-                if let Some(why) = project.gate(&out) {
-                    return Ok(Err(format!("the edit is rejected by the gates: {why}")));
-                }
-                cubins.insert(key, out.cubin);
-            }
-        }
-    }
-    Ok(Ok(cubins))
-}
-
-pub(crate) fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
-    let head = repo
-        .head()
-        .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?;
-    let name = head.name().unwrap_or("HEAD").to_owned();
-    let id = head
-        .peel_to_commit()
-        .map_err(|e| Error::Other(anyhow!("HEAD: {}", e.message())))?
-        .id()
-        .to_string();
-    Ok((id, name))
-}
-
-/// Back to the branch and commit the step started from, working tree included.
-pub(crate) fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Result<()> {
-    let git = |e: git2::Error| Error::Other(anyhow!("cannot put HEAD back: {}", e.message()));
-    let id = git2::Oid::from_str(commit).map_err(git)?;
-    let object = repo.find_object(id, None).map_err(git)?;
-    if reference.starts_with("refs/") {
-        repo.set_head(reference).map_err(git)?;
-    }
-    let mut checkout = git2::build::CheckoutBuilder::new();
-    checkout.force();
-    repo.reset(&object, git2::ResetType::Hard, Some(&mut checkout))
-        .map_err(git)
-}
-
-pub(crate) fn restore(root: &Path, paths: &[String]) -> Result<()> {
-    crate::vcs::restore_paths(root, paths).map_err(|e| {
-        Error::Other(anyhow!(
-            "cannot restore {}: {}",
-            paths.join(", "),
-            e.message()
-        ))
-    })
-}
-
 /// The champion table as HEAD has it; none when HEAD has no table.
 fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champions::Champion>> {
     let tree = repo
@@ -1140,118 +831,4 @@ fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champion
     let text = String::from_utf8_lossy(blob.content());
     let table: Table = crate::config::parse_toml(Path::new(&format!("HEAD:{path}")), &text)?;
     Ok(table.champion)
-}
-
-/// Write `commit`'s files under `prefix` into `dest`, keeping their repository-relative paths.
-pub(crate) fn extract_tree(
-    repo: &git2::Repository,
-    commit: &str,
-    prefix: &str,
-    dest: &Path,
-) -> Result<()> {
-    let git =
-        |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
-    let id = git2::Oid::from_str(commit).map_err(git)?;
-    let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
-    let mut failed: Option<String> = None;
-    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
-        let path = format!("{dir}{}", entry.name().unwrap_or(""));
-        if entry.kind() != Some(git2::ObjectType::Blob) || !path.starts_with(prefix) {
-            return git2::TreeWalkResult::Ok;
-        }
-        let written = repo
-            .find_blob(entry.id())
-            .map_err(|e| e.message().to_owned())
-            .and_then(|blob| {
-                let file = dest.join(&path);
-                std::fs::create_dir_all(file.parent().unwrap_or(dest))
-                    .and_then(|_| std::fs::write(&file, blob.content()))
-                    .map_err(|e| format!("{}: {e}", file.display()))
-            });
-        if let Err(e) = written {
-            failed = Some(e);
-            return git2::TreeWalkResult::Abort;
-        }
-        git2::TreeWalkResult::Ok
-    })
-    .map_err(git)?;
-    match failed {
-        Some(e) => Err(Error::Other(anyhow!("cannot extract HEAD's {prefix}: {e}"))),
-        None => Ok(()),
-    }
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok().map(|e| e.path()))
-        .flat_map(|p| {
-            if p.is_dir() {
-                let mut v = walk(&p);
-                v.push(p);
-                v
-            } else {
-                vec![p]
-            }
-        })
-        .collect()
-}
-
-/// Size, mtime and ctime (which no user can set), and a content hash for small files.
-pub(crate) fn fingerprint(files: &[PathBuf]) -> Fingerprint {
-    use std::os::unix::fs::MetadataExt;
-    let mut fp = Fingerprint::new();
-    for f in files {
-        if let Ok(m) = std::fs::symlink_metadata(f) {
-            let content = if m.is_file() && m.len() < 1 << 24 {
-                std::fs::read(f)
-                    .map(|b| {
-                        i64::from_le_bytes(
-                            blake3::hash(&b).as_bytes()[..8]
-                                .try_into()
-                                .expect("8 bytes"),
-                        )
-                    })
-                    .unwrap_or(0)
-            } else {
-                0
-            };
-            fp.insert(
-                f.clone(),
-                (
-                    m.len(),
-                    m.mtime_nsec() + m.mtime() * 1_000_000_000,
-                    m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-                    content,
-                ),
-            );
-        }
-    }
-    fp
-}
-
-/// Guarded files changed, removed, or (in a guarded folder) added.
-pub(crate) fn fingerprint_changes(before: &Fingerprint, after: &Fingerprint) -> Vec<String> {
-    let mut changed: BTreeSet<String> = before
-        .iter()
-        .filter(|(p, v)| after.get(*p) != Some(v))
-        .map(|(p, _)| p.display().to_string())
-        .collect();
-    for dir in before.keys().filter(|p| p.is_dir()) {
-        for p in walk(dir) {
-            if !before.contains_key(&p) {
-                changed.insert(p.display().to_string());
-            }
-        }
-    }
-    changed.into_iter().collect()
-}
-
-pub(crate) fn file_hash(path: &Path) -> Option<blake3::Hash> {
-    std::fs::read(path).ok().map(|b| blake3::hash(&b))
-}
-
-pub(crate) fn short(commit: &str) -> &str {
-    &commit[..commit.len().min(10)]
 }

@@ -1,0 +1,142 @@
+//! Resuming a killed agent session: the step in flight finished with nothing half-done.
+use super::*;
+
+impl Runner<'_> {
+    /// In-scope files of the main working tree back to HEAD (an edit applied but never committed).
+    pub(super) fn restore_scope(&self) -> Result<Vec<String>> {
+        let (inside, _) = step::changes(&self.bench.project, &self.bench.root)?;
+        if !inside.is_empty() {
+            step::restore(&self.bench.root, &inside)?;
+        }
+        Ok(inside)
+    }
+
+    /// Finish step `n`, which a killed session left in flight.
+    pub(super) async fn recover(
+        &self,
+        n: u32,
+        loaded: &crate::runlog::LoadedLog,
+        events: &mut Events,
+    ) -> Result<()> {
+        let bench = self.bench;
+        let repo = git2::Repository::open(&bench.root).map_err(git)?;
+        let head = repo.head().and_then(|h| h.peel_to_commit()).map_err(git)?;
+        let trailer = format!("Flashtune-Step: {}/{n}\n", bench.run_id);
+        // On the fake GPU the step's commit is its scratch reference; on a GPU, HEAD with its trailer.
+        let reference = step::scratch_ref(&bench.run_id, n);
+        let scratch = repo
+            .find_reference(&reference)
+            .and_then(|r| r.peel_to_commit())
+            .ok()
+            .map(|c| c.id().to_string());
+        let recovered_commit = match &scratch {
+            Some(id) => Some(id.clone()),
+            None => head
+                .message()
+                .is_ok_and(|m| m.contains(&trailer))
+                .then(|| head.id().to_string()),
+        };
+        let restored = self.restore_scope()?;
+        events.emit(Record::SessionResumed {
+            step: Some(n),
+            restored,
+            recovered_commit: recovered_commit.clone(),
+        })?;
+        let mut starts: BTreeMap<u32, PathBuf> = BTreeMap::new();
+        let mut proposed: BTreeMap<u32, (Vec<String>, bool)> = BTreeMap::new();
+        let mut closed: Vec<u32> = Vec::new();
+        for (_, e) in &loaded.entries {
+            match &e.record {
+                Record::CandidateStarted {
+                    step,
+                    candidate,
+                    workdir,
+                    ..
+                } if *step == n => {
+                    starts.insert(*candidate, workdir.clone());
+                }
+                Record::CandidateProposed {
+                    step,
+                    candidate,
+                    changed_files,
+                    outside_scope,
+                    status,
+                    timed_out,
+                    ..
+                } if *step == n => {
+                    let ok = !timed_out && status == "exit status: 0" && outside_scope.is_empty();
+                    proposed.insert(*candidate, (changed_files.clone(), ok));
+                }
+                Record::CandidateJudged {
+                    step, candidate, ..
+                }
+                | Record::CandidateDropped {
+                    step, candidate, ..
+                } if *step == n => closed.push(*candidate),
+                _ => {}
+            }
+        }
+        if let Some(commit) = recovered_commit {
+            // The winner was committed before the log said so: the step is decided; the rest dropped.
+            for (&k, workdir) in &starts {
+                if !closed.contains(&k) {
+                    events.emit(Record::CandidateDropped {
+                        step: n,
+                        candidate: k,
+                        reason: "the session was killed after this step's commit; not judged"
+                            .into(),
+                    })?;
+                }
+                remove_worktree(&repo, &worktree_name(&bench.run_id, n, k), workdir);
+            }
+            events.emit(Record::StepDecided {
+                step: n,
+                accepted: true,
+                reason: if scratch.is_some() {
+                    "committed before the session was killed; recovered from its scratch reference"
+                } else {
+                    "committed before the session was killed; recovered from HEAD's trailer"
+                }
+                .into(),
+                geomean_gain: None,
+                commit: Some(commit),
+                restored: Vec::new(),
+                candidate: None,
+                scratch_ref: scratch.map(|_| reference),
+            })?;
+            return Ok(());
+        }
+        let mut proposals = Vec::new();
+        for (&k, workdir) in &starts {
+            match proposed.get(&k) {
+                Some((changed, ok)) if workdir.is_dir() => {
+                    // Judged again from its worktree, as if the session had not stopped.
+                    let unjudged = if !ok {
+                        Some("the agent did not finish cleanly or left its scope (see candidate_proposed)".into())
+                    } else if changed.is_empty() {
+                        Some("no edits under kernels/ to judge".into())
+                    } else {
+                        None
+                    };
+                    proposals.push(Proposal {
+                        candidate: k,
+                        workdir: workdir.clone(),
+                        changed: changed.clone(),
+                        unjudged,
+                    });
+                }
+                _ => {
+                    events.emit(Record::CandidateDropped {
+                        step: n,
+                        candidate: k,
+                        reason: "the session was killed while this candidate's agent ran; dropped unjudged".into(),
+                    })?;
+                    remove_worktree(&repo, &worktree_name(&bench.run_id, n, k), workdir);
+                }
+            }
+        }
+        let markdown = self.one_step(n, Some(proposals), events).await?;
+        println!("{markdown}");
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The workbench: the operations an agent calls, by the CLI's `--json` commands and the MCP server
+//! alike, each answering one JSON document (`schema_version` in every one; their JSON Schema is
+//! tests/fixtures/schemas/workbench-1.schema.json): judge the working tree, the history, one
+//! attempt, and the refusals and errors. Names are stable.
+use super::*;
+use serde_json::{json, Value};
+
+/// Where and how to judge: the project, and the GPU (or the test double).
+pub struct JudgeOptions {
+    pub paths: ProjectPaths,
+    /// Variant space whose shapes are the cases judged (default: policies.toml's).
+    pub space: Option<PathBuf>,
+    /// The champion where HEAD's champion table names none.
+    pub variant: Option<String>,
+    pub device: u32,
+    pub executor: Executor,
+    pub when_busy: WhenBusy,
+    /// What the edit tries, in one line: its entry in the history.
+    pub idea: Option<String>,
+}
+
+/// The verdict on the working tree's edit, as `flashtune judge --json` prints it and the MCP
+/// `judge` tool returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JudgeVerdict {
+    pub schema_version: u32,
+    /// `done`: the verdict is in (the MCP tool answers `running` with a job id before that).
+    pub status: String,
+    /// `accepted` or `rejected`.
+    pub verdict: String,
+    pub accepted: bool,
+    pub reason: String,
+    pub geomean_gain: Option<f64>,
+    /// The commit made for an accepted edit.
+    pub commit: Option<String>,
+    /// On the fake GPU: the scratch reference that commit is on (never a branch).
+    pub scratch_ref: Option<String>,
+    /// Files put back as HEAD has them (a rejected edit, or any edit on the fake GPU).
+    pub restored: Vec<String>,
+    pub changed_files: Vec<String>,
+    /// Per case: HEAD's and the edit's median µs, the gain and noise, or why it failed.
+    pub cases: Vec<pack::DuelFigure>,
+    /// This attempt's id (`flashtune show-attempt ID` gives its patch back).
+    pub attempt: String,
+    pub idea: Option<Idea>,
+    pub diff_stat: Option<String>,
+    /// The whole patch of the edit, ready for `git apply`.
+    pub patch_file: Option<PathBuf>,
+    pub metrics: Option<pack::MetricsMoved>,
+    pub run_id: String,
+    pub run_dir: PathBuf,
+    /// The step's Markdown report, and its text.
+    pub report: PathBuf,
+    pub report_markdown: Option<String>,
+    /// True on the test double: the figures are synthetic.
+    pub synthetic: bool,
+}
+
+/// Judge the uncommitted edit under kernels/ as `flashtune step` does (build, check, interleaved
+/// duel against HEAD's champion; commit or restore) and return the verdict from the run's log.
+pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
+    let outcome = step::step(StepOptions {
+        paths: opts.paths,
+        space: opts.space,
+        variant: opts.variant,
+        proposer: None,
+        steps: 1,
+        time_limit: None,
+        device: opts.device,
+        executor: opts.executor,
+        when_busy: opts.when_busy,
+        quiet: true,
+        idea: opts.idea,
+    })
+    .await?;
+    verdict_from_log(&outcome.run_dir)
+}
+
+/// The verdict of a one-step run, read from its log.
+pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
+    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let header = log
+        .header()
+        .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
+    let restored = log
+        .entries
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match &e.record {
+            Record::StepDecided { restored, .. } => Some(restored.clone()),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let entry = pack::history_in(run_dir)
+        .into_iter()
+        .next_back()
+        .ok_or_else(|| Error::Other(anyhow!("{} holds no step", run_dir.display())))?;
+    let accepted = entry.verdict == "committed";
+    let report = run_dir.join("step-1.md");
+    Ok(JudgeVerdict {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        status: "done".into(),
+        verdict: if accepted { "accepted" } else { "rejected" }.into(),
+        accepted,
+        reason: entry.reason,
+        geomean_gain: entry.geomean_gain,
+        commit: entry.commit,
+        scratch_ref: entry.scratch_ref,
+        restored,
+        changed_files: entry.files,
+        cases: entry.cases,
+        attempt: entry.attempt,
+        idea: entry.idea,
+        diff_stat: entry.diff_stat,
+        patch_file: entry.patch_file,
+        metrics: entry.metrics,
+        run_id: header.run_id.clone(),
+        run_dir: run_dir.to_path_buf(),
+        report_markdown: std::fs::read_to_string(&report).ok(),
+        report,
+        synthetic: header.device.fake,
+    })
+}
+
+/// Every earlier step and candidate on this project, as `history --json` prints it and the MCP
+/// `history` tool returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HistoryDoc {
+    pub schema_version: u32,
+    /// Attempts on record, all of them (`steps` may hold only the latest).
+    pub total: usize,
+    /// Oldest first.
+    pub steps: Vec<HistoryEntry>,
+}
+
+/// Every earlier step and candidate on this project, across sessions, oldest first; the latest
+/// `last` of them when given.
+pub fn step_history(paths: &ProjectPaths, last: Option<usize>) -> HistoryDoc {
+    let all = pack::history(&paths.runs());
+    let total = all.len();
+    let skip = last.map_or(0, |l| total.saturating_sub(l));
+    HistoryDoc {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        total,
+        steps: all.into_iter().skip(skip).collect(),
+    }
+}
+
+/// One earlier attempt with its whole patch, as `show-attempt --json` prints it and the MCP
+/// `attempt` tool returns it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AttemptDoc {
+    pub schema_version: u32,
+    #[serde(flatten)]
+    pub entry: HistoryEntry,
+}
+
+/// An attempt by its id (`<run id>/<step>` or `<run id>/<step>.<candidate>`).
+pub fn attempt(paths: &ProjectPaths, id: &str) -> Result<AttemptDoc> {
+    if pack::parse_attempt_id(id).is_none() {
+        return Err(Error::BadInput(format!(
+            "`{id}` is not an attempt id: <run id>/<step> or <run id>/<step>.<candidate>, as `history` lists them"
+        )));
+    }
+    let entry = pack::find_attempt(&paths.runs(), id).ok_or_else(|| {
+        Error::BadInput(format!(
+            "no attempt `{id}` under {}: `flashtune history` lists them",
+            paths.runs().display()
+        ))
+    })?;
+    Ok(AttemptDoc {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        entry,
+    })
+}
+
+/// An edit turned away before any build (changes outside the edit scope, seen by the MCP server):
+/// logged as a run of its own, so the history and its patch keep it like any judged edit.
+pub struct Refusal {
+    pub paths: ProjectPaths,
+    pub space: Option<PathBuf>,
+    /// The server judges on the fake GPU.
+    pub fake: bool,
+    pub base: String,
+    pub files: Vec<String>,
+    pub diff_stat: String,
+    pub patch: String,
+    pub reason: String,
+    pub idea: Option<String>,
+}
+
+/// Log a refusal (header, `step_started`, `step_decided`, the patch under attempts/) and return
+/// its verdict, the same document a judged edit gets.
+pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
+    let project = crate::run::Project::load(r.paths.clone(), r.space.as_deref())?;
+    let run_id = crate::run::new_run_id();
+    let run_dir = r.paths.runs().join(&run_id);
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create {}", run_dir.display()))?;
+    let device = crate::protocol::DeviceInfo {
+        ordinal: 0,
+        name: "no GPU: refused before any build".into(),
+        sm_count: 0,
+        compute_capability: (0, 0),
+        arch: project.policies.build.default_arch.clone(),
+        max_threads_per_block: 0,
+        max_smem_optin_bytes: 0,
+        driver_version: 0,
+        total_memory_bytes: 0,
+        visible_devices: 0,
+        l2_bytes: 0,
+        fake: r.fake,
+    };
+    let header = crate::run::header(
+        &project,
+        &device,
+        &run_id,
+        &crate::plan::Strategy::default(),
+    );
+    let log = crate::runlog::RunLog::create(&run_dir.join("log.jsonl"))?;
+    let mut events = Events::new(log, Vec::new());
+    events.emit(Record::Header(Box::new(header)))?;
+    step::keep_patch(&run_dir, 1, None, &r.patch)?;
+    let idea = r
+        .idea
+        .as_deref()
+        .and_then(step::one_line)
+        .map(|summary| Idea {
+            summary,
+            from: "caller".into(),
+        });
+    events.emit(Record::StepStarted {
+        step: 1,
+        base_commit: r.base.clone(),
+        changed_files: r.files.clone(),
+        diff_stat: Some(r.diff_stat.clone()),
+        patch: Some(r.patch.clone()),
+        idea,
+    })?;
+    events.emit(Record::StepDecided {
+        step: 1,
+        accepted: false,
+        reason: r.reason.clone(),
+        geomean_gain: None,
+        commit: None,
+        restored: r.files.clone(),
+        candidate: None,
+        scratch_ref: None,
+    })?;
+    let markdown = format!(
+        "## Step 1 — rejected\n\n- base: `{}`\n- edit: {}\n- why: {}\n",
+        step::short(&r.base),
+        r.files.join(", "),
+        r.reason
+    );
+    write(&run_dir.join("step-1.md"), markdown.as_bytes())?;
+    verdict_from_log(&run_dir)
+}
+
+/// The workbench's error document: `{"schema_version", "error": {"code", "message", ...}}`, what
+/// `judge --json` prints on a refusal and the MCP tools return with `isError`.
+pub fn error_document(code: &str, message: &str, extra: Value) -> Value {
+    let mut error = json!({ "code": code, "message": message });
+    if let (Some(e), Value::Object(extra)) = (error.as_object_mut(), extra) {
+        e.extend(extra);
+    }
+    json!({ "schema_version": pack::JSON_SCHEMA_VERSION, "error": error })
+}
+
+/// The error document's code for an error that reached the user.
+pub fn error_code(e: &Error) -> &'static str {
+    match e {
+        Error::Config { .. } | Error::BadInput(_) => "bad_input",
+        Error::NoGpu(_) => "no_gpu",
+        Error::GpuBusy(_) => "gpu_busy",
+        Error::ToolMissing { .. } => "tool_missing",
+        Error::DiskFull(_) => "disk_full",
+        Error::Other(_) => "failed",
+    }
+}

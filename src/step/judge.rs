@@ -1,0 +1,383 @@
+//! Judging an edit: its builds (each logged), then the interleaved duel against HEAD's champion on every case.
+use super::*;
+
+impl Session<'_> {
+    /// Build the edit, check and re-time it against HEAD's champion; `Err` holds why it was turned away before timing ended.
+    pub(super) async fn judge_edit(
+        &self,
+        n: u32,
+        pairings: &[Pairing],
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        step_dir: &Path,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+    ) -> Result<std::result::Result<decide::Overall, String>> {
+        // A cache of its own: a cubin the proposer planted in the shared cache is never used.
+        let pending = self.spawn_edit_build(
+            pairings,
+            self.root,
+            "edit",
+            step_dir.join("build"),
+            self.project.jobs(),
+        );
+        let edit_cubins = match collect_builds(pending, self.project, events).await? {
+            Ok(cubins) => cubins,
+            Err(why) => return Ok(Err(why)),
+        };
+        self.duel_edit(
+            n,
+            None,
+            pairings,
+            head_cubins,
+            &edit_cubins,
+            "edit",
+            events,
+            duels,
+        )
+        .await
+    }
+
+    /// Start building the edit's forward kernels from `tree` into the build cache `cache`.
+    pub(crate) fn spawn_edit_build(
+        &self,
+        pairings: &[Pairing],
+        tree: &Path,
+        tag: &str,
+        cache: PathBuf,
+        jobs: usize,
+    ) -> PendingBuild {
+        let builder = Builder {
+            cache_dir: cache,
+            ..self.project.builder()
+        };
+        let specs = self.specs(pairings, tree, tag);
+        let order = specs.iter().map(|(k, _)| k.clone()).collect();
+        let (tasks, rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+        PendingBuild { tasks, rx, order }
+    }
+
+    /// One side of a duel (or a profile) on a pairing's case: `cubin` checked against HEAD's reference.
+    pub(super) fn case_spec(
+        &self,
+        p: &Pairing,
+        cubin: &Path,
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        seed: u64,
+    ) -> CaseSpec {
+        let project = self.project;
+        let family = &project.space.family;
+        CaseSpec {
+            shape: p.shape.clone(),
+            dtype: p.dtype,
+            seed,
+            tolerance: project.policies.tolerance_for(p.dtype),
+            cpu_oracle_max_macs: project.policies.measure.cpu_reference_max_macs,
+            forward: ForwardKernel {
+                cubin: cubin.to_path_buf(),
+                entry: family.forward_entry.clone(),
+                combine_entry: family.combine_entry.clone(),
+                launch: p.point.launch.clone().expect("valid points have a launch"),
+                defines: project
+                    .space
+                    .forward_defines(&p.point.variant, p.dtype, p.shape.d),
+            },
+            // The reference is HEAD's, one cubin for both sides; the worker checks it against the oracle.
+            reference: ReferenceKernel {
+                cubin: head_cubins[&(REFERENCE.to_owned(), p.dtype, 0)].clone(),
+                entry: family.reference_entry.clone(),
+            },
+            // A duel interleaves both sides sample by sample: nothing to race.
+            race: None,
+        }
+    }
+
+    /// Check and re-time built edit kernels against HEAD's champion (interleaved, under the GPU lock).
+    /// Each case is logged (and a line printed on stderr) as the worker answers it; the first case
+    /// the edit fails ends the duel there.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn duel_edit(
+        &self,
+        n: u32,
+        candidate: Option<u32>,
+        pairings: &[Pairing],
+        head_cubins: &BTreeMap<UnitKey, PathBuf>,
+        edit_cubins: &BTreeMap<UnitKey, PathBuf>,
+        tag: &str,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+    ) -> Result<std::result::Result<decide::Overall, String>> {
+        let project = self.project;
+        let policy = &project.policies.measure;
+        let mut pairs = Vec::new();
+        let mut seeds = Vec::new();
+        for p in pairings {
+            let id = &p.point.variant.id;
+            // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
+            let seed = run::input_seed(
+                self.seed ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                &p.shape,
+                p.dtype,
+            );
+            seeds.push(seed);
+            let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
+            pairs.push(DuelPair {
+                champion: self.case_spec(p, &head_cubins[&key("head")], head_cubins, seed),
+                challenger: self.case_spec(p, &edit_cubins[&key(tag)], head_cubins, seed),
+            });
+        }
+        let request = DuelRequest {
+            measure: MeasureSpec {
+                warmup_ms: policy.warmup_ms,
+                samples: project.policies.step.rounds,
+                min_sample_us: policy.min_sample_us,
+            },
+            rounds: project.policies.step.rounds,
+            pairs,
+            stop_at_failure: true,
+        };
+        let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
+        let label = match candidate {
+            Some(k) => format!("step {n} candidate {k}"),
+            None => format!("step {n}"),
+        };
+        let mut tally = Tally {
+            verdicts: Vec::new(),
+            failure: None,
+            seen: vec![false; pairings.len()],
+            logged: Ok(()),
+        };
+        let answered = crate::executor::WorkerOutcome::ended(crate::executor::WorkerEnd::Clean);
+        let outcome = self
+            .opts
+            .executor
+            .duel_each(self.opts.device, request, timeout, &mut |r: &DuelResult| {
+                let Some(i) = pairings
+                    .iter()
+                    .position(|p| p.shape.name == r.shape && p.dtype == r.dtype)
+                else {
+                    return;
+                };
+                if tally.logged.is_ok() && !tally.seen[i] {
+                    tally.seen[i] = true;
+                    let judged = self.judge_one(Some(r), &answered, &pairings[i]);
+                    tally.logged = self.log_pair(
+                        (n, candidate, &label),
+                        &pairings[i],
+                        seeds[i],
+                        judged,
+                        events,
+                        duels,
+                        &mut tally.verdicts,
+                        &mut tally.failure,
+                    );
+                }
+            })
+            .await;
+        let Tally {
+            mut verdicts,
+            mut failure,
+            seen,
+            logged,
+        } = tally;
+        logged?;
+        // A worker that stopped at the edit's first failure left the rest untimed, as it should;
+        // otherwise a case without an answer is a failure of its own (the worker died, timed out).
+        let stopped_early = failure.is_some() && outcome.trouble().is_none();
+        for (i, p) in pairings.iter().enumerate() {
+            if seen[i] || stopped_early {
+                continue;
+            }
+            let judged = self.judge_one(None, &outcome, p);
+            self.log_pair(
+                (n, candidate, &label),
+                p,
+                seeds[i],
+                judged,
+                events,
+                duels,
+                &mut verdicts,
+                &mut failure,
+            )?;
+        }
+        if let Some(why) = failure {
+            return Ok(Err(why));
+        }
+        Ok(Ok(decide::judge_overall(
+            &verdicts,
+            project.policies.step.threshold,
+        )))
+    }
+
+    fn judge_one(
+        &self,
+        result: Option<&DuelResult>,
+        outcome: &crate::executor::WorkerOutcome,
+        p: &Pairing,
+    ) -> crate::duel::PairOutcome {
+        crate::duel::judge_pair(
+            result,
+            outcome,
+            self.project.policies.step.threshold,
+            &p.shape,
+            &self.roofs,
+            self.project.policies.gates.plausibility_margin,
+        )
+    }
+
+    /// One judged case into the log (flushed), the report's rows and a line on stderr.
+    #[allow(clippy::too_many_arguments)]
+    fn log_pair(
+        &self,
+        (n, candidate, label): (u32, Option<u32>, &str),
+        p: &Pairing,
+        seed: u64,
+        judged: crate::duel::PairOutcome,
+        events: &mut Events,
+        duels: &mut Vec<DuelRow>,
+        verdicts: &mut Vec<(String, Verdict)>,
+        failure: &mut Option<String>,
+    ) -> Result<()> {
+        let case = format!("{} {}", p.shape.name, p.dtype);
+        if let Some(v) = &judged.verdict {
+            verdicts.push((case.clone(), v.clone()));
+        }
+        if failure.is_none() {
+            *failure = judged.failure.as_ref().map(|w| format!("{case}: {w}"));
+        }
+        let us = |t: &Option<crate::protocol::TimingStats>| {
+            t.as_ref()
+                .map_or("—".to_owned(), |t| format!("{:.2} µs", t.median_us))
+        };
+        let said = match (&judged.verdict, &judged.failure) {
+            (_, Some(f)) => f.lines().next().unwrap_or("").to_owned(),
+            (Some(v), None) => format!(
+                "HEAD {}, edit {}: {:+.1}% (noise {:.1}%)",
+                us(&judged.champion),
+                us(&judged.challenger),
+                v.gain * 100.0,
+                v.noise * 100.0
+            ),
+            (None, None) => "no verdict".into(),
+        };
+        eprintln!("{label}: {case}: {said}");
+        duels.push(DuelRow {
+            shape: p.shape.name.clone(),
+            dtype: p.dtype,
+            variant: p.point.variant.id.clone(),
+            champion_us: judged.champion.as_ref().map(|t| t.median_us),
+            challenger_us: judged.challenger.as_ref().map(|t| t.median_us),
+            verdict: judged.verdict.clone(),
+            failure: judged.failure.clone(),
+        });
+        events.emit(Record::Duel {
+            step: n,
+            shape: p.shape.name.clone(),
+            dtype: p.dtype,
+            variant: p.point.variant.id.clone(),
+            seed,
+            champion: judged.champion,
+            challenger: judged.challenger,
+            challenger_check: judged.challenger_check,
+            verdict: judged.verdict,
+            failure: judged.failure,
+            candidate,
+        })?;
+        Ok(())
+    }
+}
+
+/// What a streamed duel has judged so far.
+struct Tally {
+    verdicts: Vec<(String, Verdict)>,
+    failure: Option<String>,
+    seen: Vec<bool>,
+    logged: Result<()>,
+}
+
+/// Build every spec, logging each result as `tune` does; returns them in spec order.
+pub(super) async fn build_logged(
+    builder: Builder,
+    jobs: usize,
+    specs: Vec<(UnitKey, BuildSpec)>,
+    events: &mut Events,
+) -> Result<Vec<(UnitKey, std::result::Result<BuildOutput, String>)>> {
+    let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
+    let (_tasks, mut rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+    let mut done = BTreeMap::new();
+    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        let record = match &result {
+            Ok(out) => Record::built(&variant, dtype, head_dim, out),
+            Err(f) => Record::BuildFailed {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                reason: f.to_string(),
+                log_tail: crate::build::log_tail(f.log(), 30),
+            },
+        };
+        events.emit(record)?;
+        let result = result.map_err(|f| format!("{f}\n{}", crate::build::log_tail(f.log(), 12)));
+        done.insert((variant, dtype, head_dim), result);
+    }
+    Ok(order
+        .into_iter()
+        .filter_map(|k| done.remove(&k).map(|r| (k, r)))
+        .collect())
+}
+
+/// Edit builds in flight, and what they are judged by once done.
+pub(crate) struct PendingBuild {
+    tasks: tokio::task::JoinSet<()>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::BuildResult>,
+    order: Vec<UnitKey>,
+}
+
+/// Wait for an edit's builds, logging each; `Err` inside says why the edit is turned away.
+pub(crate) async fn collect_builds(
+    pending: PendingBuild,
+    project: &Project,
+    events: &mut Events,
+) -> Result<std::result::Result<BTreeMap<UnitKey, PathBuf>, String>> {
+    let PendingBuild {
+        tasks: _tasks,
+        mut rx,
+        order,
+    } = pending;
+    let mut done = BTreeMap::new();
+    while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        let record = match &result {
+            Ok(out) => Record::built(&variant, dtype, head_dim, out),
+            Err(f) => Record::BuildFailed {
+                variant: variant.clone(),
+                dtype,
+                head_dim,
+                reason: f.to_string(),
+                log_tail: crate::build::log_tail(f.log(), 30),
+            },
+        };
+        events.emit(record)?;
+        done.insert((variant, dtype, head_dim), result);
+    }
+    let mut cubins = BTreeMap::new();
+    for key in order {
+        match done.remove(&key) {
+            None => return Ok(Err(format!("the build of {} was lost", key.0))),
+            Some(Err(f)) => {
+                return Ok(Err(format!(
+                    "the edit does not build ({}, {}, d={}): {f}\n{}",
+                    key.0,
+                    key.1,
+                    key.2,
+                    crate::build::log_tail(f.log(), 12)
+                )))
+            }
+            Some(Ok(out)) => {
+                if let Some(why) = project.gate(&out) {
+                    return Ok(Err(format!("the edit is rejected by the gates: {why}")));
+                }
+                cubins.insert(key, out.cubin);
+            }
+        }
+    }
+    Ok(Ok(cubins))
+}
