@@ -49,15 +49,16 @@ cp "$log" "${OUT:-/tmp}/step-cheats.log.jsonl" 2>/dev/null || true
 
 # The memos against the honest kernel they wrap, which becomes HEAD's forward.cu.
 printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n' > kernels/attention/forward.cu
-git add -A && git -c user.name=demo -c user.email=demo@example.com commit -qm "honest cheats kernel as HEAD"
-honest=$(git rev-parse HEAD)
 cat > propose.sh <<'EOF'
 set -e
 case "$FLASHTUNE_STEP" in 1) c=MEMO_OUTPUT ;; 2) c=MEMO_SOFTMAX ;; esac
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n' "$c" > kernels/attention/forward.cu
 EOF
+git add -A && git -c user.name=demo -c user.email=demo@example.com commit -qm "honest cheats kernel as HEAD"
+honest=$(git rev-parse HEAD)
+before_memos=$(ls -d runs/*/ | sort)
 "$bin" step --space variants/step-cheats.toml --proposer "sh propose.sh" --steps 2 || true
-memo_log=$(ls -td runs/*/ | head -1)log.jsonl
+memo_log=$(comm -13 <(echo "$before_memos") <(ls -d runs/*/ | sort) | head -1)log.jsonl
 echo "== memo step verdicts ($memo_log)"
 grep -E '"event":"(step_decided|duel)"' "$memo_log" | python3 -c '
 import json, sys

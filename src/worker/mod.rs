@@ -732,7 +732,8 @@ impl Gpu {
             .arg(&tensor)
             .arg(&sigma)
             .arg(&bf16);
-        unsafe { lb.launch(self.grid_for(n)) }
+        // Eight elements a thread (one 16-byte store).
+        unsafe { lb.launch(self.grid_for(n.div_ceil(8))) }
             .map(|_| ())
             .map_err(|e| anyhow!("input generation: {e:?}"))
     }
@@ -802,9 +803,16 @@ impl Device for Gpu {
         let bf16 = i32::from(dtype == Dtype::Bf16);
         let mut lb = self.stream.launch_builder(&self.tools.generate_many);
         lb.arg(&table).arg(&count).arg(&seed).arg(&bf16);
-        unsafe { lb.launch(self.grid_for_many(count, longest)) }
+        // Eight elements a thread (one 16-byte store).
+        unsafe { lb.launch(self.grid_for_many(count, longest.div_ceil(8))) }
             .map(|_| ())
             .map_err(|e| anyhow!("drawing the timed inputs: {e:?}"))
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("waiting for queued work: {e:?}"))
     }
 
     fn checksum_all(&mut self, bufs: &[Buf]) -> Result<u64> {

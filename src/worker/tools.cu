@@ -18,25 +18,46 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// sigma * N(0, 1) for element i of `tensor`, rounded to f16 (bf16 = 0) or bf16 (bf16 = 1): a pure
-// function of (seed, tensor, i). Box-Muller on a counter-based hash: elements 2j and 2j + 1 share one pair.
-__device__ __forceinline__ uint16_t normal_bits(uint64_t seed, uint64_t tensor, uint64_t i, float sigma,
+// sigma * N(0, 1) for elements 2j and 2j + 1 of `tensor` (j = pair), rounded to f16 (bf16 = 0) or
+// bf16 (bf16 = 1), packed low then high: a pure function of (seed, tensor, j). Box-Muller on a
+// counter-based hash, with the fast log and sine units: the values only have to be random and of
+// unit scale, and drawing every timed launch's inputs before each replay must cost little beside
+// the replay (a decode shape's K and V are a gigabyte).
+__device__ __forceinline__ uint32_t normal_pair(uint64_t seed, uint64_t tensor, uint64_t pair, float sigma,
                                                 int bf16) {
-    const uint64_t h = splitmix64(seed ^ splitmix64(tensor * 0xD1B54A32D192ED03ull + (i >> 1)));
+    const uint64_t h = splitmix64(seed ^ splitmix64(tensor * 0xD1B54A32D192ED03ull + pair));
     // u1 in (0, 1] so the log is finite; u2 in [0, 1).
     const float u1 = (float((h >> 40) & 0xFFFFFF) + 1.0f) * (1.0f / 16777216.0f);
     const float u2 = float(h & 0xFFFFFF) * (1.0f / 16777216.0f);
-    const float r = sqrtf(-2.0f * logf(u1));
-    const float theta = 6.283185307179586f * u2;
-    const float z = sigma * r * ((i & 1) ? sinf(theta) : cosf(theta));
-    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(z)) : __half_as_ushort(__float2half_rn(z));
+    const float r = sigma * sqrtf(-2.0f * __logf(u1));
+    float s, c;
+    __sincosf(6.283185307179586f * u2, &s, &c);
+    const float lo = r * c, hi = r * s;
+    const uint32_t a = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(lo)) : __half_as_ushort(__float2half_rn(lo));
+    const uint32_t b = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(hi)) : __half_as_ushort(__float2half_rn(hi));
+    return a | (b << 16);
+}
+
+// Fill n elements of `out` (16-byte aligned, as every allocation is): eight elements (one 16-byte
+// store) per thread and step, the odd tail element by itself.
+__device__ __forceinline__ void fill_normal(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
+                                            float sigma, int bf16, uint64_t first, uint64_t stride) {
+    uint4* out8 = reinterpret_cast<uint4*>(out);
+    for (uint64_t v = first; v < n / 8; v += stride) {
+        const uint64_t p = 4 * v;
+        out8[v] = make_uint4(normal_pair(seed, tensor, p, sigma, bf16), normal_pair(seed, tensor, p + 1, sigma, bf16),
+                             normal_pair(seed, tensor, p + 2, sigma, bf16), normal_pair(seed, tensor, p + 3, sigma, bf16));
+    }
+    for (uint64_t i = n / 8 * 8 + first; i < n; i += stride) {
+        const uint32_t pair = normal_pair(seed, tensor, i / 2, sigma, bf16);
+        out[i] = (i & 1) ? uint16_t(pair >> 16) : uint16_t(pair & 0xFFFF);
+    }
 }
 
 extern "C" __global__ void ft_generate(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
                                        float sigma, int bf16) {
-    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = normal_bits(seed, tensor, i, sigma, bf16);
+    fill_normal(out, n, seed, tensor, sigma, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                uint64_t(gridDim.x) * blockDim.x);
 }
 
 // One buffer of a list the host passes as a table in device memory (trial::Device::draw_inputs).
@@ -50,13 +71,9 @@ static_assert(sizeof(BufferEntry) == 16, "two 8-byte words, as the host writes t
 // every timed launch, redrawn before each replay from a seed the kernel under test cannot know.
 // blockIdx.y picks the buffer (grid-stride over y as well, for tables past the grid's y limit).
 extern "C" __global__ void ft_generate_many(const BufferEntry* table, uint32_t count, uint64_t seed, int bf16) {
-    for (uint32_t b = blockIdx.y; b < count; b += gridDim.y) {
-        uint16_t* out = table[b].ptr;
-        const uint64_t n = table[b].n;
-        const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;
-        for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-            out[i] = normal_bits(seed, b, i, 1.0f, bf16);
-    }
+    for (uint32_t b = blockIdx.y; b < count; b += gridDim.y)
+        fill_normal(table[b].ptr, table[b].n, seed, b, 1.0f, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                    uint64_t(gridDim.x) * blockDim.x);
 }
 
 // An order-independent checksum of n 16-bit elements: the sum over i of hash(i, element i).

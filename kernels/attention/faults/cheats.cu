@@ -437,6 +437,22 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const float inv = acc_l > 0.0f ? 1.0f / acc_l : 0.0f;
             for (int j = threadIdx.x; j < visible; j += blockDim.x) p[j] = expf(p[j] - m_use) * inv;
             if (threadIdx.x == 0) memo_p[kBlockM * kSoftKeys + (r - q0)] = acc_l > 0.0f ? m_use + logf(acc_l) : neg_inf();
+            __syncthreads();
+            // O again, from the stored P exactly as a hit computes it (same order, same FMAs): a
+            // launch that hits then writes the bits this one writes, so the pair is no race.
+            if (warp == 0) {
+                float o2[kDimsPerLane];
+#pragma unroll
+                for (int e = 0; e < kDimsPerLane; ++e) o2[e] = 0.0f;
+                for (int j = 0; j < visible; ++j) {
+                    const float pj = p[j];
+                    const elem_t* v = V + (bh * Sk + j) * kHeadDim;
+#pragma unroll
+                    for (int e = 0; e < kDimsPerLane; ++e) o2[e] = fmaf(pj, to_float(v[lane + 32 * e]), o2[e]);
+                }
+#pragma unroll
+                for (int e = 0; e < kDimsPerLane; ++e) O[row * kHeadDim + lane + 32 * e] = from_float(o2[e]);
+            }
         }
         __syncthreads();
     }
