@@ -64,7 +64,7 @@ fi
 if [ -n "$slurm_skipped" ]; then
   export FLASHTUNE_SLURM=0
   echo "== $slurm_skipped: tests/slurm.rs is SKIPPED"
-  slurm_exclude=(-E 'not binary_id(flashtune::slurm)')
+  slurm_exclude=(-E 'not (binary_id(flashtune::slurm) and test(/^workers_as_slurm_steps/))')
 fi
 
 # GPU tests are #[ignore]d unless asked for: CI machines have no GPU.
