@@ -35,6 +35,35 @@ else
   echo "== npm not found: the real-agent tests (tests/agent_cli.rs) are SKIPPED"
 fi
 [ -x "$gemini_dir/node_modules/.bin/gemini" ] && export FLASHTUNE_GEMINI_CLI="$PWD/$gemini_dir/node_modules/.bin/gemini"
+
+# tests/slurm.rs runs workers as job steps of a real one-node Slurm cluster on this host, set up here
+# (installed with apt-get when missing, where that is possible) and stopped by pid when the tests end.
+# Where it cannot be had (or FLASHTUNE_SLURM=0), the test is left out of the run, so the summary counts
+# it as skipped, and this script says SKIPPED and why before and after the tests.
+slurm_dir=""
+slurm_skipped=""
+slurm_exclude=()
+if [ "${FLASHTUNE_SLURM:-}" != 0 ]; then
+  slurm_dir=$(mktemp -d "${TMPDIR:-/tmp}/flashtune-slurm.XXXXXX")
+  trap 'bash scripts/slurm-localhost.sh stop "$slurm_dir"; rm -rf "$slurm_dir"; [ -z "$slurm_skipped" ] || echo "== $slurm_skipped: tests/slurm.rs was SKIPPED"' EXIT
+  slurm_t0=$(date +%s%N)
+  if bash scripts/slurm-localhost.sh start "$slurm_dir"; then
+    export FLASHTUNE_SLURM=1 SLURM_CONF="$slurm_dir/slurm.conf"
+    ms=$(( ($(date +%s%N) - slurm_t0) / 1000000 ))
+    echo "== Slurm up in $((ms / 1000)).$((ms % 1000 / 100)) s: tests/slurm.rs runs its workers through srun"
+  else
+    slurm_skipped=$(cat "$slurm_dir/skipped" 2>/dev/null || echo "SKIPPED: no Slurm (scripts/slurm-localhost.sh failed)")
+  fi
+else
+  slurm_skipped="SKIPPED: no Slurm (FLASHTUNE_SLURM=0)"
+  trap 'echo "== $slurm_skipped: tests/slurm.rs was SKIPPED"' EXIT
+fi
+if [ -n "$slurm_skipped" ]; then
+  export FLASHTUNE_SLURM=0
+  echo "== $slurm_skipped: tests/slurm.rs is SKIPPED"
+  slurm_exclude=(-E 'not (binary_id(flashtune::slurm) and test(/^workers_as_slurm_steps/))')
+fi
+
 t_installs=$(( $(now) - t0 ))
 
 # GPU tests are #[ignore]d unless asked for: CI machines have no GPU.
@@ -44,7 +73,7 @@ status=0
 if cargo nextest --version >/dev/null 2>&1; then
   junit=target/nextest/default/junit.xml
   rm -f "$junit"
-  cargo nextest run --no-fail-fast "${gpu_nextest[@]}" "$@" || status=$?
+  cargo nextest run --no-fail-fast "${gpu_nextest[@]}" "${slurm_exclude[@]}" "$@" || status=$?
   if [ -f "$junit" ]; then
     echo "== slowest tests"
     python3 - "$junit" <<'PY'
@@ -55,8 +84,9 @@ for t, name in sorted(cases, reverse=True)[:10]:
 PY
   fi
 else
+  [ -z "$slurm_skipped" ] || gpu_libtest+=(--skip workers_as_slurm_steps)
   cargo test --no-fail-fast "$@" -- "${gpu_libtest[@]}" || status=$?
 fi
 t_tests=$(( $(now) - t0 ))
-echo "== scripts/test.sh: $(( $(now) - t_start )) s in all: build ${t_build} s, installs ${t_installs} s, tests ${t_tests} s (their own build included)"
+echo "== scripts/test.sh: $(( $(now) - t_start )) s in all: build ${t_build} s, installs and Slurm ${t_installs} s, tests ${t_tests} s (their own build included)"
 exit $status

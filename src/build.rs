@@ -259,10 +259,15 @@ pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
 
 /// Children die with flashtune: a SIGKILLed orchestrator must not leave workers on the GPU or nvcc on the CPUs.
 pub fn die_with_parent(cmd: &mut tokio::process::Command) {
+    die_with_parent_by(cmd, libc::SIGKILL);
+}
+
+/// [`die_with_parent`] by `signal` (SIGTERM for a child that must pass the end on, as srun).
+pub fn die_with_parent_by(cmd: &mut tokio::process::Command, signal: i32) {
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, signal);
             Ok(())
         });
     }

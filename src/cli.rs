@@ -276,6 +276,9 @@ enum Command {
         /// Be the GPU-less test double for this target arch.
         #[arg(long)]
         fake: Option<String>,
+        /// Started as a Slurm job step (`--executor slurm`): lock the step's GPUs on this node.
+        #[arg(long)]
+        slurm_step: bool,
     },
 }
 
@@ -311,11 +314,25 @@ enum StrategyArg {
     Guided,
 }
 
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum ExecutorArg {
+    Local,
+    Slurm,
+}
+
 #[derive(clap::Args)]
 struct RunArgs {
     /// GPU ordinals to use, one measurement queue each (e.g. 0,1); default: every visible GPU.
     #[arg(long, value_delimiter = ',')]
     gpus: Vec<u32>,
+    /// Where the workers run: `local`, this host's GPUs; `slurm`, one `srun` job step per worker
+    /// (the job's GPUs inside `salloc`/`sbatch`, a job of its own per worker outside one), as
+    /// policies.toml's [slurm] says. Builds stay here; the nodes must see the build cache.
+    #[arg(long, value_enum, default_value_t = ExecutorArg::Local)]
+    executor: ExecutorArg,
+    /// With --executor slurm: workers at once, one measurement queue each (default: [slurm] tasks).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    tasks: Option<u32>,
     /// Stop starting new measurements after this long (e.g. 8h, 45m).
     #[arg(long, value_parser = humantime::parse_duration)]
     time_limit: Option<Duration>,
@@ -348,11 +365,24 @@ struct RunArgs {
 impl RunArgs {
     fn options(&self, paths: ProjectPaths, space: Option<PathBuf>) -> Result<TuneOptions> {
         let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        if self.tasks.is_some() && self.executor != ExecutorArg::Slurm {
+            return Err(Error::BadInput(
+                "--tasks sets how many Slurm workers run: it needs --executor slurm (local runs pick GPUs with --gpus)".into(),
+            ));
+        }
         let probe = Duration::from_secs(PROBE_TIMEOUT_S);
-        let executor = if self.fake_gpu {
-            Executor::fake(probe, &policies.build.default_arch)
-        } else {
-            Executor::subprocess(probe)
+        let arch = &policies.build.default_arch;
+        let executor = match (self.executor, self.fake_gpu) {
+            (ExecutorArg::Slurm, fake) => {
+                let srun = crate::slurm::Srun {
+                    tasks: self.tasks.unwrap_or(policies.slurm.tasks),
+                    gres: !fake,
+                    policy: policies.slurm.clone(),
+                };
+                Executor::slurm(probe, fake.then_some(arch.as_str()), srun)
+            }
+            (ExecutorArg::Local, true) => Executor::fake(probe, arch),
+            (ExecutorArg::Local, false) => Executor::subprocess(probe),
         };
         let executor = executor.map_err(|e| Error::Other(e.into()))?;
         let budget = Budget {
@@ -467,10 +497,16 @@ impl Reporter for JsonLines {
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Worker { device, fake } = &cli.command {
+    if let Command::Worker {
+        device,
+        fake,
+        slurm_step,
+    } = &cli.command
+    {
         return match fake {
+            // The double touches no GPU: nothing to lock.
             Some(arch) => crate::fakegpu::serve(arch, *device),
-            None => crate::worker::serve(*device),
+            None => crate::worker::serve(*device, *slurm_step),
         };
     }
     let _ = tracing_subscriber::fmt()

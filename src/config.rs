@@ -37,6 +37,71 @@ pub struct Policies {
     /// Dollars per million tokens per model, for agents that report tokens but no dollars.
     #[serde(default)]
     pub prices: crate::usage::PriceTable,
+    /// `--executor slurm`: how the workers are started as Slurm job steps.
+    #[serde(default)]
+    pub slurm: SlurmPolicy,
+}
+
+/// `[slurm]`: each worker is one `srun` job step; none of it changes a figure, so a run's policies
+/// hash leaves this table out (`resume` on another partition or account is the same experiment).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlurmPolicy {
+    /// Workers at once, one job step and one measurement queue each (`--tasks` overrides it).
+    pub tasks: u32,
+    /// srun's `--gres` for each worker (`gpu:1`); left out with `--fake-gpu`, whose double needs no
+    /// GPU; empty: never asked for (a cluster that hands out GPUs without gres).
+    pub gres: String,
+    /// srun's `--partition`, `--account` and `--time` for each worker; empty: the cluster's default.
+    pub partition: String,
+    pub account: String,
+    pub time: String,
+    /// Further srun arguments, one word each (e.g. `--constraint=h100`, `--mem=32G`).
+    pub extra_args: Vec<String>,
+    /// Seconds a worker's step may wait for its resources (a queued job, outside an allocation)
+    /// before it counts as not started.
+    pub start_timeout_s: u64,
+    /// Times the cluster may end a variant's worker (step cancelled, node lost, time limit, preempted)
+    /// before its remaining cases are skipped; such losses never quarantine it.
+    pub max_lost: u32,
+}
+
+impl Default for SlurmPolicy {
+    fn default() -> Self {
+        SlurmPolicy {
+            tasks: 4,
+            gres: "gpu:1".into(),
+            partition: String::new(),
+            account: String::new(),
+            time: String::new(),
+            extra_args: Vec::new(),
+            start_timeout_s: 600,
+            max_lost: 3,
+        }
+    }
+}
+
+/// The text a run's policies hash covers: the file without its `[slurm]` table, which says how the
+/// workers reach their GPUs and never changes a figure. A file without one hashes as it always did.
+pub fn text_for_hash(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_slurm = false;
+    for line in text.split_inclusive('\n') {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            let name = t
+                .trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim();
+            in_slurm = name == "slurm" || name.starts_with("slurm.");
+        }
+        if !in_slurm {
+            out.push_str(line);
+        }
+    }
+    out
 }
 
 /// One coding agent's command line, run by `sh -c` in the candidate's work directory.
@@ -667,6 +732,15 @@ impl Policies {
             "step.proposer_timeout_s",
             self.step.proposer_timeout_s,
         )?;
+        check_timeout(
+            path,
+            text,
+            "slurm.start_timeout_s",
+            self.slurm.start_timeout_s,
+        )?;
+        if self.slurm.tasks == 0 {
+            return fail("slurm.tasks", "at least one worker is needed".into());
+        }
         if self.measure.samples < 3 {
             return fail(
                 "samples",

@@ -7,8 +7,8 @@ use crate::measure::measure_points;
 use crate::plan::Strategy;
 use crate::protocol::*;
 use crate::run::{
-    disk_room, fresh_run_seed, header, input_seed, lock_gpus, logged_case, measure_roofs,
-    new_run_id, profile_case, Events, Project, Reporter, RunState, TuneOptions, UnitKey,
+    disk_room, fresh_run_seed, header, input_seed, lock_gpus, measure_roofs, new_run_id,
+    profile_case, Events, Project, Reporter, RunState, TuneOptions, UnitKey,
 };
 use crate::runlog::{self, Header, Record, RunLog};
 use crate::scheduler::Ending;
@@ -16,7 +16,7 @@ use crate::space::{DeviceLimits, PlannedPoint};
 use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub struct TuneOutcome {
     pub run_dir: PathBuf,
@@ -34,9 +34,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
-    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices, opts.executor.is_fake(), opts.when_busy)?;
-    let opts = TuneOptions { devices, ..opts };
+    let (device, _locks, opts) = take_gpus(opts, &project).await?;
     let run_id = new_run_id();
     let run_dir = project.paths.runs().join(&run_id);
     std::fs::create_dir_all(&run_dir)
@@ -82,10 +80,8 @@ pub async fn resume(
     if opts.commit {
         refuse_dirty_table(&project)?;
     }
-    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices, opts.executor.is_fake(), opts.when_busy)?;
+    let (device, _locks, opts) = take_gpus(opts, &project).await?;
     let opts = TuneOptions {
-        devices,
         strategy: old.strategy.clone(),
         ..opts
     };
@@ -265,8 +261,20 @@ pub fn header_mismatches(old: &Header, new: &Header) -> Vec<String> {
     m
 }
 
-/// Probe the chosen GPUs (all visible ones when none is chosen); they must all be one model.
+/// Probe the chosen GPUs (all visible ones when none is chosen); they must all be one model. Under
+/// Slurm one step is probed, and the queues are the workers `--tasks` asks for (each step's GPU is
+/// checked against this one's model when its session opens).
 async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u32>)> {
+    if let Some(tasks) = executor.queues() {
+        if !chosen.is_empty() {
+            return Err(Error::BadInput(
+                "--gpus picks GPUs of this host; with --executor slurm the cluster places each worker: set how many with --tasks"
+                    .into(),
+            ));
+        }
+        let info = executor.probe(0).await.map_err(refused)?;
+        return Ok((info, (0..tasks).collect()));
+    }
     let mut devices = chosen.to_vec();
     let mut first: Option<DeviceInfo> = None;
     if devices.is_empty() {
@@ -292,6 +300,32 @@ async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(DeviceInfo, Vec<u
     }
     let first = first.ok_or_else(|| Error::BadInput("no GPU selected".into()))?;
     Ok((first, devices))
+}
+
+/// The run's GPUs: probed, reachable (Slurm steps see this host's files), locked; from now on every
+/// worker session must serve their model.
+async fn take_gpus(
+    opts: TuneOptions,
+    project: &Project,
+) -> Result<(DeviceInfo, Vec<std::fs::File>, TuneOptions)> {
+    let (device, devices) = probe(&opts.executor, &opts.devices).await?;
+    check_reach(&opts.executor, project).await?;
+    let locks = lock_gpus(&devices, !opts.executor.local_gpus(), opts.when_busy)?;
+    let executor = opts.executor.clone().expecting(&device.name);
+    let opts = TuneOptions {
+        devices,
+        executor,
+        ..opts
+    };
+    Ok((device, locks, opts))
+}
+
+/// Workers elsewhere must see the cubins built here: refuse a run whose Slurm steps do not.
+async fn check_reach(executor: &Executor, project: &Project) -> Result<()> {
+    executor
+        .check_reach(&project.paths.build_cache())
+        .await
+        .map_err(|why| Error::BadInput(format!("--executor slurm: {why}")))
 }
 
 /// Why a probe failed: no GPU, or a GPU whose own output comparison cannot be trusted.
@@ -380,7 +414,7 @@ async fn drive(
     let mut interrupted = matches!(ending, Ending::Interrupted(_));
     if let Ending::Finished(t) = ending {
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
-        unless_stopped(reduel_across_drift(project, device, opts, events)).await?;
+        unless_stopped(crate::duel::reduel_champions(project, device, opts, events)).await?;
         unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
         interrupted = crate::stop::requested().is_some();
         if !interrupted {
@@ -420,103 +454,6 @@ async fn drive(
         summary,
         interrupted,
     })
-}
-
-/// Champions whose case and runner-up's were timed on different sides of a drift of the sentinel
-/// (their sentinels further apart than `[sentinel] max_drift`) are re-timed against each other,
-/// interleaved in one worker on the same inputs, before the champion table is committed: the
-/// `drift_duel` record decides which of the two holds the case.
-async fn reduel_across_drift(
-    project: &Project,
-    device: &DeviceInfo,
-    opts: &TuneOptions,
-    events: &mut Events,
-) -> Result<()> {
-    let log = runlog::read(&events.log.path)?;
-    let ix = crate::runindex::RunIndex::new(&log);
-    let max_drift = project.policies.sentinel.max_drift;
-    let mut pairs = Vec::new();
-    let mut names = Vec::new();
-    for shape in &project.shapes {
-        for &dtype in &project.policies.dtypes {
-            let Some(pick) = ix.pick(&shape.name, dtype) else {
-                continue;
-            };
-            let Some(runner_up) = pick.runner_up else {
-                continue;
-            };
-            let (best, runner_up) = (pick.best.variant, runner_up.variant);
-            let Some(drift) = ix.drift_between(pick.best, pick.runner_up.expect("some")) else {
-                continue;
-            };
-            let judged = ix.drift_duels.iter().any(|d| {
-                d.shape == shape.name
-                    && d.dtype == dtype
-                    && [d.champion, d.runner_up].contains(&best)
-                    && [d.champion, d.runner_up].contains(&runner_up)
-            });
-            if drift <= max_drift || judged {
-                continue;
-            }
-            let (Some(a), Some(b)) = (
-                logged_case(project, &log, best, shape, dtype),
-                logged_case(project, &log, runner_up, shape, dtype),
-            ) else {
-                continue;
-            };
-            pairs.push(DuelPair {
-                champion: a.spec,
-                challenger: b.spec,
-            });
-            names.push((
-                shape.clone(),
-                dtype,
-                best.to_owned(),
-                runner_up.to_owned(),
-                drift,
-            ));
-        }
-    }
-    if pairs.is_empty() {
-        return Ok(());
-    }
-    let measure = &project.policies.measure;
-    let rounds = project.policies.step.rounds;
-    let request = DuelRequest {
-        measure: MeasureSpec {
-            warmup_ms: measure.warmup_ms,
-            samples: rounds,
-            min_sample_us: measure.min_sample_us,
-        },
-        rounds,
-        pairs,
-        stop_at_failure: false,
-    };
-    let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
-    let outcome = opts.executor.duel(device.ordinal, request, timeout).await;
-    for (i, (shape, dtype, champion, runner_up, drift)) in names.into_iter().enumerate() {
-        // Which of the two is faster beyond the duel's own noise: no threshold on top.
-        let judged = crate::duel::judge_pair(
-            outcome.duels.get(i),
-            &outcome,
-            0.0,
-            &shape,
-            &opts.run.roofs,
-            project.policies.gates.plausibility_margin,
-        );
-        events.emit(Record::DriftDuel {
-            shape: shape.name.clone(),
-            dtype,
-            champion,
-            runner_up,
-            drift,
-            champion_us: judged.champion.map(|t| t.median_us),
-            runner_up_us: judged.challenger.map(|t| t.median_us),
-            verdict: judged.verdict,
-            failure: judged.failure,
-        })?;
-    }
-    Ok(())
 }
 
 /// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain with `chain_steps`) under ncu, one at a time; cases already profiled in this run are not redone.
@@ -816,7 +753,7 @@ pub async fn profile_on_demand(
     let (loaded, header) = read_run(run_dir)?;
     let project = Project::load(opts.paths.clone(), Some(&header.space_path))?;
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
-    let _locks = lock_gpus(&devices[..1], opts.executor.is_fake(), opts.when_busy)?;
+    let _locks = lock_gpus(&devices[..1], !opts.executor.local_gpus(), opts.when_busy)?;
     if device.name != header.device.name {
         return Err(Error::BadInput(format!(
             "run {} was timed on {}, this GPU is {}: profile it where it ran",

@@ -1,9 +1,11 @@
-//! Runs worker sessions: a supervised `flashtune worker` process per GPU (or its labelled GPU-less double, `worker --fake`) that serves request after request until it fails or is dropped.
+//! Runs worker sessions: a supervised `flashtune worker` process per GPU (or its labelled GPU-less double, `worker --fake`) that serves request after request until it fails or is dropped; started here, or as a Slurm job step through `srun` (see `slurm`).
 //!
 //! Replies arrive on a pipe of their own (fd 3 in the worker), never on stdout: a kernel's printf
 //! cannot pass for a reply, and a reply line that does not parse ends the session as `Garbled`.
+//! Under `srun` the worker's stdout is that pipe (the worker sends everything else to stderr).
 use crate::config::Dtype;
 use crate::protocol::*;
+use crate::slurm::{Srun, StepLoss};
 use std::io::BufRead;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -31,6 +33,23 @@ pub enum WorkerEnd {
     Garbled {
         line: String,
     },
+    /// The cluster ended the worker's job step (Slurm said so): not the variant's fault.
+    Lost {
+        loss: StepLoss,
+        detail: String,
+    },
+}
+
+impl WorkerEnd {
+    /// Whether this end may be the GPU's doing, so the GPU is checked before it takes more work:
+    /// not a clean end, nor a worker that never started or whose step the cluster took away.
+    pub fn may_be_gpus(&self) -> bool {
+        match self {
+            WorkerEnd::Clean | WorkerEnd::Lost { .. } => false,
+            WorkerEnd::Crashed { status, .. } => status != WORKER_NOT_STARTED,
+            WorkerEnd::Fatal(_) | WorkerEnd::TimedOut { .. } | WorkerEnd::Garbled { .. } => true,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +97,9 @@ impl WorkerOutcome {
                 Some(format!("worker timed out: no case finished in {seconds} s"))
             }
             WorkerEnd::Garbled { line } => Some(garbled_reason(line)),
+            WorkerEnd::Lost { loss, detail } => {
+                Some(format!("worker lost: {}: {detail}", loss.describe()))
+            }
         }
     }
 }
@@ -88,7 +110,7 @@ pub fn garbled_reason(line: &str) -> String {
     format!("{}: `{shown}`", crate::protocol::GARBLED_REPLY)
 }
 
-/// Starts worker sessions; the real GPU or the double is chosen once, here.
+/// Starts worker sessions; the real GPU or the double, here or through Slurm, is chosen once, here.
 #[derive(Debug, Clone)]
 pub struct Executor {
     exe: PathBuf,
@@ -96,6 +118,30 @@ pub struct Executor {
     probe_timeout: Duration,
     /// Run `worker --fake`: the same supervision around a test double whose figures are synthetic.
     fake: Option<String>,
+    launcher: Launcher,
+    /// The GPU model every session must have (set once the run probed its first GPU): a Slurm step
+    /// may land on any node, and one run times one kind of GPU.
+    model: Option<String>,
+}
+
+/// How a session's processes end when it is dropped or fails.
+enum Group {
+    /// A local worker's group: killed at once (when dropped).
+    Kill {
+        _on_drop: crate::build::ProcessGroup,
+    },
+    /// srun's group: SIGTERM first, so the step on the node ends with it.
+    Srun(crate::slurm::SrunGroup),
+}
+
+/// Where a worker process runs.
+#[derive(Debug, Clone)]
+pub enum Launcher {
+    /// A child of this process, on this host's GPU `device`.
+    Local,
+    /// A Slurm job step (`srun`), on whichever node and GPU the cluster gives it; the scheduler's
+    /// `device` numbers are its queues, and the step's GPU is its device 0.
+    Slurm(Srun),
 }
 
 /// Bytes of the worker's stdout and stderr kept for a crash report.
@@ -109,31 +155,88 @@ pub struct Session {
     output: Arc<Mutex<String>>,
     /// The tasks copying stdout and stderr into `output`; a crash report waits for them to drain.
     readers: Vec<tokio::task::JoinHandle<()>>,
-    _group: crate::build::ProcessGroup,
+    group: Group,
     /// False once a request ended badly: the process is gone or no longer trusted.
     pub alive: bool,
+    /// A Slurm step: its end is read for the cluster's own words (see `slurm::step_loss`).
+    slurm: bool,
+    /// What the worker said of its GPU when the session opened (Slurm sessions: node, step, GPUs).
+    pub device: Option<DeviceInfo>,
+    /// A Slurm step may wait in the queue this long before its first reply.
+    start_grace: Duration,
 }
 
 impl Executor {
     pub fn subprocess(probe_timeout: Duration) -> std::io::Result<Self> {
-        Ok(Executor {
-            exe: std::env::current_exe()?,
-            probe_timeout,
-            fake: None,
-        })
+        Self::new(probe_timeout, None, Launcher::Local)
     }
 
     /// The GPU-less double, reporting `arch` as its target.
     pub fn fake(probe_timeout: Duration, arch: &str) -> std::io::Result<Self> {
+        Self::new(probe_timeout, Some(arch.to_owned()), Launcher::Local)
+    }
+
+    /// Workers (or, with `fake`, their doubles) as Slurm job steps.
+    pub fn slurm(probe_timeout: Duration, fake: Option<&str>, srun: Srun) -> std::io::Result<Self> {
+        Self::new(
+            probe_timeout,
+            fake.map(str::to_owned),
+            Launcher::Slurm(srun),
+        )
+    }
+
+    fn new(
+        probe_timeout: Duration,
+        fake: Option<String>,
+        launcher: Launcher,
+    ) -> std::io::Result<Self> {
         Ok(Executor {
             exe: std::env::current_exe()?,
             probe_timeout,
-            fake: Some(arch.to_owned()),
+            fake,
+            launcher,
+            model: None,
         })
     }
 
     pub fn is_fake(&self) -> bool {
         self.fake.is_some()
+    }
+
+    pub fn launcher(&self) -> &Launcher {
+        &self.launcher
+    }
+
+    /// The binary every worker runs.
+    pub fn exe(&self) -> &std::path::Path {
+        &self.exe
+    }
+
+    /// Whether workers run on this host's GPUs (locked here by ordinal before a run starts).
+    pub fn local_gpus(&self) -> bool {
+        matches!(self.launcher, Launcher::Local) && !self.is_fake()
+    }
+
+    /// The measurement queues this executor feeds when it chooses them itself: the Slurm workers.
+    pub fn queues(&self) -> Option<u32> {
+        match &self.launcher {
+            Launcher::Local => None,
+            Launcher::Slurm(srun) => Some(srun.tasks),
+        }
+    }
+
+    /// Whether the workers see the build cache at `cache` (and the binary) as this host does.
+    pub async fn check_reach(&self, cache: &std::path::Path) -> Result<(), String> {
+        match &self.launcher {
+            Launcher::Local => Ok(()),
+            Launcher::Slurm(srun) => srun.check_shared(&self.exe, cache).await,
+        }
+    }
+
+    /// From now on every session must serve a GPU named `model`.
+    pub fn expecting(mut self, model: &str) -> Self {
+        self.model = Some(model.to_owned());
+        self
     }
 
     /// Start a worker for `device`; `Err` holds why it did not start.
@@ -142,77 +245,115 @@ impl Executor {
             status: WORKER_NOT_STARTED.into(),
             stderr_tail: e.to_string(),
         };
-        let (read_end, write_end) = reply_pipe().map_err(not_started)?;
-        let mut cmd = tokio::process::Command::new(&self.exe);
-        cmd.arg("worker").arg("--device").arg(device.to_string());
-        if let Some(arch) = &self.fake {
-            cmd.arg("--fake").arg(arch);
-        }
-        cmd.env(REPLY_FD_ENV, REPLY_FD.to_string())
-            .stdin(Stdio::piped())
+        let (mut cmd, pipe) = match &self.launcher {
+            Launcher::Local => {
+                let (read_end, write_end) = reply_pipe().map_err(not_started)?;
+                let mut cmd = tokio::process::Command::new(&self.exe);
+                cmd.arg("worker").arg("--device").arg(device.to_string());
+                if let Some(arch) = &self.fake {
+                    cmd.arg("--fake").arg(arch);
+                }
+                cmd.env(REPLY_FD_ENV, REPLY_FD.to_string());
+                hand_over(&mut cmd, &write_end);
+                (cmd, Some((read_end, write_end)))
+            }
+            Launcher::Slurm(srun) => (srun.worker_command(&self.exe, self.fake.as_deref()), None),
+        };
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // Its own process group, so a timeout kills whatever the worker started too.
-        cmd.process_group(0).kill_on_drop(true);
-        crate::build::die_with_parent(&mut cmd);
-        let write_fd = write_end.as_raw_fd();
-        // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if write_fd == REPLY_FD {
-                    // dup2 onto itself keeps close-on-exec: clear it by hand.
-                    if libc::fcntl(REPLY_FD, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(write_fd, REPLY_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+        // Its own process group, so a timeout kills whatever the worker started too. srun is ended
+        // gently instead (see `SrunGroup`): killed outright it would leave its step on the node.
+        let slurm = matches!(self.launcher, Launcher::Slurm(_));
+        cmd.process_group(0).kill_on_drop(!slurm);
+        if !slurm {
+            crate::build::die_with_parent(&mut cmd);
         }
         let mut child = cmd.spawn().map_err(not_started)?;
-        // The worker holds the only write end now; EOF on ours means it is gone.
-        drop(write_end);
-        let group = crate::build::ProcessGroup(child.id());
+        let group = match slurm {
+            true => Group::Srun(crate::slurm::SrunGroup(child.id())),
+            false => Group::Kill {
+                _on_drop: crate::build::ProcessGroup(child.id()),
+            },
+        };
         let output = Arc::new(Mutex::new(String::new()));
-        let mut readers = Vec::new();
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            readers.push(tokio::spawn(keep_tail(stream, output.clone())));
-        }
         let (tx, replies) = mpsc::unbounded_channel();
-        // A plain thread reads the pipe: blocking reads, one line at a time, until the worker closes it.
-        // SAFETY: `read_end` is an open descriptor this process owns; the File takes it over.
-        let file = unsafe { std::fs::File::from_raw_fd(into_raw(read_end)) };
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(file).lines() {
-                let stop = line.is_err();
-                if tx.send(line).is_err() || stop {
-                    break;
-                }
+        let stdout = child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+        let stderr = child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
+        let mut readers = Vec::new();
+        match pipe {
+            Some((read_end, write_end)) => {
+                // The worker holds the only write end now; EOF on ours means it is gone.
+                drop(write_end);
+                read_replies(read_end, tx);
+                readers.extend(stdout.map(|s| tokio::spawn(keep_tail(s, output.clone()))));
             }
-        });
+            // srun's stdout is the worker's reply channel.
+            None => {
+                stdout.map(|s| tokio::spawn(reply_lines(s, tx)));
+            }
+        }
+        readers.extend(stderr.map(|s| tokio::spawn(keep_tail(s, output.clone()))));
         tracing::info!(pid = ?child.id(), device, "worker started");
+        let start_grace = match &self.launcher {
+            Launcher::Slurm(srun) => srun.start_timeout(),
+            Launcher::Local => Duration::ZERO,
+        };
         Ok(Session {
             stdin: child.stdin.take(),
             child,
             replies,
             output,
             readers,
-            _group: group,
+            group,
             alive: true,
+            slurm,
+            device: None,
+            start_grace,
         })
+    }
+
+    /// A session ready for work: started, and under Slurm asked where it landed (its first reply
+    /// says which node and GPU, which must be the run's model; the worker locked that GPU there).
+    pub async fn open(&self, device: u32) -> Result<Session, WorkerEnd> {
+        let mut session = self.start(device)?;
+        if !session.slurm {
+            return Ok(session);
+        }
+        let outcome = session
+            .request(&WorkerRequest::Probe, self.probe_timeout)
+            .await;
+        let not_started = |why: String| WorkerEnd::Crashed {
+            status: WORKER_NOT_STARTED.into(),
+            stderr_tail: why,
+        };
+        let info = match (outcome.end, outcome.device) {
+            (WorkerEnd::Clean, Some(info)) => info,
+            // The cluster ended the step before it served: that is still the cluster's doing.
+            (end @ WorkerEnd::Lost { .. }, _) => return Err(end),
+            (WorkerEnd::Clean, None) => {
+                return Err(not_started("the step answered without its GPU".into()))
+            }
+            (end, _) => {
+                let why = WorkerOutcome::ended(end).trouble().unwrap_or_default();
+                return Err(not_started(why));
+            }
+        };
+        if let Some(model) = self.model.as_ref().filter(|m| **m != info.name) {
+            let node = info.placement.as_ref().map_or("?", |p| p.node.as_str());
+            return Err(not_started(format!(
+                "node {node} has a {}, the run times a {model}: one run times one kind of GPU; constrain the steps ([slurm] extra_args, e.g. --constraint)",
+                info.name
+            )));
+        }
+        session.device = Some(info);
+        Ok(session)
     }
 
     /// Start a worker, send one request, and let it go.
@@ -321,6 +462,61 @@ fn into_raw(fd: OwnedFd) -> i32 {
     fd.into_raw_fd()
 }
 
+/// Give the worker `write_end` as its reply descriptor [`REPLY_FD`].
+fn hand_over(cmd: &mut tokio::process::Command, write_end: &OwnedFd) {
+    let write_fd = write_end.as_raw_fd();
+    // SAFETY: dup2 and fcntl are async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if write_fd == REPLY_FD {
+                // dup2 onto itself keeps close-on-exec: clear it by hand.
+                if libc::fcntl(REPLY_FD, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(write_fd, REPLY_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+type Replies = mpsc::UnboundedSender<std::io::Result<String>>;
+
+/// A plain thread reads the reply pipe: blocking reads, one line at a time, until the worker closes it.
+fn read_replies(read_end: OwnedFd, tx: Replies) {
+    // SAFETY: `read_end` is an open descriptor this process owns; the File takes it over.
+    let file = unsafe { std::fs::File::from_raw_fd(into_raw(read_end)) };
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(file).lines() {
+            let stop = line.is_err();
+            if tx.send(line).is_err() || stop {
+                break;
+            }
+        }
+    });
+}
+
+/// Reply lines from a stream (srun's stdout), until it closes.
+async fn reply_lines(stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>, tx: Replies) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stream).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(line)) => {
+                if tx.send(Ok(line)).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(e) => {
+                let _ = tx.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
 /// Keep the last bytes of a worker's output stream: kernels may print, crashes explain themselves there.
 async fn keep_tail(
     mut stream: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
@@ -380,10 +576,12 @@ impl Session {
             // may run for long, but a hung launch stops the replies and is caught `timeout` after
             // the last case the worker finished.
             loop {
-                let line = match tokio::time::timeout(timeout, self.replies.recv()).await {
+                // A Slurm step's first reply may wait for the step to be scheduled.
+                let limit = timeout + std::mem::take(&mut self.start_grace);
+                let line = match tokio::time::timeout(limit, self.replies.recv()).await {
                     Err(_) => {
                         return Some(WorkerEnd::TimedOut {
-                            seconds: timeout.as_secs(),
+                            seconds: limit.as_secs(),
                         })
                     }
                     Ok(None) => return None,
@@ -426,15 +624,40 @@ impl Session {
                     let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
                 }
                 let tail = self.output.lock().expect("not poisoned").clone();
-                WorkerEnd::Crashed {
-                    status,
-                    stderr_tail: crate::build::log_tail(&tail, 20),
+                let stderr_tail = crate::build::log_tail(&tail, 20);
+                match self.slurm.then(|| crate::slurm::step_loss(&tail)).flatten() {
+                    Some(loss) => WorkerEnd::Lost {
+                        loss,
+                        detail: format!("srun {status}: {stderr_tail}"),
+                    },
+                    None => WorkerEnd::Crashed {
+                        status,
+                        stderr_tail,
+                    },
                 }
             }
         };
+        // A step that died in an allocation that is over died of it (scancel of the job, its time limit).
+        let end = match end {
+            WorkerEnd::Lost { .. } | WorkerEnd::Crashed { .. } if self.slurm => {
+                match crate::slurm::allocation_ended().await {
+                    Some(why) => WorkerEnd::Lost {
+                        loss: StepLoss::AllocationEnded,
+                        detail: why,
+                    },
+                    None => end,
+                }
+            }
+            end => end,
+        };
         if end != WorkerEnd::Clean {
             self.alive = false;
-            let _ = self.child.start_kill();
+            match &self.group {
+                Group::Kill { .. } => {
+                    let _ = self.child.start_kill();
+                }
+                Group::Srun(srun) => srun.terminate(),
+            }
         }
         tracing::info!(end = ?end, cases = outcome.cases.len(), "worker request finished");
         outcome.end = end;

@@ -171,6 +171,13 @@ impl Reporter for ProgressReporter {
                 &self.cases,
                 format!("worker crashed on {variant}: {detail}"),
             ),
+            Record::WorkerLost { variant, loss, .. } => self.say(
+                &self.cases,
+                format!(
+                    "worker lost on {variant}: {} (not the variant's fault)",
+                    loss.describe()
+                ),
+            ),
             Record::TimedOut {
                 variant,
                 stage,

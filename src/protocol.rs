@@ -1,4 +1,4 @@
-//! The worker protocol: JSON requests on the worker's stdin, one JSON reply per line on a pipe of its own (fd 3), so nothing a kernel prints can pass for a reply.
+//! The worker protocol: JSON requests on the worker's stdin, one JSON reply per line on a pipe of its own (fd 3), so nothing a kernel prints can pass for a reply; under `srun`, which carries only stdin, stdout and stderr, the worker moves its stdout aside for the replies and points fd 1 at stderr, to the same end.
 use crate::config::{Dtype, Shape, Tolerance};
 use crate::space::LaunchShape;
 use serde::{Deserialize, Serialize};
@@ -9,6 +9,10 @@ pub use crate::vocab::Condition;
 /// The environment variable that tells a worker which file descriptor carries its replies.
 /// Unset (a worker run by hand, or under ncu), replies go to stdout.
 pub const REPLY_FD_ENV: &str = "FLASHTUNE_REPLY_FD";
+
+/// [`REPLY_FD_ENV`]'s value for a worker whose only way back is its stdout (a Slurm job step): the
+/// worker keeps its stdout for replies alone and sends everything else written to fd 1 to stderr.
+pub const REPLY_ON_STDOUT: &str = "stdout";
 
 /// A worker serves one GPU for its whole life; requests arrive one per line, in order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -187,6 +191,35 @@ pub struct DeviceInfo {
     /// True for the test double: nothing it reports was measured.
     #[serde(default)]
     pub fake: bool,
+    /// Where a worker under Slurm runs: its node, job step and GPUs (none for a local worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+}
+
+/// Where a worker started by Slurm runs, as it sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placement {
+    /// The node's host name.
+    pub node: String,
+    /// `SLURM_JOB_ID`: the allocation the step belongs to.
+    pub job: String,
+    /// `SLURM_STEP_ID`.
+    #[serde(default)]
+    pub step: Option<String>,
+    /// The GPUs the step was given: `SLURM_STEP_GPUS`, else `CUDA_VISIBLE_DEVICES`; none named
+    /// when the step asked for no GPU (the test double).
+    #[serde(default)]
+    pub gpus: Option<String>,
+}
+
+impl Placement {
+    /// The GPU this placement names, as a lock or a log names it: `node` or `node:gpus`.
+    pub fn gpu_label(&self) -> String {
+        match &self.gpus {
+            Some(g) => format!("{}:gpu{g}", self.node),
+            None => self.node.clone(),
+        }
+    }
 }
 
 /// One roof of the GPU, measured by the worker; `error` instead of a value when it could not be.

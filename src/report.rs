@@ -228,6 +228,12 @@ pub fn markdown(ix: &RunIndex) -> String {
                 }
             }
             Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
+            Record::WorkerLost { variant, placed, loss, cases_not_run, .. } => format!(
+                "`{variant}`: worker lost to the cluster{}: {} (not the variant's fault: its cases are run again); not run then: {} (log line {line})",
+                placed.as_ref().map_or(String::new(), |n| format!(" on {n}")),
+                loss.describe(),
+                cases_not_run.join(", ")
+            ),
             Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),
             _ => continue,
         };
@@ -835,7 +841,12 @@ fn drift(ix: &RunIndex) -> String {
         md.push('\n');
     }
     if !ix.drift_duels.is_empty() {
-        md.push_str("Champions whose case and runner-up's were timed on either side of a drift, re-timed against each other interleaved at the end of the run:\n\n");
+        let across = ix.drift_duels.iter().any(|d| d.placed.is_some());
+        md.push_str(if across {
+            "Champions whose case and runner-up's were timed on either side of a drift, or on different GPUs of a cluster, re-timed against each other interleaved on one GPU at the end of the run:\n\n"
+        } else {
+            "Champions whose case and runner-up's were timed on either side of a drift, re-timed against each other interleaved at the end of the run:\n\n"
+        });
         md.push_str("| shape | dtype | champion by its figure | runner-up | sentinel apart | champion µs | runner-up µs | verdict | log line |\n|---|---|---|---|---:|---:|---:|---|---:|\n");
         for d in &ix.drift_duels {
             let us = |x: Option<f64>| x.map_or("—".into(), |v| format!("{v:.1}"));
@@ -850,12 +861,14 @@ fn drift(ix: &RunIndex) -> String {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | `{}` | `{}` | {:.1}% | {} | {} | {verdict} | {} |",
+                "| {} | {} | `{}` | `{}` | {:.1}%{} | {} | {} | {verdict} | {} |",
                 d.shape,
                 d.dtype,
                 d.champion,
                 d.runner_up,
                 100.0 * d.drift,
+                d.placed
+                    .map_or(String::new(), |(a, b)| format!(" (timed on {a} / {b})")),
                 us(d.champion_us),
                 us(d.runner_up_us),
                 d.line

@@ -1,7 +1,7 @@
 //! What every running command shares: the loaded project, the event stream into the run log, the run's options and seeds, the GPU locks, the roofs, and rebuilding or profiling one logged case. Strategies, the scheduler and `step` build on it; it knows none of them.
 use crate::build::{self, BuildOutput, BuildSpec, Builder, Toolchain};
 use crate::config::{Dtype, Policies, ProjectPaths, Shape, Timeouts};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::executor::Executor;
 use crate::plan::Strategy;
 use crate::protocol::*;
@@ -399,59 +399,17 @@ pub fn disk_room(paths: &ProjectPaths) -> Vec<(&'static str, PathBuf, Option<f64
     out
 }
 
-/// What a run does when another flashtune run holds one of its GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WhenBusy {
-    /// Exit at once with [`crate::error::exit_code::GPU_BUSY`].
-    #[default]
-    Refuse,
-    /// Queue behind the holder (`--wait`): two overnight runs follow each other.
-    Wait,
-}
+pub use crate::gpulock::WhenBusy;
 
 /// One run per GPU at a time: a second run on the same GPU refuses with the holder's pid, or waits for it.
 pub fn lock_gpus(devices: &[u32], fake: bool, when_busy: WhenBusy) -> Result<Vec<std::fs::File>> {
     if fake {
         return Ok(Vec::new());
     }
-    devices.iter().map(|&d| lock_gpu(d, when_busy)).collect()
-}
-
-fn lock_gpu(device: u32, when_busy: WhenBusy) -> Result<std::fs::File> {
-    use std::io::Write;
-    use std::os::fd::AsRawFd;
-    let path = std::env::temp_dir().join(format!("flashtune-gpu{device}.lock"));
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot open {}", path.display()))?;
-    let flock = |operation| unsafe { libc::flock(file.as_raw_fd(), operation) };
-    if flock(libc::LOCK_EX | libc::LOCK_NB) != 0 {
-        let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        let holder = holder.trim();
-        if when_busy == WhenBusy::Refuse {
-            return Err(Error::GpuBusy(format!(
-                "GPU {device} is in use by another flashtune run (pid {holder}); pass --wait to queue behind it, or pick another GPU with --gpus"
-            )));
-        }
-        eprintln!("GPU {device} is in use by another flashtune run (pid {holder}); waiting for it to finish (--wait)");
-        // Blocking on purpose: nothing else of this run has started, and Ctrl-C still ends it.
-        while flock(libc::LOCK_EX) != 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Other(anyhow::anyhow!(
-                    "cannot wait for the lock {}: {err}",
-                    path.display()
-                )));
-            }
-        }
-    }
-    file.set_len(0).ok();
-    let _ = write!(file, "{}", std::process::id());
-    Ok(file)
+    devices
+        .iter()
+        .map(|&d| crate::gpulock::lock_gpu(d, when_busy))
+        .collect()
 }
 
 pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
@@ -463,7 +421,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         git_head: crate::vcs::head(&project.paths.root),
         device: device.clone(),
         toolchain: project.toolchain.clone(),
-        policies_hash: short_hash(&project.policies_text),
+        policies_hash: short_hash(&crate::config::text_for_hash(&project.policies_text)),
         kernel_sources_hash: kernel_sources_hash(project, None),
         space: project.space.name.clone(),
         space_path: project.space.path.clone(),

@@ -322,6 +322,8 @@ pub struct Timing<'a> {
     pub conditions: &'a [Condition],
     /// The GPU that timed it (from the `worker_ran` record before it), when the log says.
     pub device: Option<u32>,
+    /// The node and GPU of the Slurm step that timed it (`node:gpuN`).
+    pub placed: Option<&'a str>,
     pub gpu: Option<&'a GpuState>,
     /// The sentinels of its GPU just before and just after it, as indexes into `RunIndex::sentinels`.
     pub sentinel_before: Option<usize>,
@@ -367,6 +369,8 @@ pub struct DriftDuel<'a> {
     pub runner_up_us: Option<f64>,
     pub verdict: Option<&'a Verdict>,
     pub failure: Option<&'a str>,
+    /// The Slurm GPUs the two were timed on, when they differ.
+    pub placed: Option<(&'a str, &'a str)>,
 }
 
 /// How far apart two sentinels are: the largest relative gap over the figures both have
@@ -849,6 +853,7 @@ impl<'a> RunIndex<'a> {
                     gpu,
                     conditions,
                     raced,
+                    placed,
                     ..
                 } => {
                     let device = device_of.get(variant.as_str()).copied();
@@ -865,6 +870,7 @@ impl<'a> RunIndex<'a> {
                         timing,
                         conditions,
                         device,
+                        placed: placed.as_deref(),
                         gpu: gpu.as_ref(),
                         sentinel_before,
                         sentinel_after: None,
@@ -1036,6 +1042,8 @@ impl<'a> RunIndex<'a> {
                         });
                     }
                 }
+                // The cluster's doing: told, never a fault; its cases are run again (or stay not run).
+                Record::WorkerLost { .. } => ix.incidents.push((line, &e.record)),
                 Record::BudgetReached { .. } | Record::GpuUnhealthy { .. } => {
                     ix.incidents.push((line, &e.record))
                 }
@@ -1233,6 +1241,7 @@ impl<'a> RunIndex<'a> {
                     runner_up_us,
                     verdict,
                     failure,
+                    placed,
                 } => {
                     ix.duels.push(DuelRecord {
                         line,
@@ -1253,6 +1262,7 @@ impl<'a> RunIndex<'a> {
                         runner_up_us: *runner_up_us,
                         verdict: verdict.as_ref(),
                         failure: failure.as_deref(),
+                        placed: placed.as_ref().map(|(a, b)| (a.as_str(), b.as_str())),
                     });
                 }
                 Record::Interrupted { reason } => ix.interrupted = Some((line, reason)),
@@ -1431,6 +1441,12 @@ impl<'a> RunIndex<'a> {
         };
         let at = |i: Option<usize>| i.and_then(|i| self.sentinels.get(i));
         (at(t.sentinel_before), at(t.sentinel_after))
+    }
+
+    /// The Slurm GPU a measured case was timed on (its last timing, as `node:gpuN`).
+    pub fn placed_of(&self, case: &Case) -> Option<&'a str> {
+        let line = case.outcome.line()?;
+        self.timings.iter().find(|t| t.line == line)?.placed
     }
 
     /// How far apart the sentinel stood when two measured cases were timed: the larger gap of their

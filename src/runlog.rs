@@ -154,6 +154,10 @@ pub enum Record {
         /// best timing's p90, so it could not win or tie; the figure stands on fewer samples.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         raced: Option<crate::protocol::RacedOut>,
+        /// The Slurm node and GPU that timed it (`node:gpuN`; the node alone for the GPU-less
+        /// double), when a Slurm step timed it: figures from two chips are never compared as they stand.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placed: Option<String>,
     },
     /// A timing taken under a condition (throttling, another process on the GPU): not kept; the
     /// case is timed again once, in the same worker, and its terminal record follows.
@@ -200,6 +204,10 @@ pub enum Record {
         /// The runner-up judged as the challenger (gain = champion median / runner-up median - 1).
         verdict: Option<crate::decide::Verdict>,
         failure: Option<String>,
+        /// The Slurm GPUs the two were timed on (champion's, runner-up's, as `node:gpuN`), when they
+        /// differ: a pick across chips is duelled on one GPU whatever the sentinel says.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placed: Option<(String, String)>,
     },
     /// Nsight Compute on a champion (or near-champion): metrics per launch and the bottleneck named.
     Profiled {
@@ -243,6 +251,18 @@ pub enum Record {
         seconds: u64,
         cases_not_run: Vec<String>,
     },
+    /// The cluster ended a worker's Slurm job step (cancelled, time limit, preempted, node lost): not
+    /// the variant's fault. Its cases not run are run again in another step (or by `resume`).
+    WorkerLost {
+        variant: String,
+        /// The queue whose worker it was.
+        device: u32,
+        /// The node and GPU of the step (`node:gpuN`), when it answered before it was lost.
+        placed: Option<String>,
+        loss: crate::slurm::StepLoss,
+        detail: String,
+        cases_not_run: Vec<String>,
+    },
     /// One worker process on one GPU: when it started (run clock) and how long it held the GPU.
     WorkerRan {
         variant: String,
@@ -250,6 +270,9 @@ pub enum Record {
         attempt: u32,
         started_t: f64,
         seconds: f64,
+        /// The node and GPU of the Slurm step that ran it (`node:gpuN`; none for a local worker).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placed: Option<String>,
     },
     /// Every case of a variant has a final record; `resume` skips it.
     VariantDone {

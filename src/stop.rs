@@ -49,6 +49,21 @@ pub fn listen() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Why a run stopped when no signal of its own said so (the Slurm allocation its workers ran in
+/// ended): the `interrupted` record names it instead of the signal.
+static BECAUSE: OnceLock<String> = OnceLock::new();
+
+/// A stop request from outside any signal, as if `signo` had arrived first: `why` is logged. Does
+/// nothing once a stop was requested.
+pub fn request_because(signo: i32, why: String) {
+    // A stop already requested (the same end seen as a signal, or by another worker) is not doubled.
+    if requested().is_none() {
+        eprintln!("\n{why}");
+        let _ = BECAUSE.set(why);
+        request(signo);
+    }
+}
+
 /// Record one request, as a signal would (tests and the signal listener call it).
 pub fn request(signo: i32) {
     let _ = FIRST.compare_exchange(0, signo, Ordering::SeqCst, Ordering::SeqCst);
@@ -122,54 +137,77 @@ pub fn reason() -> String {
     let Some(first) = requested() else {
         return "stopped".into();
     };
-    let mut r = describe(first);
+    let mut r = BECAUSE.get().cloned().unwrap_or_else(|| describe(first));
     if count() >= 2 {
         r.push_str(", then a second signal: the measurement in flight was abandoned");
     }
     r
 }
 
-/// Kill every child process group of this process (workers, nvcc with its cicc and ptxas, ncu with
-/// the worker it profiles, a proposer), then the children themselves. Every child flashtune starts
-/// leads a process group of its own, so killing the group reaches its whole tree.
+/// End every child process group of this process (workers, srun with its job step, nvcc with its
+/// cicc and ptxas, ncu with the worker it profiles, a proposer), then the children themselves: first
+/// SIGTERM, on which srun cancels its step on the node (killed outright it would leave the step
+/// running), then, for whatever is still there after [`TERM_WAIT_MS`], SIGKILL. Every child
+/// flashtune starts leads a process group of its own, so signalling the group reaches its whole tree.
 pub fn kill_children() {
-    let me = std::process::id() as i32;
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    let children = children();
+    if children.is_empty() {
         return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // Fields after the command name (which may hold spaces and parentheses): state, ppid, pgrp.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let (Some(ppid), Some(pgrp)) = (
-            fields.get(1).and_then(|f| f.parse::<i32>().ok()),
-            fields.get(2).and_then(|f| f.parse::<i32>().ok()),
-        ) else {
-            continue;
-        };
-        if ppid != me {
-            continue;
-        }
+    }
+    signal_all(&children, libc::SIGTERM);
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(TERM_WAIT_MS)
+        && children.iter().any(|&(pid, _)| running(pid))
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal_all(&children, libc::SIGKILL);
+}
+
+/// How long children get to end on SIGTERM before SIGKILL (srun needs a few tens of ms).
+pub const TERM_WAIT_MS: u64 = 3000;
+
+fn signal_all(children: &[(i32, bool)], signal: i32) {
+    for &(pid, leads_group) in children {
         // SAFETY: signals to processes this process started; a pid already gone is a harmless ESRCH.
         unsafe {
-            if pgrp == pid {
-                libc::killpg(pid, libc::SIGKILL);
+            if leads_group {
+                libc::killpg(pid, signal);
             }
-            libc::kill(pid, libc::SIGKILL);
+            libc::kill(pid, signal);
         }
     }
+}
+
+/// Fields of /proc/PID/stat after the command name (which may hold spaces and parentheses).
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Alive and not a zombie.
+fn running(pid: i32) -> bool {
+    stat_fields(pid).is_some_and(|f| !matches!(f.first().map(String::as_str), Some("Z" | "X")))
+}
+
+/// This process's children: (pid, whether it leads its own process group).
+fn children() -> Vec<(i32, bool)> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            // state, ppid, pgrp
+            let fields = stat_fields(pid)?;
+            let ppid = fields.get(1)?.parse::<i32>().ok()?;
+            let pgrp = fields.get(2)?.parse::<i32>().ok()?;
+            (ppid == me).then_some((pid, pgrp == pid))
+        })
+        .collect()
 }
 
 /// Leave now: children first, so none outlives the run.

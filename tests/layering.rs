@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first; a module may import from its own layer (if that makes no cycle) or any below.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves", &["error", "ptxas", "vcs", "stop", "toolchain"]),
+    ("leaves", &["error", "ptxas", "vcs", "stop", "toolchain", "gpulock"]),
     (
         "vocabulary",
         &["vocab", "usage", "config", "space", "protocol", "plan"],
@@ -12,8 +12,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "gpu and checks",
         &[
-            "check", "decide", "build", "profile", "trial", "worker", "fakegpu", "executor",
-            "baseline",
+            "check", "decide", "build", "profile", "trial", "worker", "fakegpu", "slurm",
+            "executor", "baseline",
         ],
     ),
     ("the log", &["runlog"]),

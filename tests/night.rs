@@ -7,7 +7,6 @@ use flashtune::runindex::RunIndex;
 use flashtune::runlog::{self, Record};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The scratch project with the smoke space cut to `shapes` and these policy edits (`from`, `to`).
@@ -57,20 +56,7 @@ fn champions(run: &Path) -> Vec<(String, String, String)> {
 }
 
 fn spawn(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
-    let mut cmd = Command::new(binary());
-    cmd.arg("--root")
-        .arg(root)
-        .args(args)
-        .env(
-            "FLASHTUNE_CACHE_DIR",
-            repo().join("target/test-build-cache"),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+    flashtune_child(root, args, env)
 }
 
 /// The run folder whose log holds `needle`, if one does yet.

@@ -937,3 +937,45 @@ fn a_committed_champion_that_faulted_in_this_run_is_not_kept_on_a_tie() {
         "{table:?}"
     );
 }
+
+/// Champions timed on two GPUs of a cluster meet again on one before either is named, however
+/// steady the sentinel; on one GPU (or locally, where the log names none) the pick stands as timed.
+#[test]
+fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
+    let mut log = Log::new(false);
+    log.plan("v0");
+    log.plan("v1");
+    let placed = |log: &mut Log, v: &str, shape: &str, us: f64, at: Option<&str>| {
+        let mut r = json!({"event": "timed", "variant": v, "shape": shape, "dtype": "f16",
+            "kv_splits": 1, "timing": timing(us, 0.01)});
+        if let Some(at) = at {
+            r["placed"] = json!(at);
+        }
+        log.record(r);
+    };
+    placed(&mut log, "v0", "small", 10.0, Some("gpu-a:gpu0"));
+    placed(&mut log, "v1", "small", 10.3, Some("gpu-b:gpu3"));
+    placed(&mut log, "v0", "seed", 20.0, Some("gpu-a:gpu0"));
+    placed(&mut log, "v1", "seed", 20.6, Some("gpu-a:gpu0"));
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    let pick = ix.pick("small", F16).expect("a pick");
+    let (drift, placed_on) = flashtune::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
+    assert_eq!(drift, 0.0, "no sentinel in this log");
+    assert_eq!(
+        placed_on,
+        Some(("gpu-a:gpu0".to_owned(), "gpu-b:gpu3".to_owned()))
+    );
+    let pick = ix.pick("seed", F16).expect("a pick");
+    assert!(flashtune::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+
+    let mut local = Log::new(false);
+    local.plan("v0");
+    local.plan("v1");
+    local.timed("v0", "small", 10.0, 0.01);
+    local.timed("v1", "small", 10.3, 0.01);
+    let local = local.done();
+    let ix = RunIndex::new(&local);
+    let pick = ix.pick("small", F16).expect("a pick");
+    assert!(flashtune::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+}

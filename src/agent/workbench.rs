@@ -210,6 +210,7 @@ pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
         visible_devices: 0,
         l2_bytes: 0,
         fake: r.fake,
+        placement: None,
     };
     let header = crate::run::header(
         &project,

@@ -20,7 +20,9 @@
 //! - `FLASHTUNE_FAKE_DRIFT=after_cases=N,factor=F` (read by the fake worker) makes every time the
 //!   worker reports, the sentinel's and the kernels', F times longer (and its SM clock F times lower)
 //!   once it has timed N cases: a GPU that drifts mid-run. A new worker (a duel) starts undrifted;
-//! - `FLASHTUNE_FAKE_NVML=absent` makes the state unreadable, as on a machine without NVML.
+//! - `FLASHTUNE_FAKE_NVML=absent` makes the state unreadable, as on a machine without NVML;
+//! - `FLASHTUNE_FAKE_PACE_MS=N` makes each timed case take N ms of wall time, as a GPU's would: a
+//!   run slow enough for a test to interfere with it mid-run (cancel a Slurm step, send a signal).
 //!
 //! The double compares outputs on the host (`trial::compare_on_host`), the path the GPU's own
 //! comparison kernel is held to. `FLASHTUNE_FAKE_COMPARE=miscount` makes its comparison miss one
@@ -61,6 +63,7 @@ pub fn device(arch: &str, ordinal: u32) -> DeviceInfo {
         visible_devices: 1,
         l2_bytes: 1 << 20,
         fake: true,
+        placement: crate::slurm::placement_here(),
     }
 }
 
@@ -79,6 +82,10 @@ pub fn serve(arch: &str, ordinal: u32) -> std::process::ExitCode {
         .ok()
         .and_then(|spec| models::parse_drift(&spec));
     gpu.nvml_absent = std::env::var("FLASHTUNE_FAKE_NVML").is_ok_and(|v| v == "absent");
+    gpu.pace = std::env::var("FLASHTUNE_FAKE_PACE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis);
     gpu.miscounting_compare =
         std::env::var("FLASHTUNE_FAKE_COMPARE").is_ok_and(|v| v == "miscount");
     crate::trial::serve(gpu, std::io::stdin().lock(), &mut reply, 256 << 20)
@@ -93,6 +100,8 @@ pub struct FakeGpu {
     /// `FLASHTUNE_FAKE_DRIFT`: after this many cases timed, every time is this many times longer.
     drift: Option<(u64, f64)>,
     nvml_absent: bool,
+    /// `FLASHTUNE_FAKE_PACE_MS`: wall time each timed case takes.
+    pace: Option<std::time::Duration>,
     /// `FLASHTUNE_FAKE_COMPARE=miscount`: the comparison misses an unwritten output.
     miscounting_compare: bool,
     cases_timed: u64,
@@ -125,6 +134,7 @@ impl FakeGpu {
             answers: Answers::new(ANSWER_BUDGET_BYTES),
             drift: None,
             nvml_absent: false,
+            pace: None,
             miscounting_compare: false,
             cases_timed: 0,
             last_replayed: None,
@@ -443,10 +453,7 @@ impl FakeGpu {
 fn garbage_reply() {
     use std::io::Write;
     use std::os::fd::FromRawFd;
-    if let Some(fd) = std::env::var(REPLY_FD_ENV)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    {
+    if let Some(fd) = crate::worker::reply_fd() {
         // SAFETY: the reply descriptor stays open; ManuallyDrop keeps this handle from closing it.
         let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
         let _ = f.write_all(b"{\"reply\": \"case\", \"shape\": oops this is not json\n");
@@ -790,6 +797,9 @@ impl Device for FakeGpu {
         let mut model = StateModel::Clean;
         if let Some((kernel, shape)) = replayed {
             self.cases_timed += 1;
+            if let Some(pace) = self.pace {
+                std::thread::sleep(pace);
+            }
             if let Some(k) = self.kernels.get(kernel.0).and_then(Option::as_ref) {
                 let (state, once) = k.state;
                 let n = self.timings_of.entry((k.cubin.clone(), shape)).or_insert(0);

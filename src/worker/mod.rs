@@ -56,9 +56,21 @@ const SENTINEL_READ_BYTES: usize = 1 << 28;
 /// Steps of each FMA chain in the sentinel's compute kernel: about a millisecond on an H100.
 const SENTINEL_FMA_ITERS: u32 = 16384;
 
-/// Entry point of the subcommand: serve requests on stdin until it closes.
-pub fn serve(device: u32) -> std::process::ExitCode {
+/// Entry point of the subcommand: serve requests on stdin until it closes. A Slurm step's worker
+/// (`slurm_step`) first locks the GPUs the cluster gave it, on its node, for its life.
+pub fn serve(device: u32, slurm_step: bool) -> std::process::ExitCode {
     let mut reply = reply_channel();
+    let locks = match slurm_step {
+        true => crate::slurm::lock_step_gpus(),
+        false => Ok(Vec::new()),
+    };
+    let _locks = match locks {
+        Ok(l) => l,
+        Err(message) => {
+            reply(&WorkerMessage::Fatal { message });
+            return std::process::ExitCode::from(1);
+        }
+    };
     let gpu = match Gpu::open(device) {
         Ok(g) => g,
         Err(e) => {
@@ -76,11 +88,9 @@ pub fn serve(device: u32) -> std::process::ExitCode {
 /// Where replies go: the descriptor the supervisor handed over in `FLASHTUNE_REPLY_FD`, else stdout.
 pub fn reply_channel() -> impl FnMut(&WorkerMessage) {
     use std::os::fd::FromRawFd;
-    let fd = std::env::var(REPLY_FD_ENV)
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok());
-    let mut out: Box<dyn Write> = match fd {
-        // SAFETY: the supervisor opened this descriptor for us and nothing else in the process uses it.
+    let mut out: Box<dyn Write> = match reply_fd() {
+        // SAFETY: the supervisor opened this descriptor for us (or `reply_fd` made it) and nothing
+        // else in the process writes to it.
         Some(fd) => Box::new(unsafe { std::fs::File::from_raw_fd(fd) }),
         None => Box::new(std::io::stdout()),
     };
@@ -90,6 +100,29 @@ pub fn reply_channel() -> impl FnMut(&WorkerMessage) {
         let _ = out.write_all(&line);
         let _ = out.flush();
     }
+}
+
+/// The reply descriptor, settled once: the number in `FLASHTUNE_REPLY_FD`; for
+/// [`REPLY_ON_STDOUT`] (a Slurm step, whose stdout is the only way back) a copy of stdout, after
+/// which fd 1 points at stderr, so what a kernel or a library prints cannot reach the reply channel;
+/// `None` (a worker run by hand): stdout itself.
+pub fn reply_fd() -> Option<i32> {
+    static FD: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *FD.get_or_init(|| {
+        let value = std::env::var(REPLY_FD_ENV).ok()?;
+        if value != REPLY_ON_STDOUT {
+            return value.parse().ok();
+        }
+        let _ = std::io::stdout().flush();
+        // SAFETY: fcntl and dup2 on the process's own standard descriptors.
+        unsafe {
+            let fd = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
+            if fd < 0 || libc::dup2(2, 1) < 0 {
+                return None;
+            }
+            Some(fd)
+        }
+    })
 }
 
 /// Whether a CUDA driver library can be loaded at all; cudarc panics when it cannot.
@@ -319,6 +352,7 @@ impl Gpu {
             visible_devices: count as u32,
             l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64,
             fake: false,
+            placement: crate::slurm::placement_here(),
         };
         let module = ctx
             .load_module(Ptx::from_src(TOOLS_PTX))

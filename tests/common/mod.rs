@@ -84,6 +84,25 @@ pub fn flashtune(root: &Path, args: &[&str]) -> Output {
         .expect("flashtune runs")
 }
 
+/// [`flashtune`] started with extra environment, its output piped, for a test that acts on it
+/// while it runs (a signal, a cancelled Slurm step).
+pub fn flashtune_child(root: &Path, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+    let mut cmd = Command::new(binary());
+    cmd.arg("--root")
+        .arg(root)
+        .args(args)
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "{}{}",

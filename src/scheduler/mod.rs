@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
+mod outcome;
+
 /// A (variant, shape, dtype): the cases `anytime` takes from the results store instead of measuring.
 pub type CaseKey = (String, String, Dtype);
 
@@ -38,7 +40,12 @@ pub enum Ending {
 struct Job {
     variant: String,
     cases: Vec<CaseSpec>,
+    /// Tries so far, this one included.
     attempt: u32,
+    /// Times its worker failed by the variant's own doing (the second quarantines it).
+    faults: u32,
+    /// Times the cluster ended its worker's step (never held against it).
+    lost: u32,
 }
 
 /// A job to queue again, after a pause when the failure was the infrastructure's.
@@ -57,6 +64,8 @@ struct JobResult {
     disturbed: Vec<CaseResult>,
     /// Set when the GPU failed its health check after this job: that GPU takes no more work.
     unhealthy: Option<String>,
+    /// Where the worker ran, when Slurm placed it.
+    placement: Option<Placement>,
 }
 
 /// What a GPU's queue reports: a finished job, or a drift sentinel timed between jobs.
@@ -102,11 +111,11 @@ const INFRA_RETRIES: u32 = 3;
 
 /// The best clean timing so far per (shape, dtype) in this run: the bars racing holds later cases to.
 #[derive(Default)]
-struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
+pub(super) struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
 
 impl Bests {
     /// A timing a case may set the bar with: clean (no throttling, no other process) and in full.
-    fn offer(&mut self, variant: &str, case: &CaseResult, timing: &TimingStats, clean: bool) {
+    pub(super) fn offer(&mut self, variant: &str, case: &CaseResult, timing: &TimingStats, clean: bool) {
         if !clean || case.raced.is_some() {
             return;
         }
@@ -297,6 +306,8 @@ impl Scheduler<'_> {
                         variant,
                         cases,
                         attempt: 1,
+                        faults: 0,
+                        lost: 0,
                     });
                 }
             }
@@ -398,79 +409,6 @@ impl Scheduler<'_> {
         })
     }
 
-    /// Log one answered case under its one terminal record; true when it was measured.
-    fn record_case(
-        &self,
-        events: &mut Events,
-        variant: &str,
-        case: &CaseResult,
-        specs: &[CaseSpec],
-        bests: &mut Bests,
-    ) -> Result<bool> {
-        let (shape, dtype) = (case.shape.clone(), case.dtype);
-        let failure = case.failure().or_else(|| {
-            case.timing
-                .is_none()
-                .then(|| "the worker returned no timing for a case that passed".to_owned())
-        });
-        if let Some(reason) = failure {
-            // Wrong answers are final: never retried.
-            events.emit(Record::CheckFailed {
-                variant: variant.to_owned(),
-                shape,
-                dtype,
-                check: case.check.clone(),
-                reason,
-            })?;
-            return Ok(false);
-        }
-        let (Some(check), Some(timing)) = (case.check.clone(), case.timing.clone()) else {
-            unreachable!("a case without a check or a timing failed above");
-        };
-        events.emit(Record::Checked {
-            variant: variant.to_owned(),
-            shape: shape.clone(),
-            dtype,
-            check,
-            function: case.function.clone(),
-        })?;
-        let spec = specs
-            .iter()
-            .find(|s| s.shape.name == shape && s.dtype == dtype)
-            .ok_or_else(|| {
-                Error::Other(anyhow::anyhow!(
-                    "the worker answered for {shape}/{dtype}, which {variant} was not asked"
-                ))
-            })?;
-        let margin = self.project.policies.gates.plausibility_margin;
-        if let Some(reason) = self.roofs.beyond(&spec.shape, dtype, &timing, margin) {
-            events.emit(Record::Implausible {
-                variant: variant.to_owned(),
-                shape,
-                dtype,
-                kv_splits: case.kv_splits,
-                timing,
-                reason,
-            })?;
-            return Ok(false);
-        }
-        let conditions = flagged(case, &self.project.policies.gpu_state.retime_on);
-        bests.offer(variant, case, &timing, conditions.is_empty());
-        events.emit(Record::Timed {
-            variant: variant.to_owned(),
-            shape,
-            dtype,
-            kv_splits: case.kv_splits,
-            timing,
-            verified: case.stages.clone(),
-            costs: Some(case.costs.clone()),
-            gpu: case.gpu_state.clone(),
-            conditions,
-            raced: case.raced.clone(),
-        })?;
-        Ok(true)
-    }
-
     /// The (shape, dtype) cases a planned variant has.
     fn case_names(&self, planned: &[PlannedPoint], variant: &str) -> Vec<(String, Dtype)> {
         let mut names = Vec::new();
@@ -523,186 +461,6 @@ impl Scheduler<'_> {
         }
         None
     }
-
-    /// Log one worker's results; returns a retry job when the worker died and the variant has a second chance.
-    fn record_outcome(
-        &self,
-        events: &mut Events,
-        result: JobResult,
-        totals: &mut Totals,
-        state_reported: &mut BTreeSet<u32>,
-        bests: &mut Bests,
-    ) -> Result<Option<Retry>> {
-        let JobResult {
-            job,
-            outcome,
-            device,
-            started,
-            seconds,
-            disturbed,
-            ..
-        } = result;
-        let variant = job.variant.clone();
-        let started_t = events.clock() - started.elapsed().as_secs_f64();
-        events.emit(Record::WorkerRan {
-            variant: variant.clone(),
-            device,
-            attempt: job.attempt,
-            started_t,
-            seconds,
-        })?;
-        let mut measured = 0;
-        let retime_on = &self.project.policies.gpu_state.retime_on;
-        for case in &outcome.cases {
-            if let Some(why) = &case.gpu_state_missing {
-                if state_reported.insert(device) {
-                    events.emit(Record::GpuStateUnavailable {
-                        device,
-                        reason: why.clone(),
-                    })?;
-                }
-            }
-            let first = disturbed
-                .iter()
-                .find(|d| d.shape == case.shape && d.dtype == case.dtype);
-            if let (Some(first), Some(timing)) = (first, first.and_then(|f| f.timing.clone())) {
-                events.emit(Record::Disturbed {
-                    variant: variant.clone(),
-                    shape: first.shape.clone(),
-                    dtype: first.dtype,
-                    conditions: flagged(first, retime_on),
-                    timing,
-                    gpu: first.gpu_state.clone(),
-                })?;
-            }
-            if self.record_case(events, &variant, case, &job.cases, bests)? {
-                totals.measured += 1;
-                measured += 1;
-            } else {
-                totals.failed += 1;
-            }
-        }
-        // A garbled reply is a failure of the case in flight, logged with the line; never retried.
-        let mut answered = outcome.cases.len();
-        if let WorkerEnd::Garbled { line } = &outcome.end {
-            if let Some(case) = job.cases.get(answered) {
-                totals.failed += 1;
-                events.emit(Record::CheckFailed {
-                    variant: variant.clone(),
-                    shape: case.shape.name.clone(),
-                    dtype: case.dtype,
-                    check: None,
-                    reason: crate::executor::garbled_reason(line),
-                })?;
-                answered += 1;
-            }
-        }
-        let remaining: Vec<CaseSpec> = job.cases.iter().skip(answered).cloned().collect();
-        let not_run: Vec<String> = remaining
-            .iter()
-            .map(|c| format!("{}/{}", c.shape.name, c.dtype))
-            .collect();
-        let (detail, infrastructure) = match outcome.end {
-            WorkerEnd::Clean => {
-                events.emit(Record::VariantDone {
-                    variant,
-                    measured_cases: measured,
-                })?;
-                return Ok(None);
-            }
-            WorkerEnd::TimedOut { seconds } => {
-                events.emit(Record::TimedOut {
-                    variant: variant.clone(),
-                    stage: "worker".into(),
-                    seconds,
-                    cases_not_run: not_run.clone(),
-                })?;
-                (
-                    format!(
-                        "worker timed out: {}",
-                        crate::runlog::timed_out_limit("worker", seconds)
-                    ),
-                    false,
-                )
-            }
-            WorkerEnd::Fatal(detail) => {
-                events.emit(Record::WorkerCrashed {
-                    variant: variant.clone(),
-                    detail: detail.clone(),
-                    cases_not_run: not_run.clone(),
-                })?;
-                (detail, false)
-            }
-            WorkerEnd::Garbled { line } => {
-                let detail = crate::executor::garbled_reason(&line);
-                events.emit(Record::WorkerCrashed {
-                    variant: variant.clone(),
-                    detail: detail.clone(),
-                    cases_not_run: not_run.clone(),
-                })?;
-                (detail, false)
-            }
-            WorkerEnd::Crashed {
-                status,
-                stderr_tail,
-            } => {
-                let detail = format!("{status}: {stderr_tail}");
-                events.emit(Record::WorkerCrashed {
-                    variant: variant.clone(),
-                    detail: detail.clone(),
-                    cases_not_run: not_run.clone(),
-                })?;
-                (detail, status == crate::protocol::WORKER_NOT_STARTED)
-            }
-        };
-        if remaining.is_empty() {
-            events.emit(Record::VariantDone {
-                variant,
-                measured_cases: measured,
-            })?;
-            return Ok(None);
-        }
-        let retries_left = if infrastructure {
-            job.attempt <= INFRA_RETRIES
-        } else {
-            job.attempt < 2
-        };
-        if retries_left {
-            let after = if infrastructure {
-                Duration::from_secs(1 << job.attempt.min(4))
-            } else {
-                Duration::ZERO
-            };
-            return Ok(Some(Retry {
-                job: Job {
-                    variant,
-                    cases: remaining,
-                    attempt: job.attempt + 1,
-                },
-                after,
-            }));
-        }
-        totals.failed += remaining.len();
-        let reason = format!("failed twice: {detail}");
-        events.emit(Record::Quarantined {
-            variant: variant.clone(),
-            reason: reason.clone(),
-            cases_not_run: not_run,
-        })?;
-        for case in &remaining {
-            events.emit(Record::CaseSkipped {
-                variant: variant.clone(),
-                shape: case.shape.name.clone(),
-                dtype: case.dtype,
-                reason: format!("quarantined: {reason}"),
-            })?;
-        }
-        events.emit(Record::VariantDone {
-            variant,
-            measured_cases: measured,
-        })?;
-        Ok(None)
-    }
 }
 
 /// Start every build, at most `jobs` nvcc at a time; results arrive in completion order.
@@ -742,16 +500,17 @@ pub fn spawn_builds_with(
     (tasks, rx)
 }
 
-/// The session of a GPU's queue, started if there is none or the last one ended badly.
-fn live<'s>(
+/// The session of a GPU's queue, opened if there is none or the last one ended badly.
+async fn live<'s>(
     session: &'s mut Option<Session>,
     executor: &Executor,
     device: u32,
 ) -> std::result::Result<&'s mut Session, WorkerEnd> {
     if !session.as_ref().is_some_and(|s| s.alive) {
-        *session = Some(executor.start(device)?);
+        *session = None;
+        *session = Some(executor.open(device).await?);
     }
-    Ok(session.as_mut().expect("just started"))
+    Ok(session.as_mut().expect("just opened"))
 }
 
 /// Time the drift sentinel in the queue's session and report it.
@@ -766,7 +525,7 @@ async fn run_sentinel(
     let request = WorkerRequest::Sentinel {
         reps: policy.sentinel_reps,
     };
-    let outcome = match live(session, executor, device) {
+    let outcome = match live(session, executor, device).await {
         Ok(s) => s.request(&request, policy.timeout).await,
         Err(end) => WorkerOutcome::ended(end),
     };
@@ -789,8 +548,9 @@ async fn run_sentinel(
 }
 
 /// Take jobs from the shared queue and run them on one GPU in one worker session; a session that
-/// ends badly is dropped (its process group killed), the GPU health-checked, and the next job gets a
-/// fresh worker. The drift sentinel runs in the same session before the first job, then whenever
+/// ends badly is dropped (its process group killed), the GPU health-checked when the end may be the
+/// GPU's, and the next job gets a fresh worker. The drift sentinel runs in the same session before
+/// the first job (and the first on each new GPU: a new Slurm step may land on another), then whenever
 /// `[sentinel] every_s` has passed, and once more when the queue closes (unless the run is stopping).
 async fn gpu_loop(
     executor: Executor,
@@ -801,6 +561,7 @@ async fn gpu_loop(
 ) {
     let mut session: Option<Session> = None;
     let mut last_sentinel: Option<Instant> = None;
+    let mut last_placement: Option<Placement> = None;
     loop {
         let job = { jobs.lock().await.recv().await };
         let Some(job) = job else {
@@ -809,7 +570,20 @@ async fn gpu_loop(
             }
             return;
         };
-        if last_sentinel.is_none_or(|t| t.elapsed() >= policy.sentinel_every) {
+        let mut placement = None;
+        let opened = match live(&mut session, &executor, device).await {
+            Ok(s) => {
+                placement = s.device.as_ref().and_then(|d| d.placement.clone());
+                Ok(())
+            }
+            Err(end) => Err(end),
+        };
+        let gpu = |p: &Option<Placement>| p.as_ref().map(Placement::gpu_label);
+        if placement.is_some() && gpu(&placement) != gpu(&last_placement) {
+            last_placement = placement.clone();
+            last_sentinel = None;
+        }
+        if opened.is_ok() && last_sentinel.is_none_or(|t| t.elapsed() >= policy.sentinel_every) {
             let when = if last_sentinel.is_none() {
                 "start"
             } else {
@@ -823,21 +597,24 @@ async fn gpu_loop(
             cases: job.cases.clone(),
         });
         let started = Instant::now();
-        let mut outcome = match live(&mut session, &executor, device) {
-            Ok(s) => s.request(&request, policy.timeout).await,
+        let mut outcome = match opened {
             Err(end) => WorkerOutcome::ended(end),
+            Ok(()) => match live(&mut session, &executor, device).await {
+                Ok(s) => s.request(&request, policy.timeout).await,
+                Err(end) => WorkerOutcome::ended(end),
+            },
         };
         let mut disturbed = Vec::new();
         if outcome.end == WorkerEnd::Clean && crate::stop::requested().is_none() {
             disturbed = retime(&mut session, &policy, &job, &mut outcome).await;
         }
         let seconds = started.elapsed().as_secs_f64();
-        let unhealthy = match outcome.end {
-            WorkerEnd::Clean => None,
-            _ => {
-                session = None;
-                executor.probe(device).await.err()
-            }
+        if outcome.end != WorkerEnd::Clean {
+            session = None;
+        }
+        let unhealthy = match outcome.end.may_be_gpus() {
+            true => executor.probe(device).await.err(),
+            false => None,
         };
         let stop = unhealthy.is_some();
         if results
@@ -849,6 +626,7 @@ async fn gpu_loop(
                 outcome,
                 disturbed,
                 unhealthy,
+                placement,
             }))
             .is_err()
             || stop
