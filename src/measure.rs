@@ -20,17 +20,21 @@ pub async fn measure_points(
     reasons: &BTreeMap<String, Proposal>,
     budget: &Budget,
 ) -> Result<Ending> {
-    for p in planned.iter().filter(|p| !done.contains(&p.variant.id)) {
-        events.emit(Record::Planned {
-            variant: p.variant.id.clone(),
-            step: p.variant.step.clone(),
-            params: p.variant.params.clone(),
-            head_dim: p.head_dim,
-            launch: p.launch.clone(),
-            invalid: p.invalid.clone(),
-            proposed_by: reasons.get(&p.variant.id).cloned(),
-        })?;
-    }
+    events.emit_all(
+        planned
+            .iter()
+            .filter(|p| !done.contains(&p.variant.id))
+            .map(|p| Record::Planned {
+                variant: p.variant.id.clone(),
+                step: p.variant.step.clone(),
+                params: p.variant.params.clone(),
+                head_dim: p.head_dim,
+                launch: p.launch.clone(),
+                invalid: p.invalid.clone(),
+                proposed_by: reasons.get(&p.variant.id).cloned(),
+            })
+            .collect(),
+    )?;
     let prepared = crate::anytime::prepare(project, device, opts, events, done, planned, budget)?;
     let scheduler = Scheduler {
         project,

@@ -73,6 +73,19 @@ impl Events {
         self.log.clock()
     }
 
+    /// Log many records at once (one sync), then show each to the store and the reporters.
+    pub fn emit_all(&mut self, records: Vec<Record>) -> Result<()> {
+        for entry in self.log.append_all(records)? {
+            if let Some(store) = &mut self.store {
+                store.on_entry(&entry);
+            }
+            for r in &mut self.reporters {
+                r.on_entry(&entry);
+            }
+        }
+        Ok(())
+    }
+
     pub fn emit(&mut self, record: Record) -> Result<()> {
         let entry = self.log.append(record)?;
         if let Some(store) = &mut self.store {

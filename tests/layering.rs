@@ -4,7 +4,10 @@ use std::path::{Path, PathBuf};
 
 /// Lowest first; a module may import from its own layer (if that makes no cycle) or any below.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("leaves", &["error", "ptxas", "vcs", "stop", "toolchain", "gpulock"]),
+    (
+        "leaves",
+        &["error", "ptxas", "vcs", "stop", "toolchain", "gpulock"],
+    ),
     (
         "vocabulary",
         &["vocab", "usage", "config", "space", "protocol", "plan"],

@@ -115,7 +115,13 @@ pub(super) struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
 
 impl Bests {
     /// A timing a case may set the bar with: clean (no throttling, no other process) and in full.
-    pub(super) fn offer(&mut self, variant: &str, case: &CaseResult, timing: &TimingStats, clean: bool) {
+    pub(super) fn offer(
+        &mut self,
+        variant: &str,
+        case: &CaseResult,
+        timing: &TimingStats,
+        clean: bool,
+    ) {
         if !clean || case.raced.is_some() {
             return;
         }
