@@ -51,7 +51,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         #[command(flatten)]
-        run: RunArgs,
+        run: TuneArgs,
     },
     /// One factor at a time around a run's champion: reset each parameter to the baseline's value, measure, rank.
     Ablate {
@@ -61,7 +61,7 @@ enum Command {
         #[arg(long)]
         variant: Option<String>,
         #[command(flatten)]
-        run: RunArgs,
+        run: AblateArgs,
     },
     /// Profile one variant of a run under Nsight Compute now; the result joins the run's log.
     Profile {
@@ -76,7 +76,7 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = parse_dtype)]
         dtype: Vec<crate::config::Dtype>,
         #[command(flatten)]
-        run: RunArgs,
+        run: GpuArgs,
     },
     /// Continue a crashed or interrupted run from its log: finished variants are not redone.
     Resume {
@@ -86,7 +86,7 @@ enum Command {
         #[arg(long)]
         force: bool,
         #[command(flatten)]
-        run: RunArgs,
+        run: ResumeArgs,
     },
     /// Compile and gate every variant of a space without a GPU, and print the resource table.
     Build {
@@ -209,8 +209,10 @@ enum Command {
     },
     /// The context pack for the next step at HEAD: champion figures, bottleneck, roofs, history (from the run logs).
     Context {
+        /// Variant space whose shapes the pack covers (default: `default_space` in policies.toml).
         #[arg(long)]
         space: Option<PathBuf>,
+        /// The champion variant where HEAD's champion table names none.
         #[arg(long)]
         variant: Option<String>,
         /// Print the pack as JSON (default: PROMPT.md).
@@ -320,8 +322,9 @@ enum ExecutorArg {
     Slurm,
 }
 
+/// Where and how a command that runs kernels runs them: every such command takes these.
 #[derive(clap::Args)]
-struct RunArgs {
+struct GpuArgs {
     /// GPU ordinals to use, one measurement queue each (e.g. 0,1); default: every visible GPU.
     #[arg(long, value_delimiter = ',')]
     gpus: Vec<u32>,
@@ -333,25 +336,40 @@ struct RunArgs {
     /// With --executor slurm: workers at once, one measurement queue each (default: [slurm] tasks).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     tasks: Option<u32>,
-    /// Stop starting new measurements after this long (e.g. 8h, 45m).
-    #[arg(long, value_parser = humantime::parse_duration)]
-    time_limit: Option<Duration>,
-    /// Measure at most this many variants.
-    #[arg(long)]
-    max_variants: Option<usize>,
     /// Print every run-log record as a JSON line on stdout instead of progress bars and the table.
     #[arg(long)]
     json: bool,
     /// Use the test double instead of a GPU: synthetic figures, labelled as such everywhere.
     #[arg(long)]
     fake_gpu: bool,
+    /// If another flashtune run holds a chosen GPU, wait for it instead of exiting with code 5.
+    #[arg(long)]
+    wait: bool,
+}
+
+/// How much a measuring run may measure.
+#[derive(clap::Args)]
+struct BudgetArgs {
+    /// Stop starting new measurements after this long (e.g. 8h, 45m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    time_limit: Option<Duration>,
+    /// Measure at most this many variants.
+    #[arg(long)]
+    max_variants: Option<usize>,
+}
+
+/// Committing a run's champions.
+#[derive(clap::Args)]
+struct CommitArg {
     /// Commit the champion table (kernels/attention/tuned.toml) on branch flashtune/<run-id>
     /// (refused with --fake-gpu: synthetic figures are never committed).
     #[arg(long)]
     commit: bool,
-    /// If another flashtune run holds a chosen GPU, wait for it instead of exiting with code 5.
-    #[arg(long)]
-    wait: bool,
+}
+
+/// Taking measurements from the results store (exhaustive and random runs).
+#[derive(clap::Args)]
+struct ReuseArgs {
     /// Take what the results store (runs/results.sqlite) already measured on this GPU model,
     /// driver and nvcc with the same kernel builds, instead of measuring it again; the report marks
     /// each such case with the run and log line it came from. Exhaustive and random runs only.
@@ -360,6 +378,106 @@ struct RunArgs {
     /// With --reuse: measure the N fastest stored cases per shape and dtype again, to confirm them.
     #[arg(long, value_name = "N", requires = "reuse")]
     confirm: Option<usize>,
+}
+
+/// `tune`'s flags: all of them.
+#[derive(clap::Args)]
+struct TuneArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+    #[command(flatten)]
+    reuse: ReuseArgs,
+}
+
+/// `ablate`'s flags: an ablation measures a chain of its own, so it takes nothing from the store.
+#[derive(clap::Args)]
+struct AblateArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+}
+
+/// `resume`'s flags: those of the run it continues, which keeps its own space and strategy.
+#[derive(clap::Args)]
+struct ResumeArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+    #[command(flatten)]
+    reuse: ReuseArgs,
+}
+
+/// What every command that runs kernels resolves its flags to; a flag a command does not take
+/// (and so cannot be given) reads as its default here.
+struct RunArgs {
+    gpus: Vec<u32>,
+    executor: ExecutorArg,
+    tasks: Option<u32>,
+    time_limit: Option<Duration>,
+    max_variants: Option<usize>,
+    json: bool,
+    fake_gpu: bool,
+    commit: bool,
+    wait: bool,
+    reuse: bool,
+    confirm: Option<usize>,
+}
+
+impl RunArgs {
+    fn new(
+        gpu: &GpuArgs,
+        budget: Option<&BudgetArgs>,
+        commit: Option<&CommitArg>,
+        reuse: Option<&ReuseArgs>,
+    ) -> Self {
+        RunArgs {
+            gpus: gpu.gpus.clone(),
+            executor: gpu.executor,
+            tasks: gpu.tasks,
+            time_limit: budget.and_then(|b| b.time_limit),
+            max_variants: budget.and_then(|b| b.max_variants),
+            json: gpu.json,
+            fake_gpu: gpu.fake_gpu,
+            commit: commit.is_some_and(|c| c.commit),
+            wait: gpu.wait,
+            reuse: reuse.is_some_and(|r| r.reuse),
+            confirm: reuse.and_then(|r| r.confirm),
+        }
+    }
+}
+
+impl From<&TuneArgs> for RunArgs {
+    fn from(a: &TuneArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
+    }
+}
+
+impl From<&AblateArgs> for RunArgs {
+    fn from(a: &AblateArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), None)
+    }
+}
+
+impl From<&ResumeArgs> for RunArgs {
+    fn from(a: &ResumeArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
+    }
+}
+
+impl From<&GpuArgs> for RunArgs {
+    fn from(a: &GpuArgs) -> Self {
+        RunArgs::new(a, None, None, None)
+    }
 }
 
 impl RunArgs {
@@ -551,6 +669,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             seed,
             run,
         } => {
+            let run = RunArgs::from(&run);
             let strategy = match strategy {
                 StrategyArg::Exhaustive => Strategy::Exhaustive,
                 StrategyArg::Random => Strategy::Random {
@@ -571,6 +690,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             variant,
             run,
         } => {
+            let run = RunArgs::from(&run);
             let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             let outcome = engine::ablate(
                 run.options(paths, None)?,
@@ -588,6 +708,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             dtype,
             run,
         } => {
+            let run = RunArgs::from(&run);
             let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             let results = engine::profile_on_demand(
                 run.options(paths, None)?,
@@ -666,6 +787,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             force,
             run,
         } => {
+            let run = RunArgs::from(&run);
             let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
             if crate::agent::is_agent_session(&run_dir) {
                 if run.json {
@@ -716,16 +838,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             if let Err(e) = stored {
                 eprintln!("warning: run not added to the results store: {e:#}");
             }
-            let md = crate::export::write_all(&run, &log).map_err(|e| {
+            let out = report_folder(&paths, &run);
+            std::fs::create_dir_all(&out).map_err(|e| {
+                Error::Other(anyhow::anyhow!("cannot create {}: {e}", out.display()))
+            })?;
+            let md = crate::export::write_all(&out, &log).map_err(|e| {
                 Error::Other(anyhow::anyhow!(
                     "cannot write the reports in {}: {e}",
-                    run.display()
+                    out.display()
                 ))
             })?;
             println!("{md}");
             println!(
                 "Wrote report.md, report.html, report.csv, report.json and report.t4.json in {}",
-                run.display()
+                out.display()
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -1034,6 +1160,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Worker { .. } => unreachable!("handled before the runtime starts"),
     }
+}
+
+/// Where `report` writes: beside the log for a run under runs/ or outside the project; for a log
+/// kept elsewhere in the project's tree (docs/measurements), under runs/reports/<folder>, so that
+/// reading a committed measurement never changes the tree.
+fn report_folder(paths: &ProjectPaths, run: &std::path::Path) -> PathBuf {
+    let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let (run_c, root, runs) = (canon(run), canon(&paths.root), canon(&paths.runs()));
+    if run_c.starts_with(&runs) || !run_c.starts_with(&root) {
+        return run.to_path_buf();
+    }
+    let name = run_c
+        .strip_prefix(&root)
+        .unwrap_or(&run_c)
+        .to_string_lossy()
+        .replace('/', "-");
+    paths.runs().join("reports").join(name)
 }
 
 /// `flashtune history`: one row per run and dtype, grouped by GPU model, with what changed.

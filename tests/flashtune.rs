@@ -1118,6 +1118,98 @@ mod pipeline {
         );
     }
 
+    /// Every subcommand's help lists only the flags it honours, each with a description; a flag a
+    /// command cannot apply is refused by the parser, not accepted and ignored.
+    #[test]
+    fn help_lists_only_the_flags_each_command_honours_each_described() {
+        let top = flashtune(&repo(), &["--help"]);
+        let top = String::from_utf8_lossy(&top.stdout).to_string();
+        let commands: Vec<String> = top
+            .split("Commands:")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{top}"))
+            .split("Options:")
+            .next()
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .filter(|c| c != "help")
+            .collect();
+        assert!(commands.len() > 10, "{commands:?}");
+        for command in &commands {
+            let out = flashtune(&repo(), &[command, "-h"]);
+            let help = String::from_utf8_lossy(&out.stdout).to_string();
+            for line in help.lines().filter(|l| l.trim_start().starts_with('-')) {
+                // `  -x, --flag <VALUE>  What it does`: the description follows two spaces.
+                let spec_and_text = line.trim_start();
+                let described = spec_and_text
+                    .split_once("  ")
+                    .is_some_and(|(_, text)| !text.trim().is_empty());
+                assert!(described, "`flashtune {command}`: no description: {line}");
+            }
+        }
+        let refused: &[(&[&str], &[&str])] = &[
+            (
+                &["profile", "runs/x", "some-variant"],
+                &[
+                    "--commit",
+                    "--reuse",
+                    "--confirm",
+                    "--max-variants",
+                    "--time-limit",
+                ],
+            ),
+            (&["ablate", "runs/x"], &["--reuse"]),
+        ];
+        for (command, flags) in refused {
+            let help = flashtune(&repo(), &[command[0], "-h"]);
+            let help = String::from_utf8_lossy(&help.stdout).to_string();
+            for flag in *flags {
+                assert!(
+                    !help.contains(flag),
+                    "`{}` lists {flag}:\n{help}",
+                    command[0]
+                );
+                let mut args = command.to_vec();
+                args.push(flag);
+                let out = flashtune(&repo(), &args);
+                let t = text(&out);
+                assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
+                assert!(t.contains(&format!("unexpected argument '{flag}'")), "{t}");
+            }
+        }
+    }
+
+    /// Reading a committed measurement never writes into the tree: `report` on a log under docs/
+    /// writes its files under runs/reports/ and says where.
+    #[test]
+    fn report_on_a_measurement_under_docs_writes_nothing_there() {
+        let dir = scratch_project();
+        let kept = dir.path().join("docs/measurements/a-gpu/quick");
+        std::fs::create_dir_all(&kept).unwrap();
+        std::fs::copy(
+            repo().join("docs/measurements/2026-11-24-h100/quick-raced/log.jsonl.gz"),
+            kept.join("log.jsonl.gz"),
+        )
+        .unwrap();
+        let out = flashtune(dir.path(), &["report", "docs/measurements/a-gpu/quick"]);
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        let left: Vec<_> = std::fs::read_dir(&kept)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["log.jsonl.gz"], "{t}");
+        let written = dir
+            .path()
+            .join("runs/reports/docs-measurements-a-gpu-quick/report.md");
+        assert!(written.is_file(), "{t}");
+        assert!(
+            t.contains("runs/reports/docs-measurements-a-gpu-quick"),
+            "{t}"
+        );
+    }
+
     /// One nvcc search order for every command: FLASHTUNE_NVCC, PATH, CUDA_HOME, then the project's
     /// .tools/cuda (what `flashtune setup` installs); `doctor` says which one it took.
     #[test]
