@@ -5,13 +5,16 @@ after a warm-up, the calls rotating over distinct input sets.
 
 Reads one JSON request on stdin:
   {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal", "sets"}], "dtypes": ["f16", "bf16"],
-   "backends": ["flash", "cudnn", "efficient", "math", "default"], "warmup_ms": 20, "samples": 30,
+   "backends": ["flash", "cudnn", "efficient", "math", "default", "fa4"], "warmup_ms": 20, "samples": 30,
    "min_sample_us": 500, "seed": 1, "ceilings": true}
 A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
 keys 0..i) or "bottom-right" (causal_lower_right: the last query sees every key, as in decoding with
 a KV cache). "sets" (default 1) is how many distinct (q, k, v) sets the timed calls rotate over, so
 that call i reads set i % sets and small inputs do not sit in L2 between calls. The backend
-"default" is PyTorch's own dispatch (no sdpa_kernel context). "ceilings": false skips the roofs
+"default" is PyTorch's own dispatch (no sdpa_kernel context). The backend "fa4" is FlashAttention-4's
+forward (`flash_attn.cute.flash_attn_func`, package flash-attn-4), timed the same way where it is
+installed (importable, or in the folder FLASHTUNE_FA4_SITE names, loaded with site.addsitedir so its
+.pth files apply); where it is not, each of its rows says so. "ceilings": false skips the roofs
 (a re-measurement of noisy rows needs none).
 Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [...]}; a row holds
 either "samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
@@ -27,7 +30,7 @@ import statistics
 import sys
 
 # The backends flashtune knows, in the order the report lists them; "default" is PyTorch's dispatch.
-BACKENDS = ("flash", "cudnn", "efficient", "math", "default")
+BACKENDS = ("flash", "cudnn", "efficient", "math", "default", "fa4")
 
 
 def main() -> int:
@@ -44,7 +47,7 @@ def main() -> int:
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
-                "default": None}
+                "default": None, "fa4": None}
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device="cuda").manual_seed(int(request.get("seed", 1)))
     rows = []
@@ -55,8 +58,12 @@ def main() -> int:
                 try:
                     if backend not in backends:
                         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
-                    row["samples_us"], row["launches_per_sample"] = time_one(
-                        torch, sdpa_kernel, backends[backend], dtypes[dtype_name], shape, request, gen)
+                    if backend == "fa4":
+                        row["samples_us"], row["launches_per_sample"] = time_fa4(
+                            torch, dtypes[dtype_name], shape, request, gen)
+                    else:
+                        row["samples_us"], row["launches_per_sample"] = time_one(
+                            torch, sdpa_kernel, backends[backend], dtypes[dtype_name], shape, request, gen)
                 except Exception as exc:  # a backend that does not support the shape says so here
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                     torch.cuda.synchronize()
@@ -110,6 +117,43 @@ def time_one(torch, sdpa_kernel, backend, dtype, shape, request, gen):
     with sdpa_kernel(backend):
         call(0)  # raises if the backend cannot run this shape
         return graph_samples(torch, call, request, n_sets)
+
+
+def flash_attn_4():
+    """FlashAttention-4's forward, or an ImportError saying it is not installed."""
+    import os
+    site_dir = os.environ.get("FLASHTUNE_FA4_SITE")
+    if site_dir:
+        import site
+        site.addsitedir(site_dir)
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as exc:
+        raise ImportError(f"flash-attn-4 not installed ({type(exc).__name__}: {exc})") from None
+    return flash_attn_func
+
+
+def time_fa4(torch, dtype, shape, request, gen):
+    """FA4 on the shape, timed as the SDPA backends are. Its layout is (batch, seqlen, heads, dim) and
+    its causal mask is bottom-right aligned (as FlashAttention >= 2.1): a top-left mask with Sq != Sk
+    is one it cannot run."""
+    attend = flash_attn_4()
+    b, h, sq, sk, d = (shape[k] for k in ("b", "h", "sq", "sk", "d"))
+    mask = alignment(shape.get("causal", False))
+    if mask == "top-left" and sq != sk:
+        raise ValueError("FA4's causal mask is bottom-right aligned; top-left with Sq != Sk is not its mask")
+    causal = mask is not None
+    n_sets = max(1, int(shape.get("sets", 1)))
+    sets = [(torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=gen),
+             torch.randn(b, sk, h, d, device="cuda", dtype=dtype, generator=gen),
+             torch.randn(b, sk, h, d, device="cuda", dtype=dtype, generator=gen))
+            for _ in range(n_sets)]
+
+    def call(i):
+        return attend(*sets[i % n_sets], causal=causal)
+
+    call(0)  # compiles the kernel for this shape (1-3 s the first time), raises if it cannot run it
+    return graph_samples(torch, call, request, n_sets)
 
 
 # A matmul this size runs long enough on any datacenter GPU to reach its sustained clock.

@@ -1162,15 +1162,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-/// Where `report` writes: beside the log for a run under runs/ or outside the project; for a log
-/// kept elsewhere in the project's tree (docs/measurements), under runs/reports/<folder>, so that
-/// reading a committed measurement never changes the tree.
+/// Where `report` writes: beside the log, unless git tracks the log's folder (a committed
+/// measurement under docs/): then under runs/reports/<folder>, so that reading never changes the tree.
 fn report_folder(paths: &ProjectPaths, run: &std::path::Path) -> PathBuf {
-    let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-    let (run_c, root, runs) = (canon(run), canon(&paths.root), canon(&paths.runs()));
-    if run_c.starts_with(&runs) || !run_c.starts_with(&root) {
+    if !crate::vcs::holds_tracked_files(run) {
         return run.to_path_buf();
     }
+    let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let (run_c, root) = (canon(run), canon(&paths.root));
     let name = run_c
         .strip_prefix(&root)
         .unwrap_or(&run_c)

@@ -9,6 +9,27 @@ pub fn head(root: &Path) -> Option<String> {
     Some(if dirty { format!("{id}-dirty") } else { id })
 }
 
+/// Whether git tracks any file in `dir` (in the repository that holds it): such a folder is part
+/// of the tree a clone gets, and reading it must not write into it.
+pub fn holds_tracked_files(dir: &Path) -> bool {
+    let Ok(repo) = git2::Repository::discover(dir) else {
+        return false;
+    };
+    let (Some(workdir), Ok(index)) = (repo.workdir(), repo.index()) else {
+        return false;
+    };
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let Ok(rel) = canon(dir)
+        .strip_prefix(canon(workdir))
+        .map(Path::to_path_buf)
+    else {
+        return false;
+    };
+    index
+        .iter()
+        .any(|e| std::str::from_utf8(&e.path).is_ok_and(|p| Path::new(p).starts_with(&rel)))
+}
+
 /// Tracked files with uncommitted changes (untracked files are not counted).
 pub fn changed_files(repo: &git2::Repository) -> Vec<String> {
     let mut opts = git2::StatusOptions::new();

@@ -1180,8 +1180,8 @@ mod pipeline {
         }
     }
 
-    /// Reading a committed measurement never writes into the tree: `report` on a log under docs/
-    /// writes its files under runs/reports/ and says where.
+    /// Reading a committed measurement never writes into the tree: `report` on a log git tracks
+    /// (under docs/) writes its files under runs/reports/ and says where.
     #[test]
     fn report_on_a_measurement_under_docs_writes_nothing_there() {
         let dir = scratch_project();
@@ -1192,6 +1192,7 @@ mod pipeline {
             kept.join("log.jsonl.gz"),
         )
         .unwrap();
+        commit_all(dir.path(), "a committed measurement");
         let out = flashtune(dir.path(), &["report", "docs/measurements/a-gpu/quick"]);
         let t = text(&out);
         assert!(out.status.success(), "{t}");
@@ -1508,7 +1509,7 @@ print(json.dumps(replies[min(n, len(replies) - 1)]))
         let request = &sent(dir.path())[0];
         assert_eq!(
             request["backends"],
-            serde_json::json!(["flash", "cudnn", "efficient", "default"])
+            serde_json::json!(["flash", "cudnn", "efficient", "default", "fa4"])
         );
         assert_eq!(request["shapes"][0]["sets"], 4);
     }
@@ -1606,32 +1607,12 @@ def causal_lower_right(sq, sk): return CausalBias("lower_right", sq, sk)
         ),
     ];
 
-    #[test]
-    fn the_adapter_rotates_input_sets_and_aligns_the_causal_mask() {
-        let dir = tempfile::tempdir().unwrap();
-        for (path, text) in FAKE_TORCH {
-            let path = dir.path().join(path);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(path, text).unwrap();
-        }
-        let calls_log = dir.path().join("calls.jsonl");
-        let request = serde_json::json!({
-            "shapes": [
-                {"name": "decode", "b": 1, "h": 1, "sq": 3, "sk": 7, "d": 64, "causal": "bottom-right", "sets": 3},
-                {"name": "square", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": true},
-                {"name": "plain", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": "none"}],
-            "dtypes": ["f16"], "backends": ["flash", "default", "bogus"],
-            "warmup_ms": 0, "samples": 2, "min_sample_us": 10, "seed": 1, "ceilings": false});
-        let mut child = Command::new("python3")
-            .arg(repo().join("baselines/torch_sdpa.py"))
-            .env("PYTHONPATH", dir.path())
-            .env("FAKE_TORCH_LOG", &calls_log)
-            .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"))
-            .stdin(std::process::Stdio::piped())
+    /// The adapter's JSON reply to `request` on its stdin; it must exit 0.
+    fn adapter_reply(mut cmd: Command, request: &serde_json::Value) -> serde_json::Value {
+        cmd.stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
         use std::io::Write;
         child
             .stdin
@@ -1641,7 +1622,37 @@ def causal_lower_right(sq, sk): return CausalBias("lower_right", sq, sk)
             .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", text(&out));
-        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// A folder holding the PyTorch stand-in, for PYTHONPATH.
+    fn fake_torch() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in FAKE_TORCH {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn the_adapter_rotates_input_sets_and_aligns_the_causal_mask() {
+        let dir = fake_torch();
+        let calls_log = dir.path().join("calls.jsonl");
+        let request = serde_json::json!({
+            "shapes": [
+                {"name": "decode", "b": 1, "h": 1, "sq": 3, "sk": 7, "d": 64, "causal": "bottom-right", "sets": 3},
+                {"name": "square", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": true},
+                {"name": "plain", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": "none"}],
+            "dtypes": ["f16"], "backends": ["flash", "default", "bogus"],
+            "warmup_ms": 0, "samples": 2, "min_sample_us": 10, "seed": 1, "ceilings": false});
+        let mut cmd = Command::new("python3");
+        cmd.arg(repo().join("baselines/torch_sdpa.py"))
+            .env("PYTHONPATH", dir.path())
+            .env("FAKE_TORCH_LOG", &calls_log)
+            .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"));
+        let reply = adapter_reply(cmd, &request);
         let rows = reply["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 9);
         // 1 µs a call and 10 µs a sample make 10 calls, rounded up to whole rounds of 3 sets.
@@ -1696,6 +1707,105 @@ def causal_lower_right(sq, sk): return CausalBias("lower_right", sq, sk)
             replayed(serde_json::json!("flash"), serde_json::Value::Null, false).len(),
             20
         );
+    }
+
+    /// FA4 in the adapter: absent, each of its rows says "not installed" and the others are timed;
+    /// present (a stand-in in the folder FLASHTUNE_FA4_SITE names), it is called in its own
+    /// (batch, seqlen, heads, dim) layout, its causal flag on for bottom-right and square masks,
+    /// rotating over the input sets, and a top-left mask with Sq != Sk (not FA4's) is refused.
+    #[test]
+    fn the_adapter_times_fa4_where_installed_and_says_so_where_not() {
+        let dir = fake_torch();
+        let site = dir.path().join("fa4-site");
+        std::fs::create_dir_all(site.join("flash_attn/cute")).unwrap();
+        std::fs::write(site.join("flash_attn/__init__.py"), "").unwrap();
+        std::fs::write(
+            site.join("flash_attn/cute/__init__.py"),
+            r#"import torch
+def flash_attn_func(q, k, v, causal=False):
+    entry = {"q": q.id, "q_shape": list(q.shape), "is_causal": causal, "backend": "fa4"}
+    graphs = torch.cuda._capturing
+    if graphs:
+        graphs[-1].calls.append(lambda: torch.log(dict(entry, replayed=True)))
+    else:
+        torch.log(entry)
+"#,
+        )
+        .unwrap();
+        let calls_log = dir.path().join("calls.jsonl");
+        let request = serde_json::json!({
+            "shapes": [
+                {"name": "decode", "b": 2, "h": 4, "sq": 3, "sk": 7, "d": 64, "causal": "bottom-right", "sets": 3},
+                {"name": "square", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": true},
+                {"name": "plain", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": "none"},
+                {"name": "tl-ragged", "b": 1, "h": 1, "sq": 3, "sk": 7, "d": 64, "causal": "top-left"}],
+            "dtypes": ["f16"], "backends": ["flash", "fa4"],
+            "warmup_ms": 0, "samples": 2, "min_sample_us": 10, "seed": 1, "ceilings": false});
+        let adapter = |fa4_site: Option<&Path>| {
+            let mut cmd = Command::new("python3");
+            cmd.arg(repo().join("baselines/torch_sdpa.py"))
+                .env("PYTHONPATH", dir.path())
+                .env("FAKE_TORCH_LOG", &calls_log)
+                .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"))
+                .env_remove("FLASHTUNE_FA4_SITE");
+            if let Some(s) = fa4_site {
+                cmd.env("FLASHTUNE_FA4_SITE", s);
+            }
+            let reply = adapter_reply(cmd, &request);
+            reply["rows"].as_array().unwrap().clone()
+        };
+        let absent = adapter(None);
+        assert_eq!(absent.len(), 8);
+        for row in absent.iter().filter(|r| r["backend"] == "fa4") {
+            assert!(
+                row["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("flash-attn-4 not installed"),
+                "{row}"
+            );
+        }
+        assert!(absent
+            .iter()
+            .filter(|r| r["backend"] == "flash")
+            .all(|r| r["samples_us"].is_array()));
+        std::fs::remove_file(&calls_log).ok();
+        let present = adapter(Some(&site));
+        let fa4: Vec<&serde_json::Value> =
+            present.iter().filter(|r| r["backend"] == "fa4").collect();
+        assert!(
+            fa4[..3].iter().all(|r| r["samples_us"].is_array()),
+            "{fa4:?}"
+        );
+        assert!(
+            fa4[3]["error"].as_str().unwrap().contains("bottom-right"),
+            "{}",
+            fa4[3]
+        );
+        let calls: Vec<serde_json::Value> = std::fs::read_to_string(&calls_log)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|c: &serde_json::Value| c["backend"] == "fa4" && c["replayed"] == true)
+            .collect();
+        let decode: Vec<&serde_json::Value> = calls
+            .iter()
+            .filter(|c| c["q_shape"] == serde_json::json!([2, 3, 4, 64]))
+            .collect();
+        assert_eq!(decode.len(), 24, "{calls:?}");
+        assert!(decode.iter().all(|c| c["is_causal"] == true));
+        let ids: std::collections::BTreeSet<u64> =
+            decode.iter().map(|c| c["q"].as_u64().unwrap()).collect();
+        assert_eq!(ids.len(), 3, "three input sets in turn");
+        let square_causal = calls
+            .iter()
+            .filter(|c| c["q_shape"] == serde_json::json!([1, 3, 1, 64]) && c["is_causal"] == true)
+            .count();
+        let plain = calls
+            .iter()
+            .filter(|c| c["q_shape"] == serde_json::json!([1, 3, 1, 64]) && c["is_causal"] == false)
+            .count();
+        assert_eq!((square_causal, plain), (20, 20));
     }
 
     #[test]
