@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume hopper attention ablation ablate profile guided step-demo space:variants/NAME.toml
-# BIN_DIR holds `flashtune` (and `flashtune-tests`, `step-tests` for the `tests` stage).
+# BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1; shift
@@ -22,8 +22,7 @@ for stage in "$@"; do
     doctor) ft doctor 2>&1 | tee "$out/doctor.txt" ;;
     smoke) ft tune --space variants/smoke.toml 2>"$out/smoke.err" | tee "$out/smoke.txt"; keep smoke ;;
     tests)
-      FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: 2>&1 | tee "$out/gpu-tests.txt"
-      [ -x "$bin/step-tests" ] && FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/step-tests" --include-ignored gpu 2>&1 | tee -a "$out/gpu-tests.txt" ;;
+      FLASHTUNE_BIN="$PWD/$bin/flashtune" FLASHTUNE_REPO="$PWD" "$bin/flashtune-tests" --include-ignored gpu:: step::gpu_ 2>&1 | tee "$out/gpu-tests.txt" ;;
     faults) ft tune --space variants/faults.toml 2>"$out/faults.err" | tee "$out/faults.txt"; keep faults ;;
     cheats) ft tune --space variants/cheats.toml 2>"$out/cheats.err" | tee "$out/cheats.txt"; keep cheats ;;
     quick) ft tune 2>"$out/quick.err" | tee "$out/quick.txt"; keep quick ;;

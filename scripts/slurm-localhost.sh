@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node Slurm cluster on this host, for tests/slurm.rs (scripts/test.sh). Nothing is written outside the state folder: its own slurm.conf (found through
+# A one-node Slurm cluster on this host, for tests/it/slurm.rs (scripts/test.sh). Nothing is written outside the state folder: its own slurm.conf (found through
 # SLURM_CONF), its own ports, its own spool and logs; the system's /etc/slurm is left alone.
 #
 #   scripts/slurm-localhost.sh start DIR   # install (apt-get, when allowed) and start; exit 0 when the node

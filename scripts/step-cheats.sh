@@ -5,7 +5,7 @@
 # forward.cu left as HEAD has it. Then HEAD becomes the honest kernel the cheats are built on, and
 # two more steps propose the memos (right on every launch, remembering answers by content): each
 # must gain nothing (slower, or a gain within the threshold or the noise), and nothing is
-# committed. (tests/trust.rs runs the same proposers on the test double.)
+# committed. (tests/it/trust.rs runs the same proposers on the test double.)
 #
 # usage: scripts/step-cheats.sh /path/to/flashtune      (exit 1 when a cheat got through)
 set -euo pipefail

@@ -9,9 +9,15 @@ cd "$(dirname "$0")/.."
 t_start=$(date +%s)
 now() { date +%s; }
 
-# The tests' own profile (see Cargo.toml): building it here is not extra work, the tests reuse it.
+# Everything the tests run, built once: the test targets, and the binary with the features the
+# tests' dependencies add (a plain `cargo build` resolves them without those and would build every
+# shared dependency a second time).
 t0=$(now)
-cargo build --quiet
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --no-run --cargo-quiet
+else
+  cargo test --no-run --quiet
+fi
 t_build=$(( $(now) - t0 ))
 
 t0=$(now)
@@ -21,7 +27,7 @@ FLASHTUNE_NVCC=$(sed -n 's/^nvcc: \(.*\) (Cuda compilation.*/\1/p' <<<"$setup_ou
 [ -x "$FLASHTUNE_NVCC" ] || { echo "flashtune setup named no nvcc: $setup_out" >&2; exit 1; }
 export FLASHTUNE_NVCC
 
-# The real-agent tests (tests/agent_cli.rs) run a pinned Gemini CLI against a model API faked on
+# The real-agent tests (tests/it/agent_cli.rs) run a pinned Gemini CLI against a model API faked on
 # loopback. It is the lightest of the agent CLIs to install (about 100 MB installed; Claude Code needs
 # Node 22, Codex ships a native binary per platform) and runs on Node 20.
 GEMINI_CLI_VERSION=0.61.0
@@ -32,11 +38,11 @@ elif command -v npm >/dev/null 2>&1; then
   echo "== installing @google/gemini-cli@$GEMINI_CLI_VERSION from npm into $gemini_dir"
   npm install --prefix "$gemini_dir" --no-audit --no-fund --loglevel=error "@google/gemini-cli@$GEMINI_CLI_VERSION"
 else
-  echo "== npm not found: the real-agent tests (tests/agent_cli.rs) are SKIPPED"
+  echo "== npm not found: the real-agent tests (tests/it/agent_cli.rs) are SKIPPED"
 fi
 [ -x "$gemini_dir/node_modules/.bin/gemini" ] && export FLASHTUNE_GEMINI_CLI="$PWD/$gemini_dir/node_modules/.bin/gemini"
 
-# tests/slurm.rs runs workers as job steps of a real one-node Slurm cluster on this host, set up here
+# tests/it/slurm.rs runs workers as job steps of a real one-node Slurm cluster on this host, set up here
 # (installed with apt-get when missing, where that is possible) and stopped by pid when the tests end.
 # Where it cannot be had (or FLASHTUNE_SLURM=0), the test is left out of the run, so the summary counts
 # it as skipped, and this script says SKIPPED and why before and after the tests.
@@ -45,23 +51,23 @@ slurm_skipped=""
 slurm_exclude=()
 if [ "${FLASHTUNE_SLURM:-}" != 0 ]; then
   slurm_dir=$(mktemp -d "${TMPDIR:-/tmp}/flashtune-slurm.XXXXXX")
-  trap 'bash scripts/slurm-localhost.sh stop "$slurm_dir"; rm -rf "$slurm_dir"; [ -z "$slurm_skipped" ] || echo "== $slurm_skipped: tests/slurm.rs was SKIPPED"' EXIT
+  trap 'bash scripts/slurm-localhost.sh stop "$slurm_dir"; rm -rf "$slurm_dir"; [ -z "$slurm_skipped" ] || echo "== $slurm_skipped: tests/it/slurm.rs was SKIPPED"' EXIT
   slurm_t0=$(date +%s%N)
   if bash scripts/slurm-localhost.sh start "$slurm_dir"; then
     export FLASHTUNE_SLURM=1 SLURM_CONF="$slurm_dir/slurm.conf"
     ms=$(( ($(date +%s%N) - slurm_t0) / 1000000 ))
-    echo "== Slurm up in $((ms / 1000)).$((ms % 1000 / 100)) s: tests/slurm.rs runs its workers through srun"
+    echo "== Slurm up in $((ms / 1000)).$((ms % 1000 / 100)) s: tests/it/slurm.rs runs its workers through srun"
   else
     slurm_skipped=$(cat "$slurm_dir/skipped" 2>/dev/null || echo "SKIPPED: no Slurm (scripts/slurm-localhost.sh failed)")
   fi
 else
   slurm_skipped="SKIPPED: no Slurm (FLASHTUNE_SLURM=0)"
-  trap 'echo "== $slurm_skipped: tests/slurm.rs was SKIPPED"' EXIT
+  trap 'echo "== $slurm_skipped: tests/it/slurm.rs was SKIPPED"' EXIT
 fi
 if [ -n "$slurm_skipped" ]; then
   export FLASHTUNE_SLURM=0
-  echo "== $slurm_skipped: tests/slurm.rs is SKIPPED"
-  slurm_exclude=(-E 'not (binary_id(flashtune::slurm) and test(/^workers_as_slurm_steps/))')
+  echo "== $slurm_skipped: tests/it/slurm.rs is SKIPPED"
+  slurm_exclude=(-E 'not test(/^slurm::workers_as_slurm_steps/)')
 fi
 
 t_installs=$(( $(now) - t0 ))

@@ -1,7 +1,7 @@
 //! The pack as files: AGENTS.md (the standing rules), PROMPT.md (this step's task), context/ (figures, history, sources).
 use super::*;
 
-/// The tools `flashtune mcp` serves, as AGENTS.md lists them (tests/mcp.rs checks the server has each).
+/// The tools `flashtune mcp` serves, as AGENTS.md lists them (tests/it/mcp.rs checks the server has each).
 pub const MCP_TOOLS: &[(&str, &str)] = &[
     (
         "context",

@@ -1,8 +1,8 @@
 //! Committed measurements can be checked: each docs/measurements/<date>-<gpu>/<name>/ holds the run's log (log.jsonl.gz) and its report.md, and `flashtune report` on that log alone rebuilds the report byte for byte.
 //!
 //! After a deliberate change to the reports, rebuild them with
-//! `FLASHTUNE_BLESS_MEASUREMENTS=1 cargo test --test measurements` and commit what changed.
-mod common;
+//! `FLASHTUNE_BLESS_MEASUREMENTS=1 cargo test --test it measurements::` and commit what changed.
+use crate::common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -98,7 +98,7 @@ fn every_committed_report_is_rebuilt_from_its_log_byte_for_byte() {
     assert!(
         failures.is_empty(),
         "a committed report is not what its log gives (edited by hand, or the reports changed: \
-         FLASHTUNE_BLESS_MEASUREMENTS=1 cargo test --test measurements rebuilds them):\n{}",
+         FLASHTUNE_BLESS_MEASUREMENTS=1 cargo test --test it measurements:: rebuilds them):\n{}",
         failures.join("\n")
     );
 }

@@ -1,5 +1,5 @@
 //! Anytime runs on the fake GPU: a budget measures the first variants of the best-first order, the results store reuses what still matches and retires exactly what a kernel edit touches, and `history` follows a shape's champion across runs.
-mod common;
+use crate::common;
 use common::*;
 use flashtune::config::Dtype;
 use flashtune::runlog::{RankReason, Ranked, Record};

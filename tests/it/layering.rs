@@ -1,4 +1,4 @@
-//! The module layering: `crate::` imports between top-level modules form no cycle, and point from a higher layer to a lower (or the same) one. ARCHITECTURE.md holds the same graph; `cargo test --test layering -- --nocapture` prints it.
+//! The module layering: `crate::` imports between top-level modules form no cycle, and point from a higher layer to a lower (or the same) one. ARCHITECTURE.md holds the same graph; `cargo test --test it layering:: -- --nocapture` prints it.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

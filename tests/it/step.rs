@@ -1,5 +1,5 @@
 //! `flashtune step` on temporary git repositories with the fake GPU: edits reverted or committed, proposers kept in their scope. Builds are real nvcc builds.
-mod common;
+use crate::common;
 use common::gitstate::{file_at, scratch_commits};
 use common::*;
 use flashtune::runlog::{self, Record};

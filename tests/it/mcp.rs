@@ -1,5 +1,5 @@
 //! `flashtune mcp` driven by a real MCP client (rmcp's) over stdio, on the fake GPU with real nvcc builds: a faster edit committed; a wrong edit, an edit outside the scope and a cheat refused and restored; bad arguments and a second judge answered with structured errors while the server goes on.
-mod common;
+use crate::common;
 use common::gitstate::*;
 use common::schema;
 use common::*;

@@ -1,5 +1,5 @@
 //! Agent sessions on the fake GPU: best of N in worktrees, the history the next pack shows, the usage adapters on real CLI outputs, the cost limit, and a killed session resumed with nothing half-done.
-mod common;
+use crate::common;
 use common::gitstate::{file_at, scratch_commits};
 use common::*;
 use flashtune::runlog::Record;

@@ -1,5 +1,5 @@
 //! Snapshot tests of every report format (md, html, csv, json, t4.json) written from the fixed run logs in tests/fixtures/runs; a log added there gets its snapshots on the next run.
-mod common;
+use crate::common;
 use common::*;
 use flashtune::config::Dtype;
 use flashtune::export;
@@ -42,7 +42,14 @@ fn every_format_of_every_fixture_log_matches_its_snapshot() {
             if format == "md" {
                 assert_eq!(text, md, "write_all returns the Markdown it wrote");
             }
-            insta::assert_snapshot!(format!("{name}.{format}"), text);
+            // The snapshots keep their place and names from when this file was a test binary of
+            // its own (tests/snapshots/report_snapshots__*.snap).
+            let mut settings = insta::Settings::clone_current();
+            settings.set_snapshot_path("../snapshots");
+            settings.set_prepend_module_to_snapshot(false);
+            settings.bind(|| {
+                insta::assert_snapshot!(format!("report_snapshots__{name}.{format}"), text)
+            });
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The hostile night, on the fake GPU: signals (SIGTERM, SIGHUP, a second signal), a full disk, the
 //! free-space floor, a throttled or shared GPU, a GPU that drifts, and no child process left behind.
-mod common;
+use crate::common;
 
 use common::*;
 use flashtune::runindex::RunIndex;

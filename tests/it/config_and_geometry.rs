@@ -1,5 +1,5 @@
 //! Input that must be refused with a message (never a panic), run logs as a contract, the GPU lock, offline arch limits and the causal geometry, through the binary as a user meets them.
-mod common;
+use crate::common;
 use common::*;
 use flashtune::config::{Causal, Policies};
 use flashtune::engine;

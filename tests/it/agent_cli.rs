@@ -1,5 +1,5 @@
 //! A real coding-agent CLI (Gemini CLI, pinned, installed from npm by scripts/test.sh) against a model API faked on loopback: as `step`'s proposer its edit is judged and committed, and configured by `flashtune mcp print-config` it calls `judge` through `flashtune mcp`.
-mod common;
+use crate::common;
 use common::gitstate::*;
 use common::*;
 use flashtune::runlog::Record;

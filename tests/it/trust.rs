@@ -1,5 +1,5 @@
 //! Verdicts that cannot be gamed and a tool that fails closed, on the CPU test double with real builds: every cheat rejected by name in `tune` and `step`, figures beyond the roofs called implausible, a NaN reference and a garbled reply ending as failed records, every planned case accounted for.
-mod common;
+use crate::common;
 use common::*;
 use flashtune::config::Dtype;
 use flashtune::runindex::RunIndex;

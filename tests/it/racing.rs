@@ -1,7 +1,7 @@
 //! Racing (`[measure] race_samples`): a case whose first samples put it clearly behind the best so
 //! far stops there, its outputs verified all the same, and the champions and their ties come out as
 //! they do with every case timed in full.
-mod common;
+use crate::common;
 use common::*;
 use flashtune::config::Dtype;
 use flashtune::runindex::RunIndex;

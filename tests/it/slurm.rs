@@ -5,7 +5,7 @@
 //!
 //! One test, its stages in order: they share the cluster's CPUs, and each checks that no srun and no
 //! worker step outlived the run before it.
-mod common;
+use crate::common;
 
 use common::*;
 use flashtune::runindex::RunIndex;
@@ -214,7 +214,7 @@ fn workers_as_slurm_steps_survive_a_lost_step_and_a_cancelled_job() {
     let _cluster = match Cluster::get() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("\n*** SKIPPED: no Slurm ({why}): tests/slurm.rs did not run ***\n");
+            eprintln!("\n*** SKIPPED: no Slurm ({why}): tests/it/slurm.rs did not run ***\n");
             return;
         }
     };

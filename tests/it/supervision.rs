@@ -1,0 +1,303 @@
+//! Supervision on the fake GPU: the real worker protocol and process handling, with faults injected.
+use crate::common;
+use common::*;
+use flashtune::runlog::{self, Record};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::numbered_records as records;
+
+/// The fault space with short limits, so each fault costs seconds.
+fn fault_project(build_s: u64, worker_s: u64) -> tempfile::TempDir {
+    let dir = scratch_project();
+    std::fs::create_dir_all(dir.path().join("kernels/attention/faults")).unwrap();
+    std::fs::copy(
+        repo().join("kernels/attention/faults/faults.cu"),
+        dir.path().join("kernels/attention/faults/faults.cu"),
+    )
+    .unwrap();
+    let space = dir.path().join("variants/faults.toml");
+    let s = std::fs::read_to_string(&space)
+        .unwrap()
+        .replace("build_s = 20", &format!("build_s = {build_s}"))
+        .replace("worker_s = 20", &format!("worker_s = {worker_s}"));
+    std::fs::write(&space, s).unwrap();
+    dir
+}
+
+fn count(recs: &[(usize, Record)], pred: impl Fn(&Record) -> bool) -> usize {
+    recs.iter().filter(|(_, r)| pred(r)).count()
+}
+
+#[test]
+fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured() {
+    let dir = fault_project(30, 4);
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/faults.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let recs = records(&only_run(dir.path()));
+    let is = |v: &str, prefix: &str| v.starts_with(prefix);
+    // Builds that cannot work: too much shared memory, a syntax error, and a compile that never ends.
+    for fault in ["smem-", "compile_error-"] {
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, fault) && reason.contains("nvcc failed"))
+            ),
+            4,
+            "{fault}"
+        );
+    }
+    assert_eq!(
+        count(
+            &recs,
+            |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, "slow_compile-") && reason.contains("timed out"))
+        ),
+        4
+    );
+    // A hang and a crash are each tried twice, then quarantined.
+    assert_eq!(
+        count(
+            &recs,
+            |r| matches!(r, Record::TimedOut { variant, .. } if is(variant, "hang-"))
+        ),
+        2
+    );
+    assert_eq!(
+        count(
+            &recs,
+            |r| matches!(r, Record::WorkerCrashed { variant, .. } if is(variant, "illegal_address-"))
+        ),
+        2
+    );
+    assert_eq!(count(&recs, |r| matches!(r, Record::Quarantined { .. })), 2);
+    // Wrong answers are final: one record per case, never retried.
+    for fault in ["nan-", "wrong-"] {
+        assert_eq!(
+            count(
+                &recs,
+                |r| matches!(r, Record::CheckFailed { variant, .. } if is(variant, fault))
+            ),
+            4,
+            "{fault}"
+        );
+    }
+    assert!(recs
+        .iter()
+        .any(|(_, r)| matches!(r, Record::CheckFailed { reason, .. } if reason.contains("NaN"))));
+    // The good variants: 2 variants x 2 shapes x 2 dtypes, all measured.
+    assert_eq!(
+        count(
+            &recs,
+            |r| matches!(r, Record::Timed { variant, .. } if is(variant, "none-"))
+        ),
+        8
+    );
+    assert_eq!(count(&recs, |r| matches!(r, Record::Timed { .. })), 8);
+    assert!(matches!(recs.last(), Some((_, Record::Finished { .. }))));
+    assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 9);
+}
+
+#[test]
+fn resume_after_sigkill_redoes_at_most_the_variant_in_flight() {
+    let dir = fault_project(30, 3);
+    let mut child = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["tune", "--fake-gpu", "--space", "variants/faults.toml"])
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it the hard way once at least one variant is finished and before the run ends.
+    let started = Instant::now();
+    let run = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no variant finished"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else {
+            continue;
+        };
+        let Some(run) = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| p.join("log.jsonl").is_file())
+        else {
+            continue;
+        };
+        if std::fs::read_to_string(run.join("log.jsonl"))
+            .unwrap_or_default()
+            .contains("\"event\":\"variant_done\"")
+        {
+            break run;
+        }
+    };
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    // A crash mid-write leaves a torn line; resume must cut it, not choke on it.
+    let log = run.join("log.jsonl");
+    let mut bytes = std::fs::read(&log).unwrap();
+    bytes.extend_from_slice(b"{\"t\":9.0,\"event\":\"timed\",\"vari");
+    std::fs::write(&log, bytes).unwrap();
+    let before = records(&run);
+    assert!(
+        !before
+            .iter()
+            .any(|(_, r)| matches!(r, Record::Finished { .. })),
+        "the kill came too late to test anything"
+    );
+    let done_before: Vec<String> = before
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Record::VariantDone { variant, .. } => Some(variant.clone()),
+            _ => None,
+        })
+        .collect();
+
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let loaded = runlog::read(&log).unwrap();
+    assert!(!loaded.torn_tail);
+    let after: Vec<(usize, Record)> = loaded
+        .entries
+        .into_iter()
+        .map(|(l, e)| (l, e.record))
+        .collect();
+    let resumed_at = after
+        .iter()
+        .position(|(_, r)| matches!(r, Record::Resumed { .. }))
+        .expect("a resumed record");
+    let Record::Resumed {
+        finished_variants,
+        overridden,
+        ..
+    } = &after[resumed_at].1
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (*finished_variants, overridden.len()),
+        (done_before.len(), 0)
+    );
+    // Nothing finished before the kill is planned, built or measured again.
+    for (_, r) in &after[resumed_at..] {
+        let v = match r {
+            Record::Planned { variant, .. }
+            | Record::Built { variant, .. }
+            | Record::Timed { variant, .. }
+            | Record::CheckFailed { variant, .. } => variant,
+            _ => continue,
+        };
+        assert!(
+            !done_before.contains(v),
+            "{v} was finished before the kill but ran again"
+        );
+    }
+    // And the run as a whole is complete: every variant is done, the good ones measured once each case.
+    assert_eq!(
+        count(&after, |r| matches!(r, Record::VariantDone { .. })),
+        9
+    );
+    assert!(matches!(after.last(), Some((_, Record::Finished { .. }))));
+    let report = std::fs::read_to_string(run.join("report.md")).unwrap();
+    assert!(
+        report.contains("| `none-scalar-bm64-bn64-w4-ks4-s1` |"),
+        "{report}"
+    );
+}
+
+#[test]
+fn resume_refuses_a_changed_setup_unless_forced() {
+    let dir = scratch_project();
+    let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--max-variants", "1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(dir.path());
+    let recs = records(&run);
+    assert!(recs
+        .iter()
+        .any(|(_, r)| matches!(r, Record::BudgetReached { .. })));
+    assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 1);
+
+    replace_in(
+        &dir.path().join("policies.toml"),
+        "samples = 30",
+        "samples = 31",
+    );
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("policies.toml: was") && t.contains("--force"),
+        "{t}"
+    );
+
+    let out = flashtune(
+        dir.path(),
+        &["resume", run.to_str().unwrap(), "--fake-gpu", "--force"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let recs = records(&run);
+    assert!(recs.iter().any(|(_, r)| matches!(r, Record::Resumed { overridden, .. } if overridden.iter().any(|o| o.starts_with("policies.toml")))));
+    assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 4);
+}
+
+#[test]
+fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
+    let dir = fault_project(30, 3);
+    let child = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args([
+            "tune",
+            "--fake-gpu",
+            "--space",
+            "variants/faults.toml",
+            "--json",
+        ])
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no build finished"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(entries) = std::fs::read_dir(dir.path().join("runs")) else {
+            continue;
+        };
+        if entries.filter_map(|e| e.ok()).any(|e| {
+            std::fs::read_to_string(e.path().join("log.jsonl"))
+                .unwrap_or_default()
+                .contains("\"event\":\"built\"")
+        }) {
+            break;
+        }
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    let recs = records(&only_run(dir.path()));
+    assert!(
+        matches!(recs.last(), Some((_, Record::Interrupted { .. }))),
+        "{:?}",
+        recs.last()
+    );
+    // --json streamed the same records that are in the log.
+    let streamed = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert_eq!(streamed, recs.len());
+}
