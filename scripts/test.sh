@@ -87,6 +87,19 @@ import sys, xml.etree.ElementTree as ET
 cases = [(float(c.get("time", 0)), c.get("classname", "") + " " + c.get("name", "")) for c in ET.parse(sys.argv[1]).iter("testcase")]
 for t, name in sorted(cases, reverse=True)[:10]:
     print(f"{t:8.1f} s  {name}")
+# Each failure's own words again, last: a log cut to its tail still says why.
+for c in ET.parse(sys.argv[1]).iter("testcase"):
+    failure = c.find("failure")
+    if failure is None:
+        continue
+    print(f"== FAILED {c.get('classname', '')} {c.get('name', '')}")
+    text = "\n".join(e.text or "" for e in (c.find("system-err"), c.find("system-out"), failure) if e is not None)
+    lines = text.splitlines()
+    at = next((i for i, l in enumerate(lines) if "panicked at" in l), max(len(lines) - 12, 0))
+    for line in lines[at:at + 12]:
+        if "stack backtrace" in line:
+            break
+        print("   ", line[:400])
 PY
   fi
 else

@@ -615,6 +615,7 @@ impl Reporter for JsonLines {
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    crate::toolchain::absolutize_override();
     if let Command::Worker {
         device,
         fake,

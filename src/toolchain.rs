@@ -73,6 +73,9 @@ pub fn locate_nvcc(root: &Path) -> Option<(NvccSource, Toolchain)> {
     nvcc_candidates(root)
         .into_iter()
         .find_map(|(source, nvcc)| {
+            // Absolute, whatever the candidate: the path reaches processes that run elsewhere (a
+            // judge the MCP server starts in the project, a Slurm step, the test script's children).
+            let nvcc = std::path::absolute(&nvcc).unwrap_or(nvcc);
             if !nvcc.is_file() {
                 return None;
             }
@@ -91,6 +94,19 @@ pub fn locate_nvcc(root: &Path) -> Option<(NvccSource, Toolchain)> {
                 .join("; ");
             Some((source, Toolchain { nvcc, version }))
         })
+}
+
+/// A relative `FLASHTUNE_NVCC` made absolute against this process's folder, before anything starts
+/// a child in another folder with the variable inherited. Call before any thread starts.
+pub fn absolutize_override() {
+    let Some(given) = std::env::var_os("FLASHTUNE_NVCC").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    if Path::new(&given).is_relative() {
+        if let Ok(abs) = std::path::absolute(Path::new(&given)) {
+            std::env::set_var("FLASHTUNE_NVCC", abs);
+        }
+    }
 }
 
 /// nvcc for the project at `root`, or an error whose hint is a command that installs one.

@@ -340,9 +340,13 @@ fn nvcc_search_order() {
         )
         .unwrap()
     };
-    let found = |nvcc: Option<&Path>, path_dir: Option<&Path>, cuda_home: Option<&Path>| {
+    let found_from = |cwd: &Path,
+                      root: &Path,
+                      nvcc: Option<&Path>,
+                      path_dir: Option<&Path>,
+                      cuda_home: Option<&Path>| {
         let mut cmd = Command::new(binary());
-        cmd.arg("--root").arg(dir.path()).arg("doctor");
+        cmd.current_dir(cwd).arg("--root").arg(root).arg("doctor");
         cmd.env("CUDA_VISIBLE_DEVICES", "")
             .env("PATH", path_with(path_dir));
         cmd.env_remove("FLASHTUNE_NVCC")
@@ -361,9 +365,24 @@ fn nvcc_search_order() {
             .unwrap_or_else(|| panic!("{t}"))
             .to_owned()
     };
+    let found = |nvcc: Option<&Path>, path_dir: Option<&Path>, cuda_home: Option<&Path>| {
+        found_from(dir.path(), dir.path(), nvcc, path_dir, cuda_home)
+    };
     let line = found(Some(&override_nvcc), Some(&on_path), Some(&home));
     assert!(
         line.contains("override") && line.contains("found by FLASHTUNE_NVCC"),
+        "{line}"
+    );
+    // A relative FLASHTUNE_NVCC is named absolute: children that run in other folders inherit it.
+    let line = found_from(
+        fakes.path(),
+        dir.path(),
+        Some(Path::new("override/nvcc")),
+        None,
+        None,
+    );
+    assert!(
+        line.contains(&override_nvcc.display().to_string()),
         "{line}"
     );
     let line = found(None, Some(&on_path), Some(&home));
@@ -382,6 +401,11 @@ fn nvcc_search_order() {
             line.contains("project-tools") && line.contains("found by .tools/cuda"),
             "{line}"
         );
+        // Found through `--root .`, the project's nvcc is still named by its absolute path (the
+        // test script exports what `setup` prints; a relative one broke every child run elsewhere).
+        let line = found_from(dir.path(), Path::new("."), None, None, None);
+        let tools = dir.path().join(".tools/cuda/nvidia/cu13/bin/nvcc");
+        assert!(line.contains(&tools.display().to_string()), "{line}");
         std::fs::remove_dir_all(dir.path().join(".tools")).unwrap();
         let line = found(None, None, None);
         assert!(
