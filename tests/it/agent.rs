@@ -1,40 +1,12 @@
 //! Agent sessions on the fake GPU: best of N in worktrees, the history the next pack shows, the usage adapters on real CLI outputs, the cost limit, and a killed session resumed with nothing half-done.
 use crate::common;
-use common::gitstate::{file_at, scratch_commits};
+use common::gitstate::{dirty, file_at, head, scratch_commits};
 use common::*;
 use flashtune::runlog::Record;
 use flashtune::usage::{self, PriceTable, UsageFormat};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn session(root: &Path, extra: &[&str]) -> Output {
-    Command::new(binary())
-        .arg("--root")
-        .arg(root)
-        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
-        .args(extra)
-        .env(
-            "FLASHTUNE_CACHE_DIR",
-            repo().join("target/test-build-cache"),
-        )
-        .output()
-        .expect("flashtune runs")
-}
-
-fn head(dir: &Path) -> (String, String) {
-    let repo = git2::Repository::open(dir).unwrap();
-    let c = repo.head().unwrap().peel_to_commit().unwrap();
-    (c.id().to_string(), c.message().unwrap_or("").to_owned())
-}
-
-fn dirty(dir: &Path) -> Vec<String> {
-    flashtune::vcs::changed_against_head(dir)
-        .unwrap()
-        .into_iter()
-        .filter(|p| !p.starts_with("runs/"))
-        .collect()
-}
 
 fn worktrees(dir: &Path) -> usize {
     git2::Repository::open(dir)
@@ -61,7 +33,7 @@ echo "IDEA: candidate $FLASHTUNE_CANDIDATE tries $m"
 fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
     let dir = repo_project();
     let (before, _) = head(dir.path());
-    let out = session(
+    let out = fake_step(
         dir.path(),
         &["--candidates", "3", "--proposer", THREE, "--steps", "2"],
     );
@@ -350,7 +322,7 @@ fn cost_limit_and_patience_stop_a_session() {
     // No edits, 0.6 dollars per candidate: the second step passes $1.00 and the third never starts.
     let costly =
         r#"echo '{"input_tokens": 5, "output_tokens": 1, "usd": 0.6}' > "$FLASHTUNE_USAGE_FILE""#;
-    let out = session(
+    let out = fake_step(
         dir.path(),
         &[
             "--candidates",
@@ -381,7 +353,7 @@ fn cost_limit_and_patience_stop_a_session() {
     assert!(t.contains("stopped: cost limit"), "{t}");
 
     std::fs::remove_dir_all(dir.path().join("runs")).unwrap();
-    let out = session(
+    let out = fake_step(
         dir.path(),
         &[
             "--candidates",
@@ -634,7 +606,7 @@ echo "IDEA: near $m"
 #[test]
 fn a_near_miss_is_archived_and_a_later_candidate_starts_from_it() {
     let dir = repo_project();
-    let out = session(
+    let out = fake_step(
         dir.path(),
         &["--candidates", "2", "--proposer", NEAR, "--steps", "2"],
     );
@@ -735,7 +707,7 @@ fn stop_at_roof_reads_the_best_known_figures_before_the_first_step() {
         &["judge", "--fake-gpu", "--space", "variants/step-ci.toml"],
     );
     assert!(out.status.success(), "{}", text(&out));
-    let out = session(
+    let out = fake_step(
         dir.path(),
         &[
             "--candidates",

@@ -1,58 +1,10 @@
 //! `flashtune step` on temporary git repositories with the fake GPU: edits reverted or committed, proposers kept in their scope. Builds are real nvcc builds.
 use crate::common;
-use common::gitstate::{file_at, scratch_commits};
+use common::gitstate::{dirty, file_at, head, scratch_commits};
 use common::*;
-use flashtune::runlog::{self, Record};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn step(root: &Path, extra: &[&str]) -> Output {
-    Command::new(binary())
-        .arg("--root")
-        .arg(root)
-        .args(["step", "--fake-gpu", "--space", "variants/step-ci.toml"])
-        .args(extra)
-        // HEAD's side and the reference come from the shared content-addressed cache.
-        .env(
-            "FLASHTUNE_CACHE_DIR",
-            repo().join("target/test-build-cache"),
-        )
-        .output()
-        .expect("flashtune runs")
-}
-
-fn head(dir: &Path) -> (String, String) {
-    let repo = git2::Repository::open(dir).unwrap();
-    let commit = repo.head().unwrap().peel_to_commit().unwrap();
-    (
-        commit.id().to_string(),
-        commit.message().unwrap_or("").to_owned(),
-    )
-}
-
-fn dirty(dir: &Path) -> Vec<String> {
-    flashtune::vcs::changed_against_head(dir)
-        .unwrap()
-        .into_iter()
-        .filter(|p| !p.starts_with("runs/"))
-        .collect()
-}
-
-/// The records of the only run in `dir`.
-fn records(dir: &Path) -> Vec<Record> {
-    let runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.join("log.jsonl").is_file())
-        .collect();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    runlog::read(&runs[0].join("log.jsonl"))
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|(_, e)| e.record)
-        .collect()
-}
+use flashtune::runlog::Record;
+use std::path::Path;
+use std::process::Command;
 
 fn decision(records: &[Record]) -> (bool, String, Vec<String>) {
     records
@@ -74,7 +26,7 @@ fn a_slower_edit_is_reverted_and_the_log_says_why() {
     let dir = repo_project();
     let (before, _) = head(dir.path());
     let original = mark_forward(dir.path(), "time x1.30");
-    let out = step(dir.path(), &[]);
+    let out = fake_step(dir.path(), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(
@@ -83,7 +35,7 @@ fn a_slower_edit_is_reverted_and_the_log_says_why() {
     );
     assert_eq!(head(dir.path()).0, before);
     assert!(dirty(dir.path()).is_empty());
-    let records = records(dir.path());
+    let records = records(&only_run(dir.path()));
     let (accepted, reason, restored) = decision(&records);
     assert!(!accepted);
     assert!(
@@ -105,7 +57,7 @@ fn a_fake_step_refuses_to_commit_to_the_branch_and_keeps_the_edit_on_a_scratch_r
     let (before, _) = head(dir.path());
     let original = mark_forward(dir.path(), "time x0.80");
     let edited = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
-    let out = step(dir.path(), &[]);
+    let out = fake_step(dir.path(), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     // Synthetic figures never reach the user's branch, nor stay in the working tree.
@@ -115,7 +67,7 @@ fn a_fake_step_refuses_to_commit_to_the_branch_and_keeps_the_edit_on_a_scratch_r
         std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
         original
     );
-    let (accepted, reason, restored) = decision(&records(dir.path()));
+    let (accepted, reason, restored) = decision(&records(&only_run(dir.path())));
     assert!(accepted, "{reason}");
     assert_eq!(restored, [FORWARD]);
     // The edit is kept where it can be inspected: a scratch ref, with step's trailers.
@@ -142,7 +94,7 @@ fn a_fake_step_refuses_to_commit_to_the_branch_and_keeps_the_edit_on_a_scratch_r
         "{message}"
     );
     assert_eq!(file_at(dir.path(), commit, FORWARD), edited);
-    assert!(records(dir.path()).iter().any(|r| matches!(r,
+    assert!(records(&only_run(dir.path())).iter().any(|r| matches!(r,
         Record::StepDecided { commit: Some(c), scratch_ref: Some(s), .. } if c == commit && s == name)));
     assert!(
         t.contains("not to your branch") && t.contains("synthetic"),
@@ -221,10 +173,10 @@ fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
     let fwd = dir.path().join(FORWARD);
     let original = std::fs::read_to_string(&fwd).unwrap();
     std::fs::write(&fwd, format!("{original}\nthis is not CUDA;\n")).unwrap();
-    let out = step(dir.path(), &[]);
+    let out = fake_step(dir.path(), &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
-    let (accepted, reason, _) = decision(&records(dir.path()));
+    let (accepted, reason, _) = decision(&records(&only_run(dir.path())));
     assert!(!accepted && reason.contains("does not build"), "{reason}");
 
     std::fs::remove_dir_all(dir.path().join("runs")).unwrap();
@@ -248,7 +200,7 @@ fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(std::fs::read_to_string(&fwd).unwrap(), original);
-    let records = records(dir.path());
+    let records = records(&only_run(dir.path()));
     let (accepted, reason, _) = decision(&records);
     assert!(
         !accepted && reason.contains("the edit fails its checks") && reason.contains("relative L2"),
@@ -275,7 +227,7 @@ fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
     let policies = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
     let fwd_original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
     let proposer = "sed -i 's/threshold = 0.02/threshold = -1.0/' policies.toml && echo '// faster?' >> kernels/attention/forward.cu && echo note > stray.txt";
-    let out = step(dir.path(), &["--proposer", proposer]);
+    let out = fake_step(dir.path(), &["--proposer", proposer]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(
@@ -288,7 +240,7 @@ fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
     );
     assert!(!dir.path().join("stray.txt").exists());
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
-    let records = records(dir.path());
+    let records = records(&only_run(dir.path()));
     let (accepted, reason, _) = decision(&records);
     assert!(!accepted);
     assert!(
@@ -309,20 +261,20 @@ fn a_proposer_that_commits_is_refused_and_head_put_back() {
     let dir = repo_project();
     let (before, _) = head(dir.path());
     let proposer = "echo '// mine' >> kernels/attention/forward.cu && git -c user.name=agent -c user.email=agent@localhost commit -qam 'agent commit'";
-    let out = step(dir.path(), &["--proposer", proposer]);
+    let out = fake_step(dir.path(), &["--proposer", proposer]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(t.contains("moved HEAD"), "{t}");
     assert_eq!(head(dir.path()).0, before, "HEAD must be put back");
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
-    let (accepted, reason, _) = decision(&records(dir.path()));
+    let (accepted, reason, _) = decision(&records(&only_run(dir.path())));
     assert!(!accepted && reason.contains("moved HEAD"), "{reason}");
 }
 
 #[test]
 fn a_proposer_that_touches_the_run_folder_stops_the_run() {
     let dir = repo_project();
-    let out = step(
+    let out = fake_step(
         dir.path(),
         &[
             "--proposer",
@@ -339,11 +291,11 @@ fn proposer_steps_see_the_last_verdict_and_uncommitted_policies_are_refused() {
     let dir = repo_project();
     // Step 1 writes a faster edit; step 2 writes down what it was told, inside its scope.
     let proposer = r#"if [ "$FLASHTUNE_STEP" = 1 ]; then printf '\n__device__ char flashtune_fake_m[] = "flashtune-fake: time x0.50";\n' >> kernels/attention/forward.cu; else echo "// $FLASHTUNE_LAST_VERDICT $(test -f "$FLASHTUNE_LAST_REPORT" && echo report)" > kernels/attention/seen.txt; fi"#;
-    let out = step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
+    let out = fake_step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("1 accepted, 1 rejected"), "{t}");
-    let records = records(dir.path());
+    let records = records(&only_run(dir.path()));
     let seen = records.iter().find_map(|r| match r {
         Record::StepStarted {
             step: 2,
@@ -363,7 +315,7 @@ fn proposer_steps_see_the_last_verdict_and_uncommitted_policies_are_refused() {
         format!("{SPACE}\n# edited\n"),
     )
     .unwrap();
-    let out = step(dir.path(), &[]);
+    let out = fake_step(dir.path(), &[]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("variants/step-ci.toml"), "{t}");
@@ -376,7 +328,7 @@ fn a_proposer_that_fails_or_times_out_has_its_edit_restored_unjudged() {
     let original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
     let proposer = r#"echo '// half an edit' >> kernels/attention/forward.cu; if [ "$FLASHTUNE_STEP" = 1 ]; then exit 3; else sleep 30; fi"#;
     let started = std::time::Instant::now();
-    let out = step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
+    let out = fake_step(dir.path(), &["--proposer", proposer, "--steps", "2"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(
@@ -387,7 +339,7 @@ fn a_proposer_that_fails_or_times_out_has_its_edit_restored_unjudged() {
         std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
         original
     );
-    let records = records(dir.path());
+    let records = records(&only_run(dir.path()));
     let ran: Vec<(String, bool)> = records
         .iter()
         .filter_map(|r| match r {
@@ -449,9 +401,9 @@ fn gpu_a_slower_edit_is_rejected_and_a_faster_one_committed() {
         "{}",
         text(&out)
     );
-    let (accepted, reason, _) = decision(&records(dir.path()));
+    let (accepted, reason, _) = decision(&records(&only_run(dir.path())));
     assert!(!accepted, "{reason}");
-    assert!(records(dir.path())
+    assert!(records(&only_run(dir.path()))
         .iter()
         .any(|r| matches!(r, Record::Duel { verdict: Some(v), .. } if v.gain < 0.0)));
 
@@ -475,7 +427,7 @@ fn gpu_a_slower_edit_is_rejected_and_a_faster_one_committed() {
     std::fs::write(&fwd, &original).unwrap();
     let out = run(slow_head.path());
     assert!(out.status.success(), "{}", text(&out));
-    let (accepted, reason, _) = decision(&records(slow_head.path()));
+    let (accepted, reason, _) = decision(&records(&only_run(slow_head.path())));
     assert!(accepted, "{reason}\n{}", text(&out));
     assert!(head(slow_head.path()).1.contains("Flashtune-Speedup: "));
 }

@@ -71,6 +71,13 @@ pub fn fake_judge_json(root: &Path, extra: &[&str]) -> Output {
     flashtune(root, &all)
 }
 
+/// `flashtune step --fake-gpu` on the one-shape CI space, then `extra`.
+pub fn fake_step(root: &Path, extra: &[&str]) -> Output {
+    let args = ["step", "--fake-gpu", "--space", "variants/step-ci.toml"];
+    let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+    flashtune(root, &all)
+}
+
 pub fn flashtune(root: &Path, args: &[&str]) -> Output {
     Command::new(binary())
         .arg("--root")
