@@ -808,6 +808,31 @@ pub fn timed_out_limit(stage: &str, seconds: u64) -> String {
     }
 }
 
+/// Run folders (or files inside them) oldest first. A run id names its start to the second and then
+/// a random salt, so two runs started in the same second (two quick judges) sort by the salt; the
+/// folder's creation time, where the filesystem keeps one, puts them in the order they started.
+pub fn sort_by_start(paths: &mut [PathBuf]) {
+    let created = |p: &Path| {
+        let dir = if p.is_dir() {
+            p
+        } else {
+            p.parent().unwrap_or(p)
+        };
+        std::fs::metadata(dir).and_then(|m| m.created()).ok()
+    };
+    let run_id = |p: &Path| {
+        let dir = if p.is_dir() {
+            p
+        } else {
+            p.parent().unwrap_or(p)
+        };
+        dir.file_name()
+            .map(|n| n.to_string_lossy().get(..15).unwrap_or_default().to_owned())
+    };
+    // The id's second first (a copied folder gets a new creation time), then creation, then name.
+    paths.sort_by_cached_key(|p| (run_id(p), created(p), p.clone()));
+}
+
 /// The log of a run folder: `log.jsonl`, else a committed measurement's `log.jsonl.gz`.
 pub fn path_in(run_dir: &Path) -> PathBuf {
     let plain = run_dir.join("log.jsonl");

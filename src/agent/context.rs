@@ -192,7 +192,7 @@ pub(super) fn newest_device_log(runs: &Path) -> Option<crate::runlog::LoadedLog>
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("log.jsonl").is_file())
         .collect();
-    dirs.sort();
+    crate::runlog::sort_by_start(&mut dirs);
     dirs.iter().rev().find_map(|d| {
         let text = std::fs::read_to_string(d.join("log.jsonl")).ok()?;
         if !text.contains("\"event\":\"ceiling_measured\"") {

@@ -600,7 +600,7 @@ impl Workbench {
             .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default();
         runs.retain(|p| p.join("log.jsonl").is_file());
-        runs.sort();
+        crate::runlog::sort_by_start(&mut runs);
         runs.reverse();
         runs
     }

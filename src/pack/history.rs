@@ -137,7 +137,7 @@ pub(super) fn logs_where(
         .filter_map(|e| e.ok().map(|e| e.path().join("log.jsonl")))
         .filter(|p| p.is_file())
         .collect();
-    paths.sort();
+    runlog::sort_by_start(&mut paths);
     let mut out = Vec::new();
     for path in paths {
         // A cheap look before parsing: most logs of a project are tune runs without steps.

@@ -68,3 +68,35 @@ fn log_is_never_overwritten() {
     RunLog::create(&path).unwrap();
     assert!(RunLog::create(&path).is_err());
 }
+
+/// Two runs started in the same second sort by the order they started, not by their ids' salt
+/// (the history and "the newest run" read them in this order).
+#[test]
+fn runs_of_one_second_sort_in_the_order_they_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("20261124-215150-ffff");
+    let second = dir.path().join("20261124-215150-0000");
+    let earlier = dir.path().join("20261124-215149-9999");
+    for d in [&earlier, &first] {
+        std::fs::create_dir(d).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::create_dir(&second).unwrap();
+    if std::fs::metadata(&first).and_then(|m| m.created()).is_err() {
+        eprintln!("this filesystem keeps no creation time: only the ids' order can be checked");
+        return;
+    }
+    let mut runs = vec![second.clone(), first.clone(), earlier.clone()];
+    runlog::sort_by_start(&mut runs);
+    assert_eq!(runs, [earlier.clone(), first.clone(), second.clone()]);
+    // Files inside the folders sort as their folders do.
+    let mut logs: Vec<_> = [&second, &earlier, &first]
+        .iter()
+        .map(|d| d.join("log.jsonl"))
+        .collect();
+    runlog::sort_by_start(&mut logs);
+    assert_eq!(
+        logs,
+        [&earlier, &first, &second].map(|d| d.join("log.jsonl"))
+    );
+}
