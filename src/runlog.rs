@@ -758,6 +758,35 @@ impl Record {
             entries: out.entries.clone(),
         }
     }
+
+    /// The `build_failed` record of one failed build, with the last 30 lines of the compiler's log.
+    pub fn build_failed(
+        variant: &str,
+        dtype: Dtype,
+        head_dim: u32,
+        failure: &crate::build::BuildFailure,
+    ) -> Record {
+        Record::BuildFailed {
+            variant: variant.to_owned(),
+            dtype,
+            head_dim,
+            reason: failure.to_string(),
+            log_tail: crate::build::log_tail(failure.log(), 30),
+        }
+    }
+
+    /// The record of one finished build, whichever way it ended.
+    pub fn build_outcome(
+        variant: &str,
+        dtype: Dtype,
+        head_dim: u32,
+        result: &std::result::Result<crate::build::BuildOutput, crate::build::BuildFailure>,
+    ) -> Record {
+        match result {
+            Ok(out) => Record::built(variant, dtype, head_dim, out),
+            Err(failure) => Record::build_failed(variant, dtype, head_dim, failure),
+        }
+    }
 }
 
 /// One `timed` record with its line, as the log's readers want it.

@@ -744,15 +744,8 @@ fn record_build(
             }
         }
         Err(failure) => {
-            let reason = failure.to_string();
-            events.emit(Record::BuildFailed {
-                variant,
-                dtype,
-                head_dim,
-                reason: reason.clone(),
-                log_tail: build::log_tail(failure.log(), 30),
-            })?;
-            Ok(Err(format!("build failed: {reason}")))
+            events.emit(Record::build_failed(&variant, dtype, head_dim, &failure))?;
+            Ok(Err(format!("build failed: {failure}")))
         }
     }
 }

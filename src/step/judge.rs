@@ -305,17 +305,7 @@ pub(super) async fn build_logged(
     let (_tasks, mut rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        let record = match &result {
-            Ok(out) => Record::built(&variant, dtype, head_dim, out),
-            Err(f) => Record::BuildFailed {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                reason: f.to_string(),
-                log_tail: crate::build::log_tail(f.log(), 30),
-            },
-        };
-        events.emit(record)?;
+        events.emit(Record::build_outcome(&variant, dtype, head_dim, &result))?;
         let result = result.map_err(|f| format!("{f}\n{}", crate::build::log_tail(f.log(), 12)));
         done.insert((variant, dtype, head_dim), result);
     }
@@ -345,17 +335,7 @@ pub(crate) async fn collect_builds(
     } = pending;
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        let record = match &result {
-            Ok(out) => Record::built(&variant, dtype, head_dim, out),
-            Err(f) => Record::BuildFailed {
-                variant: variant.clone(),
-                dtype,
-                head_dim,
-                reason: f.to_string(),
-                log_tail: crate::build::log_tail(f.log(), 30),
-            },
-        };
-        events.emit(record)?;
+        events.emit(Record::build_outcome(&variant, dtype, head_dim, &result))?;
         done.insert((variant, dtype, head_dim), result);
     }
     let mut cubins = BTreeMap::new();
