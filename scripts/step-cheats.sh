@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `flashtune step` against an agent that cheats, on a real GPU: a throwaway git repository made
 # from this checkout, where step N of the proposer writes cheat N of kernels/attention/faults/cheats.cu
-# over forward.cu. Every step must be rejected with the cheat's reason, nothing committed, and
-# forward.cu left as HEAD has it. Then HEAD becomes the honest kernel the cheats are built on, and
+# over forward.cu (steps 8-10: the cheats that know the harness), and step 11 edits the oracle
+# through the header it includes. Every step must be rejected with its reason, nothing committed,
+# and kernels/ left as HEAD has it. Then HEAD becomes the honest kernel the cheats are built on, and
 # two more steps propose the memos (right on every launch, remembering answers by content): each
 # must gain nothing (slower, or a gain within the threshold or the noise), and nothing is
 # committed. (tests/it/trust.rs runs the same proposers on the test double.)
@@ -27,12 +28,14 @@ f=kernels/attention/forward.cu
 case "$FLASHTUNE_STEP" in
   1) c=CACHE_BY_POINTER ;; 2) c=FIRST_LAUNCHES ;; 3) c=READ_PREVIOUS_OUTPUT ;; 4) c=RACE ;;
   5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;;
+  8) c=REWRITE_ON_RERUN ;; 9) c=HONEST_EARLY ;; 10) c=L2_PROBE ;;
+  11) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> $f; exit 0 ;;
 esac
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n' "$c" > $f
 EOF
 git init -q && git add -A && git -c user.name=demo -c user.email=demo@example.com commit -qm initial
 before=$(git rev-parse HEAD)
-"$bin" step --space variants/step-cheats.toml --proposer "sh propose.sh" --steps 7 || true
+"$bin" step --space variants/step-cheats.toml --proposer "sh propose.sh" --steps 11 || true
 log=$(ls -d runs/*/ | head -1)log.jsonl
 echo "== step verdicts ($log)"
 grep '"event":"step_decided"' "$log" | python3 -c '
@@ -44,7 +47,8 @@ ok=1
 [ "$(git rev-parse HEAD)" = "$before" ] || { echo "FAIL: something was committed"; ok=0; }
 git diff --quiet HEAD -- kernels || { echo "FAIL: kernels differ from HEAD"; ok=0; }
 grep '"event":"step_decided"' "$log" | grep -q '"accepted":true' && { echo "FAIL: a cheat was accepted"; ok=0; }
-[ "$(grep -c '"event":"step_decided"' "$log")" -eq 7 ] || { echo "FAIL: not 7 verdicts"; ok=0; }
+[ "$(grep -c '"event":"step_decided"' "$log")" -eq 11 ] || { echo "FAIL: not 11 verdicts"; ok=0; }
+grep '"event":"step_decided"' "$log" | grep '"step":11' | grep -q "the oracle's sources" || { echo "FAIL: the oracle edit was not refused by name"; ok=0; }
 cp "$log" "${OUT:-/tmp}/step-cheats.log.jsonl" 2>/dev/null || true
 
 # The memos against the honest kernel they wrap, which becomes HEAD's forward.cu.
@@ -73,5 +77,5 @@ for line in sys.stdin:
 grep '"event":"step_decided"' "$memo_log" | grep -q '"accepted":true' && { echo "FAIL: a memo was accepted"; ok=0; }
 [ "$(grep -c '"event":"step_decided"' "$memo_log")" -eq 2 ] || { echo "FAIL: not 2 memo verdicts"; ok=0; }
 cp "$memo_log" "${OUT:-/tmp}/step-memos.log.jsonl" 2>/dev/null || true
-[ $ok = 1 ] && echo "step-cheats: all 7 cheats rejected, both memos gained nothing, nothing committed, kernel restored"
+[ $ok = 1 ] && echo "step-cheats: all 10 cheats and the oracle edit rejected, both memos gained nothing, nothing committed, kernel restored"
 [ $ok = 1 ]

@@ -270,6 +270,15 @@ pub struct MeasurePolicy {
     /// timing of its (shape, dtype) so far in the run; 0 times every case in full.
     #[serde(default)]
     pub race_samples: u32,
+    /// Timed replays per case whose every launch is verified, drawn at random from all that ran,
+    /// after they ran.
+    #[serde(default = "default_verified_replays")]
+    pub verified_replays: usize,
+}
+
+/// Two replays per case, as before the choice was made after the fact.
+pub fn default_verified_replays() -> usize {
+    2
 }
 
 /// The reference library timed beside the variants, in the same run.
@@ -745,6 +754,15 @@ impl Policies {
             return fail(
                 "samples",
                 "at least 3 samples are needed for a median and percentiles".into(),
+            );
+        }
+        if !(1..=self.measure.samples).contains(&self.measure.verified_replays) {
+            return fail(
+                "verified_replays",
+                format!(
+                    "must be from 1 to samples ({}), not {}",
+                    self.measure.samples, self.measure.verified_replays
+                ),
             );
         }
         let race = self.measure.race_samples as usize;

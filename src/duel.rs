@@ -141,6 +141,7 @@ pub async fn reduel_champions(
             warmup_ms: measure.warmup_ms,
             samples: rounds,
             min_sample_us: measure.min_sample_us,
+            verified_replays: measure.verified_replays,
         },
         rounds,
         pairs,

@@ -91,6 +91,10 @@ pub struct MeasureSpec {
     /// Timed graph replays; 0 runs the check only (what a profiler needs to see).
     pub samples: usize,
     pub min_sample_us: f64,
+    /// Timed replays per side whose outputs are verified, drawn at random from all that ran after
+    /// they ran (`[measure] verified_replays`).
+    #[serde(default = "crate::config::default_verified_replays")]
+    pub verified_replays: usize,
 }
 
 /// One (shape, dtype) of one variant.

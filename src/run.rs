@@ -584,6 +584,7 @@ pub async fn profile_now(
             warmup_ms: 0.0,
             samples: 0,
             min_sample_us: 0.0,
+            verified_replays: crate::config::default_verified_replays(),
         },
         cases: vec![spec],
     });

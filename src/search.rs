@@ -341,6 +341,7 @@ impl Guided<'_> {
                     warmup_ms: measure.warmup_ms,
                     samples: rounds,
                     min_sample_us: measure.min_sample_us,
+                    verified_replays: measure.verified_replays,
                 },
                 rounds,
                 pairs,

@@ -91,6 +91,46 @@ impl MaskedReference {
     }
 }
 
+/// The buffers a kernel under test has been given, in a launch or a captured graph, until they are
+/// freed. Architecture Invariant: the reference never reads memory the kernel under test can write;
+/// both devices keep one of these and refuse a reference whose buffers are in it.
+#[derive(Debug, Default)]
+pub struct Exposure(std::collections::HashSet<Buf>);
+
+impl Exposure {
+    fn buffers(io: &Io) -> impl Iterator<Item = Buf> {
+        [io.q, io.k, io.v, io.o, io.lse]
+            .into_iter()
+            .chain(io.o_accum)
+            .chain(io.lse_accum)
+            .chain(io.counters)
+    }
+
+    /// A kernel under test is given every buffer of `io`.
+    pub fn give(&mut self, io: &Io) {
+        self.0.extend(Self::buffers(io));
+    }
+
+    /// `buf` was freed: its handle may come back for other memory.
+    pub fn forget(&mut self, buf: Buf) {
+        self.0.remove(&buf);
+    }
+
+    /// Refuse a reference launch on `io` that would read or write a buffer a kernel was given.
+    pub fn check_reference(&self, io: &Io) -> Result<()> {
+        for (name, b) in [("Q", io.q), ("K", io.k), ("V", io.v), ("O", io.o), ("LSE", io.lse)] {
+            if self.0.contains(&b) {
+                bail!(
+                    "the reference was given {name} in buffer {}, which a kernel under test was \
+                     given: the reference never reads memory the kernel under test can write",
+                    b.0
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
 /// An earlier run of the same launch on the same inputs: its outputs must match these bit for bit.
 #[derive(Clone, Copy, Debug)]
 pub struct Earlier {
@@ -336,6 +376,9 @@ pub struct Pool {
     stress: InputSet,
     /// Q, K and V of each timed launch, grown on demand.
     slots: Vec<[Buf; 3]>,
+    /// Copies of timed launches' outputs (O, LSE) for the rounds kept for verification, grown on
+    /// demand and reused by every case of the pool (allocation is not free at a thousand launches).
+    kept: Vec<(Buf, Buf)>,
     last_used: u64,
 }
 
@@ -349,8 +392,10 @@ impl Pool {
         (2 * (q_elements(shape) + 2 * kv_elements(shape))) as u64
     }
     fn bytes(&self) -> u64 {
-        3 * Self::set_bytes(&self.key.shape)
-            + self.slots.len() as u64 * Self::slot_bytes(&self.key.shape)
+        let shape = &self.key.shape;
+        3 * Self::set_bytes(shape)
+            + self.slots.len() as u64 * Self::slot_bytes(shape)
+            + self.kept.len() as u64 * (2 * q_elements(shape) + 4 * rows(shape)) as u64
     }
     fn sets(&self) -> [&InputSet; 3] {
         [&self.check, &self.held_out, &self.stress]
@@ -421,6 +466,7 @@ impl Pools {
             held_out,
             stress,
             slots: Vec::new(),
+            kept: Vec::new(),
             last_used: self.clock,
         });
         Ok(self.pools.len() - 1)
@@ -464,6 +510,22 @@ impl Pools {
         Ok(n)
     }
 
+    /// At least `n` output copies in the pool: the kept rounds' O and LSE of every launch.
+    fn ensure_kept<D: Device>(
+        &mut self,
+        dev: &mut D,
+        index: usize,
+        n: usize,
+    ) -> Result<Vec<(Buf, Buf)>> {
+        let pool = &mut self.pools[index];
+        let shape = pool.key.shape.clone();
+        while pool.kept.len() < n {
+            pool.kept
+                .push((dev.alloc16(q_elements(&shape))?, dev.alloc32(rows(&shape))?));
+        }
+        Ok(pool.kept[..n].to_vec())
+    }
+
     /// Drop a pool whose inputs can no longer be trusted (a kernel wrote into them).
     fn discard<D: Device>(&mut self, dev: &mut D, index: usize) {
         let pool = self.pools.remove(index);
@@ -478,6 +540,10 @@ fn release<D: Device>(dev: &mut D, pool: Pool) {
         dev.free(set.reference.lse);
     }
     pool.slots.iter().flatten().for_each(|&b| dev.free(b));
+    for (o, lse) in pool.kept {
+        dev.free(o);
+        dev.free(lse);
+    }
     dev.unload(pool.reference);
 }
 
@@ -795,7 +861,7 @@ fn enter<D: Device>(
     if set_checksum(dev, set0.buffers())? != set0.checksum {
         stats.failures.insert(
             0,
-            "the kernel wrote outside its outputs: input set 0 changed during the check".into(),
+            format!("{WROTE_OUTSIDE}: input set 0 changed during the check"),
         );
     }
     result.check = Some(stats);
@@ -811,28 +877,127 @@ fn leave<D: Device>(dev: &mut D, c: Contender) {
     dev.unload(c.kernel);
 }
 
-/// What one side of the timed replays collected: samples, the first failure, the worst passing launch.
+/// What one side of the timed replays collected: samples, the first failure, the worst passing
+/// launch, and the rounds kept for verification.
 #[derive(Default)]
 struct Side {
     samples: Vec<f64>,
     failed: Option<StageCheck>,
     worst: CheckStats,
+    kept: Kept,
 }
 
-/// What a verified replay needs beside the side's own launches: the reference kernel, scratch for
-/// one launch's reference, and a copy of every launch's timed outputs.
+/// Which rounds are verified: a uniform sample of `k` among every round that ran (reservoir
+/// sampling), decided after each round has finished, with the OS's generator. However many rounds
+/// run (racing may stop a case after a few), each is kept with the same chance, and no launch can
+/// tell beforehand whether its round will be: nothing before or during a replay depends on it.
+#[derive(Debug, Clone, Default)]
+pub struct RoundSample {
+    k: usize,
+    offered: usize,
+    /// The round in each place of the sample.
+    rounds: Vec<usize>,
+}
+
+impl RoundSample {
+    pub fn new(k: usize) -> Self {
+        RoundSample {
+            k,
+            offered: 0,
+            rounds: Vec::new(),
+        }
+    }
+
+    /// Round `round` has finished: the place in the sample its outputs go to, if any (a place
+    /// taken over drops the round that held it).
+    pub fn offer(&mut self, round: usize, rng: &mut impl Rng) -> Option<usize> {
+        self.offered += 1;
+        if self.rounds.len() < self.k {
+            self.rounds.push(round);
+            return Some(self.rounds.len() - 1);
+        }
+        let j = rng.random_range(0..self.offered);
+        (j < self.k).then(|| {
+            self.rounds[j] = round;
+            j
+        })
+    }
+
+    /// The rounds kept, by place.
+    pub fn rounds(&self) -> &[usize] {
+        &self.rounds
+    }
+}
+
+/// The kept rounds of one side: for each place of the sample, the seed its inputs were drawn from
+/// and a copy of every launch's outputs (O, LSE), taken after the replay had finished.
+#[derive(Default)]
+struct Kept {
+    sample: RoundSample,
+    seeds: Vec<u64>,
+    /// Per place, per launch: where its outputs are copied (the pool's buffers).
+    outputs: Vec<Vec<(Buf, Buf)>>,
+    /// Per place: the reference comparison of each launch, and one checksum over the copies.
+    checked: Vec<(Vec<CheckStats>, u64)>,
+}
+
+impl Kept {
+    /// `outputs` holds `k` places of a round's launches each.
+    fn new(k: usize, outputs: Vec<Vec<(Buf, Buf)>>) -> Self {
+        Kept {
+            sample: RoundSample::new(k),
+            outputs,
+            ..Kept::default()
+        }
+    }
+
+    /// After round `round`'s replay: keep its outputs if the sample takes it.
+    fn offer<D: Device>(&mut self, dev: &mut D, round: usize, seed: u64, ios: &[Io]) -> Result<()> {
+        let Some(place) = self.sample.offer(round, &mut rand::rng()) else {
+            return Ok(());
+        };
+        if place == self.seeds.len() {
+            self.seeds.push(seed);
+        }
+        self.seeds[place] = seed;
+        for (io, &(o, lse)) in ios.iter().zip(&self.outputs[place]) {
+            dev.copy(io.o, o)?;
+            dev.copy(io.lse, lse)?;
+        }
+        Ok(())
+    }
+
+    /// The places a round was kept in.
+    fn places(&self) -> usize {
+        self.seeds.len()
+    }
+}
+
+/// Every launch's O and LSE, in launch order: one checksum over all of them moves when any bit does.
+fn output_list(pairs: impl IntoIterator<Item = (Buf, Buf)>) -> Vec<Buf> {
+    pairs.into_iter().flat_map(|(o, lse)| [o, lse]).collect()
+}
+
+/// What verification needs beside the sides' own launches: the reference kernel, Q, K and V of one
+/// launch that no kernel under test is ever given, and scratch for one launch's reference.
 struct Verifier {
     reference_kernel: KernelId,
+    /// The oracle's inputs: a kept launch's Q, K and V regenerated from its seed, here and only here.
+    private: [Buf; 3],
     reference: Io,
-    /// Per launch: the timed outputs (O, LSE), copied before the launches run again.
-    kept: Vec<(Buf, Buf)>,
 }
 
 impl Verifier {
     fn new<D: Device>(dev: &mut D, reference_kernel: KernelId, shape: &Shape) -> Result<Self> {
         let placeholder = Buf(usize::MAX);
+        let private = [
+            dev.alloc16(q_elements(shape))?,
+            dev.alloc16(kv_elements(shape))?,
+            dev.alloc16(kv_elements(shape))?,
+        ];
         Ok(Verifier {
             reference_kernel,
+            private,
             reference: Io {
                 q: placeholder,
                 k: placeholder,
@@ -843,30 +1008,33 @@ impl Verifier {
                 lse_accum: None,
                 counters: None,
             },
-            kept: Vec::new(),
         })
     }
 
     fn free<D: Device>(self, dev: &mut D) {
+        self.private.into_iter().for_each(|b| dev.free(b));
         dev.free(self.reference.o);
         dev.free(self.reference.lse);
-        for (o, lse) in self.kept {
-            dev.free(o);
-            dev.free(lse);
-        }
     }
 
-    /// The reference for the inputs `io` read, computed now and masked under fresh keys.
+    /// The reference for launch `launch` of a round drawn from `seed`: its Q, K and V drawn again
+    /// from the seed (as `Device::draw_inputs` drew them: buffer 3 launch + t is tensor 3 launch + t)
+    /// into the private buffers, computed now and masked under fresh keys.
     fn reference_for<D: Device>(
         &mut self,
         dev: &mut D,
-        io: &Io,
+        seed: u64,
+        launch: usize,
         case: &CaseSpec,
     ) -> Result<MaskedReference> {
+        for (t, &buf) in self.private.iter().enumerate() {
+            dev.generate(buf, case.dtype, seed, (3 * launch + t) as u64, 1.0)?;
+        }
+        let [q, k, v] = self.private;
         let scratch = Io {
-            q: io.q,
-            k: io.k,
-            v: io.v,
+            q,
+            k,
+            v,
             ..self.reference
         };
         dev.poison(scratch.o)?;
@@ -875,72 +1043,150 @@ impl Verifier {
         MaskedReference::mask(dev, scratch.o, scratch.lse)
     }
 
-    /// Verify the replay just timed (`graph`, whose launches are `ios` on `inputs`, checksummed
-    /// `drawn` before it ran): the inputs are as drawn, every launch's timed outputs match the
-    /// reference for its own inputs, and the same launches run again, untimed, give the same bits.
-    /// The first failure is kept in `side` and ends its verification.
+    /// The kept rounds' outputs against references for their inputs, regenerated from their seeds.
+    /// Runs after every timed replay of every side and before any re-run: no launch of a kernel
+    /// under test comes between a kept copy and its verdict. The first failure ends the side.
+    fn check_kept<D: Device>(
+        &mut self,
+        dev: &mut D,
+        side: &mut Side,
+        samples: usize,
+        case: &CaseSpec,
+    ) -> Result<()> {
+        let kept = &mut side.kept;
+        for place in 0..kept.places() {
+            let launches = kept.outputs[place].len();
+            let mut checked = Vec::with_capacity(launches);
+            for launch in 0..launches {
+                let reference = self.reference_for(dev, kept.seeds[place], launch, case)?;
+                let (o, lse) = kept.outputs[place][launch];
+                let mut stats = dev.compare(&Comparison {
+                    dtype: case.dtype,
+                    d: case.shape.d as usize,
+                    o,
+                    lse,
+                    reference,
+                    earlier: None,
+                })?;
+                check::judge(&mut stats, &case.tolerance, 1.0);
+                if !stats.passed() {
+                    side.failed = Some(StageCheck {
+                        stage: Stage::Timed,
+                        detail: format!(
+                            "replay {} of {samples}, launch {} of {launches}",
+                            kept.sample.rounds()[place] + 1,
+                            launch + 1
+                        ),
+                        stats,
+                    });
+                    return Ok(());
+                }
+                if side.worst.elements == 0
+                    || stats
+                        .row_rel_l2_max
+                        .total_cmp(&side.worst.row_rel_l2_max)
+                        .is_gt()
+                {
+                    side.worst = stats.clone();
+                }
+                checked.push(stats);
+            }
+            let sum = dev.checksum_all(&output_list(kept.outputs[place].iter().copied()))?;
+            kept.checked.push((checked, sum));
+        }
+        Ok(())
+    }
+
+    /// Each kept round run again, untimed, exactly as it ran timed (inputs drawn from its seed,
+    /// outputs poisoned, L2 flushed): its outputs must match the kept copy bit for bit (a race), its
+    /// inputs must be as drawn afterwards, and no kept copy may have changed.
     #[allow(clippy::too_many_arguments)]
-    fn verify_replay<D: Device>(
+    fn rerun_kept<D: Device>(
         &mut self,
         dev: &mut D,
         side: &mut Side,
         graph: GraphId,
         ios: &[Io],
         inputs: &[Buf],
-        drawn: u64,
-        replay: &str,
+        samples: usize,
         case: &CaseSpec,
     ) -> Result<()> {
-        if dev.checksum_all(inputs)? != drawn {
-            side.failed = Some(Stage::Inputs.failed(format!(
-                "the inputs of the timed launches changed during {replay}"
-            )));
-            return Ok(());
-        }
-        while self.kept.len() < ios.len() {
-            let (o, lse) = (
-                dev.alloc16(q_elements(&case.shape))?,
-                dev.alloc32(rows(&case.shape))?,
+        let kept = &side.kept;
+        let rerun = output_list(ios.iter().map(|io| (io.o, io.lse)));
+        for place in 0..kept.checked.len() {
+            let replay = format!(
+                "replay {} of {samples} run again on the same inputs",
+                kept.sample.rounds()[place] + 1
             );
-            self.kept.push((o, lse));
-        }
-        for (io, &(o, lse)) in ios.iter().zip(&self.kept) {
-            dev.copy(io.o, o)?;
-            dev.copy(io.lse, lse)?;
-            poison_outputs(dev, io)?;
-        }
-        // The same launches on the same inputs, untimed: a race shows as bits that move.
-        dev.replay(graph)?;
-        let kept = self.kept.clone();
-        for (i, (io, (o, lse))) in ios.iter().zip(kept).enumerate() {
-            let reference = self.reference_for(dev, io, case)?;
-            let mut stats = dev.compare(&Comparison {
-                dtype: case.dtype,
-                d: case.shape.d as usize,
-                o,
-                lse,
-                reference,
-                earlier: Some(Earlier {
+            dev.draw_inputs(inputs, case.dtype, kept.seeds[place])?;
+            let drawn = dev.checksum_all(inputs)?;
+            for io in ios {
+                poison_outputs(dev, io)?;
+            }
+            dev.flush_l2()?;
+            dev.sync()?;
+            dev.replay(graph)?;
+            if dev.checksum_all(inputs)? != drawn {
+                side.failed = Some(Stage::Inputs.failed(format!(
+                    "the inputs of the timed launches changed during the {replay}"
+                )));
+                return Ok(());
+            }
+            let (stats, sum) = &kept.checked[place];
+            if dev.checksum_all(&rerun)? == *sum {
+                continue;
+            }
+            // Bits moved: find the launch and count them, then tell a race (both runs right) from a
+            // kernel that answers by round (the re-run wrong). A failure path: its cost does not matter.
+            let seed = kept.seeds[place];
+            for (launch, (io, &(o, lse))) in ios.iter().zip(&kept.outputs[place]).enumerate() {
+                let (ro, rl) = (dev.read16(io.o)?, dev.read32(io.lse)?);
+                let (ko, kl) = (dev.read16(o)?, dev.read32(lse)?);
+                let differing = check::differing_bits((&ro, &rl), (&ko, &kl));
+                if differing == 0 {
+                    continue;
+                }
+                let reference = self.reference_for(dev, seed, launch, case)?;
+                let mut rerun_stats = dev.compare(&Comparison {
+                    dtype: case.dtype,
+                    d: case.shape.d as usize,
                     o: io.o,
                     lse: io.lse,
-                }),
-            })?;
-            check::judge(&mut stats, &case.tolerance, 1.0);
-            if !stats.passed() {
+                    reference,
+                    earlier: None,
+                })?;
+                check::judge(&mut rerun_stats, &case.tolerance, 1.0);
+                let (detail, stats) = if rerun_stats.passed() {
+                    let mut stats = stats[launch].clone();
+                    stats.nondeterministic_count = differing;
+                    check::judge(&mut stats, &case.tolerance, 1.0);
+                    (format!("{replay}, launch {} of {}", launch + 1, ios.len()), stats)
+                } else {
+                    (
+                        format!(
+                            "{replay}, launch {} of {}: right when timed, wrong when run again on \
+                             the same inputs (a kernel that answers by round)",
+                            launch + 1,
+                            ios.len()
+                        ),
+                        rerun_stats,
+                    )
+                };
                 side.failed = Some(StageCheck {
                     stage: Stage::Timed,
-                    detail: format!("{replay}, launch {} of {}", i + 1, ios.len()),
+                    detail,
                     stats,
                 });
                 return Ok(());
             }
-            if stats
-                .row_rel_l2_max
-                .total_cmp(&side.worst.row_rel_l2_max)
-                .is_gt()
-                || side.worst.elements == 0
-            {
-                side.worst = stats;
+        }
+        for (place, (_, sum)) in kept.checked.iter().enumerate() {
+            if dev.checksum_all(&output_list(kept.outputs[place].iter().copied()))? != *sum {
+                side.failed = Some(Stage::Inputs.failed(format!(
+                    "the copy of replay {}'s outputs changed while the kept replays ran again",
+                    kept.sample.rounds()[place] + 1
+                )));
+                return Ok(());
             }
         }
         Ok(())
@@ -962,8 +1208,10 @@ struct Timings {
 }
 
 /// Replays of every contender, interleaved (A B, B A, ...), each over `launches` launches with
-/// inputs and outputs of their own, the inputs drawn anew before every replay. With a `race` bar
-/// (one contender), the replays stop once the first `race.samples` put its p10 above the bar.
+/// inputs and outputs of their own, the inputs drawn anew before every replay, every replay alike.
+/// With a `race` bar (one contender), the replays stop once the first `race.samples` put its p10
+/// above the bar. Afterwards, `verified_replays` rounds per side, drawn from all that ran, are
+/// verified and run again.
 #[allow(clippy::too_many_arguments)]
 fn time_interleaved<D: Device>(
     dev: &mut D,
@@ -988,11 +1236,24 @@ fn time_interleaved<D: Device>(
         .clamp(MIN_LAUNCHES, dev.launch_cap().max(MIN_LAUNCHES));
     let launches = pools.ensure_slots(dev, pool, wanted as usize)?;
     let warm = std::mem::replace(&mut pools.warm, true);
+    let inputs = pools.pools[pool].slot_buffers(launches);
+    let verified = measure.verified_replays.max(1).min(samples);
+    // Every place every side may keep a round in, allocated before the first replay: what is
+    // kept is decided later, and allocating then would make a kept round's aftermath stand out.
+    let copies = pools.ensure_kept(dev, pool, contenders.len() * verified * launches)?;
     let p = &pools.pools[pool];
-    let inputs = p.slot_buffers(launches);
+    let mut out: Vec<Side> = copies
+        .chunks(verified * launches)
+        .map(|side| Side {
+            kept: Kept::new(
+                verified,
+                side.chunks(launches).map(<[(Buf, Buf)]>::to_vec).collect(),
+            ),
+            ..Side::default()
+        })
+        .collect();
     let mut verifier = Verifier::new(dev, p.reference, shape)?;
     let mut sides = Vec::new();
-    let mut out: Vec<Side> = contenders.iter().map(|_| Side::default()).collect();
     let (mut replays_us, mut inputs_s, mut verify_s) = (0.0, 0.0, 0.0);
     let mut raced = None;
     let timed = (|| -> Result<()> {
@@ -1033,14 +1294,13 @@ fn time_interleaved<D: Device>(
             }
             replays_us += warm_us;
         }
-        // Racing decides after `race.samples - 1` samples whether the next is the last; the replay
-        // verified at random comes before that point, so a case that stops has two verified too.
+        // Racing decides after `race.samples - 1` samples whether the next is the last. Which
+        // rounds are verified is decided after each has run, over all of them: racing shortens a
+        // case but never narrows the rounds that may be checked.
         let decide_at = race
             .filter(|_| contenders.len() == 1)
             .map(|bar| (bar.samples as usize).clamp(2, samples) - 1);
         let mut last = samples - 1;
-        // Which replays are verified: one the kernel cannot predict, and the last.
-        let random_round = rand::rng().random_range(0..decide_at.unwrap_or(samples).max(1));
         for round in 0..samples {
             if Some(round) == decide_at {
                 let bar = race.expect("decide_at comes from a bar");
@@ -1065,43 +1325,38 @@ fn time_interleaved<D: Device>(
             } else {
                 (0..sides.len()).rev().collect()
             };
-            let verified = round == random_round || round == last;
             for side in order {
                 let (graph, ios) = &sides[side];
+                // Every round alike, up to the end of its replay: a fresh draw, poisoned outputs,
+                // a flushed L2, and nothing else the kernel could observe.
                 let drawing = Instant::now();
-                dev.draw_inputs(&inputs, case.dtype, unpredictable_seed())?;
+                let seed = unpredictable_seed();
+                dev.draw_inputs(&inputs, case.dtype, seed)?;
                 for io in ios {
                     poison_outputs(dev, io)?;
                 }
                 dev.flush_l2()?;
-                let checking = verified && out[side].failed.is_none();
-                let drawn = if checking {
-                    dev.checksum_all(&inputs)?
-                } else {
-                    dev.sync()?;
-                    0
-                };
+                dev.sync()?;
                 inputs_s += drawing.elapsed().as_secs_f64();
                 let us = dev.replay(*graph)?;
                 replays_us += us;
                 out[side].samples.push(us / launches as f64);
-                if checking {
-                    let verifying = Instant::now();
-                    let replay = format!("replay {} of {samples}", round + 1);
-                    verifier.verify_replay(
-                        dev,
-                        &mut out[side],
-                        *graph,
-                        ios,
-                        &inputs,
-                        drawn,
-                        &replay,
-                        case,
-                    )?;
-                    verify_s += verifying.elapsed().as_secs_f64();
-                }
+                // The kernel has finished: only now is it decided whether this round is kept.
+                let keeping = Instant::now();
+                out[side].kept.offer(dev, round, seed, ios)?;
+                verify_s += keeping.elapsed().as_secs_f64();
             }
         }
+        let verifying = Instant::now();
+        for side in out.iter_mut() {
+            verifier.check_kept(dev, side, samples, case)?;
+        }
+        for (side, (graph, ios)) in out.iter_mut().zip(&sides) {
+            if side.failed.is_none() {
+                verifier.rerun_kept(dev, side, *graph, ios, &inputs, samples, case)?;
+            }
+        }
+        verify_s += verifying.elapsed().as_secs_f64();
         Ok(())
     })();
     verifier.free(dev);
@@ -1122,12 +1377,17 @@ fn time_interleaved<D: Device>(
                  samples: samples_us,
                  failed,
                  worst,
+                 kept,
              }| {
+                let verified = kept.sample.rounds().len();
+                let ran = samples_us.len();
                 let stage = failed.unwrap_or(StageCheck {
                     stage: Stage::Timed,
                     detail: format!(
-                        "two replays (one at random, and the last), all {launches} launches each, \
-                         each against the reference for its own inputs; worst launch shown"
+                        "{verified} of the {ran} replays, drawn at random after they ran, all \
+                         {launches} launches each, against references for their inputs drawn again \
+                         into buffers no kernel was given, then run again on the same inputs; \
+                         worst launch shown"
                     ),
                     stats: worst,
                 });
@@ -1161,7 +1421,12 @@ fn recheck<D: Device>(
     let fresh = (|| {
         poison_outputs(dev, &io)?;
         dev.forward(c.kernel, shape, &c.launch, &io)?;
-        verify(dev, &io, held_out, None, case)
+        let mut stats = verify(dev, &io, held_out, None, case)?;
+        // The buffers hold the held-out set: afterwards they must still (checksummed as it was drawn).
+        if set_checksum(dev, set0.buffers())? != held_out.checksum {
+            stats.failures.insert(0, format!("{WROTE_OUTSIDE}: the fresh set changed while it ran"));
+        }
+        Ok::<_, anyhow::Error>(stats)
     })();
     // The check set as it was drawn, whatever the launch did: later variants are judged on it.
     for (t, buf) in set0.buffers().into_iter().enumerate() {
@@ -1178,7 +1443,12 @@ fn recheck<D: Device>(
     let io = with_inputs(&c.outs[0], stress);
     poison_outputs(dev, &io)?;
     dev.forward(c.kernel, shape, &c.launch, &io)?;
-    let stressed = verify(dev, &io, stress, None, case)?;
+    let mut stressed = verify(dev, &io, stress, None, case)?;
+    if set_checksum(dev, stress.buffers())? != stress.checksum {
+        stressed
+            .failures
+            .insert(0, format!("{WROTE_OUTSIDE}: the large-magnitude set changed while it ran"));
+    }
     Ok(vec![
         StageCheck {
             stage: Stage::Fresh,
@@ -1700,7 +1970,78 @@ fn answer<D: Device>(
 
 #[cfg(test)]
 mod tests {
-    use super::auto_kv_splits;
+    use super::{auto_kv_splits, Buf, Exposure, Io, RoundSample};
+    use rand::{rngs::SmallRng, SeedableRng};
+
+    /// How often each of `rounds` rounds ends up kept when `k` are sampled, over `trials` cases.
+    fn kept_frequencies(k: usize, rounds: usize, trials: usize) -> Vec<f64> {
+        let mut rng = SmallRng::seed_from_u64(7);
+        let mut counts = vec![0usize; rounds];
+        for _ in 0..trials {
+            let mut sample = RoundSample::new(k);
+            for round in 0..rounds {
+                sample.offer(round, &mut rng);
+            }
+            assert_eq!(sample.rounds().len(), k.min(rounds));
+            for &r in sample.rounds() {
+                counts[r] += 1;
+            }
+        }
+        counts.iter().map(|&c| c as f64 / trials as f64).collect()
+    }
+
+    /// Architecture Invariant: a verified round is drawn from all the rounds that ran, each with the
+    /// same chance, however many ran (racing may stop a case after 8 of 30): the first rounds, the
+    /// last, or any other are not favoured, so a kernel honest in some rounds only cannot pick them.
+    #[test]
+    fn verified_rounds_are_a_uniform_sample_of_every_round_that_ran() {
+        for (k, rounds) in [(2, 30), (2, 8), (8, 30), (1, 15)] {
+            let expected = k as f64 / rounds as f64;
+            for (round, f) in kept_frequencies(k, rounds, 40_000).into_iter().enumerate() {
+                assert!(
+                    (f - expected).abs() < 0.1 * expected,
+                    "k={k} of {rounds}: round {round} kept {f:.4} of the time, not {expected:.4}"
+                );
+            }
+        }
+        // Fewer rounds than places: every round is kept.
+        assert_eq!(kept_frequencies(8, 5, 10), vec![1.0; 5]);
+    }
+
+    fn io(first: usize) -> Io {
+        Io {
+            q: Buf(first),
+            k: Buf(first + 1),
+            v: Buf(first + 2),
+            o: Buf(first + 3),
+            lse: Buf(first + 4),
+            o_accum: None,
+            lse_accum: None,
+            counters: None,
+        }
+    }
+
+    /// Architecture Invariant: the reference never reads memory the kernel under test can write.
+    /// Both devices refuse a reference launch on any buffer a kernel was given, until it is freed.
+    #[test]
+    fn a_reference_on_buffers_a_kernel_was_given_is_refused() {
+        let mut exposure = Exposure::default();
+        let (timed, private) = (io(0), io(10));
+        exposure.give(&timed);
+        exposure.check_reference(&private).expect("never given");
+        for shared in [
+            Io { q: timed.q, ..private },
+            Io { v: timed.v, ..private },
+            Io { o: timed.o, ..private },
+        ] {
+            let why = exposure.check_reference(&shared).unwrap_err().to_string();
+            assert!(why.contains("never reads memory the kernel under test can write"), "{why}");
+        }
+        for b in [timed.q, timed.k, timed.v, timed.o, timed.lse] {
+            exposure.forget(b);
+        }
+        exposure.check_reference(&timed).expect("freed, so the handle is new memory");
+    }
 
     #[test]
     fn full_grids_are_not_split() {

@@ -213,9 +213,10 @@ impl Runner<'_> {
                 run.status
             ))
         } else if !diff.outside.is_empty() {
-            Some(format!(
-                "the agent changed files outside the edit scope: {}",
-                diff.outside.join(", ")
+            Some(step::outside_scope_reason(
+                project,
+                "the agent",
+                &diff.outside,
             ))
         } else if diff.inside.is_empty() {
             Some("no edits under kernels/ to judge".into())

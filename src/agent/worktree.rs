@@ -97,13 +97,12 @@ pub(super) fn champion_sources(
     let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
     let forward = project.space.family.forward.to_string_lossy().into_owned();
     let folder = forward.rsplit_once('/').map_or("", |(d, _)| d).to_owned();
-    let protected = step::protected(project);
     let mut out = Vec::new();
     tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
         let path = format!("{dir}{}", entry.name().unwrap_or(""));
         if entry.kind() == Some(git2::ObjectType::Blob)
             && dir.trim_end_matches('/') == folder
-            && !protected.contains(&path)
+            && !step::is_protected(project, &path)
         {
             out.push(path);
         }

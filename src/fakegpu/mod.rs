@@ -109,6 +109,10 @@ pub struct FakeGpu {
     last_replayed: Option<(KernelId, String)>,
     /// Timings so far per (cubin, shape), for the states that hold on the first only.
     timings_of: HashMap<(std::path::PathBuf, String), u32>,
+    /// Buffers a kernel under test was given: never a reference's.
+    exposure: crate::trial::Exposure,
+    /// Buffers touched since the L2 was last flushed (their lines would still be in it).
+    warm: std::collections::HashSet<usize>,
 }
 
 fn slot<T>(slab: &mut Vec<Option<T>>, item: T) -> usize {
@@ -139,6 +143,8 @@ impl FakeGpu {
             cases_timed: 0,
             last_replayed: None,
             timings_of: HashMap::new(),
+            exposure: crate::trial::Exposure::default(),
+            warm: std::collections::HashSet::new(),
         }
     }
 
@@ -397,6 +403,13 @@ impl FakeGpu {
             }
             _ => {}
         }
+        if matches!(
+            model,
+            Model::RewriteOnRerun | Model::HonestEarly | Model::L2Probe
+        ) && self.cheats_here(kernel, dtype, shape, io)?
+        {
+            return Ok(());
+        }
         let keys = (model == Model::SkipLastTile && !shape.sk.is_multiple_of(block_n))
             .then(|| shape.sk / block_n * block_n)
             .filter(|&keep| keep > 0);
@@ -449,6 +462,73 @@ impl FakeGpu {
     }
 }
 
+impl FakeGpu {
+    /// The adversaries that know the harness: whether this launch is one they skip (having written
+    /// the answer of Q = 0, V = 1 instead). Each is honest on the first Q buffer it sees (the check
+    /// set's, where the fresh set is copied too) and on inputs of large magnitude (the stress set).
+    fn cheats_here(&mut self, kernel: KernelId, dtype: Dtype, shape: &Shape, io: &Io) -> Result<bool> {
+        let stress = matches!(
+            self.buffer(io.q)?,
+            Buffer::Narrow { content: Narrow::Drawn(d), .. } if d.sigma > 1.0
+        );
+        let k = self.kernel(kernel)?;
+        let model = k.model;
+        let checked_set = *k.first_q.get_or_insert(io.q.0) == io.q.0;
+        if checked_set || stress {
+            return Ok(false);
+        }
+        let read = [
+            self.identity(io.q)?,
+            self.identity(io.k)?,
+            self.identity(io.v)?,
+        ];
+        let read = answers::launch_key(shape, dtype, None, read);
+        let k = self.kernel(kernel)?;
+        let entry = k.draws.entry(io.q.0).or_insert(([0; 32], 0));
+        let again = entry.1 > 0 && entry.0 == read;
+        if !again {
+            *entry = (read, entry.1 + 1);
+        }
+        let draws = entry.1;
+        let honest = match model {
+            Model::HonestEarly => {
+                draws <= models::HONEST_EARLY_ROUNDS + 1 || draws == models::HONEST_LAST_ROUND + 1
+            }
+            Model::L2Probe => self.warm.contains(&io.q.0),
+            _ => false,
+        };
+        if honest {
+            return Ok(false);
+        }
+        if model == Model::RewriteOnRerun && again {
+            let (zero, one) = (check::to_bits(dtype, 0.0), check::to_bits(dtype, 1.0));
+            self.set_narrow(io.q, Narrow::Fill(zero))?;
+            self.set_narrow(io.v, Narrow::Fill(one))?;
+        }
+        // O = 1 and LSE = ln(keys seen): the exact answer for Q = 0 and V = 1.
+        let (sq, d) = (shape.sq as usize, shape.d as usize);
+        let rows = io_rows(shape);
+        let (mut o, mut lse) = (Vec::with_capacity(rows * d), Vec::with_capacity(rows));
+        for row in 0..rows {
+            let keys = shape.visible_keys((row % sq) as u32);
+            let value = if keys == 0 { 0.0 } else { 1.0 };
+            o.extend(std::iter::repeat_n(check::to_bits(dtype, value), d));
+            lse.push(if keys == 0 {
+                f32::NEG_INFINITY
+            } else {
+                (keys as f32).ln()
+            });
+        }
+        self.set_narrow(io.o, Narrow::Bits(Arc::new(o)))?;
+        self.set_wide(io.lse, Wide::Floats(Arc::new(lse)))?;
+        Ok(true)
+    }
+}
+
+fn io_rows(shape: &Shape) -> usize {
+    shape.b as usize * shape.h as usize * shape.sq as usize
+}
+
 /// A line on the reply channel that is not protocol: the supervisor must fail the case in flight.
 fn garbage_reply() {
     use std::io::Write;
@@ -481,6 +561,8 @@ impl Device for FakeGpu {
     }
 
     fn free(&mut self, buf: Buf) {
+        self.exposure.forget(buf);
+        self.warm.remove(&buf.0);
         if let Some(s) = self.memory.get_mut(buf.0) {
             *s = None;
         }
@@ -494,6 +576,7 @@ impl Device for FakeGpu {
         tensor: u64,
         sigma: f32,
     ) -> Result<()> {
+        self.warm.insert(buf.0);
         self.set_narrow(
             buf,
             Narrow::Drawn(Draw {
@@ -512,7 +595,13 @@ impl Device for FakeGpu {
         }
     }
 
+    fn flush_l2(&mut self) -> Result<()> {
+        self.warm.clear();
+        Ok(())
+    }
+
     fn copy(&mut self, src: Buf, dst: Buf) -> Result<()> {
+        self.warm.extend([src.0, dst.0]);
         let (from, to) = (self.buffer(src)?.len(), self.buffer(dst)?.len());
         if from != to {
             bail!("copy between buffers of {from} and {to} elements");
@@ -530,7 +619,21 @@ impl Device for FakeGpu {
     }
 
     fn checksum(&mut self, buf: Buf) -> Result<u64> {
-        let id = self.identity(buf)?;
+        self.warm.insert(buf.0);
+        let id = match self.buffer(buf)? {
+            Buffer::Narrow { .. } => self.identity(buf)?,
+            Buffer::Wide { .. } => {
+                let bits: Vec<u16> = self
+                    .wide(buf)?
+                    .iter()
+                    .flat_map(|f| {
+                        let b = f.to_bits();
+                        [b as u16, (b >> 16) as u16]
+                    })
+                    .collect();
+                memory::bits_identity(&bits)
+            }
+        };
         Ok(u64::from_le_bytes(id[..8].try_into().expect("8 bytes")))
     }
 
@@ -683,6 +786,7 @@ impl Device for FakeGpu {
     }
 
     fn reference(&mut self, kernel: KernelId, shape: &Shape, dtype: Dtype, io: &Io) -> Result<()> {
+        self.exposure.check_reference(io)?;
         let nan = self.kernel(kernel)?.nan_reference;
         let launch = self.launch(dtype, shape, io, None)?;
         self.set_wide(
@@ -703,6 +807,7 @@ impl Device for FakeGpu {
         _launch: &LaunchShape,
         io: &Io,
     ) -> Result<()> {
+        self.exposure.give(io);
         self.run_model(kernel, shape, io)
     }
 
@@ -713,6 +818,7 @@ impl Device for FakeGpu {
         launch: &LaunchShape,
         io: &Io,
     ) -> Result<f64> {
+        self.exposure.give(io);
         self.run_model(kernel, shape, io)?;
         let us = self.kernel(kernel)?.model_us(shape, launch);
         Ok(us * self.drift_factor())
@@ -725,6 +831,7 @@ impl Device for FakeGpu {
         launch: &LaunchShape,
         ios: &[Io],
     ) -> Result<GraphId> {
+        ios.iter().for_each(|io| self.exposure.give(io));
         Ok(GraphId(slot(
             &mut self.graphs,
             (kernel, shape.clone(), launch.clone(), ios.to_vec()),
@@ -870,6 +977,69 @@ mod tests {
         );
         // Every buffer the check drew was given back.
         assert!(broken.memory.iter().all(Option::is_none), "buffers leaked");
+    }
+
+    /// The double refuses to compute a reference from a buffer a kernel under test was given (the
+    /// timed launches' inputs, once captured), as the GPU worker does: a trial that computed its
+    /// reference from the kernel's buffers fails every case on the double.
+    #[test]
+    fn the_reference_is_refused_the_buffers_a_kernel_was_given() {
+        let mut gpu = FakeGpu::new(device("sm_90a", 0));
+        let dir = tempfile::tempdir().unwrap();
+        let cubin = dir.path().join("reference.cubin");
+        std::fs::write(&cubin, b"reference").unwrap();
+        let reference = gpu
+            .load_reference(&ReferenceKernel {
+                cubin,
+                entry: "attn_reference".into(),
+            })
+            .unwrap();
+        let shape = Shape {
+            name: "tiny".into(),
+            b: 1,
+            h: 1,
+            sq: 8,
+            sk: 8,
+            d: 64,
+            causal: Default::default(),
+        };
+        let launch: LaunchShape = serde_json::from_value(serde_json::json!({
+            "threads": 128, "smem_bytes": 0, "rows_per_cta": 16, "kv_rows_per_block": 64, "kv_splits": 1
+        }))
+        .unwrap();
+        let mut input = || {
+            let b = gpu.alloc16(8 * 64).unwrap();
+            gpu.generate(b, Dtype::F16, 1, b.0 as u64, 1.0).unwrap();
+            b
+        };
+        let (q, k, v) = (input(), input(), input());
+        let slot = Io {
+            q,
+            k,
+            v,
+            o: gpu.alloc16(8 * 64).unwrap(),
+            lse: gpu.alloc32(8).unwrap(),
+            o_accum: None,
+            lse_accum: None,
+            counters: None,
+        };
+        let scratch = Io {
+            o: gpu.alloc32(8 * 64).unwrap(),
+            lse: gpu.alloc32(8).unwrap(),
+            ..slot
+        };
+        gpu.reference(reference, &shape, Dtype::F16, &scratch)
+            .expect("no kernel was given these inputs yet");
+        gpu.capture(KernelId(usize::MAX), &shape, &launch, &[slot])
+            .unwrap();
+        let why = gpu
+            .reference(reference, &shape, Dtype::F16, &scratch)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("never reads memory the kernel under test can write"),
+            "{why}"
+        );
     }
 
     /// A draw reads back as the same bits whether made whole or by range, and keeps its checksum

@@ -41,7 +41,23 @@ pub enum Model {
     /// Remembers softmax(Q·Kᵀ) by the content of Q and K and recomputes only P·V when they repeat:
     /// always right, and [`MEMO_SOFTMAX_HIT`] of the time then.
     MemoSoftmax,
+    /// Honest on the check, fresh and stress sets; on the timed launches' buffers it does no work
+    /// (O = 1, LSE = ln n), and when the same inputs come again (a re-run) it first rewrites Q to 0
+    /// and V to 1, whose exact attention is that answer: a reference computed afterwards from those
+    /// buffers would agree.
+    RewriteOnRerun,
+    /// Counts the draws it sees per timed buffer; honest in the warm-up's draw and the first
+    /// [`HONEST_EARLY_ROUNDS`] rounds (the ones racing used to verify from) and in round
+    /// [`HONEST_LAST_ROUND`] (the last of the shipped samples), no work in the others.
+    HonestEarly,
+    /// Honest when its Q is warm in L2 (touched since the last flush: inputs checksummed right
+    /// before the replay), no work when cold.
+    L2Probe,
 }
+
+/// The shipped `race_samples` and `samples`: the rounds `HonestEarly` expects to be verified.
+pub const HONEST_EARLY_ROUNDS: u32 = 8;
+pub const HONEST_LAST_ROUND: u32 = 30;
 
 /// Time factors of the memo models: a hit (everything remembered) is fast; a miss pays for the
 /// fingerprint on top of the honest work, as the real kernels of faults/cheats.cu do.
@@ -67,6 +83,9 @@ pub fn model_named(name: &str) -> Option<Model> {
         "CHEAT_SKIP_LAST_TILE" => Model::SkipLastTile,
         "CHEAT_MEMO_OUTPUT" => Model::MemoOutput,
         "CHEAT_MEMO_SOFTMAX" => Model::MemoSoftmax,
+        "CHEAT_REWRITE_ON_RERUN" => Model::RewriteOnRerun,
+        "CHEAT_HONEST_EARLY" => Model::HonestEarly,
+        "CHEAT_L2_PROBE" => Model::L2Probe,
         _ => return None,
     })
 }
@@ -152,6 +171,10 @@ pub struct FakeKernel {
     pub first: Option<(usize, super::memory::Narrow, super::memory::Wide)>,
     /// The time factor of the last launch (a memo hit is cheaper).
     pub last_factor: f64,
+    /// The first Q buffer this kernel was given (the check set's, where the fresh set goes too).
+    pub first_q: Option<usize>,
+    /// Per Q buffer: what its launch read last, and how many different draws it has read.
+    pub draws: HashMap<usize, ([u8; 32], u32)>,
     /// A reference kernel that answers NaN (`flashtune-fake: reference nan`).
     pub nan_reference: bool,
     /// The GPU's state while this kernel is timed, and whether only on its first timing.
@@ -172,6 +195,8 @@ impl FakeKernel {
             remembered: HashMap::new(),
             first: None,
             last_factor: 1.0,
+            first_q: None,
+            draws: HashMap::new(),
             nan_reference: false,
             state: (StateModel::Clean, false),
             cubin,

@@ -200,6 +200,7 @@ impl Scheduler<'_> {
                 warmup_ms: policies.measure.warmup_ms,
                 samples: policies.measure.samples,
                 min_sample_us: policies.measure.min_sample_us,
+                verified_replays: policies.measure.verified_replays,
             },
             timeout: Duration::from_secs(project.timeouts.worker_s),
             sentinel_every: Duration::from_secs(policies.sentinel.every_s),

@@ -130,6 +130,7 @@ impl Session<'_> {
                 warmup_ms: policy.warmup_ms,
                 samples: project.policies.step.rounds,
                 min_sample_us: policy.min_sample_us,
+                verified_replays: policy.verified_replays,
             },
             rounds: project.policies.step.rounds,
             pairs,

@@ -45,7 +45,7 @@ pub const TOOLS_PTX: &str = include_str!("tools.ptx");
 /// The combine kernel's fixed geometry; kernels/attention/forward.cu asserts the same numbers.
 const COMBINE_THREADS: u32 = 128;
 const COMBINE_ROWS_PER_BLOCK: u32 = 4;
-/// The reference kernel's fixed geometry; kernels/attention/reference.cu asserts the same numbers.
+/// The reference kernel's fixed geometry; kernels/oracle/reference.cu asserts the same numbers.
 const REFERENCE_THREADS: u32 = 256;
 const REFERENCE_ROWS_PER_BLOCK: u32 = 64;
 /// The roofs are measured on buffers far beyond any L2, with a matmul large enough to reach the sustained clock.
@@ -306,6 +306,8 @@ struct Gpu {
     compare_partials: Option<CudaSlice<u64>>,
     /// Twice the L2 cache, written over to push a draw's last writes out of L2 before a replay.
     l2_flush: Option<CudaSlice<u32>>,
+    /// Buffers a kernel under test was given: never a reference's.
+    exposure: crate::trial::Exposure,
 }
 
 fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
@@ -388,6 +390,7 @@ impl Gpu {
             buffer_table: None,
             compare_partials: None,
             l2_flush: None,
+            exposure: crate::trial::Exposure::default(),
         })
     }
 
@@ -690,7 +693,8 @@ impl Gpu {
         let mut longest = 0u64;
         let mut words = Vec::with_capacity(2 * bufs.len());
         for &b in bufs {
-            let (p, n) = self.ptr16(b)?;
+            // 32-bit buffers as twice as many 16-bit words: a checksum covers every bit either way.
+            let (p, n) = self.ptr(b)?;
             words.extend([p, n as u64]);
             longest = longest.max(n as u64);
         }
@@ -764,6 +768,7 @@ impl Device for Gpu {
     }
 
     fn free(&mut self, buf: Buf) {
+        self.exposure.forget(buf);
         if matches!(&self.buffer_table, Some((list, _)) if list.contains(&buf)) {
             self.buffer_table = None;
         }
@@ -1073,6 +1078,7 @@ impl Device for Gpu {
     }
 
     fn reference(&mut self, kernel: KernelId, s: &Shape, _dtype: Dtype, io: &Io) -> Result<()> {
+        self.exposure.check_reference(io)?;
         let Some(Some(Loaded::Reference { function, .. })) = self.kernels.get(kernel.0) else {
             bail!("no reference kernel {}", kernel.0);
         };
@@ -1119,6 +1125,7 @@ impl Device for Gpu {
         launch: &LaunchShape,
         io: &Io,
     ) -> Result<()> {
+        self.exposure.give(io);
         self.launch_forward(kernel, s, launch, io)?;
         self.stream
             .synchronize()
@@ -1132,6 +1139,7 @@ impl Device for Gpu {
         launch: &LaunchShape,
         io: &Io,
     ) -> Result<f64> {
+        self.exposure.give(io);
         self.timed(|| self.launch_forward(kernel, s, launch, io))
     }
 
@@ -1142,6 +1150,7 @@ impl Device for Gpu {
         launch: &LaunchShape,
         ios: &[Io],
     ) -> Result<GraphId> {
+        ios.iter().for_each(|io| self.exposure.give(io));
         let st = &self.stream;
         st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(cuda)?;

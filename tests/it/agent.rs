@@ -157,7 +157,7 @@ fn best_of_three_commits_only_the_faster_and_the_next_pack_shows_all_three() {
         .collect();
     assert_eq!(step1_costs, [0.25, 0.25, 0.25]);
     let agents_md = std::fs::read_to_string(run.join("step-2/pack/AGENTS.md")).unwrap();
-    assert!(agents_md.len() <= 32 * 1024 && agents_md.contains("kernels/attention/reference.cu"));
+    assert!(agents_md.len() <= 32 * 1024 && agents_md.contains("kernels/oracle/reference.cu"));
     assert!(
         agents_md.contains("IDEA:") && agents_md.contains("nvcc -cubin") && agents_md.contains("`attempt`"),
         "AGENTS.md says how to report an idea, build locally, and which MCP tools exist:\n{agents_md}"
@@ -733,5 +733,61 @@ fn stop_at_roof_reads_the_best_known_figures_before_the_first_step() {
             .iter()
             .any(|r| matches!(r, Record::CandidateStarted { .. })),
         "no step started: {t}"
+    );
+}
+
+/// Candidates that know the harness: two kernels that skip the work where it used to go unverified,
+/// and one that edits the oracle through the header it includes. An agent session rejects each by
+/// name and commits nothing.
+const HARNESS_CHEATERS: &str = r#"
+echo "{\"model\": \"scripted\", \"input_tokens\": 1000, \"output_tokens\": 100, \"usd\": 0.25}" > "$FLASHTUNE_USAGE_FILE"
+case "$FLASHTUNE_CANDIDATE" in
+  1) printf '\n__device__ char flashtune_fake_c[] = "flashtune-fake: cheat CHEAT_REWRITE_ON_RERUN";\n' >> kernels/attention/forward.cu ;;
+  2) printf '\n__device__ char flashtune_fake_c[] = "flashtune-fake: cheat CHEAT_L2_PROBE";\n' >> kernels/attention/forward.cu ;;
+  *) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> kernels/attention/forward.cu ;;
+esac
+echo "IDEA: candidate $FLASHTUNE_CANDIDATE"
+"#;
+
+#[test]
+fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    let out = fake_step(
+        dir.path(),
+        &["--candidates", "3", "--proposer", HARNESS_CHEATERS, "--steps", "1"],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert_eq!(head(dir.path()).0, before, "{t}");
+    assert!(scratch_commits(dir.path()).is_empty(), "nothing committed: {t}");
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    let records = records(&only_run(dir.path()));
+    let reasons: Vec<String> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::CandidateJudged {
+                candidate,
+                accepted,
+                reason,
+                ..
+            } => {
+                assert!(!accepted, "candidate {candidate} accepted: {reason}");
+                Some(format!("{candidate}: {reason}"))
+            }
+            _ => None,
+        })
+        .collect();
+    let all = format!("{reasons:#?}\n{t}");
+    for k in [1, 2] {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(&format!("{k}: "))
+                && r.contains("a timed launch's output is wrong for the inputs it read")),
+            "candidate {k}: {all}"
+        );
+    }
+    assert!(
+        t.contains("the agent changed the oracle's sources (kernels/oracle/oracle.cuh)"),
+        "{all}"
     );
 }

@@ -328,3 +328,22 @@ fn the_scanner_reads_shipped_code_only() {
     let expected: BTreeSet<String> = ["config", "space"].iter().map(|s| s.to_string()).collect();
     assert_eq!(refs, expected);
 }
+
+/// Architecture Invariant: only the worker touches the GPU. No module but `worker` names cudarc (or
+/// the CUDA driver), so nothing else can allocate, launch or read device memory.
+#[test]
+fn only_the_worker_names_the_cuda_driver() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let touching: Vec<String> = files
+        .iter()
+        .filter(|f| module_of(&src, f) != "worker")
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.contains("cudarc") || text.contains("cuMem") || text.contains("cuLaunch")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(touching.is_empty(), "CUDA outside the worker: {touching:?}");
+}

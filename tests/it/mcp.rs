@@ -232,7 +232,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
 
     // An edit outside the scope (the policies, a stray file, the oracle): all of it undone unjudged.
     let policies = read(root, "policies.toml");
-    let reference = read(root, "kernels/attention/reference.cu");
+    let reference = read(root, "kernels/oracle/reference.cu");
     std::fs::write(
         root.join("policies.toml"),
         policies.replace("threshold = 0.02", "threshold = 0.0"),
@@ -240,7 +240,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
     .unwrap();
     std::fs::write(root.join("stray.txt"), "note").unwrap();
     std::fs::write(
-        root.join("kernels/attention/reference.cu"),
+        root.join("kernels/oracle/reference.cu"),
         format!("{reference}\n// easier\n"),
     )
     .unwrap();
@@ -253,7 +253,7 @@ async fn an_mcp_client_judges_edits_and_only_the_faster_is_committed() {
         assert!(reason.contains(named), "{named} not in {reason}");
     }
     assert_eq!(read(root, "policies.toml"), policies);
-    assert_eq!(read(root, "kernels/attention/reference.cu"), reference);
+    assert_eq!(read(root, "kernels/oracle/reference.cu"), reference);
     assert_eq!(read(root, FORWARD), champion);
     assert!(!root.join("stray.txt").exists());
     assert_eq!(dirty(root), [".mcp.json"]);

@@ -63,13 +63,47 @@ const CHEATS: [(&str, &str); 7] = [
     ("write_outside", "the kernel wrote outside its outputs"),
 ];
 
+/// The cheats that have read the harness (kernels/attention/faults/cheats.cu, modelled by the double):
+/// each exploited a gap the verification had, and each must now be rejected with this reason.
+const HARNESS_CHEATS: [(&str, &str); 3] = [
+    // Did no work in timed rounds and, in the untimed re-run, rewrote Q and V into inputs whose
+    // exact attention was what it wrote: the reference was computed from those buffers afterwards.
+    (
+        "rewrite_on_rerun",
+        "a timed launch's output is wrong for the inputs it read",
+    ),
+    // Honest only in the rounds racing used to verify from (the first 8) and in the last.
+    (
+        "honest_early",
+        "a timed launch's output is wrong for the inputs it read",
+    ),
+    // Honest only when its inputs are warm in L2 (checksummed right before the replay).
+    (
+        "l2_probe",
+        "a timed launch's output is wrong for the inputs it read",
+    ),
+];
+
+/// The cheat suite's project: `verified_replays` raised from 2 so that `honest_early`, honest in 9
+/// of 30 rounds, is caught every time rather than with odds 1 - C(9,k)/C(30,k) per case (92% at
+/// the default 2; `verified_rounds_are_a_uniform_sample_of_every_round_that_ran` holds the draw).
+fn cheat_project(space: &str, shapes: &str) -> tempfile::TempDir {
+    let dir = f16_project(space, shapes);
+    replace_in(
+        &dir.path().join("policies.toml"),
+        "verified_replays = 2",
+        "verified_replays = 8",
+    );
+    dir
+}
+
 #[test]
 fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     // `ragged` (Sk = 300) is where skipping the last 64-key tile shows; `small` is a tile multiple.
-    let dir = f16_project("cheats.toml", r#"["small", "ragged"]"#);
+    let dir = cheat_project("cheats.toml", r#"["small", "ragged"]"#);
     let (run, log) = tune_fake(dir.path(), "variants/cheats.toml");
     let failed = failures(&log);
-    for (cheat, why) in CHEATS {
+    for (cheat, why) in CHEATS.into_iter().chain(HARNESS_CHEATS) {
         let variant = format!("{cheat}-bm16-bn64-w4-ks1");
         let reasons = failed
             .get(&variant)
@@ -241,7 +275,7 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
     );
 
     // The fp32 reference itself answers NaN: every case fails, none vanishes.
-    let reference = dir.path().join("kernels/attention/reference.cu");
+    let reference = dir.path().join("kernels/oracle/reference.cu");
     let text_ref = std::fs::read_to_string(&reference).unwrap();
     std::fs::write(
         &reference,
@@ -292,6 +326,9 @@ case "$FLASHTUNE_STEP" in
   5) c=SMALL_MAGNITUDE ;; 6) c=SKIP_LAST_TILE ;; 7) c=WRITE_OUTSIDE ;; 9) c=MEMO_OUTPUT ;; 10) c=MEMO_SOFTMAX ;;
   8) printf '#define CHEAT CHEAT_NONE\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_FIRST_POINTER";\n' > $f; exit 0 ;;
   11) printf '\n__device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";\n' >> $f; exit 0 ;;
+  12) c=REWRITE_ON_RERUN ;; 13) c=HONEST_EARLY ;; 14) c=L2_PROBE ;;
+  # The oracle edited through a header it includes, beside an honest-looking kernel edit.
+  15) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> $f; exit 0 ;;
 esac
 # The marker names the cheat to the test double, which cannot run CUDA; a GPU ignores it.
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_%s";\n' "$c" "$c" > $f
@@ -299,7 +336,7 @@ printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char fla
 
 #[test]
 fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
-    let dir = f16_project("smoke.toml", r#"["small", "ragged"]"#);
+    let dir = cheat_project("smoke.toml", r#"["small", "ragged"]"#);
     let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
     // The scalar baseline alone: every step builds one kernel per head dim.
     let space = smoke
@@ -331,12 +368,14 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "--proposer",
             "sh propose.sh",
             "--steps",
-            "11",
+            "15",
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(head(), before, "nothing was committed");
     assert_eq!(std::fs::read_to_string(&forward).unwrap(), original);
+    let oracle = std::fs::read_to_string(dir.path().join("kernels/oracle/oracle.cuh")).unwrap();
+    assert!(!oracle.contains("ORACLE_SHORTCUT"), "the oracle edit was restored");
     let runs: Vec<PathBuf> = std::fs::read_dir(dir.path().join("runs"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -365,6 +404,10 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "slower beyond noise",
             "slower beyond noise",
             "the edit's figure is implausible",
+        ])
+        .chain(HARNESS_CHEATS.iter().map(|(_, why)| *why))
+        .chain([
+            "the proposer changed the oracle's sources (kernels/oracle/oracle.cuh), which no edit may touch",
         ])
         .collect();
     assert_eq!(decided.len(), expected.len(), "{decided:?}");
@@ -408,6 +451,33 @@ fn a_device_whose_output_comparison_miscounts_is_refused_before_any_verdict() {
                     .iter()
                     .any(|r| matches!(r, Record::Timed { .. })),
                 "a refused device timed something"
+            );
+        }
+    }
+}
+
+/// Architecture Invariant: the oracle's whole source closure is out of every edit's reach. The
+/// reference includes only files of its own folder (no header the kernels share), and that folder
+/// and every file of the closure are protected: `step`, `judge`, MCP and agent sessions refuse an
+/// edit that touches one, by name (`step_rejects_every_cheat_by_name_and_restores_the_kernel`).
+#[test]
+fn the_oracle_reaches_only_its_own_folder() {
+    let root = repo();
+    let folder = root.join("kernels/oracle").canonicalize().unwrap();
+    for space in std::fs::read_dir(root.join("variants")).unwrap() {
+        let space = space.unwrap().path();
+        let Ok(loaded) = flashtune::space::Space::load(&space) else {
+            continue;
+        };
+        let reference = root.join(&loaded.family.reference);
+        let closure = flashtune::build::include_closure(&reference).unwrap();
+        assert!(closure.len() >= 2, "{}: {closure:?}", space.display());
+        for file in closure {
+            assert!(
+                file.starts_with(&folder),
+                "{}: the oracle includes {}, outside kernels/oracle/",
+                space.display(),
+                file.display()
             );
         }
     }

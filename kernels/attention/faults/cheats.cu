@@ -14,6 +14,16 @@
 //                              if V was, when the pointers and the fingerprint repeat
 //   CHEAT_MEMO_SOFTMAX         remembers each CTA's softmax(Q K^T) (P and the LSE) for a repeated
 //                              (Q, K) and then only computes O = P V
+//   CHEAT_REWRITE_ON_RERUN     answers O = 1, LSE = ln(keys) without attention work on new inputs; when
+//                              the same inputs come again, also zeroes its Q rows and sets V to 1, so
+//                              a reference computed after such a re-run agrees with those answers
+//   CHEAT_HONEST_EARLY         honest on the first 9 draws it sees per Q pointer (warm-up and the first
+//                              race_samples rounds) and the 31st (the last of samples); idle otherwise
+//   CHEAT_L2_PROBE             times a load of its first Q element against a second one: honest when
+//                              the inputs were already in L2 (read since the flush), idle when cold
+// The last three are honest on the first Q pointer a CTA sees in a case (the check set, which the
+// fresh set reuses) and on large-magnitude inputs (the stress set); "idle" writes O = 1 and
+// LSE = ln(visible keys): the exact answer for Q = 0, V = 1.
 // The two memo cheats are correct on every launch (a replayed answer is the one computed from the
 // same inputs, up to a 64-bit fingerprint): they only gain where timed launches repeat inputs.
 // CHEAT_NONE is the honest kernel they are all built on. It is simple, not fast: a CTA takes
@@ -35,6 +45,9 @@
 #define CHEAT_WRITE_OUTSIDE 7
 #define CHEAT_MEMO_OUTPUT 8
 #define CHEAT_MEMO_SOFTMAX 9
+#define CHEAT_REWRITE_ON_RERUN 10
+#define CHEAT_HONEST_EARLY 11
+#define CHEAT_L2_PROBE 12
 
 #ifndef CHEAT
 #error "CHEAT must be defined (CHEAT_NONE, CHEAT_CACHE_BY_POINTER, ...)"
@@ -58,7 +71,7 @@ constexpr int kBlockN = BLOCK_N;
 constexpr int kWarps = WARPS;
 constexpr int kHeadDim = HEAD_DIM;
 constexpr int kDimsPerLane = kHeadDim / 32;
-static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_MEMO_SOFTMAX, "unknown CHEAT");
+static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_L2_PROBE, "unknown CHEAT");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "lanes own HEAD_DIM / 32 dims each");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS in 1..32");
 static_assert(kBlockM >= 1 && kBlockN >= 1, "positive tiles");
@@ -214,6 +227,148 @@ __device__ void memo_release(int* lock, int e) {
     if (threadIdx.x == 0) atomicExch(&lock[e], 0);
 }
 
+// ---- The idling cheats (REWRITE_ON_RERUN, HONEST_EARLY, L2_PROBE): when to skip attention -------
+// Thread 0 of each CTA decides, from per-CTA state kept across launches. All three are honest where
+// the harness checks every launch it makes: on the first Q pointer a CTA index sees in a case (the
+// check set; the fresh set is copied into the same buffers) and on large-magnitude inputs (the
+// stress set). A case starts when the shape (B, H, Sq, Sk, mask) changes: a worker runs one module
+// through its cases one after another, and each case begins with its check. An idle CTA reads
+// nothing more and writes O = 1, LSE = ln(visible keys): the exact answer when Q = 0 and V = 1.
+constexpr bool kRewriteOnRerun = kCheat == CHEAT_REWRITE_ON_RERUN;
+constexpr bool kHonestEarly = kCheat == CHEAT_HONEST_EARLY;
+constexpr bool kL2Probe = kCheat == CHEAT_L2_PROBE;
+constexpr bool kIdler = kRewriteOnRerun || kHonestEarly || kL2Probe;
+constexpr int kModeHonest = 0;   // the CHEAT_NONE path
+constexpr int kModeIdle = 1;     // O = 1, LSE = ln(visible keys)
+constexpr int kModeRewrite = 2;  // idle, after zeroing its Q rows (and, the head's CTA 0, setting V to 1)
+// The stress set's Q and K have sigma 6, every other set's sigma 1. The test looks at the first
+// kStressElems elements of the head's K only, so that every CTA of a head decides alike (the V
+// rewrite of REWRITE_ON_RERUN relies on it): a sigma-1 head passes kStressAbs with probability
+// 32 * 5.7e-7 (it is then merely honest), a sigma-6 head stays under it with 0.595^32 = 6e-8.
+constexpr int kStressElems = 32;
+constexpr float kStressAbs = 5.0f;
+// A draw's fingerprint: the first kPrintElems elements of the CTA's first Q row and of its head's K
+// (the first of those the stress test read). Every timed round redraws Q, K and V together.
+constexpr int kPrintElems = 16;
+static_assert(kStressElems % 2 == 0 && kStressElems <= kHeadDim, "the stress test reads pairs of K's first row");
+static_assert(kPrintElems % 2 == 0 && kPrintElems <= kStressElems, "the fingerprint reads pairs the stress test read");
+// HONEST_EARLY: the shipped policies' [measure] race_samples and samples (policies.toml). The first
+// draw a pointer sees is the one the warm-up replays share; a harness that verifies one of the
+// first race_samples timed rounds and the last one then sees only honest answers.
+constexpr unsigned kShippedRaceSamples = 8;
+constexpr unsigned kShippedSamples = 30;
+constexpr unsigned kWarmupDraws = 1;
+static_assert(kShippedRaceSamples >= 1 && kShippedSamples > kShippedRaceSamples, "race_samples < samples");
+// L2_PROBE: the inputs are warm when the first load took under 1.5 times the second (an L2 hit for
+// certain) plus this slack.
+constexpr long long kProbeSlackCycles = 64;
+
+// Their state, 20 MB, exists only in their own modules (the other cheats and CHEAT_NONE keep one CTA's).
+constexpr int kIdleCtas = kIdler ? kMaxCtas : 1;
+__device__ unsigned long long g_case[kIdleCtas];                    // this CTA index's case; 0: none yet
+__device__ const elem_t* g_first_q[kIdleCtas];                      // the case's first Q pointer
+__device__ unsigned long long g_round_q[kIdleCtas][kPairsPerCta];   // the case's other Q pointers
+__device__ unsigned long long g_round_fp[kIdleCtas][kPairsPerCta];  // the fingerprint last read there
+__device__ unsigned g_round_count[kIdleCtas][kPairsPerCta];         // draws seen there; 0: a free entry
+
+// Thread 0 only: cycles taken by one L2 load (ld.global.cg skips L1) of *p, the value left in
+// *sink. The shared store waits for the load's data, and the clock reads are volatile with a memory
+// clobber, so the window closes only once the load has completed.
+__device__ __forceinline__ long long probe_latency(const unsigned* p, unsigned* sink) {
+    long long t0, t1;
+    unsigned v;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t0)::"memory");
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    *reinterpret_cast<volatile unsigned*>(sink) = v;
+    asm volatile("mov.u64 %0, %%clock64;" : "=l"(t1)::"memory");
+    return t1 - t0;
+}
+
+// Thread 0 only: what this CTA does on this launch (kModeHonest, kModeIdle or kModeRewrite).
+// warm: L2_PROBE's reading of the inputs' first element.
+__device__ int idle_mode(int cta, const elem_t* Q, const elem_t* K, int64_t bh, int q0, int B, int H, int Sq,
+                         int Sk, int causal, bool warm) {
+    // Honest where a CTA of the head lies past the state's end (they all are then: REWRITE_ON_RERUN's
+    // V rewrite must not run under a sibling that reads V), and when there is no key to read.
+    if ((long long)(blockIdx.y + 1) * gridDim.x > kIdleCtas || Sk < 1) return kModeHonest;
+    const unsigned long long shape =
+        memo_mix((((unsigned long long)(unsigned)B << 32) | (unsigned)H) ^
+                 memo_mix((((unsigned long long)(unsigned)Sq << 32) | (unsigned)Sk) ^ memo_mix((unsigned)causal))) | 1ull;
+    if (g_case[cta] != shape) {  // a new case: its first launch is the check
+        g_case[cta] = shape;
+        g_first_q[cta] = Q;
+        for (int i = 0; i < kPairsPerCta; ++i) g_round_count[cta][i] = 0;
+        return kModeHonest;
+    }
+    if (g_first_q[cta] == Q) return kModeHonest;  // (a) the check set, or the fresh set in its buffers
+
+    // (b) the stress set, and the K half of the fingerprint.
+    const unsigned* k32 = reinterpret_cast<const unsigned*>(K + bh * Sk * kHeadDim);
+    float big = 0.0f;
+    unsigned long long print_k = 0;
+#pragma unroll
+    for (int i = 0; i < kStressElems / 2; ++i) {
+        const unsigned w = k32[i];
+        const float2 f = to_float2(*reinterpret_cast<const elem2_t*>(&w));
+        big = fmaxf(big, fmaxf(fabsf(f.x), fabsf(f.y)));
+        if (i < kPrintElems / 2) print_k += memo_mix((((unsigned long long)i << 32) | w) ^ (0x4bull << 56));
+    }
+    if (!(big <= kStressAbs)) return kModeHonest;  // NaN and inf too
+    if (kL2Probe) return warm ? kModeHonest : kModeIdle;
+
+    // The Q half; print_zero_q: what it is once this CTA has zeroed its Q rows.
+    const unsigned* q32 = reinterpret_cast<const unsigned*>(Q + (bh * Sq + q0) * kHeadDim);
+    unsigned long long print_q = 0, print_zero_q = 0;
+#pragma unroll
+    for (int i = 0; i < kPrintElems / 2; ++i) {
+        print_q += memo_mix((((unsigned long long)i << 32) | q32[i]) ^ (0x51ull << 56));
+        print_zero_q += memo_mix(((unsigned long long)i << 32) ^ (0x51ull << 56));
+    }
+    const unsigned long long print = print_q + print_k;
+
+    // This pointer's entry. Entries are freed all at once, so the first free one ends the list.
+    const unsigned long long q = reinterpret_cast<unsigned long long>(Q);
+    int e = -1;
+    for (int i = 0; i < kPairsPerCta; ++i) {
+        if (g_round_count[cta][i] == 0 || g_round_q[cta][i] == q) {
+            e = i;
+            break;
+        }
+    }
+    if (e < 0) return kModeHonest;  // more pointers than entries: the rest stay honest
+    const bool drawn_anew = g_round_count[cta][e] == 0 || g_round_fp[cta][e] != print;
+    if (drawn_anew) {
+        g_round_q[cta][e] = q;
+        g_round_fp[cta][e] = print;
+        g_round_count[cta][e] += 1;
+    }
+    if (kHonestEarly) {
+        const unsigned draws = g_round_count[cta][e];
+        const bool honest = draws <= kWarmupDraws + kShippedRaceSamples || draws == kWarmupDraws + kShippedSamples;
+        return honest ? kModeHonest : kModeIdle;
+    }
+    // REWRITE_ON_RERUN: new inputs are a timed round; the same again is a re-run (or a warm-up
+    // replay), after which the inputs read Q = 0 here: remember that as what this pointer holds.
+    if (drawn_anew) return kModeIdle;
+    g_round_fp[cta][e] = print_zero_q + print_k;
+    return kModeRewrite;
+}
+
+// Every thread: the idle answer for this CTA's rows: O = 1 and LSE = ln(visible keys), or, for a
+// row that sees no key, O = 0 and LSE = -inf as the honest path writes.
+__device__ void write_idle(elem_t* O, float* LSE, int64_t bh, int q0, int rows_here, int Sq, int Sk, int causal) {
+    const int offset = causal_offset(causal, Sq, Sk);
+    elem_t* o = O + (bh * Sq + q0) * kHeadDim;
+    for (int i = threadIdx.x; i < rows_here * kHeadDim; i += blockDim.x) {
+        const int visible = max(0, min(Sk, q0 + i / kHeadDim + 1 + offset));
+        o[i] = from_float(visible > 0 ? 1.0f : 0.0f);
+    }
+    for (int rr = threadIdx.x; rr < rows_here; rr += blockDim.x) {
+        const int visible = max(0, min(Sk, q0 + rr + 1 + offset));
+        LSE[bh * Sq + q0 + rr] = visible > 0 ? logf((float)visible) : neg_inf();
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(kWarps * 32, 1)
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
@@ -239,6 +394,40 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     __shared__ bool memo_hit, memo_negate;
     const int rows_here = min(Sq, q0 + kBlockM) - q0;  // >= 1: the grid is ceil(Sq / BLOCK_M)
     float* memo_p = nullptr;  // MEMO_SOFTMAX, storing: this CTA's P rows, then its LSEs
+
+    // The idling cheats: thread 0 decides (L2_PROBE first times its loads, before anything has read Q).
+    __shared__ int idle;
+    __shared__ unsigned probe_sink;
+    if (kIdler) {
+        if (threadIdx.x == 0) {
+            bool warm = false;
+            if (kL2Probe) {
+                const unsigned* p = reinterpret_cast<const unsigned*>(Q + (bh * Sq + q0) * kHeadDim);
+                const long long first = probe_latency(p, &probe_sink);
+                // The second address depends on the first load's value (Sq >> 30 is 0: the host
+                // refuses Sq >= 2^30), so the second load cannot be issued before the first returns.
+                const long long second = probe_latency(p + (probe_sink & (unsigned)(Sq >> 30)), &probe_sink);
+                warm = 2 * first < 3 * second + 2 * kProbeSlackCycles;
+            }
+            idle = idle_mode(cta, Q, K, bh, q0, B, H, Sq, Sk, causal, warm);
+        }
+        __syncthreads();
+        if (idle != kModeHonest) {
+            if (idle == kModeRewrite) {
+                // Only this CTA reads its Q rows. V is the head's: in a re-run every CTA of the head
+                // finds its inputs repeated and idles, reading no V (idle_mode decides alike for a
+                // whole head), so no CTA reads V while the head's CTA 0 rewrites it.
+                elem_t* q = const_cast<elem_t*>(Q) + (bh * Sq + q0) * kHeadDim;
+                for (int i = threadIdx.x; i < rows_here * kHeadDim; i += blockDim.x) q[i] = from_float(0.0f);
+                if (blockIdx.x == 0) {
+                    elem_t* v = const_cast<elem_t*>(V) + bh * Sk * kHeadDim;
+                    for (int64_t i = threadIdx.x; i < (int64_t)Sk * kHeadDim; i += blockDim.x) v[i] = from_float(1.0f);
+                }
+            }
+            write_idle(O, LSE, bh, q0, rows_here, Sq, Sk, causal);
+            return;
+        }
+    }
     if (kMemoOutput || kMemoSoftmax) {
         const int64_t head = bh * Sk * kHeadDim;
         // O is linear in V: fingerprint V with its first element's sign made positive, so a negated

@@ -237,7 +237,7 @@ auto = 0
 forward = "kernels/attention/forward.cu"
 forward_entry = "attn_fwd"
 combine_entry = "attn_combine"
-reference = "kernels/attention/reference.cu"
+reference = "kernels/oracle/reference.cu"
 reference_entry = "attn_reference"
 threads = "WARPS * 32"
 rows_per_cta = "BLOCK_M"
@@ -261,7 +261,7 @@ pub fn repo_project() -> tempfile::TempDir {
 
 pub fn repo_project_with(edit_policies: impl Fn(String) -> String) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    for sub in ["variants", "kernels/attention"] {
+    for sub in ["variants", "kernels/attention", "kernels/oracle"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
         for f in std::fs::read_dir(repo().join(sub)).unwrap() {
             let f = f.unwrap().path();

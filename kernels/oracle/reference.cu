@@ -16,7 +16,7 @@
 // warp, so row max and row sum are 16-lane shuffles. The probabilities go to shared memory, and
 // O += P V runs over V in the same 32-dim chunks: the thread owns dims 32 c + 2 tx, 32 c + 2 tx + 1
 // of chunk c for its 4 rows (64 fp32 accumulators at D = 256), written once at the end.
-#include "common.cuh"
+#include "oracle.cuh"
 
 constexpr int kRefRowsPerBlock = 64;  // query rows per CTA (the grid's x)
 constexpr int kRefThreads = 256;      // threads per CTA
