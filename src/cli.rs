@@ -1298,16 +1298,61 @@ fn build_table(
     }
     let invalid: Vec<_> = planned.iter().filter(|p| p.invalid.is_some()).collect();
     if !invalid.is_empty() {
-        let _ = writeln!(t, "\n{} points ruled out before compiling:", invalid.len());
-        for p in invalid {
+        // One line per reason, its figures folded (a full space rules out tens of thousands).
+        let mut groups: std::collections::BTreeMap<String, (usize, &crate::space::PlannedPoint)> =
+            Default::default();
+        for p in &invalid {
+            let reason = p.invalid.as_deref().unwrap_or("");
+            // A constraint is named by its text; a limit's figures vary point to point.
+            let key = if reason.starts_with("constraints:") {
+                reason.to_owned()
+            } else {
+                let mut key = String::with_capacity(reason.len());
+                for c in reason.chars() {
+                    if !c.is_ascii_digit() {
+                        key.push(c);
+                    } else if !key.ends_with('N') {
+                        key.push('N');
+                    }
+                }
+                key
+            };
+            groups.entry(key).or_insert((0, p)).0 += 1;
+        }
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+        let _ = writeln!(
+            t,
+            "\n{} points ruled out before compiling, for {} reasons:",
+            invalid.len(),
+            groups.len()
+        );
+        for (reason, (count, example)) in &groups {
+            let example_reason = example.invalid.as_deref().unwrap_or("");
+            let detail = if example_reason == reason {
+                String::new()
+            } else {
+                format!(": {example_reason}")
+            };
             let _ = writeln!(
                 t,
-                "- `{}` d={}: {}",
-                p.variant.id,
-                p.head_dim,
-                p.invalid.as_deref().unwrap_or("")
+                "- {count} × {reason} (for example `{}` d={}{detail})",
+                example.variant.id, example.head_dim
             );
         }
     }
+    let units = rows.len();
+    let cached = rows
+        .iter()
+        .filter(|r| r.outcome.as_ref().is_ok_and(|o| o.cached))
+        .count();
+    let _ = writeln!(
+        t,
+        "\n{} points planned: {} valid, {} ruled out; {units} builds ({cached} from the cache), {} failed or rejected by the gates",
+        planned.len(),
+        planned.len() - invalid.len(),
+        invalid.len(),
+        failures
+    );
     (t, failures)
 }

@@ -658,6 +658,15 @@ impl Shape {
 
 impl Policies {
     pub fn load(path: &Path) -> Result<(Self, String)> {
+        if !path.exists() {
+            let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+            return Err(Error::BadInput(format!(
+                "cannot read {}: no such file. flashtune reads policies.toml, variants/ and kernels/ \
+                 from the project folder ({}): run it there (cd into the clone) or pass --root PATH",
+                path.display(),
+                folder.map_or_else(|| ".".to_owned(), |f| f.display().to_string())
+            )));
+        }
         let text = read_text(path)?;
         let policies: Policies = parse_toml(path, &text)?;
         policies.validate(path, &text)?;
@@ -867,6 +876,17 @@ impl Policies {
                         shape.name, shape.d
                     ),
                 );
+            }
+            for (field, value) in [("b", shape.b), ("h", shape.h), ("sq", shape.sq), ("sk", shape.sk)] {
+                if value == 0 {
+                    return at(
+                        field,
+                        format!(
+                            "shape `{}`: {field} = 0; every dimension must be at least 1",
+                            shape.name
+                        ),
+                    );
+                }
             }
             shape.check_size().or_else(|why| at("name", why))?;
         }

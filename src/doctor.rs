@@ -49,7 +49,7 @@ fn check(
 }
 
 pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
-    let mut checks = vec![nvcc(paths)];
+    let mut checks = vec![policies(paths), nvcc(paths)];
     let gpu = gpu().await;
     let device = gpu.as_ref().ok().cloned();
     checks.push(match gpu {
@@ -71,9 +71,69 @@ pub async fn run(paths: &ProjectPaths) -> Vec<Check> {
         Err(e) => check("gpu", Status::Fail, format!("no GPU usable: {e}"), Some(crate::error::NO_GPU_NEXT_STEPS)),
     });
     checks.push(ncu(device.as_ref()).await);
+    checks.push(pytorch(paths).await);
     checks.push(git(paths));
     checks.push(disk(paths));
     checks
+}
+
+/// policies.toml and the default space load as `tune` would load them.
+fn policies(paths: &ProjectPaths) -> Check {
+    let loaded = crate::config::Policies::load(&paths.policies()).and_then(|(p, _)| {
+        crate::space::Space::load(&paths.resolve(&p.default_space)).map(|s| (p, s))
+    });
+    match loaded {
+        Ok((p, _)) => check(
+            "config",
+            Status::Pass,
+            format!(
+                "{} and {} load ({} shapes, {} dtypes)",
+                paths.policies().display(),
+                p.default_space.display(),
+                p.shapes.len(),
+                p.dtypes.len()
+            ),
+            None,
+        ),
+        Err(e) => check(
+            "config",
+            Status::Fail,
+            e.to_string(),
+            Some("correct the file and line named; `git diff policies.toml variants/` shows what changed"),
+        ),
+    }
+}
+
+/// The reference library's Python has PyTorch with CUDA: without it the report's ratios say "not measured".
+async fn pytorch(paths: &ProjectPaths) -> Check {
+    let python = crate::config::Policies::load(&paths.policies())
+        .ok()
+        .and_then(|(p, _)| p.baseline.command.first().cloned())
+        .unwrap_or_else(|| "python3".into());
+    let probe = tokio::process::Command::new(&python)
+        .args(["-c", "import torch; print(torch.__version__, 'cuda' if torch.cuda.is_available() else 'no-cuda')"])
+        .current_dir(&paths.root)
+        .stdin(Stdio::null())
+        .output();
+    let fix = "pip install torch (a CUDA build) for the reference library; tune runs without it and says `not measured`";
+    match tokio::time::timeout(Duration::from_secs(60), probe).await {
+        Ok(Ok(out)) if out.status.success() => {
+            let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let status = if said.ends_with("no-cuda") { Status::Warn } else { Status::Pass };
+            check("torch", status, format!("PyTorch {said} ({python})"), (status != Status::Pass).then_some(fix))
+        }
+        Ok(Ok(out)) => check(
+            "torch",
+            Status::Warn,
+            format!(
+                "{python} cannot import torch: {}",
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").trim()
+            ),
+            Some(fix),
+        ),
+        Ok(Err(e)) => check("torch", Status::Warn, format!("cannot run {python}: {e}"), Some(fix)),
+        Err(_) => check("torch", Status::Warn, format!("{python} did not import torch in 60 s"), Some(fix)),
+    }
 }
 
 fn nvcc(paths: &ProjectPaths) -> Check {

@@ -141,6 +141,46 @@ pub struct Project {
     pub compiled_ahead: build::CompiledAhead,
 }
 
+/// A parameter no kernel source reads (the forward kernel and what it includes) and no launch
+/// expression names builds the same kernel for each of its values: refused, naming its line.
+fn refuse_unread_parameters(paths: &ProjectPaths, space: &Space) -> Result<()> {
+    let forward = paths.resolve(&space.family.forward);
+    let Ok(closure) = build::include_closure(&forward) else {
+        return Ok(()); // A missing source is reported by its build, with its path.
+    };
+    let sources: Vec<String> = closure
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .collect();
+    let expressions = space.family.launch_expressions();
+    let names_word = |text: &str, word: &str| {
+        text.match_indices(word).any(|(at, _)| {
+            let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            let before = text[..at].chars().next_back().is_none_or(|c| !ident(c));
+            let after = text[at + word.len()..].chars().next().is_none_or(|c| !ident(c));
+            before && after
+        })
+    };
+    for name in space.params.keys() {
+        let read = sources.iter().any(|t| names_word(t, name))
+            || expressions.iter().any(|e| names_word(e, name))
+            || crate::fakegpu::DEFINES_THE_DOUBLE_READS.contains(&name.as_str());
+        if !read {
+            return Err(crate::config::config_error_at_key(
+                &space.path,
+                &space.text,
+                &format!("params.{name}"),
+                format!(
+                    "parameter `{name}` is read by no kernel source ({} and what it includes) and \
+                     named by no launch expression: each of its values would build the same kernel",
+                    space.family.forward.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Project {
     pub fn load(paths: ProjectPaths, space: Option<&Path>) -> Result<Self> {
         let (policies, policies_text) = Policies::load(&paths.policies())?;
@@ -151,6 +191,7 @@ impl Project {
             .timeouts
             .clone()
             .unwrap_or_else(|| policies.timeouts.clone());
+        refuse_unread_parameters(&paths, &space)?;
         let toolchain = build::find_nvcc(&paths.root)?;
         Ok(Project {
             paths,

@@ -124,6 +124,27 @@ pub struct Family {
     arch_rules: Vec<ArchRule>,
 }
 
+impl Family {
+    /// The texts of the launch contract's expressions: a parameter one of them names shapes the
+    /// launch even where no kernel source reads it.
+    pub fn launch_expressions(&self) -> Vec<&str> {
+        [
+            &self.threads,
+            &self.smem_bytes,
+            &self.rows_per_cta,
+            &self.kv_rows_per_block,
+            &self.kv_splits,
+        ]
+        .into_iter()
+        .chain(self.tensor_maps.iter())
+        .chain(self.combine_in_forward.iter())
+        .chain(self.split_counters.iter())
+        .chain(self.arch_rules.iter().map(|r| &r.when))
+        .map(|e| e.text.as_str())
+        .collect()
+    }
+}
+
 /// A path that only some nvcc targets have (the instructions it uses exist nowhere else).
 #[derive(Debug, Clone)]
 struct ArchRule {

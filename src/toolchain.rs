@@ -120,7 +120,8 @@ fn not_found() -> Error {
         hint: format!(
             "looked at FLASHTUNE_NVCC, PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda and {PROJECT_TOOLS_DIR}; \
              install the CUDA toolkit, or run `{SETUP_HINT}` (installs the pinned nvcc 13.0 from \
-             PyPI into {PROJECT_TOOLS_DIR}: python3 with pip, network, about 300 MB)"
+             PyPI into {PROJECT_TOOLS_DIR}: python3 with pip, network, about 300 MB). \
+             `--fake-gpu` needs it too: the test double times no GPU but runs the real builds"
         ),
     }
 }

@@ -49,6 +49,10 @@ use models::{FakeKernel, Model, Remembered, StateModel};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// Defines the double reads from a kernel's build, beyond what the kernel itself reads: a space
+/// parameter of this name is meaningful to `--fake-gpu` runs.
+pub const DEFINES_THE_DOUBLE_READS: [&str; 1] = ["FAKE_STATE"];
+
 pub fn device(arch: &str, ordinal: u32) -> DeviceInfo {
     DeviceInfo {
         ordinal,

@@ -154,3 +154,58 @@ fn cli_exits_2_on_bad_policies() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("policies.toml:"), "{}", text(&out));
 }
+
+/// A zero dimension points at its own line and names its key (issue 43, item 8), not the shape's name line.
+#[test]
+fn a_zero_dimension_names_its_key_and_line() {
+    let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
+    let seed = original.find("name = \"seed\"\nb = 1").expect("the seed shape");
+    let edited = format!(
+        "{}{}",
+        &original[..seed],
+        original[seed..].replacen("b = 1", "b = 0", 1)
+    );
+    let e = load_policies_with(|_| edited.clone());
+    let (line, _, key) = location(&e);
+    assert_eq!(key, "shapes.b", "{e}");
+    let b_line = original[..seed].matches('\n').count() + 2;
+    assert_eq!(line, b_line, "{e}");
+    assert!(e.to_string().contains("b = 0"), "{e}");
+}
+
+/// A parameter no kernel source reads and no launch expression names would build identical
+/// variants: refused with the space file, its line and key (issue 43, item 7). Every shipped space
+/// reads all of its parameters.
+#[test]
+fn a_parameter_no_kernel_reads_is_refused_and_every_shipped_space_reads_its_own() {
+    for space in std::fs::read_dir(repo().join("variants")).unwrap() {
+        let space = space.unwrap().path();
+        if Space::load(&space).is_err() {
+            continue; // Not a space (the ablation chains' helpers) or a fixture of its own.
+        }
+        flashtune::run::Project::load(
+            flashtune::config::ProjectPaths::new(repo()),
+            Some(&space),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", space.display()));
+    }
+    let dir = scratch_project();
+    let smoke = dir.path().join("variants/smoke.toml");
+    let edited = std::fs::read_to_string(&smoke)
+        .unwrap()
+        .replace("baseline = { ", "baseline = { FOO = 1, ")
+        .replace("[params]\n", "[params]\nFOO = [1, 2]\n");
+    std::fs::write(&smoke, &edited).unwrap();
+    let e = flashtune::run::Project::load(
+        flashtune::config::ProjectPaths::new(dir.path().to_path_buf()),
+        Some(std::path::Path::new("variants/smoke.toml")),
+    )
+    .err()
+    .expect("FOO is read by nothing");
+    let (line, _, key) = location(&e);
+    assert_eq!(key, "params.FOO", "{e}");
+    assert_eq!(line, line_of(&edited, "FOO = [1, 2]"), "{e}");
+    assert!(e.to_string().contains("smoke.toml"), "{e}");
+    let out = flashtune(dir.path(), &["build", "--space", "variants/smoke.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

@@ -425,7 +425,7 @@ fn doctor_reports_each_check_without_a_gpu() {
         .output()
         .unwrap();
     let t = String::from_utf8_lossy(&out.stdout);
-    for name in ["nvcc", "gpu", "ncu", "git", "disk"] {
+    for name in ["config", "nvcc", "gpu", "ncu", "torch", "git", "disk"] {
         assert!(
             t.lines().any(|l| l.contains(&format!("] {name}"))),
             "no {name} line:\n{t}"
@@ -438,4 +438,64 @@ fn doctor_reports_each_check_without_a_gpu() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(!text(&out).contains("panicked"));
+}
+
+/// Issue 43, item 11: `doctor` fails on a broken policies.toml, naming its line; and a command run
+/// outside any project says to cd into one or pass --root.
+#[test]
+fn doctor_fails_on_broken_policies_and_a_command_outside_the_project_says_where_to_run() {
+    let dir = scratch_project();
+    replace_in(
+        &dir.path().join("policies.toml"),
+        "samples = 30",
+        "samples = \"thirty\"",
+    );
+    let out = flashtune(dir.path(), &["doctor"]);
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    let config = t
+        .lines()
+        .find(|l| l.starts_with("[FAIL] config"))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(config.contains("policies.toml:") && config.contains("samples"), "{config}");
+    assert_eq!(out.status.code(), Some(1));
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(binary())
+        .current_dir(elsewhere.path())
+        .args(["tune", "--fake-gpu"])
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("cd into the clone") && t.contains("--root"), "{t}");
+}
+
+/// Issue 43, item 9: without any nvcc, `tune --fake-gpu` says why the double needs one and how to
+/// get it (`flashtune setup`, the README's first no-GPU line).
+#[test]
+fn fake_gpu_without_nvcc_names_setup_and_why_the_double_needs_it() {
+    if Path::new("/usr/local/cuda/bin/nvcc").exists() {
+        eprintln!("SKIPPED: /usr/local/cuda/bin/nvcc exists, so nvcc cannot be missing here");
+        return;
+    }
+    let dir = scratch_project();
+    let out = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["tune", "--fake-gpu", "--space", "variants/smoke.toml"])
+        .env_remove("FLASHTUNE_NVCC")
+        .env_remove("CUDA_HOME")
+        .env_remove("CUDA_PATH")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains("flashtune setup") && t.contains("--fake-gpu` needs it too"),
+        "{t}"
+    );
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let no_gpu = readme.split("## No GPU here?").nth(1).expect("the section");
+    let setup = no_gpu.find("flashtune setup").expect("setup in the no-GPU steps");
+    assert!(setup < no_gpu.find("flashtune tune --fake-gpu").unwrap());
 }
