@@ -269,6 +269,14 @@ enum Command {
         #[arg(long)]
         arch: Option<String>,
     },
+    /// Runs `sh -c COMMAND` in its own process group and kills that group when flashtune dies (used
+    /// by step and agent sessions for proposers and agents).
+    #[command(hide = true)]
+    Guard {
+        /// The shell command.
+        #[arg(last = true)]
+        command: String,
+    },
     /// The GPU worker process (used by tune): serves JSON requests, one per line on stdin, for one GPU.
     #[command(hide = true)]
     Worker {
@@ -615,6 +623,9 @@ impl Reporter for JsonLines {
 
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Guard { command } = &cli.command {
+        return crate::stop::guard(command);
+    }
     crate::toolchain::absolutize_override();
     if let Command::Worker {
         device,
@@ -1159,7 +1170,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        Command::Worker { .. } => unreachable!("handled before the runtime starts"),
+        Command::Worker { .. } | Command::Guard { .. } => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

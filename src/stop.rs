@@ -215,3 +215,55 @@ fn exit_now() -> ! {
     kill_children();
     std::process::exit(i32::from(exit_code()));
 }
+
+/// A proposer's or agent's shell command, run through `flashtune guard` so that it ends with this
+/// process however this process ends, SIGKILL included: the guard is the leader of the command's
+/// process group and gets SIGTERM when its parent dies (`PR_SET_PDEATHSIG`); it then kills the
+/// whole group, every background process the command started included. (A process that leaves
+/// the group, by `setsid`, is beyond any group kill.)
+pub fn guarded_shell(command: &str) -> std::io::Result<tokio::process::Command> {
+    let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+    cmd.arg("guard").arg("--").arg(command).process_group(0);
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    Ok(cmd)
+}
+
+extern "C" fn kill_own_group(_: libc::c_int) {
+    // SAFETY: kill is async-signal-safe; 0 is this process's own group, the guard included.
+    unsafe {
+        libc::kill(0, libc::SIGKILL);
+    }
+}
+
+/// `flashtune guard -- COMMAND`: run `sh -c COMMAND` in this process's group and exit as it exits;
+/// on SIGTERM, SIGINT or SIGHUP (its parent's death among them) kill the whole group first.
+pub fn guard(command: &str) -> std::process::ExitCode {
+    // SAFETY: the handler only calls kill, which is async-signal-safe.
+    unsafe {
+        for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::signal(signal, kill_own_group as *const () as libc::sighandler_t);
+        }
+        // The parent died before the death signal was armed: nobody is waiting for this command.
+        if libc::getppid() == 1 {
+            return std::process::ExitCode::from(129);
+        }
+    }
+    use std::os::unix::process::ExitStatusExt;
+    match std::process::Command::new("sh").arg("-c").arg(command).status() {
+        Ok(status) => match (status.code(), status.signal()) {
+            (Some(code), _) => std::process::ExitCode::from(code as u8),
+            (None, Some(signal)) => std::process::ExitCode::from((128 + signal) as u8),
+            (None, None) => std::process::ExitCode::from(1),
+        },
+        Err(e) => {
+            eprintln!("flashtune guard: cannot run sh: {e}");
+            std::process::ExitCode::from(127)
+        }
+    }
+}

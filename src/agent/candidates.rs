@@ -42,10 +42,9 @@ impl Runner<'_> {
             .into_iter()
             .collect();
             let command = fill(&self.agent.command, &values);
-            let mut cmd = tokio::process::Command::new("sh");
-            cmd.arg("-c")
-                .arg(&command)
-                .current_dir(workdir)
+            let mut cmd = crate::stop::guarded_shell(&command)
+                .with_context(|| format!("cannot start the agent `{command}`"))?;
+            cmd.current_dir(workdir)
                 .env("FLASHTUNE_STEP", n.to_string())
                 .env("FLASHTUNE_STEPS", self.opts.steps.to_string())
                 .env("FLASHTUNE_CANDIDATE", k.to_string())
@@ -69,9 +68,7 @@ impl Runner<'_> {
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .process_group(0)
                 .kill_on_drop(true);
-            crate::build::die_with_parent(&mut cmd);
             let k = *k;
             let child = cmd
                 .spawn()

@@ -747,10 +747,9 @@ impl Session<'_> {
 
     async fn run_proposer(&self, n: u32, command: &str, last: Option<&Decided>) -> Result<Record> {
         let timeout = Duration::from_secs(self.project.policies.step.proposer_timeout_s);
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(command)
-            .current_dir(self.root)
+        let mut cmd = crate::stop::guarded_shell(command)
+            .with_context(|| format!("cannot start the proposer `{command}`"))?;
+        cmd.current_dir(self.root)
             .env("FLASHTUNE_STEP", n.to_string())
             .env("FLASHTUNE_STEPS", self.opts.steps.to_string())
             .env("FLASHTUNE_RUN_DIR", self.run_dir)
@@ -775,10 +774,9 @@ impl Session<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            // Its own group: the timeout, and the end of the step, stop whatever it started.
-            .process_group(0)
+            // Its own group (the guard's): the timeout, the end of the step, and flashtune's death
+            // stop whatever it started.
             .kill_on_drop(true);
-        crate::build::die_with_parent(&mut cmd);
         let started = Instant::now();
         let child = cmd
             .spawn()

@@ -301,3 +301,58 @@ fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
     let streamed = String::from_utf8_lossy(&out.stdout).lines().count();
     assert_eq!(streamed, recs.len());
 }
+
+/// Issue 43, item 1: `kill -9` of a `step` leaves none of its proposer's processes behind, not even
+/// one it started in the background: the proposer runs under `flashtune guard`, which gets a
+/// death signal when its parent dies and kills the proposer's whole process group.
+#[test]
+fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
+    let dir = repo_project();
+    let pid_file = dir.path().join("proposer.pid");
+    let proposer = format!(
+        "sleep 300 & echo $! > {}; wait",
+        pid_file.display()
+    );
+    let mut child = flashtune_child(
+        dir.path(),
+        &[
+            "step",
+            "--fake-gpu",
+            "--space",
+            "variants/step-ci.toml",
+            "--proposer",
+            &proposer,
+            "--steps",
+            "1",
+        ],
+        &[],
+    );
+    let started = std::time::Instant::now();
+    let pid: i32 = loop {
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "the proposer never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ");
+    assert!(alive(pid), "the proposer's sleep runs");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let survived = alive(pid);
+    if survived {
+        // SAFETY: a plain kill of a pid this test started; leave nothing behind whatever happens.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(!survived, "the proposer's sleep (pid {pid}) outlived a SIGKILLed step");
+}
