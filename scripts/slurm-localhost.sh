@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this host, for tests/it/slurm.rs (scripts/test.sh). Nothing is written outside the state folder: its own slurm.conf (found through
-# SLURM_CONF), its own ports, its own spool and logs; the system's /etc/slurm is left alone.
+# SLURM_CONF), its own ports, its own spool and logs, its own munged (socket and key); the system's
+# /etc/slurm and /etc/munge, and any munged already running, are left alone.
 #
 #   scripts/slurm-localhost.sh start DIR   # install (apt-get, when allowed) and start; exit 0 when the node
 #                                          # is idle, 3 with a "SKIPPED: ..." line when it cannot be had
-#   scripts/slurm-localhost.sh stop DIR    # stop the daemons this script started, by their pids
+#   scripts/slurm-localhost.sh stop DIR    # stop the daemons this script started for DIR, by their pids
 #
 # After `start`, `export SLURM_CONF=DIR/slurm.conf` reaches the cluster (DIR/env says so).
 # Environment: FLASHTUNE_SLURM_INSTALL=0 forbids apt-get (the GPU machine has no network);
@@ -13,7 +14,11 @@ set -uo pipefail
 
 cmd=${1:-}
 state=${2:-}
-[ -n "$cmd" ] && [ -n "$state" ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+[ -n "$state" ] && { [ "$cmd" = start ] || [ "$cmd" = stop ]; } || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+# Absolute, so that `stop` recognises the daemons' command lines whatever form of DIR it is given.
+[ "$cmd" != start ] || mkdir -p "$state"
+[ -d "$state" ] || exit 0
+state=$(cd "$state" && pwd)
 
 skip() {
   echo "SKIPPED: no Slurm ($*)"
@@ -26,8 +31,9 @@ stop() {
     pidfile="$state/$name.started"
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
-    # Only a pid that is still the daemon this script started.
-    if [ -n "$pid" ] && grep -q "$name" "/proc/$pid/comm" 2>/dev/null; then
+    # Only a pid that is still the daemon this script started for this DIR (its command line names DIR).
+    if [ -n "$pid" ] && grep -q "$name" "/proc/$pid/comm" 2>/dev/null &&
+        tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$state/"; then
       kill "$pid" 2>/dev/null
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null
@@ -40,9 +46,7 @@ if [ "$cmd" = stop ]; then
   stop
   exit 0
 fi
-[ "$cmd" = start ] || { echo "usage: $0 start|stop DIR" >&2; exit 2; }
 
-mkdir -p "$state"
 rm -f "$state/skipped"
 t0=$(date +%s)
 
@@ -74,35 +78,23 @@ if m=$(missing); then
   m=$(missing) && skip "$m is still missing after apt-get"
 fi
 
-# munge: reuse a running munged, else start one with the system's key (made here if absent).
-if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
-  if [ ! -s /etc/munge/munge.key ]; then
-    mkdir -p /etc/munge
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none || skip "cannot write /etc/munge/munge.key"
-    chown munge:munge /etc/munge/munge.key 2>/dev/null
-    chmod 400 /etc/munge/munge.key
-  fi
-  mkdir -p /run/munge /var/log/munge /var/lib/munge
-  chown munge:munge /run/munge /var/log/munge /var/lib/munge 2>/dev/null
-  chmod 755 /run/munge
-  munge_user=munge
-  id munge >/dev/null 2>&1 || munge_user=root
-  if [ "$munge_user" = root ]; then
-    munged --foreground --force >"$state/munged.log" 2>&1 &
-    echo $! > "$state/munged.started"
-  else
-    runuser -u munge -- munged --foreground >"$state/munged.log" 2>&1 &
-    # The pid to stop is munged's, runuser's child (runuser ends with it).
-    runner=$!
-    for _ in $(seq 50); do
-      mpid=$(pgrep -P "$runner" -x munged) && { echo "$mpid" > "$state/munged.started"; break; }
-      sleep 0.1
-    done
-  fi
-  for _ in $(seq 50); do munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
-  munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 ||
-    { stop; skip "munged did not start: $(tail -1 "$state/munged.log")"; }
-fi
+# munge: a munged of this cluster's own, on its own socket with its own key, both under DIR
+# (slurm.conf's AuthInfo names the socket). A munged already running here (the system's, or another
+# cluster's, another of these included) is neither reused nor touched, so `stop` stops no one else's.
+# munged wants every folder above its socket searchable by all (DIR need not be readable).
+sock_dir="$state/munge"
+mkdir -p "$sock_dir"
+chmod 711 "$state"
+chmod 755 "$sock_dir"
+sock="$sock_dir/socket"
+(umask 077 && dd if=/dev/urandom of="$state/munge.key" bs=1 count=1024 status=none) ||
+  skip "cannot write $state/munge.key"
+munged --foreground --socket="$sock" --key-file="$state/munge.key" \
+  --pid-file="$sock_dir/munged.pid" --seed-file="$sock_dir/munged.seed" >"$state/munged.log" 2>&1 &
+echo $! > "$state/munged.started"
+munge_ok() { munge --socket="$sock" -n </dev/null 2>/dev/null | unmunge --socket="$sock" >/dev/null 2>&1; }
+for _ in $(seq 50); do munge_ok && break; sleep 0.1; done
+munge_ok || { stop; skip "munged did not start: $(tail -1 "$state/munged.log")"; }
 
 host=$(hostname -s)
 cpus=$(nproc)
@@ -138,6 +130,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+AuthInfo=socket=$sock
 StateSaveLocation=$state/ctld
 SlurmdSpoolDir=$state/spool
 SlurmctldPidFile=$state/slurmctld.pid

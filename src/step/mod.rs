@@ -192,6 +192,16 @@ impl Bench {
         let repo = git2::Repository::open(&bench.root)
             .map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
         bench.session(opts).champions(&repo)?;
+        // Judging the working tree: a clean one has nothing to judge, and gets no run and no attempt.
+        if !proposer {
+            let (inside, _) = changes(&bench.project, &bench.root)?;
+            if inside.is_empty() {
+                return Err(Error::BadInput(format!(
+                    "nothing to judge: the working tree holds no edit under {EDIT_SCOPE} against HEAD \
+                     (no run was started); edit a kernel first"
+                )));
+            }
+        }
         std::fs::create_dir_all(&bench.run_dir)
             .with_context(|| format!("cannot create {}", bench.run_dir.display()))?;
         let log = RunLog::create(&bench.run_dir.join("log.jsonl"))?;

@@ -516,6 +516,21 @@ fn judge_json_keeps_a_faster_fake_edit_off_the_branch_and_says_so() {
         std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),
         original
     );
+    // Issue 43, item 4: on a clean tree there is nothing to judge: a refusal, and no run folder.
+    let runs_before = std::fs::read_dir(dir.path().join("runs")).unwrap().count();
+    let out = fake_judge_json(dir.path(), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    schema::check("error", &err);
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("nothing to judge"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("runs")).unwrap().count(),
+        runs_before,
+        "a clean tree made a run"
+    );
     // A refusal is a JSON document too, with the exit code it explains.
     let out = fake_judge_json(dir.path(), &["--variant", "no-such-variant"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -99,10 +99,12 @@ impl FakeApi {
     }
 }
 
-/// A HOME for the CLI that selects API-key auth; nothing of the user's own settings is read.
+/// A HOME for the CLI that selects API-key auth; nothing of the user's own settings is read. Beside
+/// it, the CLI's own temp folder (see `agent_env`).
 fn gemini_home(scratch: &Path) -> PathBuf {
     let home = scratch.join("home");
     std::fs::create_dir_all(home.join(".gemini")).unwrap();
+    std::fs::create_dir_all(scratch.join("tmp")).unwrap();
     std::fs::write(
         home.join(".gemini/settings.json"),
         r#"{"security":{"auth":{"selectedType":"gemini-api-key"}},"privacy":{"usageStatisticsEnabled":false}}"#,
@@ -128,8 +130,15 @@ fn gemini_args(prompt: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// The CLI's environment, for it and for the flashtune command that runs it. GEMINI_MODEL names the
+/// model as `-m` does (the `--agent gemini` template passes none): left to choose, the CLI's model
+/// router first asks a classifier model, which the fake API cannot answer, and retries for about
+/// 90 s. TMPDIR is the scratch's own: the CLI writes its `gemini-client-error-*.json` reports into
+/// os.tmpdir(), and a test leaves nothing in /tmp (`assert_no_error_reports` reads it after).
 fn agent_env(cmd: &mut Command, home: &Path, api: &FakeApi) {
     cmd.env("HOME", home)
+        .env("TMPDIR", home.with_file_name("tmp"))
+        .env("GEMINI_MODEL", "gemini-fake")
         .env("GEMINI_API_KEY", "fake-key")
         .env(
             "GOOGLE_GEMINI_BASE_URL",
@@ -211,6 +220,7 @@ fn gemini_cli_as_the_proposer_has_its_edit_judged_and_its_usage_logged() {
         Some(answered * TOKENS_PER_ANSWER),
         "{result}"
     );
+    assert_no_error_reports(&api, &home);
 }
 
 #[test]
@@ -266,6 +276,7 @@ fn gemini_cli_as_a_named_agent_has_its_edit_committed_and_its_usage_in_the_ledge
         row["agent_seconds"].as_f64().unwrap_or(0.0) > 0.0,
         "{ledger}"
     );
+    assert_no_error_reports(&api, &home);
 }
 
 #[test]
@@ -345,6 +356,34 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
     assert_edit_committed(root, &before, marker, &t);
     let (_, after, _) = scratch_commits(root).pop().unwrap();
     assert!(verdict.contains(&after), "{verdict}");
+    assert_no_error_reports(&api, &home);
+}
+
+/// The CLI ran on the model it was given and reported no error: every model call it made names
+/// `gemini-fake` (no call to the router's classifier), and no `gemini-client-error-*.json` report
+/// is in the temp folder `agent_env` gave it.
+fn assert_no_error_reports(api: &FakeApi, home: &Path) {
+    let tmp = home.with_file_name("tmp");
+    let reports: Vec<String> = std::fs::read_dir(&tmp)
+        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()))
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("gemini-client-error-"))
+        .collect();
+    assert!(
+        reports.is_empty(),
+        "the Gemini CLI reported errors: {reports:?} in {}",
+        tmp.display()
+    );
+    let elsewhere: Vec<String> = api
+        .requests()
+        .iter()
+        .filter_map(|r| r["path"].as_str().map(str::to_owned))
+        .filter(|p| p.contains("enerateContent") && !p.contains("/models/gemini-fake:"))
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "model calls not to gemini-fake: {elsewhere:?}"
+    );
 }
 
 /// The agent's edit (the marker in forward.cu) is committed with step's trailers, on the fake GPU
