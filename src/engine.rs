@@ -85,6 +85,13 @@ pub async fn resume(
         strategy: old.strategy.clone(),
         ..opts
     };
+    if loaded.torn_tail {
+        // Said, not silent: the record being written when the run stopped is dropped (its case runs again).
+        eprintln!(
+            "resume: the last line of {} was cut short (the record being written when the run stopped); it is dropped and what it recorded is done again",
+            log_path.display()
+        );
+    }
     let fresh = header(&project, &device, &old.run_id, &old.strategy);
     let mismatches = header_mismatches(&old, &fresh);
     if !mismatches.is_empty() && !force {
@@ -210,7 +217,9 @@ pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
     let log_path = runlog::path_in(run_dir);
     let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
     let header = loaded.header().cloned().ok_or_else(|| {
-        let what = if loaded.entries.is_empty() {
+        let what = if loaded.entries.is_empty() && loaded.torn_tail {
+            "holds only a header cut mid-line (the run was killed while writing its first record)"
+        } else if loaded.entries.is_empty() {
             "is empty"
         } else {
             "has no header record"

@@ -100,3 +100,17 @@ impl From<WriteError> for Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Debug builds only (tests): `FLASHTUNE_TEST_FAIL_WRITE=SITE` makes the file writes at `SITE`
+/// (`head-tree`: HEAD's kernels written out for a step; `attempt-patch`: an attempt's patch) fail
+/// as a full disk does, so CI shows what a full disk does to `judge` and `step` without filling one.
+#[cfg(debug_assertions)]
+pub fn injected_write_failure(site: &str) -> Option<std::io::Error> {
+    (std::env::var("FLASHTUNE_TEST_FAIL_WRITE").ok()? == site)
+        .then(|| std::io::Error::from_raw_os_error(libc::ENOSPC))
+}
+
+#[cfg(not(debug_assertions))]
+pub fn injected_write_failure(_: &str) -> Option<std::io::Error> {
+    None
+}

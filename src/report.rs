@@ -360,7 +360,10 @@ pub fn markdown(ix: &RunIndex) -> String {
             first.samples
         );
     }
-    md.push_str(&best_per_shape(&crate::findings::best_per_shape(ix)));
+    md.push_str(&best_per_shape(
+        &crate::findings::best_per_shape(ix),
+        is_fake(ix),
+    ));
     md.push_str(&reused(ix));
     md.push_str(&not_measured(ix));
     md.push_str(&implausible(ix));
@@ -426,8 +429,16 @@ pub fn markdown(ix: &RunIndex) -> String {
         Some(f) => {
             let _ = writeln!(
                 md,
-                "Finished in {:.1} s: {} variants, {} cases measured, {} failed.",
-                f.seconds, f.variants, f.measured_cases, f.failed_cases
+                "Finished in {:.1} s: {} variants, {} cases {}, {} failed.",
+                f.seconds,
+                f.variants,
+                f.measured_cases,
+                if is_fake(ix) {
+                    "given synthetic figures by the fake GPU (nothing measured)"
+                } else {
+                    "measured"
+                },
+                f.failed_cases
             );
         }
         None => {
@@ -525,7 +536,7 @@ fn backend_label(backend: &str) -> String {
 }
 
 /// Per (shape, dtype): the champion beside the reference library (a time ratio) and the measured ceilings.
-fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
+fn best_per_shape(found: &crate::findings::BestPerShape, fake: bool) -> String {
     let backends = &found.backends;
     let mut md = String::from("\n## Best per shape, beside PyTorch SDPA\n\n");
     if found.per_shape_dispatch {
@@ -671,7 +682,7 @@ fn best_per_shape(found: &crate::findings::BestPerShape) -> String {
         }
         md.push('\n');
     }
-    md.push_str(&ceilings_note(&found.ceilings));
+    md.push_str(&ceilings_note(&found.ceilings, fake));
     if let Some(why) = &found.torch_missing {
         let _ = writeln!(md, "\nPyTorch not measured: {why}.");
     }
@@ -1117,7 +1128,13 @@ fn implausible(ix: &RunIndex) -> String {
 }
 
 /// Where the ceilings came from, or that there are none.
-fn ceilings_note(c: &crate::findings::Ceilings) -> String {
+/// Whether the run's device is the test double: its figures are synthetic, and every line that
+/// could be read as a measurement says so.
+fn is_fake(ix: &RunIndex) -> bool {
+    ix.log.header().is_some_and(|h| h.device.fake)
+}
+
+fn ceilings_note(c: &crate::findings::Ceilings, fake: bool) -> String {
     let missing: String = c
         .unavailable
         .iter()
@@ -1151,7 +1168,12 @@ fn ceilings_note(c: &crate::findings::Ceilings) -> String {
             m.value, m.line
         ));
     }
-    format!("\nMeasured ceilings: {}. % of matmul ceiling: the best's TF/s ÷ its dtype's dense matmul TFLOP/s. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second at the best's median ÷ the faster measured stream. Where the worker and the PyTorch adapter both measured a roof, the higher figure is the ceiling.\n{missing}", parts.join(", "))
+    let title = if fake {
+        "Synthetic ceilings (the test double's fixed roofs, not measured)"
+    } else {
+        "Measured ceilings"
+    };
+    format!("\n{title}: {}. % of matmul ceiling: the best's TF/s ÷ its dtype's dense matmul TFLOP/s. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second at the best's median ÷ the faster measured stream. Where the worker and the PyTorch adapter both measured a roof, the higher figure is the ceiling.\n{missing}", parts.join(", "))
 }
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.

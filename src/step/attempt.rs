@@ -126,7 +126,15 @@ pub(crate) fn keep_patch(
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
-    std::fs::write(&path, patch).with_context(|| format!("cannot write {}", path.display()))?;
+    let written = match crate::error::injected_write_failure("attempt-patch") {
+        Some(e) => Err(e),
+        None => std::fs::write(&path, patch),
+    };
+    written.map_err(|source| crate::error::WriteError {
+        what: "write the attempt's patch to",
+        path: path.clone(),
+        source,
+    })?;
     Ok(())
 }
 

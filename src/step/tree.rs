@@ -49,32 +49,37 @@ pub(crate) fn extract_tree(
         |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
     let id = git2::Oid::from_str(commit).map_err(git)?;
     let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
-    let mut failed: Option<String> = None;
-    tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
+    let mut failed: Option<crate::error::WriteError> = None;
+    let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
         let path = format!("{dir}{}", entry.name().unwrap_or(""));
         if entry.kind() != Some(git2::ObjectType::Blob) || !path.starts_with(prefix) {
             return git2::TreeWalkResult::Ok;
         }
-        let written = repo
-            .find_blob(entry.id())
-            .map_err(|e| e.message().to_owned())
-            .and_then(|blob| {
-                let file = dest.join(&path);
-                std::fs::create_dir_all(file.parent().unwrap_or(dest))
-                    .and_then(|_| std::fs::write(&file, blob.content()))
-                    .map_err(|e| format!("{}: {e}", file.display()))
+        let Ok(blob) = repo.find_blob(entry.id()) else {
+            return git2::TreeWalkResult::Abort;
+        };
+        let file = dest.join(&path);
+        let written = std::fs::create_dir_all(file.parent().unwrap_or(dest))
+            .and_then(|_| match crate::error::injected_write_failure("head-tree") {
+                Some(e) => Err(e),
+                None => std::fs::write(&file, blob.content()),
             });
-        if let Err(e) = written {
-            failed = Some(e);
+        if let Err(source) = written {
+            failed = Some(crate::error::WriteError {
+                what: "write HEAD's kernel source to",
+                path: file,
+                source,
+            });
             return git2::TreeWalkResult::Abort;
         }
         git2::TreeWalkResult::Ok
-    })
-    .map_err(git)?;
-    match failed {
-        Some(e) => Err(Error::Other(anyhow!("cannot extract HEAD's {prefix}: {e}"))),
-        None => Ok(()),
+    });
+    // The write's own error first: the walk only says that its callback stopped it.
+    if let Some(e) = failed {
+        return Err(e.into());
     }
+    walked.map_err(git)?;
+    Ok(())
 }
 
 pub(super) fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -312,7 +312,13 @@ mod run_logs {
             .skip(1)
             .map(|l| format!("{l}\n"))
             .collect();
-        for (log, says) in [("", "is empty"), (headerless.as_str(), "no header")] {
+        // Issue 43, item 8: a header cut mid-line is named as such, not as an empty log.
+        let cut = fixture_log().lines().next().unwrap()[..40].to_owned();
+        for (log, says) in [
+            ("", "is empty"),
+            (headerless.as_str(), "no header"),
+            (cut.as_str(), "header cut mid-line"),
+        ] {
             let (dir, run) = project_with_log(log);
             let out = flashtune(dir.path(), &["report", run.to_str().unwrap()]);
             let t = text(&out);

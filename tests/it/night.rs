@@ -490,3 +490,25 @@ fn without_nvml_the_run_says_so_once_and_goes_on() {
         .all(|r| !matches!(r, Record::Timed { gpu: Some(_), .. })));
     assert!(recs.iter().any(|r| matches!(r, Record::Timed { .. })));
 }
+
+/// Issue 43, item 3: a full disk during `judge` (writing HEAD's kernels out) and during `step`
+/// (keeping the attempt's patch) exits 74 with the operating system's own words, as `tune` does.
+#[test]
+fn a_full_disk_in_judge_and_step_names_the_os_cause_and_exits_74() {
+    for (site, args, says) in [
+        ("head-tree", vec!["judge", "--fake-gpu", "--space", "variants/step-ci.toml"], "write HEAD's kernel source"),
+        ("attempt-patch", vec!["step", "--fake-gpu", "--space", "variants/step-ci.toml"], "write the attempt's patch"),
+    ] {
+        let dir = repo_project();
+        mark_forward(dir.path(), "time x0.80");
+        let out = spawn(dir.path(), &args, &[("FLASHTUNE_TEST_FAIL_WRITE", site)])
+            .wait_with_output()
+            .unwrap();
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(74), "{site}: {t}");
+        assert!(
+            t.contains("No space left on device (os error 28)") && t.contains(says),
+            "{site}: {t}"
+        );
+    }
+}

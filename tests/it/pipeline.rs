@@ -43,16 +43,29 @@ fn tune_end_to_end_on_the_fake_gpu() {
         })
     ));
     // stderr is a pipe here, where progress bars draw nothing: the progress comes as plain
-    // lines, a first champion for every (shape, dtype) among them.
+    // lines, a first fastest-so-far for every (shape, dtype) among them, each saying it is
+    // synthetic (issue 43, item 10: a fake run's console never reads as measured).
     let stderr = String::from_utf8_lossy(&out.stderr);
     for shape in &shapes {
         for dtype in &policies.dtypes {
-            let line = format!("champion {}/{dtype}: ", shape.name);
+            let line = format!("fastest so far {}/{dtype}: ", shape.name);
             assert!(stderr.contains(&line), "no `{line}` in:\n{stderr}");
         }
     }
+    for line in stderr.lines().filter(|l| l.contains("fastest so far")) {
+        assert!(line.ends_with("(synthetic: fake GPU)"), "{line}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("given synthetic figures by the fake GPU") && !stdout.contains("cases measured"),
+        "{stdout}"
+    );
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(report.contains("Fake GPU"), "{report}");
+    assert!(
+        report.contains("Synthetic ceilings") && !report.contains("Measured ceilings"),
+        "{report}"
+    );
     assert!(
         report.contains("PyTorch not measured: fake GPU"),
         "{report}"

@@ -164,6 +164,12 @@ fn resume_after_sigkill_redoes_at_most_the_variant_in_flight() {
 
     let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
     assert!(out.status.success(), "{}", text(&out));
+    // Issue 43, item 8: resume says it dropped the torn line.
+    assert!(
+        text(&out).contains("was cut short") && text(&out).contains("dropped"),
+        "{}",
+        text(&out)
+    );
     let loaded = runlog::read(&log).unwrap();
     assert!(!loaded.torn_tail);
     let after: Vec<(usize, Record)> = loaded
