@@ -216,6 +216,9 @@ fn exit_now() -> ! {
     std::process::exit(i32::from(exit_code()));
 }
 
+/// The file `flashtune guard` writes its command's exit code into when the command ends, if set.
+pub const GUARD_EXIT_FILE: &str = "FLASHTUNE_GUARD_EXIT_FILE";
+
 /// A proposer's or agent's shell command, run through `flashtune guard` so that it ends with this
 /// process however this process ends, SIGKILL included: the guard is the leader of the command's
 /// process group and gets SIGTERM when its parent dies (`PR_SET_PDEATHSIG`); it then kills the
@@ -256,11 +259,22 @@ pub fn guard(command: &str) -> std::process::ExitCode {
     }
     use std::os::unix::process::ExitStatusExt;
     match std::process::Command::new("sh").arg("-c").arg(command).status() {
-        Ok(status) => match (status.code(), status.signal()) {
-            (Some(code), _) => std::process::ExitCode::from(code as u8),
-            (None, Some(signal)) => std::process::ExitCode::from((128 + signal) as u8),
-            (None, None) => std::process::ExitCode::from(1),
-        },
+        Ok(status) => {
+            let code = match (status.code(), status.signal()) {
+                (Some(code), _) => code,
+                (None, Some(signal)) => 128 + signal,
+                (None, None) => 1,
+            };
+            // Where asked, the command's end is written down: a session killed after it finished
+            // still knows, on resume, that the edit it left is whole.
+            if let Some(path) = std::env::var_os(GUARD_EXIT_FILE) {
+                let tmp = std::path::PathBuf::from(&path).with_extension("tmp");
+                if std::fs::write(&tmp, format!("{code}\n")).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+            }
+            std::process::ExitCode::from(code as u8)
+        }
         Err(e) => {
             eprintln!("flashtune guard: cannot run sh: {e}");
             std::process::ExitCode::from(127)

@@ -53,6 +53,7 @@ impl Runner<'_> {
                 .env("FLASHTUNE_PROMPT_FILE", workdir.join("PROMPT.md"))
                 .env("FLASHTUNE_CONTEXT_DIR", workdir.join("context"))
                 .env("FLASHTUNE_USAGE_FILE", &usage_file)
+                .env(crate::stop::GUARD_EXIT_FILE, agent_dir.join("exit"))
                 .env("FLASHTUNE_BUDGET_USD", format!("{budget:.2}"))
                 .env("FLASHTUNE_EDIT_SCOPE", EDIT_SCOPE)
                 .env("FLASHTUNE_PROTECTED", step::protected(project).join(" "))

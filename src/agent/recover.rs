@@ -126,17 +126,55 @@ impl Runner<'_> {
                     });
                 }
                 _ => {
+                    // The agent's guard writes its exit code when the agent ends: a candidate whose
+                    // agent finished before the kill (its record not yet logged) is judged as it
+                    // would have been; one killed mid-edit is dropped, its patch kept either way.
+                    let exit = std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
+                        .ok()
+                        .and_then(|t| t.trim().parse::<i32>().ok());
+                    let base = head.id().to_string();
+                    let diff = workdir
+                        .is_dir()
+                        .then(|| {
+                            step::diff_against(
+                                workdir,
+                                &base,
+                                |p| step::in_scope(&bench.project, p),
+                                crate::pack::is_pack_path,
+                            )
+                            .ok()
+                        })
+                        .flatten();
+                    if let Some(diff) = &diff {
+                        if !diff.inside.is_empty() || !diff.outside.is_empty() {
+                            step::keep_patch(&bench.run_dir, n, Some(k), &diff.patch)?;
+                        }
+                        if exit == Some(0) && !diff.inside.is_empty() && diff.outside.is_empty() {
+                            proposals.push(Proposal {
+                                candidate: k,
+                                workdir: workdir.clone(),
+                                changed: diff.inside.clone(),
+                                unjudged: None,
+                            });
+                            continue;
+                        }
+                    }
                     events.emit(Record::CandidateDropped {
                         step: n,
                         candidate: k,
-                        reason: "the session was killed while this candidate's agent ran; dropped unjudged".into(),
+                        reason: match exit {
+                            Some(code) => format!("its agent exited {code} but the session was killed before it was judged; dropped unjudged, its patch kept"),
+                            None => "the session was killed while this candidate's agent ran; dropped unjudged, its patch kept".into(),
+                        },
                     })?;
                     remove_worktree(&repo, &worktree_name(&bench.run_id, n, k), workdir);
                 }
             }
         }
         let markdown = self.one_step(n, Some(proposals), events).await?;
-        println!("{markdown}");
+        if !self.opts.quiet {
+            println!("{markdown}");
+        }
         Ok(())
     }
 }
