@@ -169,6 +169,11 @@ enum Command {
         /// Agent sessions: stop after this many steps in a row with nothing accepted.
         #[arg(long)]
         patience: Option<u32>,
+        /// Print one JSON document for the whole run when it ends (per step: its verdict, reason,
+        /// commit, changed files and the attempts judged) instead of each step's report; an error as
+        /// `{"schema_version", "error": {...}}`, with the same exit code.
+        #[arg(long)]
+        json: bool,
     },
     /// Judge the working tree's edit under kernels/ once, as `step` does (commit or restore), and print the verdict.
     ///
@@ -203,7 +208,8 @@ enum Command {
     ShowAttempt {
         /// `<run id>/<step>` or `<run id>/<step>.<candidate>`, as `flashtune history` lists them.
         id: String,
-        /// Print the attempt (idea, verdict, reason, per-case figures, metrics, whole patch) as JSON.
+        /// Print the attempt (idea, verdict, reason, per-case figures, metrics, whole patch) as JSON
+        /// (an error as `{"schema_version", "error": {...}}`, with the same exit code).
         #[arg(long)]
         json: bool,
     },
@@ -215,7 +221,8 @@ enum Command {
         /// The champion variant where HEAD's champion table names none.
         #[arg(long)]
         variant: Option<String>,
-        /// Print the pack as JSON (default: PROMPT.md).
+        /// Print the pack as JSON (default: PROMPT.md); an error as `{"schema_version", "error":
+        /// {...}}`, with the same exit code.
         #[arg(long)]
         json: bool,
         /// Also write AGENTS.md, PROMPT.md and context/ into this folder.
@@ -236,7 +243,8 @@ enum Command {
         /// or a name the store knows.
         shape: Option<String>,
         /// Print as JSON: `{"schema_version", "total", "steps": [...]}` without a shape,
-        /// `{"schema_version", "shape", "rows": [...]}` with one.
+        /// `{"schema_version", "shape", "rows": [...]}` with one; an error as `{"schema_version",
+        /// "error": {...}}`, with the same exit code.
         #[arg(long)]
         json: bool,
         /// Only this dtype (with a shape).
@@ -588,11 +596,46 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string_pretty(value).map_err(|e| Error::Other(e.into()))
 }
 
+/// A `--json` command's one answer (issue 43, item 5): the document on stdout and exit code 0, or
+/// the error document on stdout, the message on stderr and the error's exit code.
+fn answer_json<T: serde::Serialize>(result: Result<T>) -> Result<ExitCode> {
+    answer_json_with(result.map(|doc| (doc, ExitCode::SUCCESS)))
+}
+
+/// [`answer_json`] for a document that comes with its own exit code.
+fn answer_json_with<T: serde::Serialize>(result: Result<(T, ExitCode)>) -> Result<ExitCode> {
+    match result.and_then(|(doc, code)| Ok((to_json(&doc)?, code))) {
+        Ok((doc, code)) => {
+            println!("{doc}");
+            Ok(code)
+        }
+        Err(e) => answer_json_error(&e),
+    }
+}
+
+/// A `--json` command's error: `{"schema_version", "error": {"code", "message", "exit_code"}}` on
+/// stdout (a script reading stdout gets the code and message), the message on stderr.
+fn answer_json_error(e: &Error) -> Result<ExitCode> {
+    let doc = crate::agent::error_document(
+        crate::agent::error_code(e),
+        &e.to_string(),
+        serde_json::json!({ "exit_code": e.exit_code() }),
+    );
+    println!("{}", to_json(&doc)?);
+    eprintln!("error: {e}");
+    Ok(ExitCode::from(e.exit_code()))
+}
+
 /// An agent session's last words: the summary and where its log is.
 fn session_finished(outcome: &crate::agent::SessionOutcome) -> ExitCode {
-    println!("{}", outcome.summary);
-    println!(
-        "{} steps, {} committed{}. Run log: {}",
+    print!("{}", session_finished_text(outcome));
+    ExitCode::SUCCESS
+}
+
+fn session_finished_text(outcome: &crate::agent::SessionOutcome) -> String {
+    format!(
+        "{}\n{} steps, {} committed{}. Run log: {}\n",
+        outcome.summary,
         outcome.steps,
         outcome.committed,
         outcome
@@ -600,8 +643,7 @@ fn session_finished(outcome: &crate::agent::SessionOutcome) -> ExitCode {
             .as_ref()
             .map_or(String::new(), |s| format!(", stopped: {s}")),
         outcome.run_dir.join("log.jsonl").display()
-    );
-    ExitCode::SUCCESS
+    )
 }
 
 /// A probe creates a context and runs one tiny kernel; a minute means the GPU or driver is stuck.
@@ -721,16 +763,25 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             run,
         } => {
             let run = RunArgs::from(&run);
-            let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
-            let results = engine::profile_on_demand(
-                run.options(paths, None)?,
-                &run_dir,
-                &variant,
-                &shape,
-                &dtype,
-            )
-            .await?;
-            let (log, header) = engine::read_run(&run_dir)?;
+            let profiled = async {
+                let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
+                let results = engine::profile_on_demand(
+                    run.options(paths, None)?,
+                    &run_dir,
+                    &variant,
+                    &shape,
+                    &dtype,
+                )
+                .await?;
+                let (log, header) = engine::read_run(&run_dir)?;
+                Ok((run_dir, results, log, header))
+            }
+            .await;
+            let (run_dir, results, log, header) = match profiled {
+                Ok(p) => p,
+                Err(e) if run.json => return answer_json_error(&e),
+                Err(e) => return Err(e),
+            };
             let line_of = |shape: &str, dtype: crate::config::Dtype| {
                 log.entries
                     .iter()
@@ -775,8 +826,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     "synthetic": header.device.fake,
                     "profiles": profiles,
                 });
-                println!("{}", to_json(&doc)?);
-                return Ok(code);
+                return answer_json_with(Ok((doc, code)));
             }
             for (shape, dtype, outcome) in &results {
                 let Some(outcome) = outcome else {
@@ -881,55 +931,69 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             max_cost_usd,
             stop_at_roof,
             patience,
+            json,
         } => {
-            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
-            let executor = executor(fake_gpu, &policies)?;
-            let session_only =
-                max_cost_usd.is_some() || stop_at_roof.is_some() || patience.is_some();
-            if agent.is_none() && candidates.is_none() && session_only {
-                return Err(Error::BadInput(
-                    "--max-cost-usd, --stop-at-roof and --patience rule agent sessions: add --agent NAME, or --candidates N with --proposer CMD".into(),
-                ));
+            // The run folder, the stop rule that ended an agent session early, and the last words.
+            let ran = async {
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                let executor = executor(fake_gpu, &policies)?;
+                let session_only =
+                    max_cost_usd.is_some() || stop_at_roof.is_some() || patience.is_some();
+                if agent.is_none() && candidates.is_none() && session_only {
+                    return Err(Error::BadInput(
+                        "--max-cost-usd, --stop-at-roof and --patience rule agent sessions: add --agent NAME, or --candidates N with --proposer CMD".into(),
+                    ));
+                }
+                let opts = crate::step::StepOptions {
+                    paths,
+                    space,
+                    variant,
+                    proposer: proposer.clone(),
+                    steps,
+                    time_limit,
+                    device: gpu,
+                    executor,
+                    when_busy: when_busy(wait),
+                    // With --json, stdout holds the one document: no step report as it ends.
+                    quiet: json,
+                    idea: None,
+                };
+                if agent.is_some() || candidates.is_some() {
+                    let named = crate::agent::AgentOptions::named(
+                        &policies,
+                        agent.as_deref(),
+                        proposer.as_deref(),
+                    )?;
+                    let outcome = crate::agent::session(
+                        opts,
+                        crate::agent::AgentOptions {
+                            candidates: candidates.unwrap_or(1),
+                            max_cost_usd,
+                            stop_at_roof,
+                            patience,
+                            ..named
+                        },
+                    )
+                    .await?;
+                    let text = session_finished_text(&outcome);
+                    return Ok((outcome.run_dir, outcome.stopped, text));
+                }
+                let outcome = crate::step::step(opts).await?;
+                let text = format!(
+                    "{} accepted, {} rejected. Run log: {}\n",
+                    outcome.accepted,
+                    outcome.rejected,
+                    outcome.run_dir.join("log.jsonl").display()
+                );
+                Ok((outcome.run_dir, None, text))
             }
-            let opts = crate::step::StepOptions {
-                paths,
-                space,
-                variant,
-                proposer: proposer.clone(),
-                steps,
-                time_limit,
-                device: gpu,
-                executor,
-                when_busy: when_busy(wait),
-                quiet: false,
-                idea: None,
-            };
-            if agent.is_some() || candidates.is_some() {
-                let named = crate::agent::AgentOptions::named(
-                    &policies,
-                    agent.as_deref(),
-                    proposer.as_deref(),
-                )?;
-                let outcome = crate::agent::session(
-                    opts,
-                    crate::agent::AgentOptions {
-                        candidates: candidates.unwrap_or(1),
-                        max_cost_usd,
-                        stop_at_roof,
-                        patience,
-                        ..named
-                    },
-                )
-                .await?;
-                return Ok(session_finished(&outcome));
+            .await;
+            if json {
+                return answer_json(ran.and_then(|(run_dir, stopped, _)| {
+                    crate::agent::step_run_from_log(&run_dir, stopped)
+                }));
             }
-            let outcome = crate::step::step(opts).await?;
-            println!(
-                "{} accepted, {} rejected. Run log: {}",
-                outcome.accepted,
-                outcome.rejected,
-                outcome.run_dir.join("log.jsonl").display()
-            );
+            print!("{}", ran?.2);
             Ok(ExitCode::SUCCESS)
         }
         Command::Judge {
@@ -955,35 +1019,21 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .await
             }
             .await;
-            let verdict = match judged {
-                Ok(v) => v,
-                // A refusal is a document too: a script reading stdout gets the code and message.
-                Err(e) if json => {
-                    let doc = crate::agent::error_document(
-                        crate::agent::error_code(&e),
-                        &e.to_string(),
-                        serde_json::json!({ "exit_code": e.exit_code() }),
-                    );
-                    println!("{}", to_json(&doc)?);
-                    eprintln!("error: {e}");
-                    return Ok(ExitCode::from(e.exit_code()));
-                }
-                Err(e) => return Err(e),
-            };
+            // A refusal is a document too: a script reading stdout gets the code and message.
             if json {
-                println!("{}", to_json(&verdict)?);
-            } else {
-                println!(
-                    "{}: {}\nRun log: {}",
-                    if verdict.accepted {
-                        "accepted"
-                    } else {
-                        "rejected"
-                    },
-                    verdict.reason,
-                    verdict.run_dir.join("log.jsonl").display()
-                );
+                return answer_json(judged);
             }
+            let verdict = judged?;
+            println!(
+                "{}: {}\nRun log: {}",
+                if verdict.accepted {
+                    "accepted"
+                } else {
+                    "rejected"
+                },
+                verdict.reason,
+                verdict.run_dir.join("log.jsonl").display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Context {
@@ -992,38 +1042,40 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
             write,
         } => {
-            let pack = crate::agent::context_pack(&crate::agent::ContextOptions {
-                paths: paths.clone(),
-                space,
-                variant,
-            })?;
-            if let Some(dir) = write {
-                crate::agent::write_context_pack(&pack, &paths, &dir)?;
-            }
+            let packed = (|| {
+                let pack = crate::agent::context_pack(&crate::agent::ContextOptions {
+                    paths: paths.clone(),
+                    space,
+                    variant,
+                })?;
+                if let Some(dir) = write {
+                    crate::agent::write_context_pack(&pack, &paths, &dir)?;
+                }
+                Ok(pack)
+            })();
             if json {
-                println!("{}", to_json(&pack)?);
-            } else {
-                print!("{}", crate::pack::prompt_md(&pack));
+                return answer_json(packed);
             }
+            print!("{}", crate::pack::prompt_md(&packed?));
             Ok(ExitCode::SUCCESS)
         }
         Command::ShowAttempt { id, json } => {
-            let doc = crate::agent::attempt(&paths, &id)?;
+            let found = crate::agent::attempt(&paths, &id);
             if json {
-                println!("{}", to_json(&doc)?);
-            } else {
-                let patch = doc.entry.patch.as_deref().unwrap_or("");
-                if patch.is_empty() {
-                    return Err(Error::BadInput(format!(
-                        "attempt `{id}` changed no file: there is no patch to show"
-                    )));
-                }
-                print!("{patch}");
-                if let Some(idea) = &doc.entry.idea {
-                    eprintln!("# {}: {} ({})", doc.entry.attempt, idea.summary, idea.from);
-                }
-                eprintln!("# verdict: {} — {}", doc.entry.verdict, doc.entry.reason);
+                return answer_json(found);
             }
+            let doc = found?;
+            let patch = doc.entry.patch.as_deref().unwrap_or("");
+            if patch.is_empty() {
+                return Err(Error::BadInput(format!(
+                    "attempt `{id}` changed no file: there is no patch to show"
+                )));
+            }
+            print!("{patch}");
+            if let Some(idea) = &doc.entry.idea {
+                eprintln!("# {}: {} ({})", doc.entry.attempt, idea.summary, idea.from);
+            }
+            eprintln!("# verdict: {} — {}", doc.entry.verdict, doc.entry.reason);
             Ok(ExitCode::SUCCESS)
         }
         Command::History {
@@ -1032,18 +1084,17 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             dtype,
             last,
         } => {
-            if dtype.is_some() {
-                return Err(Error::BadInput(
+            let listed = match dtype {
+                Some(_) => Err(Error::BadInput(
                     "--dtype filters a shape's history: give a shape (`flashtune history seed --dtype f16`)"
                         .into(),
-                ));
-            }
-            let history = crate::agent::step_history(&paths, last);
+                )),
+                None => Ok(crate::agent::step_history(&paths, last)),
+            };
             if json {
-                println!("{}", to_json(&history)?);
-            } else {
-                print!("{}", crate::pack::history_md(&history.steps));
+                return answer_json(listed);
             }
+            print!("{}", crate::pack::history_md(&listed?.steps));
             Ok(ExitCode::SUCCESS)
         }
         Command::History {
@@ -1052,48 +1103,53 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
             last,
         } => {
-            if last.is_some() {
-                return Err(Error::BadInput(
-                    "--last counts attempts: it goes without a shape (`flashtune history --last 10`)"
-                        .into(),
-                ));
-            }
-            let (policies, _) = crate::config::Policies::load(&paths.policies())?;
-            let known = policies.shapes.iter().find(|s| s.name == shape);
-            let path = crate::store::path(&paths);
-            let store = crate::store::Store::open_existing(&path)
-                .map_err(|e| Error::BadInput(format!("{e:#}")))?
-                .ok_or_else(|| {
-                    Error::BadInput(format!(
-                        "no results store at {}: `flashtune tune` fills it as it measures, and `flashtune report <run>` adds an earlier run",
-                        path.display()
-                    ))
+            // The store's rows for the shape, and the table a person reads.
+            let found = (|| {
+                if last.is_some() {
+                    return Err(Error::BadInput(
+                        "--last counts attempts: it goes without a shape (`flashtune history --last 10`)"
+                            .into(),
+                    ));
+                }
+                let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+                let known = policies.shapes.iter().find(|s| s.name == shape);
+                let path = crate::store::path(&paths);
+                let store = crate::store::Store::open_existing(&path)
+                    .map_err(|e| Error::BadInput(format!("{e:#}")))?
+                    .ok_or_else(|| {
+                        Error::BadInput(format!(
+                            "no results store at {}: `flashtune tune` fills it as it measures, and `flashtune report <run>` adds an earlier run",
+                            path.display()
+                        ))
+                    })?;
+                let geometry = known.map(crate::store::geometry);
+                let rows = store.history(&shape, geometry.as_deref()).map_err(|e| {
+                    Error::Other(e.context(format!("cannot read {}", path.display())))
                 })?;
-            let geometry = known.map(crate::store::geometry);
-            let rows = store
-                .history(&shape, geometry.as_deref())
-                .map_err(|e| Error::Other(e.context(format!("cannot read {}", path.display()))))?;
-            let rows: Vec<_> = rows
-                .into_iter()
-                .filter(|r| dtype.is_none_or(|d| d == r.dtype))
-                .collect();
-            if rows.is_empty() {
-                return Err(Error::BadInput(format!(
-                    "{} holds no measurement of shape `{shape}`{}",
-                    path.display(),
-                    dtype.map_or(String::new(), |d| format!(" in {d}"))
-                )));
-            }
+                let rows: Vec<_> = rows
+                    .into_iter()
+                    .filter(|r| dtype.is_none_or(|d| d == r.dtype))
+                    .collect();
+                if rows.is_empty() {
+                    return Err(Error::BadInput(format!(
+                        "{} holds no measurement of shape `{shape}`{}",
+                        path.display(),
+                        dtype.map_or(String::new(), |d| format!(" in {d}"))
+                    )));
+                }
+                let table = history_table(&shape, known, &rows);
+                Ok((rows, table))
+            })();
             if json {
-                let doc = serde_json::json!({
-                    "schema_version": crate::pack::JSON_SCHEMA_VERSION,
-                    "shape": shape,
-                    "rows": rows,
-                });
-                println!("{}", to_json(&doc)?);
-            } else {
-                print!("{}", history_table(&shape, known, &rows));
+                return answer_json(found.map(|(rows, _)| {
+                    serde_json::json!({
+                        "schema_version": crate::pack::JSON_SCHEMA_VERSION,
+                        "shape": shape,
+                        "rows": rows,
+                    })
+                }));
             }
+            print!("{}", found?.1);
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { fake_gpu, action } => match action {

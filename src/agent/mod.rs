@@ -37,7 +37,8 @@ pub use preflight::preflight;
 use round::Decided;
 pub use workbench::{
     attempt, error_code, error_document, judge_working_tree, log_refusal, step_history,
-    verdict_from_log, AttemptDoc, HistoryDoc, JudgeOptions, JudgeVerdict, Refusal,
+    step_run_from_log, verdict_from_log, AttemptDoc, HistoryDoc, JudgeOptions, JudgeVerdict,
+    Refusal, StepRunDoc, StepVerdict,
 };
 use worktree::{
     apply, champion_sources, make_worktree, remove_worktree, sources_at, worktree_name,
@@ -320,7 +321,9 @@ impl Runner<'_> {
                 break;
             }
             let markdown = self.one_step(n, None, events).await?;
-            println!("{markdown}");
+            if !self.opts.quiet {
+                println!("{markdown}");
+            }
         }
         if stopped.is_none() {
             // A rule may end the session after its last step too: say so, for the summary.

@@ -122,6 +122,131 @@ pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
     })
 }
 
+/// A whole `flashtune step --json` run (in place or an agent session), one document: the run, and
+/// per step what it decided and the attempts it judged.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepRunDoc {
+    pub schema_version: u32,
+    /// `done`: the run ended (a run that fails answers the error document instead).
+    pub status: String,
+    pub run_id: String,
+    pub run_dir: PathBuf,
+    /// Steps that kept their edit (committed; on the fake GPU to a scratch reference).
+    pub accepted: u32,
+    pub rejected: u32,
+    /// The stop rule that ended an agent session early, if one did.
+    pub stopped: Option<String>,
+    /// The run's Markdown report (report.md; summary.md for an agent session), where it was written.
+    pub report: Option<PathBuf>,
+    /// True on the test double: the figures are synthetic.
+    pub synthetic: bool,
+    /// In the order they ran.
+    pub steps: Vec<StepVerdict>,
+}
+
+/// One step of a `step --json` run: its verdict, as `judge --json` gives it for its one step.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepVerdict {
+    pub step: u32,
+    /// `accepted` or `rejected`.
+    pub verdict: String,
+    pub accepted: bool,
+    pub reason: String,
+    pub geomean_gain: Option<f64>,
+    /// The commit made for an accepted edit.
+    pub commit: Option<String>,
+    /// On the fake GPU: the scratch reference that commit is on (never a branch).
+    pub scratch_ref: Option<String>,
+    /// In an agent session: the candidate committed.
+    pub candidate: Option<u32>,
+    /// Files put back as the step's base has them.
+    pub restored: Vec<String>,
+    /// The files the judged edit changed (an agent session's: the committed candidate's).
+    pub changed_files: Vec<String>,
+    /// The step's Markdown report.
+    pub report: PathBuf,
+    /// What the step judged, as `history --json` lists it: the edit of an in-place step, every
+    /// candidate of an agent session's (their whole patches are `patch_file`).
+    pub attempts: Vec<HistoryEntry>,
+}
+
+/// The document of a finished `step` run, read from its log; `stopped`: the stop rule that ended
+/// an agent session early.
+pub fn step_run_from_log(run_dir: &Path, stopped: Option<String>) -> Result<StepRunDoc> {
+    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let header = log
+        .header()
+        .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
+    let attempts = pack::history_in(run_dir);
+    let mut steps: Vec<StepVerdict> = Vec::new();
+    for (_, e) in &log.entries {
+        let Record::StepDecided {
+            step,
+            accepted,
+            reason,
+            geomean_gain,
+            commit,
+            restored,
+            candidate,
+            scratch_ref,
+        } = &e.record
+        else {
+            continue;
+        };
+        let judged: Vec<HistoryEntry> = attempts
+            .iter()
+            .filter(|a| a.step == *step)
+            .cloned()
+            .map(|mut a| {
+                // The whole patch is the attempt's patch_file; the document stays bounded.
+                a.patch = None;
+                a
+            })
+            .collect();
+        let changed_files = judged
+            .iter()
+            .find(|a| a.candidate == *candidate)
+            .map(|a| a.files.clone())
+            .unwrap_or_default();
+        let verdict = StepVerdict {
+            step: *step,
+            verdict: if *accepted { "accepted" } else { "rejected" }.into(),
+            accepted: *accepted,
+            reason: reason.clone(),
+            geomean_gain: *geomean_gain,
+            commit: commit.clone(),
+            scratch_ref: scratch_ref.clone(),
+            candidate: *candidate,
+            restored: restored.clone(),
+            changed_files,
+            report: run_dir.join(format!("step-{step}.md")),
+            attempts: judged,
+        };
+        // A resumed session decides each step once; should a log say it twice, the last word holds.
+        match steps.iter_mut().find(|s| s.step == *step) {
+            Some(s) => *s = verdict,
+            None => steps.push(verdict),
+        }
+    }
+    let accepted = steps.iter().filter(|s| s.accepted).count() as u32;
+    let report = ["summary.md", "report.md"]
+        .iter()
+        .map(|f| run_dir.join(f))
+        .find(|p| p.is_file());
+    Ok(StepRunDoc {
+        schema_version: pack::JSON_SCHEMA_VERSION,
+        status: "done".into(),
+        run_id: header.run_id.clone(),
+        run_dir: run_dir.to_path_buf(),
+        accepted,
+        rejected: steps.len() as u32 - accepted,
+        stopped,
+        report,
+        synthetic: header.device.fake,
+        steps,
+    })
+}
+
 /// Every earlier step and candidate on this project, as `history --json` prints it and the MCP
 /// `history` tool returns it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

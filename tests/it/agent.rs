@@ -477,6 +477,137 @@ fi
             ..
         }
     )));
+    // Dropped, but its patch is kept (issue 43, item 1).
+    assert!(run.join("attempts/1.2.patch").is_file());
+    assert!(records.iter().any(|r| matches!(
+        r,
+        Record::CandidateJudged {
+            step: 1,
+            candidate: 1,
+            accepted: true,
+            ..
+        }
+    )));
+    let decided: Vec<_> = records
+        .iter()
+        .filter(|r| matches!(r, Record::StepDecided { step: 1, .. }))
+        .collect();
+    assert_eq!(decided.len(), 1, "{decided:?}");
+}
+
+#[test]
+/// Issue 43, item 1: a candidate whose agent had finished its edit when the session was killed
+/// (its guard wrote the agent's exit code, the log had not yet said so) is judged on resume, not
+/// dropped.
+fn a_candidate_whose_agent_finished_before_the_kill_is_judged_on_resume() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    // Candidate 1 finishes a faster edit at once; candidate 2 is still running when the session is killed.
+    let proposer = r#"
+if [ "$FLASHTUNE_CANDIDATE" = 1 ]; then
+  printf '\n__device__ char flashtune_fake_k[] = "flashtune-fake: time x0.80";\n' >> kernels/attention/forward.cu
+else
+  echo '// half an edit' >> kernels/attention/forward.cu
+  touch "$FLASHTUNE_WORKDIR.started"
+  exec sleep 60
+fi
+"#;
+    let mut child = Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args([
+            "step",
+            "--fake-gpu",
+            "--space",
+            "variants/step-ci.toml",
+            "--candidates",
+            "2",
+            "--proposer",
+            proposer,
+        ])
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let run = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the session never reached its second candidate"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let Ok(dirs) = std::fs::read_dir(dir.path().join("runs")) else {
+            continue;
+        };
+        let found = dirs.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+            p.join("step-1/cand-2.started").exists()
+                && std::fs::read_to_string(p.join("log.jsonl"))
+                    .is_ok_and(|t| t.contains("\"event\":\"candidate_proposed\""))
+        });
+        if let Some(run) = found {
+            break run;
+        }
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // As if candidate 2's agent had finished a whole edit just before the kill.
+    let workdir = run.join("step-1/cand-2");
+    let wfwd = workdir.join(FORWARD);
+    let whole = std::fs::read_to_string(&wfwd)
+        .unwrap()
+        .replace("// half an edit\n", "// a whole edit\n");
+    std::fs::write(&wfwd, whole).unwrap();
+    std::fs::write(run.join("step-1/cand-2.agent/exit"), "0\n").unwrap();
+    assert_eq!(
+        head(dir.path()).0,
+        before,
+        "nothing committed by a killed step"
+    );
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    // As if the session had died between copying a winner into the tree and committing it.
+    let fwd = dir.path().join(FORWARD);
+    let original = std::fs::read_to_string(&fwd).unwrap();
+    std::fs::write(&fwd, format!("{original}\n// applied, never committed\n")).unwrap();
+
+    let run_id = run.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = flashtune(dir.path(), &["resume", &run_id, "--fake-gpu"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    // The fake GPU's winner is on the step's scratch ref; the branch and the tree are as before.
+    assert_eq!(head(dir.path()).0, before, "{t}");
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(scratch.len(), 1, "{scratch:?}");
+    let (_, kept, message) = &scratch[0];
+    assert!(message.contains("Flashtune-Candidate: 1 of 2"), "{message}");
+    let won = file_at(dir.path(), kept, FORWARD);
+    assert!(won.contains("time x0.80") && !won.contains("half an edit"));
+    let now = std::fs::read_to_string(&fwd).unwrap();
+    assert_eq!(now, original, "the tree is back at HEAD");
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    assert_eq!(worktrees(dir.path()), 0);
+    let records = records(&run);
+    assert!(records.iter().any(|r| matches!(r,
+        Record::SessionResumed { step: Some(1), restored, recovered_commit: None } if restored == &[FORWARD])));
+    assert!(records.iter().any(|r| matches!(
+        r,
+        Record::CandidateJudged {
+            step: 1,
+            candidate: 2,
+            ..
+        }
+    )), "candidate 2 was not judged: {records:?}");
+    assert!(!records.iter().any(|r| matches!(
+        r,
+        Record::CandidateDropped {
+            step: 1,
+            candidate: 2,
+            ..
+        }
+    )));
     assert!(records.iter().any(|r| matches!(
         r,
         Record::CandidateJudged {
@@ -804,5 +935,246 @@ fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
     assert!(
         t.contains("the agent changed the oracle's sources (kernels/oracle/oracle.cuh)"),
         "{all}"
+    );
+}
+
+/// Issue 43, item 5: a `--json` command answers an error with one versioned document on stdout
+/// (`exit_code` the process's own), and the message on stderr too. Returns the document.
+fn one_error_document(out: &std::process::Output, exit_code: i32) -> serde_json::Value {
+    assert_eq!(out.status.code(), Some(exit_code), "{}", text(out));
+    // from_slice takes one document and refuses anything after it.
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(out)));
+    schema::check("error", &doc);
+    assert_eq!(doc["error"]["exit_code"], exit_code, "{doc}");
+    let message = doc["error"]["message"].as_str().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(message),
+        "stderr lacks the message `{message}`: {stderr}"
+    );
+    doc
+}
+
+#[test]
+fn show_attempt_json_answers_an_unknown_attempt_with_one_error_document() {
+    let dir = repo_project();
+    let out = flashtune(
+        dir.path(),
+        &["show-attempt", "20990101-000000-0000/1", "--json"],
+    );
+    let err = one_error_document(&out, 2);
+    assert_eq!(err["error"]["code"], "bad_input", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no attempt `20990101-000000-0000/1`"),
+        "{err}"
+    );
+    let out = flashtune(dir.path(), &["show-attempt", "not-an-id", "--json"]);
+    let err = one_error_document(&out, 2);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not an attempt id"),
+        "{err}"
+    );
+    // Without --json the refusal stays plain text on stderr.
+    let out = flashtune(dir.path(), &["show-attempt", "not-an-id"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(out.stdout.is_empty(), "{}", text(&out));
+}
+
+#[test]
+fn context_json_answers_a_missing_space_and_broken_policies_with_one_error_document() {
+    let dir = repo_project();
+    let out = flashtune(
+        dir.path(),
+        &[
+            "context",
+            "--json",
+            "--space",
+            "variants/no-such-space.toml",
+        ],
+    );
+    let err = one_error_document(&out, 2);
+    assert_eq!(err["error"]["code"], "bad_input", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-space.toml"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.path().join("policies.toml"),
+        "[build\ndefault_arch = \"sm_90a\"\n",
+    )
+    .unwrap();
+    let out = flashtune(
+        dir.path(),
+        &["context", "--json", "--space", "variants/step-ci.toml"],
+    );
+    let err = one_error_document(&out, 2);
+    assert_eq!(err["error"]["code"], "bad_input", "{err}");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("policies.toml"),
+        "{err}"
+    );
+}
+
+#[test]
+fn history_and_profile_json_answer_what_is_not_there_with_one_error_document() {
+    let dir = repo_project();
+    // No results store yet.
+    let out = flashtune(dir.path(), &["history", "no-such-shape", "--json"]);
+    let err = one_error_document(&out, 2);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no results store"),
+        "{err}"
+    );
+    // A store that never measured the shape.
+    flashtune::store::Store::open(&dir.path().join("runs/results.sqlite")).unwrap();
+    let out = flashtune(dir.path(), &["history", "no-such-shape", "--json"]);
+    let err = one_error_document(&out, 2);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("holds no measurement of shape `no-such-shape`"),
+        "{err}"
+    );
+    // A flag that needs a shape, and one that goes without.
+    let out = flashtune(dir.path(), &["history", "--dtype", "f16", "--json"]);
+    one_error_document(&out, 2);
+    let out = flashtune(dir.path(), &["history", "seed", "--last", "3", "--json"]);
+    one_error_document(&out, 2);
+    // `profile --json` of a run that is not there.
+    let out = flashtune(
+        dir.path(),
+        &[
+            "profile",
+            "20990101-000000-0000",
+            "v",
+            "--fake-gpu",
+            "--json",
+        ],
+    );
+    one_error_document(&out, 2);
+}
+
+#[test]
+fn step_json_prints_one_document_naming_its_run_and_each_steps_verdict() {
+    let dir = repo_project();
+    let (before, _) = head(dir.path());
+    // Step 1 makes the kernel faster; step 2 adds a file that changes nothing.
+    let proposer = r#"if [ "$FLASHTUNE_STEP" = 1 ]; then printf '\n__device__ char flashtune_fake_m[] = "flashtune-fake: time x0.50";\n' >> kernels/attention/forward.cu; else echo "// $FLASHTUNE_LAST_VERDICT" > kernels/attention/seen.txt; fi"#;
+    let out = fake_step(
+        dir.path(),
+        &["--proposer", proposer, "--steps", "2", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(&out)));
+    schema::check("step_run", &doc);
+    let run = only_run(dir.path());
+    let run_id = run.file_name().unwrap().to_str().unwrap();
+    assert_eq!(doc["run_id"], run_id, "{doc}");
+    assert!(
+        Path::new(doc["run_dir"].as_str().unwrap()).ends_with(run_id),
+        "{doc}"
+    );
+    let d: flashtune::agent::StepRunDoc = serde_json::from_value(doc.clone()).unwrap();
+    assert!(d.synthetic && d.stopped.is_none(), "{doc}");
+    assert_eq!((d.accepted, d.rejected), (1, 1), "{doc}");
+    assert_eq!(d.steps.len(), 2, "{doc}");
+    let (one, two) = (&d.steps[0], &d.steps[1]);
+    assert!(one.accepted && one.verdict == "accepted", "{doc}");
+    assert_eq!(one.changed_files, [FORWARD]);
+    assert_eq!(
+        one.restored,
+        [FORWARD],
+        "the fake GPU keeps the branch as it was"
+    );
+    let scratch = scratch_commits(dir.path());
+    assert_eq!(one.commit.as_deref(), Some(scratch[0].1.as_str()), "{doc}");
+    assert_eq!(
+        one.scratch_ref.as_deref(),
+        Some(scratch[0].0.as_str()),
+        "{doc}"
+    );
+    assert_eq!(one.attempts.len(), 1, "{doc}");
+    assert_eq!(one.attempts[0].attempt, format!("{run_id}/1"));
+    assert!(one.attempts[0].cases[0].gain.unwrap() > 0.2, "{doc}");
+    assert!(!two.accepted && two.verdict == "rejected", "{doc}");
+    assert_eq!(two.changed_files, ["kernels/attention/seen.txt"], "{doc}");
+    assert!(one.report.is_file() && two.report.is_file(), "{doc}");
+    assert_eq!(head(dir.path()).0, before);
+    // Refused before any step: the error document, with its exit code.
+    let out = fake_step(dir.path(), &["--steps", "2", "--json"]);
+    let err = one_error_document(&out, 2);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("needs --proposer"),
+        "{err}"
+    );
+    let out = fake_step(dir.path(), &["--patience", "2", "--json"]);
+    one_error_document(&out, 2);
+}
+
+#[test]
+fn step_json_of_an_agent_session_prints_one_document_with_every_candidate() {
+    let dir = repo_project();
+    let out = fake_step(
+        dir.path(),
+        &[
+            "--candidates",
+            "3",
+            "--proposer",
+            THREE,
+            "--steps",
+            "1",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {}", text(&out)));
+    schema::check("step_run", &doc);
+    let run = only_run(dir.path());
+    let d: flashtune::agent::StepRunDoc = serde_json::from_value(doc.clone()).unwrap();
+    assert_eq!(d.run_id, run.file_name().unwrap().to_str().unwrap());
+    assert_eq!(d.report.as_deref(), Some(run.join("summary.md").as_path()));
+    assert_eq!(d.steps.len(), 1, "{doc}");
+    let step = &d.steps[0];
+    assert!(step.accepted && step.candidate == Some(1), "{doc}");
+    assert_eq!(step.changed_files, [FORWARD], "{doc}");
+    let verdicts: Vec<(Option<u32>, &str)> = step
+        .attempts
+        .iter()
+        .map(|a| (a.candidate, a.verdict.as_str()))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            (Some(1), "committed"),
+            (Some(2), "rejected"),
+            (Some(3), "rejected")
+        ],
+        "{doc}"
+    );
+    assert_eq!(
+        step.commit.as_deref(),
+        Some(scratch_commits(dir.path())[0].1.as_str())
     );
 }
