@@ -41,11 +41,14 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, reporters);
-    events.record_into_store(&project.paths, None);
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy);
     head.run_seed = Some(seed);
     events.emit(Record::Header(Box::new(head)))?;
+    // The header first, the results store (a cache of the logs, with a write-ahead log that grows)
+    // after: on a nearly full disk the log gets the bytes, never an empty file beside a store.
+    let so_far = runlog::read(&run_dir.join("log.jsonl"))?;
+    events.record_into_store(&project.paths, Some(&so_far));
     let first = opts.devices.first().copied().unwrap_or(0);
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;
     let opts = TuneOptions {

@@ -512,3 +512,73 @@ fn a_full_disk_in_judge_and_step_names_the_os_cause_and_exits_74() {
         );
     }
 }
+
+/// A tmpfs of `bytes` mounted over `dir` for as long as it lives (root only).
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &Path, bytes: usize) -> Option<Self> {
+        std::fs::create_dir_all(dir).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}")])
+            .arg("tmpfs")
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Issue 43, item 8: on a nearly full disk the run log gets its header before the results store
+/// (a cache of the logs whose write-ahead log grows) takes any byte: whatever the size, a log that
+/// exists starts with its header, and the run ends with the OS cause. A tmpfs of a few sizes stands
+/// for the disk (root only; skipped, said so, elsewhere).
+#[test]
+fn a_nearly_full_disk_leaves_a_log_with_its_header_never_an_empty_one() {
+    for kib in [8usize, 16, 32, 64] {
+        let dir = project(r#"["small"]"#, &[("min_free_gib = 2.0", "min_free_gib = 0.0")]);
+        let runs = dir.path().join("runs");
+        let Some(_disk) = SmallDisk::mount(&runs, kib * 1024) else {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");
+            return;
+        };
+        let cache = tempfile::tempdir().unwrap();
+        let cache_s = cache.path().to_string_lossy().into_owned();
+        let out = spawn(
+            dir.path(),
+            &["tune", "--fake-gpu"],
+            &[("FLASHTUNE_CACHE_DIR", cache_s.as_str())],
+        )
+        .wait_with_output()
+        .unwrap();
+        let t = text(&out);
+        for run in std::fs::read_dir(&runs).unwrap().flatten() {
+            let log = run.path().join("log.jsonl");
+            if !log.exists() {
+                continue;
+            }
+            let first = std::fs::read_to_string(&log)
+                .unwrap()
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            assert!(
+                first.contains("\"event\":\"header\""),
+                "{kib} KiB: the log does not start with its header ({first:?}):\n{t}"
+            );
+        }
+        if !out.status.success() {
+            assert!(
+                t.contains("No space left on device") || t.contains("os error 28"),
+                "{kib} KiB: failed without the OS cause:\n{t}"
+            );
+        }
+    }
+}
