@@ -2,6 +2,10 @@
 //! for it a bounded time, telling the client every few seconds that it is alive.
 use super::*;
 
+/// How long a job gets to end on the first SIGTERM (finishing the measurement in flight) before the
+/// second, which stops it at once.
+const FIRST_TERM_WAIT: Duration = Duration::from_secs(5);
+
 impl Workbench {
     /// Run `flashtune <command>` (on the test double where the server is) as a job, and wait up to
     /// `wait` for its answer; a second job while one runs is refused as busy.
@@ -33,25 +37,11 @@ impl Workbench {
         let (tx, rx) = watch::channel(JobState::Running {
             phase: "starting".into(),
         });
-        let id = {
-            let mut jobs = self.jobs.lock().expect("jobs lock");
-            if jobs.running.is_some() {
-                drop(jobs);
-                return Err(self.busy().expect("a job runs"));
-            }
-            jobs.next += 1;
-            let id = format!("{kind}-{}", jobs.next);
-            jobs.all.insert(
-                id.clone(),
-                Job {
-                    kind,
-                    started: Instant::now(),
-                    state: rx,
-                },
-            );
-            jobs.running = Some(id.clone());
-            id
-        };
+        let mut jobs = self.jobs.lock().expect("jobs lock");
+        if jobs.running.is_some() {
+            drop(jobs);
+            return Err(self.busy().expect("a job runs"));
+        }
         let runs_before: Vec<PathBuf> = self.runs_newest_first();
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.arg("--root")
@@ -63,11 +53,27 @@ impl Workbench {
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         crate::build::die_with_parent(&mut cmd);
+        // Started under the lock: the job's pid is known to whoever stops the server next.
+        let child = cmd.spawn();
+        jobs.next += 1;
+        let id = format!("{kind}-{}", jobs.next);
+        jobs.all.insert(
+            id.clone(),
+            Job {
+                kind,
+                started: Instant::now(),
+                state: rx,
+                pid: child.as_ref().ok().and_then(|c| c.id()),
+                runs_before: Arc::new(runs_before.clone()),
+            },
+        );
+        jobs.running = Some(id.clone());
+        drop(jobs);
         let jobs = self.jobs.clone();
         let this = self.clone();
         let job_id = id.clone();
         tokio::spawn(async move {
-            let ended = match cmd.spawn() {
+            let ended = match child {
                 Err(e) => Ended {
                     status: None,
                     stdout: String::new(),
@@ -103,6 +109,116 @@ impl Workbench {
             }
         });
         Ok(id)
+    }
+
+    /// The server is ending (its client disconnected, or it got a stop signal): end the job that
+    /// holds the GPU the way a stop request ends a run, never by killing it outright. The child gets
+    /// SIGTERM, then after [`FIRST_TERM_WAIT`] a second one (stop at once) and [`stop::GRACE_S`] more
+    /// for its records, and only then SIGKILL; another stop signal to the server skips ahead. A judge
+    /// whose run did not log its own end then gets its `interrupted` record and its edit restored.
+    ///
+    /// [`stop::GRACE_S`]: crate::stop::GRACE_S
+    pub(super) async fn stop_running_job(&self, why: &str, mut stops: watch::Receiver<Stops>) {
+        let running = {
+            let jobs = self.jobs.lock().expect("jobs lock");
+            jobs.running
+                .as_ref()
+                .map(|id| (id.clone(), jobs.all[id].clone()))
+        };
+        let Some((id, job)) = running else {
+            return;
+        };
+        eprintln!("flashtune mcp: {why}: stopping {} job {id}", job.kind);
+        let seen = stops.borrow().count;
+        let mut state = job.state.clone();
+        let stages = [
+            (libc::SIGTERM, FIRST_TERM_WAIT),
+            (libc::SIGTERM, Duration::from_secs(crate::stop::GRACE_S + 5)),
+            (libc::SIGKILL, Duration::from_secs(5)),
+        ];
+        let mut signalled = false;
+        for (signal, wait) in stages {
+            if matches!(&*state.borrow(), JobState::Done { .. }) {
+                break;
+            }
+            signalled = true;
+            if let Some(pid) = job.pid {
+                // SAFETY: a signal to the child this server started, which it has not reaped yet
+                // (the job is not done); a pid already gone is a harmless ESRCH.
+                unsafe { libc::kill(pid as i32, signal) };
+            }
+            tokio::select! {
+                _ = state.wait_for(|s| matches!(s, JobState::Done { .. })) => break,
+                _ = tokio::time::sleep(wait) => {}
+                _ = stopped(&mut stops, seen) => {}
+            }
+        }
+        // A job that ended on its own meanwhile has its verdict in its log: nothing to complete.
+        if signalled && job.kind == "judge" {
+            self.end_interrupted_judge(&job, why);
+        }
+    }
+
+    /// After a judge was stopped: unless its run logged its own end (a verdict, or `interrupted`),
+    /// restore the edit it was judging (the files its `step_started` names; its patch is already in
+    /// the run's attempts/) and append the `interrupted` record saying so. A judge stopped before it
+    /// took the edit in leaves the edit as it was.
+    fn end_interrupted_judge(&self, job: &Job, why: &str) {
+        let Some(run_dir) = self
+            .runs_newest_first()
+            .into_iter()
+            .find(|d| !job.runs_before.contains(d))
+        else {
+            eprintln!(
+                "flashtune mcp: the judge had not started its run: the edit is left as it was"
+            );
+            return;
+        };
+        let path = run_dir.join("log.jsonl");
+        let log = match crate::runlog::read(&path) {
+            Ok(log) => log,
+            Err(e) => {
+                eprintln!("flashtune mcp: cannot read the judge's run log: {e}");
+                return;
+            }
+        };
+        let ended = log.entries.iter().any(|(_, e)| {
+            matches!(
+                e.record,
+                Record::StepDecided { .. } | Record::Interrupted { .. }
+            )
+        });
+        if ended {
+            return;
+        }
+        let edit: Option<Vec<String>> =
+            log.entries.iter().rev().find_map(|(_, e)| match &e.record {
+                Record::StepStarted { changed_files, .. } => Some(changed_files.clone()),
+                _ => None,
+            });
+        let reason = match edit.filter(|files| !files.is_empty()) {
+            None => format!("{why} before the judge took the edit in; the edit is left as it was"),
+            Some(files) => match crate::vcs::restore_paths(&self.root, &files) {
+                Ok(()) => format!(
+                    "{why} while the judge ran; its edit was restored to HEAD ({}), its patch kept in attempts/",
+                    files.join(", ")
+                ),
+                Err(e) => format!(
+                    "{why} while the judge ran; its edit ({}) could not be restored: {}",
+                    files.join(", "),
+                    e.message()
+                ),
+            },
+        };
+        eprintln!("flashtune mcp: {reason}");
+        let logged = crate::runlog::RunLog::reopen(&path, &log)
+            .and_then(|mut l| l.append(Record::Interrupted { reason }));
+        if let Err(e) = logged {
+            eprintln!(
+                "flashtune mcp: cannot log `interrupted` in {}: {e}",
+                path.display()
+            );
+        }
     }
 
     /// What the job's run log says it is doing: the newest run folder, its last record.

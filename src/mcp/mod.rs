@@ -2,14 +2,22 @@
 //!
 //! Every answer is the same JSON document the command line prints (`judge --json`, `context
 //! --json`, `history --json`, `show-attempt --json`), `schema_version` included, and every error is
-//! `{"schema_version", "error": {"code", "message", ...}}`; arguments of the wrong type are refused
-//! as JSON-RPC invalid params (-32602) carrying that document.
+//! `{"schema_version", "error": {"code", "message", ...}}`. A call the tool cannot take is refused
+//! as JSON-RPC invalid params (-32602) carrying that document: an unknown tool (`unknown_tool`, with
+//! the known ones), an unknown argument, an argument of the wrong type or a `wait_s` above 540
+//! (`bad_argument`, naming the field). An unknown variant is `unknown_variant` in every tool.
+//!
+//! The protocol is JSON-RPC 2.0 to the letter (see `wire`): a line that is not JSON gets a parse
+//! error (-32700, id null), one that is no request an invalid request (-32600, with its id where it
+//! had one), and a notification never gets an answer.
 //!
 //! The server judges through the same `flashtune judge` the command line runs, as a child process:
 //! the verdict, the commit and the restore stay flashtune's, a crash in a judge cannot take the
 //! server down, and nothing but the protocol ever reaches stdout. A judge or a profile is a job:
 //! the call waits a bounded time (sending progress notifications), then hands back the job's id
-//! to poll with `judge_status`, so no client's tool timeout cuts a verdict in half.
+//! to poll with `judge_status`, so no client's tool timeout cuts a verdict in half. A client that
+//! disconnects (or a stop signal to the server) ends a running job as a stop request ends a run: a
+//! judge's run gets its `interrupted` record and its edit is restored, then the server exits.
 use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
 use crate::run::Project;
@@ -33,6 +41,7 @@ use tokio::sync::watch;
 mod config;
 mod jobs;
 mod stray;
+mod wire;
 
 pub use config::{client_config, write_client_config, Agent};
 use jobs::{read_profile, read_verdict, Ended};
@@ -53,18 +62,80 @@ pub struct McpOptions {
     pub fake_gpu: bool,
 }
 
-/// Serve MCP on stdin/stdout until the client closes the connection.
+/// Serve MCP on stdin/stdout until the client closes the connection (or the server is asked to
+/// stop by SIGINT, SIGTERM or SIGHUP); a job still running then is stopped as a run is, and a
+/// judge's run logs `interrupted` with its edit restored, before the server exits.
 pub async fn serve(opts: McpOptions) -> Result<()> {
     let server = Workbench::new(opts)?;
-    let service = server
-        .serve(rmcp::transport::stdio())
-        .await
-        .map_err(|e| Error::Other(anyhow::anyhow!("MCP handshake failed: {e}")))?;
-    service
-        .waiting()
-        .await
-        .map_err(|e| Error::Other(anyhow::anyhow!("MCP server stopped: {e}")))?;
+    let bench = server.clone();
+    let stops = listen_for_stops();
+    let (input, output) = rmcp::transport::stdio_pipes();
+    let (reads, writes, carried) = wire::gate(input, output);
+    let mut signalled = stops.clone();
+    let service = tokio::select! {
+        service = server.serve((reads, writes)) => service
+            .map_err(|e| Error::Other(anyhow::anyhow!("MCP handshake failed: {e}")))?,
+        // Stopped before any client spoke: no job can run yet.
+        _ = stopped(&mut signalled, 0) => return Ok(()),
+    };
+    let token = service.cancellation_token();
+    let mut waiting = std::pin::pin!(service.waiting());
+    let (quit, why) = tokio::select! {
+        quit = &mut waiting => (quit, "the MCP client disconnected (closed its stdin)".to_owned()),
+        _ = stopped(&mut signalled, 0) => {
+            token.cancel();
+            let signo = stops.borrow().first;
+            (waiting.await, format!("flashtune mcp got {}", crate::stop::describe(signo)))
+        }
+    };
+    bench.stop_running_job(&why, stops).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), carried).await;
+    quit.map_err(|e| Error::Other(anyhow::anyhow!("MCP server stopped: {e}")))?;
     Ok(())
+}
+
+/// Stop requests the server itself got: how many, and the first one's signal.
+#[derive(Clone, Copy, Debug, Default)]
+struct Stops {
+    count: u32,
+    first: i32,
+}
+
+/// Resolves once more than `seen` stop requests came (never, where no signal can be heard).
+async fn stopped(stops: &mut watch::Receiver<Stops>, seen: u32) {
+    if stops.wait_for(|s| s.count > seen).await.is_err() {
+        std::future::pending::<()>().await
+    }
+}
+
+/// From here on SIGINT, SIGTERM and SIGHUP no longer kill the server outright (and its judge with
+/// it): the first ends the service as a disconnect does, a later one cuts the job's grace short.
+fn listen_for_stops() -> watch::Receiver<Stops> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = watch::channel(Stops::default());
+    let kinds = [
+        (SignalKind::interrupt(), libc::SIGINT),
+        (SignalKind::terminate(), libc::SIGTERM),
+        (SignalKind::hangup(), libc::SIGHUP),
+    ];
+    for (kind, signo) in kinds {
+        let Ok(mut stream) = signal(kind) else {
+            tracing::warn!("cannot listen for signal {signo}");
+            continue;
+        };
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                tx.send_modify(|s| {
+                    s.count += 1;
+                    if s.first == 0 {
+                        s.first = signo;
+                    }
+                });
+            }
+        });
+    }
+    rx
 }
 
 /// The server's state: the project, the jobs, and what lay outside the edit scope when it started.
@@ -96,6 +167,10 @@ struct Job {
     kind: &'static str,
     started: Instant,
     state: watch::Receiver<JobState>,
+    /// The child `flashtune` (None: it could not start).
+    pid: Option<u32>,
+    /// The run folders there were before the job: its own run is the new one.
+    runs_before: Arc<Vec<PathBuf>>,
 }
 
 #[derive(Clone, Debug)]
@@ -121,6 +196,7 @@ pub struct JudgeArgs {
     pub variant: Option<String>,
     /// Seconds to wait for the verdict before returning the job id to poll (default 45, at most 540).
     #[serde(default)]
+    #[schemars(range(max = MAX_WAIT_S))]
     pub wait_s: Option<u64>,
     /// What the edit tries, in one sentence: its entry in the history every later attempt reads.
     #[serde(default)]
@@ -133,6 +209,7 @@ pub struct StatusArgs {
     pub job: String,
     /// Seconds to wait for the job to end before answering "running" again (default 45, at most 540).
     #[serde(default)]
+    #[schemars(range(max = MAX_WAIT_S))]
     pub wait_s: Option<u64>,
 }
 
@@ -151,6 +228,7 @@ pub struct ProfileArgs {
     pub run: Option<String>,
     /// Seconds to wait before returning the job id to poll (default 45, at most 540).
     #[serde(default)]
+    #[schemars(range(max = MAX_WAIT_S))]
     pub wait_s: Option<u64>,
 }
 
@@ -177,11 +255,89 @@ pub struct AttemptArgs {
     pub id: String,
 }
 
+/// A call checked before it runs: an unknown tool, an unknown argument, an argument of the wrong type
+/// or a `wait_s` above [`MAX_WAIT_S`] is a JSON-RPC invalid-params error (-32602) whose `data` is the
+/// error document (`unknown_tool` with the known tools; `bad_argument` with the field), rather than
+/// rmcp's bare "tool not found" or an argument silently ignored or cut down.
+fn check_call(
+    router: &ToolRouter<Workbench>,
+    tool: &str,
+    arguments: Option<&serde_json::Map<String, Value>>,
+) -> std::result::Result<(), rmcp::ErrorData> {
+    let refuse = |code: &str, message: String, extra: Value| {
+        rmcp::ErrorData::invalid_params(
+            message.clone(),
+            Some(crate::agent::error_document(code, &message, extra)),
+        )
+    };
+    let Some(schema) = router.get(tool) else {
+        let mut known: Vec<String> = router
+            .list_all()
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        known.sort();
+        return Err(refuse(
+            "unknown_tool",
+            format!("no tool `{tool}`; the tools are {}", known.join(", ")),
+            json!({ "tool": tool, "known": known }),
+        ));
+    };
+    let given = arguments.cloned().unwrap_or_default();
+    let accepted: Vec<String> = schema
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    let unknown: Vec<String> = given
+        .keys()
+        .filter(|k| !accepted.contains(k))
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        let quoted = |names: &[String]| {
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Err(refuse(
+            "bad_argument",
+            format!(
+                "unknown argument{} {} to `{tool}`; it takes {}",
+                if unknown.len() == 1 { "" } else { "s" },
+                quoted(&unknown),
+                if accepted.is_empty() {
+                    "none".to_owned()
+                } else {
+                    quoted(&accepted)
+                }
+            ),
+            json!({ "tool": tool, "field": unknown[0], "unknown": unknown, "accepted": accepted }),
+        ));
+    }
+    check_arguments(tool, &given)?;
+    if let Some(wait) = given.get("wait_s").and_then(Value::as_u64) {
+        if wait > MAX_WAIT_S {
+            return Err(refuse(
+                "bad_argument",
+                format!(
+                    "`wait_s` {wait} to `{tool}` is above the maximum, {MAX_WAIT_S} s; wait at most {MAX_WAIT_S} s and poll with judge_status"
+                ),
+                json!({ "tool": tool, "field": "wait_s", "maximum": MAX_WAIT_S }),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Each tool's arguments checked against its type before the call, so a wrong type is a JSON-RPC
 /// invalid-params error with a structured `data` rather than rmcp's plain-text tool error.
 fn check_arguments(
     tool: &str,
-    arguments: Option<&serde_json::Map<String, Value>>,
+    given: &serde_json::Map<String, Value>,
 ) -> std::result::Result<(), rmcp::ErrorData> {
     fn parse<T: serde::de::DeserializeOwned>(v: Value) -> std::result::Result<(), String> {
         serde_json::from_value::<T>(v)
@@ -200,8 +356,7 @@ fn check_arguments(
             _ => Ok(()),
         }
     };
-    let given = arguments.cloned().unwrap_or_default();
-    let Err(why) = check(&given) else {
+    let Err(why) = check(given) else {
         return Ok(());
     };
     // serde names a missing field but not a mistyped one: the argument whose removal cures it is.
@@ -277,20 +432,8 @@ impl Workbench {
             }
         };
         if let Some(variant) = &args.variant {
-            let known: Vec<String> = project
-                .space
-                .variants()
-                .map(|vs| vs.into_iter().map(|v| v.id).collect())
-                .unwrap_or_default();
-            if !known.contains(variant) {
-                return Ok(refusal(
-                    "unknown_variant",
-                    format!(
-                        "`{variant}` is not a variant of space `{}`",
-                        project.space.name
-                    ),
-                    json!({ "known": known }),
-                ));
+            if let Some(refused) = unknown_variant(&project, variant) {
+                return Ok(refused);
             }
             command.extend(["--variant".to_owned(), variant.clone()]);
         }
@@ -365,6 +508,16 @@ impl Workbench {
             },
             None => match self.newest_run_timing(&args.variant) {
                 Some(dir) => dir,
+                None if !self.project_variants().contains(&args.variant) => {
+                    return Ok(refusal(
+                        "unknown_variant",
+                        format!(
+                            "`{}` is not a variant of any space in the project, and no run under runs/ timed it",
+                            args.variant
+                        ),
+                        json!({ "known": self.variants_timed() }),
+                    ))
+                }
                 None => {
                     return Ok(refusal(
                         "no_run",
@@ -460,6 +613,14 @@ impl Workbench {
             },
             None => None,
         };
+        if let Some(variant) = &args.variant {
+            // As judge refuses it; a project that does not load is context_pack's to report.
+            if let Ok(project) = Project::load(self.paths.clone(), space.as_deref()) {
+                if let Some(refused) = unknown_variant(&project, variant) {
+                    return Ok(refused);
+                }
+            }
+        }
         let pack = crate::agent::context_pack(&crate::agent::ContextOptions {
             paths: self.paths.clone(),
             space,
@@ -470,6 +631,26 @@ impl Workbench {
             Err(e) => refusal("bad_project", e.to_string(), json!({})),
         })
     }
+}
+
+/// The refusal every tool gives a variant its space does not have: `unknown_variant`, with the
+/// space's variants.
+fn unknown_variant(project: &Project, variant: &str) -> Option<CallToolResult> {
+    let known: Vec<String> = project
+        .space
+        .variants()
+        .map(|vs| vs.into_iter().map(|v| v.id).collect())
+        .unwrap_or_default();
+    (!known.iter().any(|k| k == variant)).then(|| {
+        refusal(
+            "unknown_variant",
+            format!(
+                "`{variant}` is not a variant of space `{}`",
+                project.space.name
+            ),
+            json!({ "known": known }),
+        )
+    })
 }
 
 fn to_value<T: serde::Serialize>(doc: &T) -> Value {
@@ -483,7 +664,7 @@ impl ServerHandler for Workbench {
         request: rmcp::model::CallToolRequestParams,
         context: rmcp::service::RequestContext<RoleServer>,
     ) -> std::result::Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
-        check_arguments(&request.name, request.arguments.as_ref())?;
+        check_call(&self.tool_router, &request.name, request.arguments.as_ref())?;
         let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         self.tool_router.call(call).await
     }
@@ -610,6 +791,27 @@ impl Workbench {
             crate::runlog::read(&dir.join("log.jsonl"))
                 .is_ok_and(|log| timed_variants(&log).iter().any(|v| v == variant))
         })
+    }
+
+    /// Every variant of every space beside the default one (`variants/*.toml`).
+    fn project_variants(&self) -> Vec<String> {
+        let Ok((policies, _)) = crate::config::Policies::load(&self.paths.policies()) else {
+            return Vec::new();
+        };
+        let default = self.paths.resolve(&policies.default_space);
+        let Some(dir) = default.parent() else {
+            return Vec::new();
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+        files
+            .iter()
+            .filter_map(|p| crate::space::Space::load(p).ok()?.variants().ok())
+            .flatten()
+            .map(|v| v.id)
+            .collect()
     }
 
     fn variants_timed(&self) -> Vec<String> {

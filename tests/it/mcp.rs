@@ -357,3 +357,366 @@ fn print_config_write_merges_into_the_agents_files_and_keeps_them_valid() {
         "{merged}"
     );
 }
+
+/// `flashtune mcp` on raw pipes: lines in, lines out, as a client that may send anything.
+struct Raw {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Raw {
+    fn start(root: &Path) -> Raw {
+        let mut child = std::process::Command::new(binary())
+            .arg("--root")
+            .arg(root)
+            .args(["mcp", "--fake-gpu"])
+            .env(
+                "FLASHTUNE_CACHE_DIR",
+                repo().join("target/test-build-cache"),
+            )
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("flashtune mcp starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut raw = Raw {
+            child,
+            stdin,
+            lines,
+        };
+        raw.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#);
+        let init = raw.next();
+        assert_eq!(init["id"], 0, "{init}");
+        assert!(init["result"]["serverInfo"].is_object(), "{init}");
+        raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        raw
+    }
+
+    fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next message from the server that is not a notification.
+    fn next(&mut self) -> Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("the server answers within 30 s");
+            let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+                panic!("the server wrote a line that is not JSON ({e}): {line}")
+            });
+            assert_eq!(v["jsonrpc"], "2.0", "{v}");
+            if v.get("id").is_some() {
+                return v;
+            }
+        }
+    }
+
+    /// Send one line; the error response it gets: its id, code and error object.
+    fn error_for(&mut self, line: &str) -> (Value, i64, Value) {
+        self.send(line);
+        let v = self.next();
+        let error = v
+            .get("error")
+            .unwrap_or_else(|| panic!("{line}: no error in {v}"));
+        assert!(v.get("result").is_none(), "{v}");
+        (
+            v["id"].clone(),
+            error["code"].as_i64().unwrap(),
+            error.clone(),
+        )
+    }
+
+    /// Close stdin, as a client that disconnects; then wait up to `limit` for the server to exit.
+    fn disconnect(&mut self, limit: std::time::Duration) -> Option<std::process::ExitStatus> {
+        drop(self.stdin.take());
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_server_answers_every_line_as_json_rpc_2_0_asks() {
+    let dir = repo_project();
+    let mut raw = Raw::start(dir.path());
+    // A line cut short: Parse error, id null.
+    let (id, code, _) = raw.error_for(r#"{"jsonrpc":"2.0","id":1,"method":"tools/li"#);
+    assert_eq!((id, code), (Value::Null, -32700));
+    let (id, code, _) = raw.error_for("not json at all");
+    assert_eq!((id, code), (Value::Null, -32700));
+    // Valid JSON that is no request: Invalid Request, with the request's id where it had one.
+    let (id, code, e) = raw.error_for(r#"{"id":2,"method":"tools/list"}"#);
+    assert_eq!((id, code), (json!(2), -32600), "{e}");
+    let (id, code, e) = raw.error_for(r#"{"jsonrpc":"2.0","id":"three","method":7}"#);
+    assert_eq!((id, code), (json!("three"), -32600), "{e}");
+    let (id, code, e) = raw.error_for(r#"{"jsonrpc":"2.0","id":4}"#);
+    assert_eq!((id, code), (json!(4), -32600), "{e}");
+    let (id, code, e) = raw.error_for(r#"{"jsonrpc":"1.0","id":5,"method":"ping"}"#);
+    assert_eq!((id, code), (json!(5), -32600), "{e}");
+    let (id, code, e) = raw.error_for(r#"[{"jsonrpc":"2.0","id":6,"method":"ping"}]"#);
+    assert_eq!((id, code), (Value::Null, -32600), "{e}");
+    let (id, code, e) = raw.error_for("42");
+    assert_eq!((id, code), (Value::Null, -32600), "{e}");
+    let (id, code, e) = raw.error_for(r#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#);
+    assert_eq!((id, code), (Value::Null, -32600), "{e}");
+    // Notifications are never answered, well-formed, unknown or malformed: the next answer is the ping's.
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/no_such_thing"}"#);
+    raw.send(r#"{"method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":"x"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+    let pong = raw.next();
+    assert_eq!(pong["id"], 7, "{pong}");
+    assert!(pong.get("result").is_some(), "{pong}");
+    // And the server goes on.
+    raw.send(r#"{"jsonrpc":"2.0","id":8,"method":"tools/list"}"#);
+    let tools = raw.next();
+    assert_eq!(tools["id"], 8, "{tools}");
+    assert!(
+        tools["result"]["tools"].as_array().unwrap().len() >= 6,
+        "{tools}"
+    );
+    // wait_s says its maximum in the schema.
+    let judge = tools["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "judge")
+        .unwrap();
+    assert_eq!(
+        judge["inputSchema"]["properties"]["wait_s"]["maximum"], 540,
+        "{judge}"
+    );
+    let (id, code, e) = raw.error_for(
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"judge","arguments":7}}"#,
+    );
+    assert_eq!((id, code), (json!(9), -32602), "{e}");
+}
+
+#[test]
+fn unknown_tools_unknown_arguments_and_too_long_waits_are_refused_by_name() {
+    let dir = repo_project();
+    let root = dir.path();
+    let mut raw = Raw::start(root);
+    let call = |raw: &mut Raw, id: u32, tool: &str, args: Value| {
+        let line = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": { "name": tool, "arguments": args },
+        });
+        let (got, code, e) = raw.error_for(&line.to_string());
+        assert_eq!((got, code), (json!(id), -32602), "{e}");
+        let data = e["data"].clone();
+        schema::check("error", &data);
+        (e["message"].as_str().unwrap().to_owned(), data)
+    };
+    // An unknown tool: named, with the tools there are.
+    let (message, data) = call(&mut raw, 1, "jugde", json!({}));
+    assert_eq!(data["error"]["code"], "unknown_tool", "{data}");
+    assert!(message.contains("`jugde`"), "{message}");
+    for tool in [
+        "judge",
+        "judge_status",
+        "profile",
+        "history",
+        "context",
+        "attempt",
+    ] {
+        assert!(message.contains(tool), "{tool} not in {message}");
+        assert!(
+            data["error"]["known"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(tool)),
+            "{data}"
+        );
+    }
+    // Unknown arguments: named, with the accepted ones; nothing runs.
+    let (message, data) = call(
+        &mut raw,
+        2,
+        "judge",
+        on_small(json!({ "wait": 5, "ideas": "x" })),
+    );
+    assert_eq!(data["error"]["code"], "bad_argument", "{data}");
+    for named in [
+        "`wait`",
+        "`ideas`",
+        "`wait_s`",
+        "`idea`",
+        "`space`",
+        "`variant`",
+    ] {
+        assert!(message.contains(named), "{named} not in {message}");
+    }
+    assert_eq!(data["error"]["unknown"], json!(["ideas", "wait"]), "{data}");
+    let (message, data) = call(
+        &mut raw,
+        3,
+        "history",
+        json!({ "last": 3, "verbose": true }),
+    );
+    assert_eq!(data["error"]["code"], "bad_argument", "{data}");
+    assert!(
+        message.contains("`verbose`") && message.contains("`last`"),
+        "{message}"
+    );
+    // A wait above the maximum: refused, naming it, by every tool that waits.
+    for (id, tool, args) in [
+        (4, "judge", on_small(json!({ "wait_s": 541 }))),
+        (
+            5,
+            "judge_status",
+            json!({ "job": "judge-1", "wait_s": 3600 }),
+        ),
+        (
+            6,
+            "profile",
+            json!({ "variant": "scalar-bm64-bn64-w4-ks1-s1", "shape": "small", "wait_s": 600 }),
+        ),
+    ] {
+        let (message, data) = call(&mut raw, id, tool, args);
+        assert_eq!(data["error"]["code"], "bad_argument", "{data}");
+        assert_eq!(data["error"]["field"], "wait_s", "{data}");
+        assert_eq!(data["error"]["maximum"], 540, "{data}");
+        assert!(
+            message.contains("540") && message.contains("wait_s"),
+            "{message}"
+        );
+    }
+    // Nothing was judged.
+    assert!(!root.join("runs").exists());
+    // The maximum itself is accepted.
+    raw.send(
+        &json!({
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": { "name": "judge_status", "arguments": { "job": "judge-1", "wait_s": 540 } },
+        })
+        .to_string(),
+    );
+    let v = raw.next();
+    assert_eq!(
+        v["result"]["structuredContent"]["error"]["code"], "unknown_job",
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_variant_is_unknown_variant_in_every_tool() {
+    let dir = repo_project();
+    let client = connect(dir.path()).await;
+    let wrong = "no-such-variant";
+    for (tool, args) in [
+        ("context", on_small(json!({ "variant": wrong }))),
+        ("judge", on_small(json!({ "variant": wrong }))),
+        ("profile", json!({ "variant": wrong, "shape": "small" })),
+    ] {
+        let (failed, v) = call(&client, tool, args).await;
+        assert!(failed, "{tool}: {v}");
+        assert_eq!(v["error"]["code"], "unknown_variant", "{tool}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(wrong),
+            "{tool}: {v}"
+        );
+        assert!(v["error"]["known"].is_array(), "{tool}: {v}");
+    }
+    // A variant of the project that no run timed yet is still `no_run` to profile.
+    let (failed, v) = call(
+        &client,
+        "profile",
+        json!({ "variant": "scalar-bm64-bn64-w4-ks1-s1", "shape": "small" }),
+    )
+    .await;
+    assert!(failed && v["error"]["code"] == "no_run", "{v}");
+    client.cancel().await.unwrap();
+}
+
+#[test]
+fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_restored() {
+    let dir = repo_project();
+    let root = dir.path();
+    let champion = read(root, FORWARD);
+    // The edit's kernel never returns: the duel is still in flight when the client goes.
+    mark_forward(root, "fault FAULT_HANG");
+    let mut raw = Raw::start(root);
+    raw.send(
+        &json!({
+            "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": { "name": "judge", "arguments": on_small(json!({ "wait_s": 1, "idea": "a kernel that hangs" })) },
+        })
+        .to_string(),
+    );
+    let v = raw.next();
+    assert_eq!(v["result"]["structuredContent"]["status"], "running", "{v}");
+    // Wait until the judge built the edit and duels it.
+    let started = std::time::Instant::now();
+    let run_dir = loop {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(180),
+            "the judge never built the edit"
+        );
+        let built = std::fs::read_dir(root.join("runs")).ok().and_then(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path())).find(|d| {
+                std::fs::read_to_string(d.join("log.jsonl"))
+                    .is_ok_and(|log| log.contains("@edit\"") && log.contains("\"built\""))
+            })
+        });
+        if let Some(d) = built {
+            break d;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let status = raw
+        .disconnect(std::time::Duration::from_secs(60))
+        .expect("the server exits once its client is gone");
+    assert!(status.success(), "{status:?}");
+    let records = records(&run_dir);
+    match records.last() {
+        Some(flashtune::runlog::Record::Interrupted { reason }) => {
+            assert!(reason.contains("disconnected"), "{reason}");
+            assert!(reason.contains(FORWARD), "{reason}");
+        }
+        other => panic!("the judge's run ends with {other:?}, not `interrupted`"),
+    }
+    assert!(
+        !records
+            .iter()
+            .any(|r| matches!(r, flashtune::runlog::Record::StepDecided { .. })),
+        "an interrupted judge decides nothing"
+    );
+    // The edit is restored, as on any interruption, and its patch kept.
+    assert_eq!(read(root, FORWARD), champion);
+    assert!(dirty(root).is_empty(), "{:?}", dirty(root));
+    let patch = std::fs::read_to_string(run_dir.join("attempts/1.patch")).unwrap();
+    assert!(patch.contains("FAULT_HANG"), "{patch}");
+}
