@@ -1288,6 +1288,32 @@ fn run_statistics(ix: &RunIndex) -> String {
     // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
     let held: f64 = workers.values().flatten().map(|r| r.1).sum();
     let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
+    // What the checks cost, from the timed records' own accounts (logs before they kept one say nothing).
+    let mut costs = crate::protocol::CaseCosts::default();
+    let mut costed = 0usize;
+    for (_, e) in &ix.log.entries {
+        if let Record::Timed { costs: Some(c), .. } = &e.record {
+            costed += 1;
+            costs.inputs_s += c.inputs_s;
+            costs.check_s += c.check_s;
+            costs.replays_s += c.replays_s;
+            costs.verify_s += c.verify_s;
+            costs.recheck_s += c.recheck_s;
+            costs.timing_overhead_s += c.timing_overhead_s;
+        }
+    }
+    if costed > 0 {
+        let _ = writeln!(
+            md,
+            "- worker time of the {costed} timed cases by stage: inputs drawn {:.1} s, first check {:.1} s, replays (warm-up included) {:.1} s, verifying the timed outputs {:.1} s, re-checks on fresh and large inputs {:.1} s, other {:.1} s",
+            costs.inputs_s,
+            costs.check_s,
+            costs.replays_s,
+            costs.verify_s,
+            costs.recheck_s,
+            costs.timing_overhead_s
+        );
+    }
     // Each resource's busy share of the wall. ncu runs after the timing, never beside it: it
     // serialises the GPU's kernels and fixes its clocks, so a profile next to a timed replay on
     // the same GPU would change the figure being measured.
