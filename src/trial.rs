@@ -1,4 +1,4 @@
-//! One case's trial on a device (a GPU, or the CPU test double): a check, timed replays on inputs drawn anew before each one, the outputs of two of them verified against references computed for exactly those inputs, a re-check on fresh inputs in the same loaded module, and large-magnitude inputs; the duel runs two kernels through the same trial, interleaved.
+//! One case's trial on a device (a GPU, or the CPU test double): a check, timed replays on inputs drawn anew before each one, the outputs of rounds sampled after they ran verified against references computed from their inputs drawn again where no kernel can reach them, a re-check on fresh inputs in the same loaded module, and large-magnitude inputs; the duel runs two kernels through the same trial, interleaved.
 //!
 //! Why each step exists (assume the kernel under test is trying to fool us):
 //! - every timed launch reads inputs of its own and writes outputs of its own, so nothing a launch
@@ -8,17 +8,24 @@
 //!   inputs any launch has seen, so an answer remembered from earlier inputs (a memo keyed on
 //!   pointers, on content, or on content up to a fixed transform) is never the right one, and
 //!   skipped work leaves poison;
-//! - the outputs of a replay chosen at random (the kernel cannot know which) and of the last one are
-//!   compared, on the device (`Device::compare`; only the figures come back), with references the
-//!   fp32 reference kernel computes for the inputs those launches actually read; the same launches
-//!   then run again on the same inputs, untimed, and must agree bit for bit (a race), and the inputs
-//!   must be as drawn (a kernel that writes into them). A reference lies on the device XORed with
-//!   mask words under keys from the OS, so a kernel that finds it in device memory finds noise, and
-//!   every probe holds the device's comparison to the host's on crafted outputs first
+//! - every round is alike up to the end of its replay (draw, poison, L2 flush, replay, nothing
+//!   else); only after it has run is it decided, with the OS's generator, whether its outputs are
+//!   kept: a uniform sample of `verified_replays` among all the rounds that ran (`RoundSample`), so
+//!   no launch can tell a verified round from a timed one, and racing never narrows the choice;
+//! - after the last timed replay of every side, and before any kernel under test runs again, each
+//!   kept round's every launch is compared, on the device (`Device::compare`; only the figures come
+//!   back), with the reference the fp32 kernel computes from that launch's inputs drawn again from
+//!   the round's seed into buffers no kernel is ever given (the reference never reads memory the
+//!   kernel can write; both devices refuse otherwise, `Exposure`). A reference lies on the device
+//!   XORed with mask words under keys from the OS, so a kernel that finds it in device memory finds
+//!   noise, and every probe holds the device's comparison to the host's on crafted outputs first
 //!   (`self_check_comparison`);
+//! - each kept round then runs again, untimed, exactly as it ran: the same bits (else a race, or a
+//!   kernel that answers by round when the re-run is wrong), its inputs as drawn afterwards, and the
+//!   kept copies unchanged;
 //! - after timing, a set the module never saw is written into the buffers it was checked on (a
 //!   result cached per pointer is then stale), and a set with scores beyond ±88 is checked (a missing
-//!   max-subtraction overflows);
+//!   max-subtraction overflows); both are checksummed after their launch;
 //! - the check, held-out and stress sets are checksummed after each case: a kernel that writes
 //!   outside its outputs is caught and the sets are drawn again.
 //!
