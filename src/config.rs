@@ -877,7 +877,12 @@ impl Policies {
                     ),
                 );
             }
-            for (field, value) in [("b", shape.b), ("h", shape.h), ("sq", shape.sq), ("sk", shape.sk)] {
+            for (field, value) in [
+                ("b", shape.b),
+                ("h", shape.h),
+                ("sq", shape.sq),
+                ("sk", shape.sk),
+            ] {
                 if value == 0 {
                     return at(
                         field,

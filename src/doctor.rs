@@ -119,20 +119,43 @@ async fn pytorch(paths: &ProjectPaths) -> Check {
     match tokio::time::timeout(Duration::from_secs(60), probe).await {
         Ok(Ok(out)) if out.status.success() => {
             let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            let status = if said.ends_with("no-cuda") { Status::Warn } else { Status::Pass };
-            check("torch", status, format!("PyTorch {said} ({python})"), (status != Status::Pass).then_some(fix))
+            let status = if said.ends_with("no-cuda") {
+                Status::Warn
+            } else {
+                Status::Pass
+            };
+            check(
+                "torch",
+                status,
+                format!("PyTorch {said} ({python})"),
+                (status != Status::Pass).then_some(fix),
+            )
         }
         Ok(Ok(out)) => check(
             "torch",
             Status::Warn,
             format!(
                 "{python} cannot import torch: {}",
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").trim()
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim()
             ),
             Some(fix),
         ),
-        Ok(Err(e)) => check("torch", Status::Warn, format!("cannot run {python}: {e}"), Some(fix)),
-        Err(_) => check("torch", Status::Warn, format!("{python} did not import torch in 60 s"), Some(fix)),
+        Ok(Err(e)) => check(
+            "torch",
+            Status::Warn,
+            format!("cannot run {python}: {e}"),
+            Some(fix),
+        ),
+        Err(_) => check(
+            "torch",
+            Status::Warn,
+            format!("{python} did not import torch in 60 s"),
+            Some(fix),
+        ),
     }
 }
 

@@ -157,7 +157,10 @@ fn refuse_unread_parameters(paths: &ProjectPaths, space: &Space) -> Result<()> {
         text.match_indices(word).any(|(at, _)| {
             let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
             let before = text[..at].chars().next_back().is_none_or(|c| !ident(c));
-            let after = text[at + word.len()..].chars().next().is_none_or(|c| !ident(c));
+            let after = text[at + word.len()..]
+                .chars()
+                .next()
+                .is_none_or(|c| !ident(c));
             before && after
         })
     };

@@ -258,7 +258,11 @@ pub fn guard(command: &str) -> std::process::ExitCode {
         }
     }
     use std::os::unix::process::ExitStatusExt;
-    match std::process::Command::new("sh").arg("-c").arg(command).status() {
+    match std::process::Command::new("sh")
+        .arg("-c")
+        .arg(command)
+        .status()
+    {
         Ok(status) => {
             let code = match (status.code(), status.signal()) {
                 (Some(code), _) => code,

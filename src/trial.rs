@@ -125,7 +125,13 @@ impl Exposure {
 
     /// Refuse a reference launch on `io` that would read or write a buffer a kernel was given.
     pub fn check_reference(&self, io: &Io) -> Result<()> {
-        for (name, b) in [("Q", io.q), ("K", io.k), ("V", io.v), ("O", io.o), ("LSE", io.lse)] {
+        for (name, b) in [
+            ("Q", io.q),
+            ("K", io.k),
+            ("V", io.v),
+            ("O", io.o),
+            ("LSE", io.lse),
+        ] {
             if self.0.contains(&b) {
                 bail!(
                     "the reference was given {name} in buffer {}, which a kernel under test was \
@@ -1167,7 +1173,10 @@ impl Verifier {
                     let mut stats = stats[launch].clone();
                     stats.nondeterministic_count = differing;
                     check::judge(&mut stats, &case.tolerance, 1.0);
-                    (format!("{replay}, launch {} of {}", launch + 1, ios.len()), stats)
+                    (
+                        format!("{replay}, launch {} of {}", launch + 1, ios.len()),
+                        stats,
+                    )
                 } else {
                     (
                         format!(
@@ -1431,7 +1440,10 @@ fn recheck<D: Device>(
         let mut stats = verify(dev, &io, held_out, None, case)?;
         // The buffers hold the held-out set: afterwards they must still (checksummed as it was drawn).
         if set_checksum(dev, set0.buffers())? != held_out.checksum {
-            stats.failures.insert(0, format!("{WROTE_OUTSIDE}: the fresh set changed while it ran"));
+            stats.failures.insert(
+                0,
+                format!("{WROTE_OUTSIDE}: the fresh set changed while it ran"),
+            );
         }
         Ok::<_, anyhow::Error>(stats)
     })();
@@ -1452,9 +1464,10 @@ fn recheck<D: Device>(
     dev.forward(c.kernel, shape, &c.launch, &io)?;
     let mut stressed = verify(dev, &io, stress, None, case)?;
     if set_checksum(dev, stress.buffers())? != stress.checksum {
-        stressed
-            .failures
-            .insert(0, format!("{WROTE_OUTSIDE}: the large-magnitude set changed while it ran"));
+        stressed.failures.insert(
+            0,
+            format!("{WROTE_OUTSIDE}: the large-magnitude set changed while it ran"),
+        );
     }
     Ok(vec![
         StageCheck {
@@ -2037,17 +2050,31 @@ mod tests {
         exposure.give(&timed);
         exposure.check_reference(&private).expect("never given");
         for shared in [
-            Io { q: timed.q, ..private },
-            Io { v: timed.v, ..private },
-            Io { o: timed.o, ..private },
+            Io {
+                q: timed.q,
+                ..private
+            },
+            Io {
+                v: timed.v,
+                ..private
+            },
+            Io {
+                o: timed.o,
+                ..private
+            },
         ] {
             let why = exposure.check_reference(&shared).unwrap_err().to_string();
-            assert!(why.contains("never reads memory the kernel under test can write"), "{why}");
+            assert!(
+                why.contains("never reads memory the kernel under test can write"),
+                "{why}"
+            );
         }
         for b in [timed.q, timed.k, timed.v, timed.o, timed.lse] {
             exposure.forget(b);
         }
-        exposure.check_reference(&timed).expect("freed, so the handle is new memory");
+        exposure
+            .check_reference(&timed)
+            .expect("freed, so the handle is new memory");
     }
 
     #[test]

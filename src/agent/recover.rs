@@ -129,9 +129,10 @@ impl Runner<'_> {
                     // The agent's guard writes its exit code when the agent ends: a candidate whose
                     // agent finished before the kill (its record not yet logged) is judged as it
                     // would have been; one killed mid-edit is dropped, its patch kept either way.
-                    let exit = std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
-                        .ok()
-                        .and_then(|t| t.trim().parse::<i32>().ok());
+                    let exit =
+                        std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
+                            .ok()
+                            .and_then(|t| t.trim().parse::<i32>().ok());
                     let base = head.id().to_string();
                     let diff = workdir
                         .is_dir()

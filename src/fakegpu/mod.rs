@@ -470,7 +470,13 @@ impl FakeGpu {
     /// The adversaries that know the harness: whether this launch is one they skip (having written
     /// the answer of Q = 0, V = 1 instead). Each is honest on the first Q buffer it sees (the check
     /// set's, where the fresh set is copied too) and on inputs of large magnitude (the stress set).
-    fn cheats_here(&mut self, kernel: KernelId, dtype: Dtype, shape: &Shape, io: &Io) -> Result<bool> {
+    fn cheats_here(
+        &mut self,
+        kernel: KernelId,
+        dtype: Dtype,
+        shape: &Shape,
+        io: &Io,
+    ) -> Result<bool> {
         let stress = matches!(
             self.buffer(io.q)?,
             Buffer::Narrow { content: Narrow::Drawn(d), .. } if d.sigma > 1.0

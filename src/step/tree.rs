@@ -59,11 +59,12 @@ pub(crate) fn extract_tree(
             return git2::TreeWalkResult::Abort;
         };
         let file = dest.join(&path);
-        let written = std::fs::create_dir_all(file.parent().unwrap_or(dest))
-            .and_then(|_| match crate::error::injected_write_failure("head-tree") {
+        let written = std::fs::create_dir_all(file.parent().unwrap_or(dest)).and_then(|_| {
+            match crate::error::injected_write_failure("head-tree") {
                 Some(e) => Err(e),
                 None => std::fs::write(&file, blob.content()),
-            });
+            }
+        });
         if let Err(source) = written {
             failed = Some(crate::error::WriteError {
                 what: "write HEAD's kernel source to",

@@ -520,9 +520,9 @@ fn a_candidate_whose_agent_finished_before_the_kill_is_judged_on_resume() {
     assert_eq!(head(dir.path()).0, before);
     let records = records(&run);
     let judged = |k: u32| {
-        records
-            .iter()
-            .any(|r| matches!(r, Record::CandidateJudged { step: 1, candidate, .. } if *candidate == k))
+        records.iter().any(
+            |r| matches!(r, Record::CandidateJudged { step: 1, candidate, .. } if *candidate == k),
+        )
     };
     assert!(judged(1) && judged(2), "{records:?}");
     assert!(!records
@@ -561,7 +561,10 @@ fn judge_json_keeps_a_faster_fake_edit_off_the_branch_and_says_so() {
     let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     schema::check("error", &err);
     assert!(
-        err["error"]["message"].as_str().unwrap().contains("nothing to judge"),
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing to judge"),
         "{err}"
     );
     assert_eq!(
@@ -808,12 +811,22 @@ fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
     let (before, _) = head(dir.path());
     let out = fake_step(
         dir.path(),
-        &["--candidates", "3", "--proposer", HARNESS_CHEATERS, "--steps", "1"],
+        &[
+            "--candidates",
+            "3",
+            "--proposer",
+            HARNESS_CHEATERS,
+            "--steps",
+            "1",
+        ],
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(head(dir.path()).0, before, "{t}");
-    assert!(scratch_commits(dir.path()).is_empty(), "nothing committed: {t}");
+    assert!(
+        scratch_commits(dir.path()).is_empty(),
+        "nothing committed: {t}"
+    );
     assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
     let records = records(&only_run(dir.path()));
     let reasons: Vec<String> = records

@@ -159,7 +159,9 @@ fn cli_exits_2_on_bad_policies() {
 #[test]
 fn a_zero_dimension_names_its_key_and_line() {
     let original = std::fs::read_to_string(repo().join("policies.toml")).unwrap();
-    let seed = original.find("name = \"seed\"\nb = 1").expect("the seed shape");
+    let seed = original
+        .find("name = \"seed\"\nb = 1")
+        .expect("the seed shape");
     let edited = format!(
         "{}{}",
         &original[..seed],
@@ -183,11 +185,8 @@ fn a_parameter_no_kernel_reads_is_refused_and_every_shipped_space_reads_its_own(
         if Space::load(&space).is_err() {
             continue; // Not a space (the ablation chains' helpers) or a fixture of its own.
         }
-        flashtune::run::Project::load(
-            flashtune::config::ProjectPaths::new(repo()),
-            Some(&space),
-        )
-        .unwrap_or_else(|e| panic!("{}: {e}", space.display()));
+        flashtune::run::Project::load(flashtune::config::ProjectPaths::new(repo()), Some(&space))
+            .unwrap_or_else(|e| panic!("{}: {e}", space.display()));
     }
     let dir = scratch_project();
     let smoke = dir.path().join("variants/smoke.toml");

@@ -496,8 +496,16 @@ fn without_nvml_the_run_says_so_once_and_goes_on() {
 #[test]
 fn a_full_disk_in_judge_and_step_names_the_os_cause_and_exits_74() {
     for (site, args, says) in [
-        ("head-tree", vec!["judge", "--fake-gpu", "--space", "variants/step-ci.toml"], "write HEAD's kernel source"),
-        ("attempt-patch", vec!["step", "--fake-gpu", "--space", "variants/step-ci.toml"], "write the attempt's patch"),
+        (
+            "head-tree",
+            vec!["judge", "--fake-gpu", "--space", "variants/step-ci.toml"],
+            "write HEAD's kernel source",
+        ),
+        (
+            "attempt-patch",
+            vec!["step", "--fake-gpu", "--space", "variants/step-ci.toml"],
+            "write the attempt's patch",
+        ),
     ] {
         let dir = repo_project();
         mark_forward(dir.path(), "time x0.80");
@@ -542,7 +550,10 @@ impl Drop for SmallDisk {
 #[test]
 fn a_nearly_full_disk_leaves_a_log_with_its_header_never_an_empty_one() {
     for kib in [8usize, 16, 32, 64] {
-        let dir = project(r#"["small"]"#, &[("min_free_gib = 2.0", "min_free_gib = 0.0")]);
+        let dir = project(
+            r#"["small"]"#,
+            &[("min_free_gib = 2.0", "min_free_gib = 0.0")],
+        );
         let runs = dir.path().join("runs");
         let Some(_disk) = SmallDisk::mount(&runs, kib * 1024) else {
             eprintln!("SKIPPED: cannot mount a tmpfs here (not root?)");

@@ -57,7 +57,8 @@ fn tune_end_to_end_on_the_fake_gpu() {
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains("given synthetic figures by the fake GPU") && !stdout.contains("cases measured"),
+        stdout.contains("given synthetic figures by the fake GPU")
+            && !stdout.contains("cases measured"),
         "{stdout}"
     );
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
@@ -469,7 +470,10 @@ fn doctor_fails_on_broken_policies_and_a_command_outside_the_project_says_where_
         .lines()
         .find(|l| l.starts_with("[FAIL] config"))
         .unwrap_or_else(|| panic!("{t}"));
-    assert!(config.contains("policies.toml:") && config.contains("samples"), "{config}");
+    assert!(
+        config.contains("policies.toml:") && config.contains("samples"),
+        "{config}"
+    );
     assert_eq!(out.status.code(), Some(1));
     let elsewhere = tempfile::tempdir().unwrap();
     let out = Command::new(binary())
@@ -479,7 +483,10 @@ fn doctor_fails_on_broken_policies_and_a_command_outside_the_project_says_where_
         .unwrap();
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("cd into the clone") && t.contains("--root"), "{t}");
+    assert!(
+        t.contains("cd into the clone") && t.contains("--root"),
+        "{t}"
+    );
 }
 
 /// Issue 43, item 9: without any nvcc, `tune --fake-gpu` says why the double needs one and how to
@@ -509,6 +516,8 @@ fn fake_gpu_without_nvcc_names_setup_and_why_the_double_needs_it() {
     );
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let no_gpu = readme.split("## No GPU here?").nth(1).expect("the section");
-    let setup = no_gpu.find("flashtune setup").expect("setup in the no-GPU steps");
+    let setup = no_gpu
+        .find("flashtune setup")
+        .expect("setup in the no-GPU steps");
     assert!(setup < no_gpu.find("flashtune tune --fake-gpu").unwrap());
 }

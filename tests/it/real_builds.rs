@@ -67,8 +67,15 @@ fn assert_space_builds(space: &str, covering: bool) {
     // Issue 43, item 12: ruled-out points are summarised a line per reason (the full attention
     // space rules out 82,783), and the output ends with the counts.
     let reasons = table.lines().filter(|l| l.starts_with("- ")).count();
-    assert!(reasons <= 40, "{space}: {reasons} lines of ruled-out points");
-    let last = table.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(
+        reasons <= 40,
+        "{space}: {reasons} lines of ruled-out points"
+    );
+    let last = table
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
     assert!(
         last.contains("points planned:") && last.contains("builds"),
         "{space}: no summary at the end: {last}"

@@ -315,10 +315,7 @@ fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
 fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
     let dir = repo_project();
     let pid_file = dir.path().join("proposer.pid");
-    let proposer = format!(
-        "sleep 300 & echo $! > {}; wait",
-        pid_file.display()
-    );
+    let proposer = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
     let mut child = flashtune_child(
         dir.path(),
         &[
@@ -347,10 +344,12 @@ fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
-    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ");
+    let alive = |pid: i32| {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+    };
     assert!(alive(pid), "the proposer's sleep runs");
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
@@ -360,5 +359,8 @@ fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
         // SAFETY: a plain kill of a pid this test started; leave nothing behind whatever happens.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    assert!(!survived, "the proposer's sleep (pid {pid}) outlived a SIGKILLed step");
+    assert!(
+        !survived,
+        "the proposer's sleep (pid {pid}) outlived a SIGKILLed step"
+    );
 }

@@ -375,7 +375,10 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
     assert_eq!(head(), before, "nothing was committed");
     assert_eq!(std::fs::read_to_string(&forward).unwrap(), original);
     let oracle = std::fs::read_to_string(dir.path().join("kernels/oracle/oracle.cuh")).unwrap();
-    assert!(!oracle.contains("ORACLE_SHORTCUT"), "the oracle edit was restored");
+    assert!(
+        !oracle.contains("ORACLE_SHORTCUT"),
+        "the oracle edit was restored"
+    );
     let runs: Vec<PathBuf> = std::fs::read_dir(dir.path().join("runs"))
         .unwrap()
         .map(|e| e.unwrap().path())
