@@ -44,11 +44,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy);
     head.run_seed = Some(seed);
-    events.emit(Record::Header(Box::new(head)))?;
-    // The header first, the results store (a cache of the logs, with a write-ahead log that grows)
-    // after: on a nearly full disk the log gets the bytes, never an empty file beside a store.
-    let so_far = runlog::read(&run_dir.join("log.jsonl"))?;
-    events.record_into_store(&project.paths, Some(&so_far));
+    events.emit_header_then_store(Record::Header(Box::new(head)), &project.paths)?;
     let first = opts.devices.first().copied().unwrap_or(0);
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;
     let opts = TuneOptions {

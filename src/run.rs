@@ -86,6 +86,21 @@ impl Events {
         Ok(())
     }
 
+    /// Log a run's header, then open the results store with it: on a nearly full disk the log gets
+    /// the bytes first, never an empty file beside a store's write-ahead log.
+    pub fn emit_header_then_store(&mut self, header: Record, paths: &ProjectPaths) -> Result<()> {
+        let entry = self.log.append(header)?;
+        for r in &mut self.reporters {
+            r.on_entry(&entry);
+        }
+        let so_far = runlog::LoadedLog {
+            entries: vec![(1, entry)],
+            torn_tail: false,
+        };
+        self.record_into_store(paths, Some(&so_far));
+        Ok(())
+    }
+
     pub fn emit(&mut self, record: Record) -> Result<()> {
         let entry = self.log.append(record)?;
         if let Some(store) = &mut self.store {
