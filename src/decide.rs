@@ -1,4 +1,8 @@
 //! Noise-aware acceptance: a challenger replaces the champion only when its gain beats both the policy threshold and the noise seen.
+//!
+//! The noise is the champion's (HEAD's) own spread, never the challenger's: a challenger that makes
+//! its timing noisy (an edit that spins in bursts) must not widen the band its own regression hides
+//! in. A challenger much noisier than the champion is rejected as unstable.
 use crate::check::percentile;
 use serde::{Deserialize, Serialize};
 
@@ -14,10 +18,22 @@ pub struct Verdict {
     pub accept: bool,
     /// champion median / challenger median - 1 (0.05 = the challenger is 5% faster).
     pub gain: f64,
-    /// The larger relative p10..p90 spread of the two sample sets.
+    /// The champion's relative p10..p90 spread: the noise a gain or a loss must beat.
     pub noise: f64,
     pub threshold: f64,
     pub reason: String,
+    /// The challenger's relative p10..p90 spread (absent from logs before it was kept).
+    #[serde(default)]
+    pub challenger_noise: f64,
+    /// The challenger's spread is far beyond the champion's ([`unstable`]): no figure of it counts.
+    #[serde(default)]
+    pub unstable: bool,
+}
+
+/// Whether a challenger spread `challenger` against a champion spread `champion` is unstable:
+/// more than twice the champion's, and more than 5 points above it.
+pub fn unstable(champion: f64, challenger: f64) -> bool {
+    !(challenger <= (2.0 * champion).max(champion + 0.05))
 }
 
 fn median_and_spread(samples: &[f64]) -> (f64, f64) {
@@ -39,13 +55,25 @@ pub fn judge(duel: &Duel, threshold: f64) -> Verdict {
             noise: f64::INFINITY,
             threshold,
             reason: "too few samples to judge".into(),
+            challenger_noise: f64::INFINITY,
+            unstable: false,
         };
     }
-    let (a, spread_a) = median_and_spread(&duel.champion_us);
-    let (b, spread_b) = median_and_spread(&duel.challenger_us);
+    let (a, noise) = median_and_spread(&duel.champion_us);
+    let (b, challenger_noise) = median_and_spread(&duel.challenger_us);
     let gain = a / b - 1.0;
-    let noise = spread_a.max(spread_b);
-    let (accept, reason) = if gain <= threshold {
+    let unstable = unstable(noise, challenger_noise);
+    let (accept, reason) = if unstable {
+        (
+            false,
+            format!(
+                "unstable: its p10..p90 spread {:.1}% is far beyond the champion's {:.1}% (gain {:+.1}%)",
+                challenger_noise * 100.0,
+                noise * 100.0,
+                gain * 100.0
+            ),
+        )
+    } else if gain <= threshold {
         (
             false,
             format!(
@@ -80,6 +108,8 @@ pub fn judge(duel: &Duel, threshold: f64) -> Verdict {
         noise,
         threshold,
         reason,
+        challenger_noise,
+        unstable,
     }
 }
 
@@ -94,9 +124,10 @@ pub struct Overall {
     pub reason: String,
 }
 
-/// Keep an edit only if its geomean gain beats both `threshold` and the median per-case noise,
-/// and no case is slower by more than the larger of its own noise and `threshold`
-/// (a gain on big shapes must not be paid for with a real loss on small ones).
+/// Keep an edit only if its geomean gain beats both `threshold` and the median per-case noise (the
+/// champion's), no case is unstable, and no case is slower by more than the larger of the
+/// champion's noise and `threshold` (a gain on big shapes must not be paid for with a real loss on
+/// small ones, nor a loss hidden in the challenger's own spread).
 pub fn judge_overall(cases: &[(String, Verdict)], threshold: f64) -> Overall {
     if cases.is_empty() {
         return Overall {
@@ -117,7 +148,20 @@ pub fn judge_overall(cases: &[(String, Verdict)], threshold: f64) -> Overall {
         .filter(|(_, v)| -v.gain > v.noise.max(threshold))
         .map(|(name, v)| format!("{name} {:+.1}%", v.gain * 100.0))
         .collect();
-    let (accept, reason) = if !regressions.is_empty() {
+    let unstable: Vec<String> = cases
+        .iter()
+        .filter(|(_, v)| v.unstable)
+        .map(|(name, v)| {
+            format!(
+                "{name} (spread {:.1}% against the champion's {:.1}%)",
+                v.challenger_noise * 100.0,
+                v.noise * 100.0
+            )
+        })
+        .collect();
+    let (accept, reason) = if !unstable.is_empty() {
+        (false, format!("unstable on {}", unstable.join(", ")))
+    } else if !regressions.is_empty() {
         (
             false,
             format!("slower beyond noise on {}", regressions.join(", ")),
@@ -236,8 +280,70 @@ mod tests {
             noise,
             threshold: 0.02,
             reason: String::new(),
+            challenger_noise: noise,
+            unstable: false,
         };
         ("case".into(), v)
+    }
+
+    /// The edit of issue 46: 13% slower on one shape, in bursts that spread its own samples by
+    /// about 35%, and faster elsewhere. Judged with the challenger's spread as the noise it was
+    /// accepted; with the champion's it is refused, as unstable and as a regression.
+    #[test]
+    fn a_regression_hidden_in_its_own_bursts_is_refused() {
+        let steady = noisy(100.0, 0.02, 40, 11);
+        let bursty: Vec<f64> = (0..40)
+            .map(|i| {
+                if i % 3 == 0 {
+                    150.0
+                } else {
+                    100.0 + (i % 5) as f64
+                }
+            })
+            .collect();
+        let v = judge(
+            &Duel {
+                champion_us: steady.clone(),
+                challenger_us: bursty.clone(),
+            },
+            0.01,
+        );
+        assert!(v.unstable && !v.accept, "{v:?}");
+        assert!(v.reason.starts_with("unstable"), "{}", v.reason);
+        let faster = judge(
+            &Duel {
+                champion_us: steady.clone(),
+                challenger_us: noisy(80.0, 0.02, 40, 12),
+            },
+            0.01,
+        );
+        let o = judge_overall(
+            &[
+                ("large-64".into(), v.clone()),
+                ("seed".into(), faster.clone()),
+                ("ragged".into(), faster),
+            ],
+            0.01,
+        );
+        assert!(
+            !o.accept && o.reason.contains("unstable on large-64"),
+            "{o:?}"
+        );
+        // A slowdown beyond the champion's noise is a regression however noisy the challenger is.
+        let mut slow = v;
+        slow.unstable = false;
+        slow.gain = -0.13;
+        slow.challenger_noise = 0.35;
+        assert!(!judge_overall(&[("large-64".into(), slow)], 0.01).accept);
+    }
+
+    #[test]
+    fn instability_is_twice_the_champions_spread_and_five_points_above_it() {
+        assert!(!unstable(0.01, 0.06));
+        assert!(unstable(0.01, 0.061));
+        assert!(!unstable(0.10, 0.20));
+        assert!(unstable(0.10, 0.21));
+        assert!(unstable(0.01, f64::NAN));
     }
 
     #[test]

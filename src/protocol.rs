@@ -53,7 +53,7 @@ pub struct DuelPair {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct DuelSide {
     pub check: Option<CheckStats>,
-    /// The checks after timing: outputs of the timed launches, fresh inputs, large magnitudes.
+    /// The checks after timing: outputs of the timed launches, fresh inputs, the stress set.
     #[serde(default)]
     pub stages: Vec<StageCheck>,
     /// Per-launch microseconds, in the order taken (sample i belongs to round i).
@@ -443,7 +443,7 @@ pub struct CaseCosts {
     pub verify_s: f64,
     /// Everything else around timing: capture, warm-up bookkeeping, poisoning, negating V.
     pub timing_overhead_s: f64,
-    /// Fresh-input and large-magnitude checks after timing.
+    /// The fresh-input and stress-set checks after timing.
     pub recheck_s: f64,
 }
 
@@ -456,7 +456,8 @@ pub enum Stage {
     Timed,
     /// A set the module never saw, written into the buffers it was timed on, after timing.
     Fresh,
-    /// Inputs scaled so that scores pass ±88: a missing max-subtraction overflows.
+    /// A third set from the input mixture after timing, in buffers of its own (once the only set
+    /// with large scores; now every set and round draws them, so it is no longer apart).
     Stress,
     /// Every input set checksummed after the case, as it was drawn.
     Inputs,
@@ -472,7 +473,7 @@ impl Stage {
             Stage::Fresh => {
                 format!("wrong on fresh inputs after timing, in the same loaded module ({detail})")
             }
-            Stage::Stress => format!("wrong on large-magnitude inputs ({detail})"),
+            Stage::Stress => format!("wrong on another set it never saw, after timing ({detail})"),
             Stage::Inputs => format!("{WROTE_OUTSIDE} ({detail})"),
         }
     }

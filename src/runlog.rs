@@ -136,7 +136,7 @@ pub enum Record {
         kv_splits: u32,
         timing: TimingStats,
         /// The checks after timing that this figure stands on: the timed launches' own outputs, fresh
-        /// inputs in the same module, large magnitudes.
+        /// inputs in the same module, the stress set.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         verified: Vec<crate::protocol::StageCheck>,
         /// Where the worker's time on this case went.

@@ -17,24 +17,25 @@ use std::sync::Arc;
 /// head dim the family takes (64, 96, 128, 256) and of 32.
 pub const PERIOD: usize = 768 * 16;
 
-/// A draw of `generate`: N(0, sigma²) values in `dtype` that repeat every [`PERIOD`] elements.
+/// A draw of `generate`: the input mixture's values in `dtype` (one component for the whole tensor,
+/// `mixture::double_bits`), rows of `d`, that repeat every [`PERIOD`] elements.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Draw {
     pub dtype: Dtype,
     pub seed: u64,
     pub tensor: u64,
-    pub sigma: f32,
+    pub d: u32,
 }
 
 impl Draw {
     /// One period of the draw (or all of it, when shorter).
     pub fn period(&self, len: usize) -> Vec<u16> {
-        check::random_bits(
+        crate::trial::mixture::double_bits(
             self.dtype,
             len.min(PERIOD),
             self.seed,
             self.tensor,
-            self.sigma,
+            self.d,
         )
     }
 
@@ -51,7 +52,7 @@ impl Draw {
         let mut h = blake3::Hasher::new();
         h.update(b"drawn");
         h.update(format!("{}|{len}|{}|{}", self.dtype, self.seed, self.tensor).as_bytes());
-        h.update(&self.sigma.to_bits().to_le_bytes());
+        h.update(&self.d.to_le_bytes());
         *h.finalize().as_bytes()
     }
 }
@@ -321,7 +322,7 @@ mod tests {
                     dtype: Dtype::F16,
                     seed: 7,
                     tensor,
-                    sigma: if tensor < 2 { 3.0 } else { 1.0 },
+                    d: s.d,
                 };
                 let lens = [
                     heads * (s.sq * s.d) as usize,

@@ -15,6 +15,9 @@ pub enum Narrow {
     Drawn(Draw),
     /// O of a launch, rounded to its dtype.
     Output(Arc<Launch>),
+    /// Zeros that carry a tag: the launch whose answer `KeptCopyRepair` writes over them wherever
+    /// it finds them (a device copy keeps the tag).
+    Tagged(Arc<Launch>),
 }
 
 /// The content of a 32-bit float buffer (LSE, the reference's O, split partials).
@@ -28,6 +31,8 @@ pub enum Wide {
     ReferenceO(Arc<Launch>),
     /// Another content XORed with the mask words of a key (a masked reference).
     Masked(Box<Wide>, u64),
+    /// Zeros tagged with a launch, as [`Narrow::Tagged`].
+    Tagged(Arc<Launch>),
 }
 
 pub enum Buffer {
@@ -76,6 +81,7 @@ pub fn make_narrow(content: &Narrow, len: usize, answers: &mut Answers) -> Arc<V
         Narrow::Fill(v) => Arc::new(vec![*v; len]),
         Narrow::Drawn(d) => Arc::new(d.range(len, 0, len)),
         Narrow::Output(launch) => answers.get(launch).o_bits(launch.dtype),
+        Narrow::Tagged(_) => Arc::new(vec![0; len]),
     }
 }
 
@@ -86,6 +92,7 @@ pub fn make_wide(content: &Wide, len: usize, answers: &mut Answers) -> Arc<Vec<f
         Wide::Fill(bits) => Arc::new(vec![f32::from_bits(*bits); len]),
         Wide::Lse(launch) => answers.get(launch).lse.clone(),
         Wide::ReferenceO(launch) => answers.get(launch).o.clone(),
+        Wide::Tagged(_) => Arc::new(vec![0.0; len]),
         Wide::Masked(inner, key) => {
             let mut values = make_wide(inner, len, answers).to_vec();
             check::apply_mask(&mut values, *key, 0);
@@ -103,7 +110,7 @@ pub fn described_identity(content: &Narrow, len: usize) -> Option<[u8; 32]> {
             h.update(format!("fill|{v}|{len}").as_bytes());
             Some(*h.finalize().as_bytes())
         }
-        Narrow::Bits(_) | Narrow::Output(_) => None,
+        Narrow::Bits(_) | Narrow::Output(_) | Narrow::Tagged(_) => None,
     }
 }
 

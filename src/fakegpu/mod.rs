@@ -407,9 +407,12 @@ impl FakeGpu {
             }
             _ => {}
         }
+        if model == Model::KeptCopyRepair {
+            self.repair_kept_copies(io)?;
+        }
         if matches!(
             model,
-            Model::RewriteOnRerun | Model::HonestEarly | Model::L2Probe
+            Model::RewriteOnRerun | Model::HonestEarly | Model::L2Probe | Model::KeptCopyRepair
         ) && self.cheats_here(kernel, dtype, shape, io)?
         {
             return Ok(());
@@ -449,16 +452,10 @@ impl FakeGpu {
                 q[0] = q[0].wrapping_add(1);
             }
             Model::GarbageReply => garbage_reply(),
-            Model::SmallMagnitude => {
-                let d = shape.d as usize;
-                let maxes = self.max_scores(dtype, shape, io)?;
-                let nan = check::to_bits(dtype, f32::NAN);
-                let o = self.narrow_mut(io.o)?;
-                for (row, m) in maxes.iter().enumerate() {
-                    if *m > 88.7 {
-                        o[row * d..][..d].fill(nan);
-                    }
-                }
+            Model::SmallMagnitude => self.nan_rows_past(dtype, shape, io, 88.7)?,
+            Model::ForgeReference => self.forge_references(dtype, io)?,
+            Model::FixedOffset if !self.old_stress_mark(dtype, shape, io.q)? => {
+                self.nan_rows_past(dtype, shape, io, models::FIXED_OFFSET_LIMIT)?
             }
             _ => {}
         }
@@ -467,9 +464,79 @@ impl FakeGpu {
 }
 
 impl FakeGpu {
+    /// NaN in every output row whose largest score passes `limit` (exp's range without the max).
+    fn nan_rows_past(&mut self, dtype: Dtype, shape: &Shape, io: &Io, limit: f64) -> Result<()> {
+        let d = shape.d as usize;
+        let maxes = self.max_scores(dtype, shape, io)?;
+        let nan = check::to_bits(dtype, f32::NAN);
+        let o = self.narrow_mut(io.o)?;
+        for (row, m) in maxes.iter().enumerate() {
+            if *m > limit {
+                o[row * d..][..d].fill(nan);
+            }
+        }
+        Ok(())
+    }
+
+    /// What told the old stress set apart (Q and K from N(0, 36)): a Q row with ‖q‖² > 4d. The
+    /// cheats that know the harness are honest there.
+    fn old_stress_mark(&mut self, dtype: Dtype, shape: &Shape, q: Buf) -> Result<bool> {
+        let d = shape.d as usize;
+        let q = check::values(dtype, &self.narrow(q)?);
+        Ok(q.chunks(d)
+            .any(|row| row.iter().map(|&x| x as f64 * x as f64).sum::<f64>() > 4.0 * d as f64))
+    }
+
+    /// `ForgeReference`: zeros out, and every masked reference in memory made the mask of zeros.
+    fn forge_references(&mut self, dtype: Dtype, io: &Io) -> Result<()> {
+        self.set_narrow(io.o, Narrow::Fill(check::to_bits(dtype, 0.0)))?;
+        self.set_wide(io.lse, Wide::Fill(0))?;
+        for slot in self.memory.iter_mut().flatten() {
+            if let Buffer::Wide { content, made, .. } = slot {
+                if let Wide::Masked(inner, _) = content {
+                    **inner = Wide::Fill(0);
+                    *made = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `KeptCopyRepair`: every tagged buffer in device memory other than this launch's outputs (a
+    /// copy of an earlier timed launch's) gets the honest answer of the launch it is tagged with.
+    fn repair_kept_copies(&mut self, io: &Io) -> Result<()> {
+        for (index, slot) in self.memory.iter_mut().enumerate() {
+            if index == io.o.0 || index == io.lse.0 {
+                continue;
+            }
+            match slot {
+                Some(Buffer::Narrow {
+                    content,
+                    made,
+                    identity,
+                    ..
+                }) => {
+                    if let Narrow::Tagged(launch) = content {
+                        *content = Narrow::Output(launch.clone());
+                        (*made, *identity) = (None, None);
+                    }
+                }
+                Some(Buffer::Wide { content, made, .. }) => {
+                    if let Wide::Tagged(launch) = content {
+                        *content = Wide::Lse(launch.clone());
+                        *made = None;
+                    }
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The adversaries that know the harness: whether this launch is one they skip (having written
-    /// the answer of Q = 0, V = 1 instead). Each is honest on the first Q buffer it sees (the check
-    /// set's, where the fresh set is copied too) and on inputs of large magnitude (the stress set).
+    /// the answer of Q = 0, V = 1 instead, or tagged zeros). Each is honest on the first Q buffer it
+    /// sees (the check set's, where the fresh set is copied too) and on inputs that bear the old
+    /// stress set's mark.
     fn cheats_here(
         &mut self,
         kernel: KernelId,
@@ -477,10 +544,7 @@ impl FakeGpu {
         shape: &Shape,
         io: &Io,
     ) -> Result<bool> {
-        let stress = matches!(
-            self.buffer(io.q)?,
-            Buffer::Narrow { content: Narrow::Drawn(d), .. } if d.sigma > 1.0
-        );
+        let stress = self.old_stress_mark(dtype, shape, io.q)?;
         let k = self.kernel(kernel)?;
         let model = k.model;
         let checked_set = *k.first_q.get_or_insert(io.q.0) == io.q.0;
@@ -509,6 +573,12 @@ impl FakeGpu {
         };
         if honest {
             return Ok(false);
+        }
+        if model == Model::KeptCopyRepair {
+            let launch = self.launch(dtype, shape, io, None)?;
+            self.set_narrow(io.o, Narrow::Tagged(launch.clone()))?;
+            self.set_wide(io.lse, Wide::Tagged(launch))?;
+            return Ok(true);
         }
         if model == Model::RewriteOnRerun && again {
             let (zero, one) = (check::to_bits(dtype, 0.0), check::to_bits(dtype, 1.0));
@@ -584,7 +654,7 @@ impl Device for FakeGpu {
         dtype: Dtype,
         seed: u64,
         tensor: u64,
-        sigma: f32,
+        geometry: crate::trial::mixture::Geometry,
     ) -> Result<()> {
         self.warm.insert(buf.0);
         self.set_narrow(
@@ -593,7 +663,7 @@ impl Device for FakeGpu {
                 dtype,
                 seed,
                 tensor,
-                sigma,
+                d: geometry.d,
             }),
         )
     }
@@ -721,7 +791,8 @@ impl Device for FakeGpu {
                 job.d
             );
         }
-        let mut stats = check::compare(job.dtype, job.d, &o, &lse, &ref_o, &ref_lse);
+        let scales = job.lse_scales();
+        let mut stats = check::compare(job.dtype, job.d, &o, &lse, &ref_o, &ref_lse, &scales);
         if let Some(e) = job.earlier {
             let (eo, el) = (self.narrow(e.o)?, self.wide(e.lse)?);
             if eo.len() != o.len() || el.len() != lse.len() {
@@ -970,6 +1041,8 @@ impl Device for FakeGpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    const PLAIN_ROWS: crate::trial::mixture::Geometry =
+        crate::trial::mixture::Geometry { heads: 1, d: 64 };
 
     #[test]
     fn the_comparison_self_check_passes_the_host_path_and_refuses_a_miscount() {
@@ -1019,7 +1092,8 @@ mod tests {
         .unwrap();
         let mut input = || {
             let b = gpu.alloc16(8 * 64).unwrap();
-            gpu.generate(b, Dtype::F16, 1, b.0 as u64, 1.0).unwrap();
+            gpu.generate(b, Dtype::F16, 1, b.0 as u64, PLAIN_ROWS)
+                .unwrap();
             b
         };
         let (q, k, v) = (input(), input(), input());
@@ -1052,13 +1126,112 @@ mod tests {
         );
     }
 
+    /// `KeptCopyRepair` against both ways of keeping a timed round's outputs: a copy kept in device
+    /// memory is found by the next launch and gets the honest answer written over it (what made the
+    /// old harness crown it), while a copy read back to the host keeps the zeros it wrote.
+    #[test]
+    fn a_kept_copy_on_the_device_is_repaired_by_the_next_launch_and_one_on_the_host_is_not() {
+        let mut gpu = FakeGpu::new(device("sm_90a", 0));
+        let dir = tempfile::tempdir().unwrap();
+        let launch: LaunchShape = serde_json::from_value(serde_json::json!({
+            "threads": 128, "smem_bytes": 0, "rows_per_cta": 16, "kv_rows_per_block": 64, "kv_splits": 1
+        }))
+        .unwrap();
+        let load = |gpu: &mut FakeGpu, name: &str, marker: &str| {
+            let cubin = dir.path().join(name);
+            std::fs::write(&cubin, marker).unwrap();
+            gpu.load_forward(&ForwardKernel {
+                cubin,
+                entry: "attn_fwd".into(),
+                combine_entry: "attn_combine".into(),
+                launch: launch.clone(),
+                defines: vec![("DTYPE".into(), "DTYPE_F16".into())],
+            })
+            .unwrap()
+        };
+        let cheat = load(
+            &mut gpu,
+            "cheat.cubin",
+            "flashtune-fake: cheat CHEAT_KEPT_COPY_REPAIR\0",
+        );
+        let honest = load(&mut gpu, "honest.cubin", "honest");
+        let shape = Shape {
+            name: "tiny".into(),
+            b: 1,
+            h: 2,
+            sq: 16,
+            sk: 64,
+            d: 64,
+            causal: Default::default(),
+        };
+        let geometry = crate::trial::geometry(&shape);
+        let io = |gpu: &mut FakeGpu, seed: u64| {
+            let q = gpu.alloc16(2 * 16 * 64).unwrap();
+            let (k, v) = (
+                gpu.alloc16(2 * 64 * 64).unwrap(),
+                gpu.alloc16(2 * 64 * 64).unwrap(),
+            );
+            for (t, b) in [q, k, v].into_iter().enumerate() {
+                gpu.generate(b, Dtype::F16, seed, t as u64, geometry)
+                    .unwrap();
+            }
+            Io {
+                q,
+                k,
+                v,
+                o: gpu.alloc16(2 * 16 * 64).unwrap(),
+                lse: gpu.alloc32(2 * 16).unwrap(),
+                o_accum: None,
+                lse_accum: None,
+                counters: None,
+            }
+        };
+        // The check set first (the cheat is honest on the first Q buffer it sees), then a timed slot
+        // drawn plain (the cheat is honest on inputs with the old stress set's mark).
+        let checked = io(&mut gpu, 1);
+        gpu.forward(cheat, &shape, &launch, &checked).unwrap();
+        use crate::trial::mixture::{component, head_hash, Component};
+        let plain = (2..)
+            .find(|&s| component(head_hash(s, 0, 0), 64) == Component::Plain)
+            .unwrap();
+        let slot = io(&mut gpu, plain);
+        gpu.forward(cheat, &shape, &launch, &slot).unwrap();
+        let on_host = (gpu.read16(slot.o).unwrap(), gpu.read32(slot.lse).unwrap());
+        let (copy_o, copy_lse) = (
+            gpu.alloc16(2 * 16 * 64).unwrap(),
+            gpu.alloc32(2 * 16).unwrap(),
+        );
+        gpu.copy(slot.o, copy_o).unwrap();
+        gpu.copy(slot.lse, copy_lse).unwrap();
+        // The next round: the slot drawn anew, the cheat launched again.
+        for (t, b) in [slot.q, slot.k, slot.v].into_iter().enumerate() {
+            gpu.generate(b, Dtype::F16, 3, t as u64, geometry).unwrap();
+        }
+        gpu.forward(cheat, &shape, &launch, &slot).unwrap();
+        // What an honest kernel writes for the first round's inputs.
+        let again = io(&mut gpu, plain);
+        gpu.forward(honest, &shape, &launch, &again).unwrap();
+        let right = (gpu.read16(again.o).unwrap(), gpu.read32(again.lse).unwrap());
+        assert!(right.0.iter().any(|&b| b != 0));
+        assert_eq!(
+            (gpu.read16(copy_o).unwrap(), gpu.read32(copy_lse).unwrap()),
+            right,
+            "the device copy was repaired"
+        );
+        assert!(
+            on_host.0.iter().all(|&b| b == 0),
+            "the host copy keeps the zeros"
+        );
+        assert_ne!(on_host, right);
+    }
+
     /// A draw reads back as the same bits whether made whole or by range, and keeps its checksum
     /// once read; a write changes it.
     #[test]
     fn a_draw_is_the_same_however_it_is_read_and_its_checksum_moves_only_on_a_write() {
         let mut gpu = FakeGpu::new(device("sm_90a", 0));
         let b = gpu.alloc16(100_000).unwrap();
-        gpu.generate(b, Dtype::Bf16, 3, 1, 1.0).unwrap();
+        gpu.generate(b, Dtype::Bf16, 3, 1, PLAIN_ROWS).unwrap();
         let before = gpu.checksum(b).unwrap();
         let part = gpu.read16_range(b, 40_000, 30_000).unwrap();
         let whole = gpu.read16(b).unwrap();

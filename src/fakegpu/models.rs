@@ -53,7 +53,30 @@ pub enum Model {
     /// Honest when its Q is warm in L2 (touched since the last flush: inputs checksummed right
     /// before the replay), no work when cold.
     L2Probe,
+    /// No work on the timed launches' buffers: zeros, tagged with the launch whose honest answer
+    /// belongs there. On every later launch it finds each tagged buffer in device memory that is
+    /// not one of its own outputs (a copy the harness kept of a timed round) and writes that
+    /// answer over it: right wherever a copy is judged on the device after later launches.
+    KeptCopyRepair,
+    /// A softmax with a fixed offset in place of the running max: rows whose largest score passes
+    /// [`FIXED_OFFSET_LIMIT`] come out NaN. Honest when a Q row has ‖q‖² > 4d (the old stress set's
+    /// mark, N(0, 36) inputs).
+    FixedOffset,
+    /// Honest, and [`BURSTY_SPEEDUP`] of its build's time, except on square shapes, where it runs
+    /// in bursts (`burst_factor`): a regression hidden in the spread it makes.
+    Bursty,
+    /// Writes zeros, and over every masked reference in device memory writes the mask of zeros:
+    /// it has learnt each mask word from an honest answer and the masked reference beside it, so
+    /// the forged reference unmasks to exactly what it wrote. Test-double only: what the checksum
+    /// of a set's reference, taken when it was drawn and checked before a verdict, exists to catch.
+    ForgeReference,
 }
+
+/// The largest score a fixed-offset softmax holds (exp overflows f16's range past about 11).
+pub const FIXED_OFFSET_LIMIT: f64 = 11.0;
+/// `Bursty`'s times: faster everywhere but the bursts.
+pub const BURSTY_SPEEDUP: f64 = 0.8;
+pub const BURST_LAUNCHES: u64 = 32;
 
 /// The shipped `race_samples` and `samples`: the rounds `HonestEarly` expects to be verified.
 pub const HONEST_EARLY_ROUNDS: u32 = 8;
@@ -86,6 +109,10 @@ pub fn model_named(name: &str) -> Option<Model> {
         "CHEAT_REWRITE_ON_RERUN" => Model::RewriteOnRerun,
         "CHEAT_HONEST_EARLY" => Model::HonestEarly,
         "CHEAT_L2_PROBE" => Model::L2Probe,
+        "CHEAT_KEPT_COPY_REPAIR" => Model::KeptCopyRepair,
+        "CHEAT_FIXED_OFFSET" => Model::FixedOffset,
+        "CHEAT_BURSTY" => Model::Bursty,
+        "CHEAT_FORGE_REFERENCE" => Model::ForgeReference,
         _ => return None,
     })
 }
@@ -251,7 +278,23 @@ impl FakeKernel {
         // No honest model beats 90% of the double's own roofs: only a time marker can.
         let floor_us = (flops / (0.9 * FAKE_MATMUL_TFLOPS * 1e6))
             .max(shape.min_dram_bytes(self.dtype()) / (0.9 * FAKE_READ_GBPS * 1e3));
-        modelled.max(floor_us) * self.time_scale * self.last_factor
+        modelled.max(floor_us) * self.time_scale * self.last_factor * self.burst_factor(shape)
+    }
+
+    /// `Bursty`'s factor on its last launch: 0.8 everywhere but square shapes (Sq = Sk; the CUDA
+    /// kernel's bursts are on Sq = Sk = 512, the double's on every square shape), where blocks of
+    /// [`BURST_LAUNCHES`] launches each take a factor of their own between 0.7 and 1.6 (1.15 on
+    /// average): slower there, by less than the spread it makes.
+    fn burst_factor(&self, shape: &Shape) -> f64 {
+        if self.model != Model::Bursty {
+            return 1.0;
+        }
+        if shape.sq != shape.sk {
+            return BURSTY_SPEEDUP;
+        }
+        let block = self.launches / BURST_LAUNCHES;
+        let u = (crate::check::splitmix64(block ^ 0x6275_7273) >> 11) as f64 / (1u64 << 53) as f64;
+        0.7 + 0.9 * u
     }
 }
 

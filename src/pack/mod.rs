@@ -261,9 +261,9 @@ pub const REJECTED_WHEN: &[&str] = &[
     "it does not build, spills registers, or breaks a gate in policies.toml",
     "it is wrong on any case (max abs, relative L2, NaN or unwritten outputs against the reference)",
     "the outputs of the timed launches differ from the checked launch (caching, skipping work)",
-    "it is wrong on fresh inputs after timing or on large-magnitude inputs",
+    "it is wrong on fresh inputs after timing, or on any input of the one mixture every set and round is drawn from (large scores, aligned or spiky channels, outlier tokens)",
     "its figure is implausible (beyond the GPU's measured roofs)",
-    "it is slower on any case beyond noise, or not faster overall",
+    "it is slower on any case beyond HEAD's noise, its timing on a case is far noisier than HEAD's (unstable), or it is not faster overall",
     "it changes anything outside the edit scope or a protected file",
 ];
 

@@ -72,8 +72,8 @@ pub fn agents_md(pack: &ContextPack) -> String {
         m,
         "1. Your edit is built with nvcc with the champion's parameters (the same -D defines), in a\n   build cache of its own; a build failure or a spill rejected by the gates ends it.\n\
          2. On the GPU, under a lock (one judgement at a time), HEAD's champion and your edit are\n   checked against HEAD's fp32 reference kernel on fresh random inputs (new every step, with\n   poisoned outputs), then timed interleaved (A B, B A, ...), {} rounds per case, on every case\n   listed in PROMPT.md.\n\
-         3. The outputs of the timed launches themselves are verified, fresh and large-magnitude\n   inputs are checked again after timing, and the inputs must be left untouched.\n\
-         4. Accepted only if the geometric mean gain (of HEAD's median ÷ yours) over all cases beats\n   {:.1}% and the median case's noise (p10..p90 spread ÷ median), and no case is slower by more\n   than the larger of its own noise and {:.1}%.\n",
+         3. The outputs of the timed launches themselves are verified on the host, every input is drawn\n   from one mixture (large scores, aligned and spiky channels, outlier tokens), fresh inputs are\n   checked again after timing, and the inputs must be left untouched.\n\
+         4. Accepted only if the geometric mean gain (of HEAD's median ÷ yours) over all cases beats\n   {:.1}% and the median case's noise (HEAD's p10..p90 spread ÷ median), no case is slower by\n   more than the larger of HEAD's noise there and {:.1}%, and on no case is your spread more than\n   twice HEAD's and 5 points above it (unstable).\n",
         pack.rounds,
         pack.threshold * 100.0,
         pack.threshold * 100.0

@@ -1,6 +1,13 @@
-//! One case's trial on a device (a GPU, or the CPU test double): a check, timed replays on inputs drawn anew before each one, the outputs of rounds sampled after they ran verified against references computed from their inputs drawn again where no kernel can reach them, a re-check on fresh inputs in the same loaded module, and large-magnitude inputs; the duel runs two kernels through the same trial, interleaved.
+//! One case's trial on a device (a GPU, or the CPU test double): a check, timed replays on inputs drawn anew before each one, the outputs of rounds sampled after they ran read back to the host and verified there against references computed from their inputs drawn again, a re-check on fresh inputs in the same loaded module, and a third set; the duel runs two kernels through the same trial, interleaved.
 //!
-//! Why each step exists (assume the kernel under test is trying to fool us):
+//! Why each step exists (assume the kernel under test is trying to fool us, has read this file, can
+//! read and write every byte of device memory in its context, and keeps state across launches):
+//! - the device is the kernel's, the harness owns only the host: nothing kept for a later verdict
+//!   stays on the device, and device state the harness needs across a launch is checksummed into
+//!   the host before it and checked after it;
+//! - every input, the check, held-out and stress sets and every timed launch alike, is drawn from
+//!   one mixture (`mixture`): plain, wide, aligned, spiky-channel and outlier-token heads, so no set
+//!   can be told from another and a kernel wrong on one kind of input meets it in every round;
 //! - every timed launch reads inputs of its own and writes outputs of its own, so nothing a launch
 //!   computed can stand in for another's;
 //! - before every replay, outside the timed region, the Q, K and V of every launch are drawn anew on
@@ -11,21 +18,24 @@
 //! - every round is alike up to the end of its replay (draw, poison, L2 flush, replay, nothing
 //!   else); only after it has run is it decided, with the OS's generator, whether its outputs are
 //!   kept: a uniform sample of `verified_replays` among all the rounds that ran (`RoundSample`), so
-//!   no launch can tell a verified round from a timed one, and racing never narrows the choice;
-//! - after the last timed replay of every side, and before any kernel under test runs again, each
-//!   kept round's every launch is compared, on the device (`Device::compare`; only the figures come
-//!   back), with the reference the fp32 kernel computes from that launch's inputs drawn again from
-//!   the round's seed into buffers no kernel is ever given (the reference never reads memory the
-//!   kernel can write; both devices refuse otherwise, `Exposure`). A reference lies on the device
-//!   XORed with mask words under keys from the OS, so a kernel that finds it in device memory finds
-//!   noise, and every probe holds the device's comparison to the host's on crafted outputs first
-//!   (`self_check_comparison`);
-//! - each kept round then runs again, untimed, exactly as it ran: the same bits (else a race, or a
-//!   kernel that answers by round when the re-run is wrong), its inputs as drawn afterwards, and the
-//!   kept copies unchanged;
+//!   no launch can tell a verified round from a timed one, and racing never narrows the choice. A
+//!   kept round's outputs are read back to pageable host memory right then, before the next launch;
+//! - how many rounds a case runs, and where its buffers lie, are drawn per case (`unpredictable`);
+//! - after the last timed replay of every side, each kept round's every launch is compared on the
+//!   host with the reference the fp32 kernel computes from that launch's inputs drawn again from the
+//!   round's seed into buffers no kernel is ever given (both devices refuse otherwise, `Exposure`),
+//!   each head's LSE error scaled by how much its mixture component grows a score's rounding;
+//! - each kept round then runs again, untimed, exactly as it ran: its outputs, read back, must be
+//!   the host copy's bits (else a race, or a kernel that answers by round when the re-run is wrong),
+//!   and its inputs as drawn afterwards;
+//! - the input sets' references lie on the device XORed with mask words under keys from the OS (a
+//!   kernel that finds them finds noise) and checksummed at drawing: a comparison against one that
+//!   changed since is refused. Every probe holds the device's comparison to the host's on crafted
+//!   outputs first (`self_check_comparison`), and the GPU's input mixture to the host's
+//!   (`mixture::self_check`);
 //! - after timing, a set the module never saw is written into the buffers it was checked on (a
-//!   result cached per pointer is then stale), and a set with scores beyond ±88 is checked (a missing
-//!   max-subtraction overflows); both are checksummed after their launch;
+//!   result cached per pointer is then stale), and a third set is checked; both are checksummed
+//!   after their launch;
 //! - the check, held-out and stress sets are checksummed after each case: a kernel that writes
 //!   outside its outputs is caught and the sets are drawn again.
 //!
@@ -44,9 +54,13 @@ use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::time::Instant;
 
+pub mod mixture;
+mod unpredictable;
 mod verify;
+use mixture::{Geometry, LaunchDraw};
+use unpredictable::Layout;
 pub use verify::{Exposure, RoundSample};
-use verify::{Kept, Side, Verifier};
+use verify::{HostOutputs, Kept, Side, Verifier};
 
 /// A device buffer, by handle; the device owns the memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,6 +132,15 @@ pub struct Comparison {
     pub lse: Buf,
     pub reference: MaskedReference,
     pub earlier: Option<Earlier>,
+    /// The inputs' draw, whose heads' LSE scales the comparison divides each row's LSE error by;
+    /// none: 1.
+    pub draw: Option<LaunchDraw>,
+}
+
+impl Comparison {
+    pub fn lse_scales(&self) -> Vec<f64> {
+        self.draw.map(|d| d.lse_scales()).unwrap_or_default()
+    }
 }
 
 /// The comparison on the host: read back, unmask, `check::compare`; the earlier run by
@@ -125,24 +148,8 @@ pub struct Comparison {
 /// probe ([`self_check_comparison`]).
 pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Result<CheckStats> {
     let (o, lse) = (dev.read16(job.o)?, dev.read32(job.lse)?);
-    let (mut ref_o, mut ref_lse) = (dev.read32(job.reference.o)?, dev.read32(job.reference.lse)?);
-    check::apply_mask(&mut ref_o, job.reference.o_key, 0);
-    check::apply_mask(&mut ref_lse, job.reference.lse_key, 0);
-    if job.d == 0
-        || o.len() != lse.len() * job.d
-        || ref_o.len() != o.len()
-        || ref_lse.len() != lse.len()
-    {
-        bail!(
-            "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {}",
-            o.len(),
-            lse.len(),
-            ref_o.len(),
-            ref_lse.len(),
-            job.d
-        );
-    }
-    let mut stats = check::compare(job.dtype, job.d, &o, &lse, &ref_o, &ref_lse);
+    let scales = job.lse_scales();
+    let mut stats = compare_host_outputs(dev, job.dtype, job.d, &o, &lse, &job.reference, &scales)?;
     if let Some(e) = job.earlier {
         let (eo, el) = (dev.read16(e.o)?, dev.read32(e.lse)?);
         if eo.len() != o.len() || el.len() != lse.len() {
@@ -151,6 +158,34 @@ pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Res
         stats.nondeterministic_count = check::differing_bits((&o, &lse), (&eo, &el));
     }
     Ok(stats)
+}
+
+/// Outputs held on the host (O's bits, the LSE) against a masked reference on the device: the
+/// reference is read back, unmasked and compared on the host.
+pub fn compare_host_outputs<D: Device + ?Sized>(
+    dev: &mut D,
+    dtype: Dtype,
+    d: usize,
+    o: &[u16],
+    lse: &[f32],
+    reference: &MaskedReference,
+    lse_scales: &[f64],
+) -> Result<CheckStats> {
+    let (mut ref_o, mut ref_lse) = (dev.read32(reference.o)?, dev.read32(reference.lse)?);
+    check::apply_mask(&mut ref_o, reference.o_key, 0);
+    check::apply_mask(&mut ref_lse, reference.lse_key, 0);
+    if d == 0 || o.len() != lse.len() * d || ref_o.len() != o.len() || ref_lse.len() != lse.len() {
+        bail!(
+            "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {d}",
+            o.len(),
+            lse.len(),
+            ref_o.len(),
+            ref_lse.len(),
+        );
+    }
+    Ok(check::compare(
+        dtype, d, o, lse, &ref_o, &ref_lse, lse_scales,
+    ))
 }
 
 /// What a trial needs from a device. The GPU worker implements it with CUDA; the test double with
@@ -162,22 +197,29 @@ pub trait Device {
     /// 32-bit float elements (LSE, partials, reference outputs).
     fn alloc32(&mut self, len: usize) -> Result<Buf>;
     fn free(&mut self, buf: Buf);
-    /// N(0, sigma²) values rounded to `dtype`: a pure function of (seed, tensor, element index).
+    /// A draw of the input mixture (`mixture`) rounded to `dtype`, the tensor as heads of rows of
+    /// `geometry.d`: a pure function of (seed, tensor, element index).
     fn generate(
         &mut self,
         buf: Buf,
         dtype: Dtype,
         seed: u64,
         tensor: u64,
-        sigma: f32,
+        geometry: Geometry,
     ) -> Result<()>;
     fn poison(&mut self, buf: Buf) -> Result<()>;
-    /// Every buffer of `bufs` (16-bit) drawn anew from `seed`, buffer i as tensor i with sigma 1, as
-    /// `generate` draws one: the timed launches' inputs, before each replay. The GPU draws them all
-    /// in one launch.
-    fn draw_inputs(&mut self, bufs: &[Buf], dtype: Dtype, seed: u64) -> Result<()> {
+    /// Every buffer of `bufs` (16-bit) drawn anew from `seed`, buffer i as tensor i, as `generate`
+    /// draws one: the timed launches' inputs, before each replay. The GPU draws them all in one
+    /// launch.
+    fn draw_inputs(
+        &mut self,
+        bufs: &[Buf],
+        dtype: Dtype,
+        seed: u64,
+        geometry: Geometry,
+    ) -> Result<()> {
         for (i, &b) in bufs.iter().enumerate() {
-            self.generate(b, dtype, seed, i as u64, 1.0)?;
+            self.generate(b, dtype, seed, i as u64, geometry)?;
         }
         Ok(())
     }
@@ -212,6 +254,25 @@ pub trait Device {
             .ok_or_else(|| anyhow!("read of {len} elements at {start} is past buffer {}", buf.0))
     }
     fn read32(&mut self, buf: Buf) -> Result<Vec<f32>>;
+    /// The whole of a 16-bit buffer into `out`, which must be its length: host memory the caller
+    /// keeps and reuses (pages already touched read back several times faster than a new vector).
+    fn read16_into(&mut self, buf: Buf, out: &mut [u16]) -> Result<()> {
+        let bits = self.read16(buf)?;
+        if bits.len() != out.len() {
+            bail!("read of {} elements into {}", bits.len(), out.len());
+        }
+        out.copy_from_slice(&bits);
+        Ok(())
+    }
+    /// As [`Device::read16_into`], for a 32-bit buffer.
+    fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
+        let values = self.read32(buf)?;
+        if values.len() != out.len() {
+            bail!("read of {} elements into {}", values.len(), out.len());
+        }
+        out.copy_from_slice(&values);
+        Ok(())
+    }
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         let all = self.read32(buf)?;
         all.get(start..start + len)
@@ -280,10 +341,6 @@ pub trait Device {
     }
 }
 
-/// Scale of Q and K in the stress set: scores (q·k/√d) then have a standard deviation of
-/// STRESS_SIGMA² = 36, so even a 128×128 shape has scores past 88.7, where exp overflows without
-/// max-subtraction.
-pub const STRESS_SIGMA: f32 = 6.0;
 /// Launches per timed replay, at least (every replay then covers two input sets) and at most.
 pub const MIN_LAUNCHES: u32 = 2;
 pub const MAX_LAUNCHES: u32 = 1000;
@@ -311,20 +368,20 @@ pub struct InputSet {
     pub k: Buf,
     pub v: Buf,
     index: u64,
-    sigma: f32,
+    /// Its draw (launch `index` of the pool's seed): each head's LSE scale.
+    draw: LaunchDraw,
     pub reference: MaskedReference,
     /// The reference against the oracle: (rows recomputed, rel L2 of O, largest LSE gap).
     pub ref_check: (u64, f64, f64),
+    /// Q, K and V as drawn, and the masked reference as computed: checksums the host holds, so a
+    /// launch that rewrote either is named before its outputs are judged.
     checksum: u64,
+    reference_checksum: u64,
 }
 
 impl InputSet {
     fn buffers(&self) -> [Buf; 3] {
         [self.q, self.k, self.v]
-    }
-    /// Scores grow with the square of the input scale; so do the LSE's rounding errors.
-    fn score_scale(&self) -> f64 {
-        (self.sigma as f64).powi(2)
     }
 }
 
@@ -347,9 +404,6 @@ pub struct Pool {
     stress: InputSet,
     /// Q, K and V of each timed launch, grown on demand.
     slots: Vec<[Buf; 3]>,
-    /// Copies of timed launches' outputs (O, LSE) for the rounds kept for verification, grown on
-    /// demand and reused by every case of the pool (allocation is not free at a thousand launches).
-    kept: Vec<(Buf, Buf)>,
     last_used: u64,
 }
 
@@ -364,9 +418,7 @@ impl Pool {
     }
     fn bytes(&self) -> u64 {
         let shape = &self.key.shape;
-        3 * Self::set_bytes(shape)
-            + self.slots.len() as u64 * Self::slot_bytes(shape)
-            + self.kept.len() as u64 * (2 * q_elements(shape) + 4 * rows(shape)) as u64
+        3 * Self::set_bytes(shape) + self.slots.len() as u64 * Self::slot_bytes(shape)
     }
     fn sets(&self) -> [&InputSet; 3] {
         [&self.check, &self.held_out, &self.stress]
@@ -394,6 +446,9 @@ pub struct Pools {
     clock: u64,
     /// The worker has timed a case: later cases need only a short warm-up ([`REWARM_MS`]).
     warm: bool,
+    /// Host memory kept rounds were read into, for the next case: pages already touched read back
+    /// several times faster than new ones (a large shape's outputs are 67 MB a launch).
+    host_spare: Vec<HostOutputs>,
 }
 
 impl Pools {
@@ -403,6 +458,7 @@ impl Pools {
             cap_bytes,
             clock: 0,
             warm: false,
+            host_spare: Vec::new(),
         }
     }
 
@@ -424,12 +480,10 @@ impl Pools {
             3 * Pool::set_bytes(&key.shape) + MIN_LAUNCHES as u64 * Pool::slot_bytes(&key.shape),
         );
         let reference = dev.load_reference(&case.reference)?;
-        let mut draw = |index: u64, sigma: f32| {
-            draw_set(dev, reference, &key, index, sigma, case.cpu_oracle_max_macs)
-        };
-        let check = draw(CHECK_SET, 1.0)?;
-        let held_out = draw(HELD_OUT_SET, 1.0)?;
-        let stress = draw(STRESS_SET, STRESS_SIGMA)?;
+        let mut draw = |index: u64| draw_set(dev, reference, &key, index, case.cpu_oracle_max_macs);
+        let check = draw(CHECK_SET)?;
+        let held_out = draw(HELD_OUT_SET)?;
+        let stress = draw(STRESS_SET)?;
         self.pools.push(Pool {
             key,
             reference,
@@ -437,7 +491,6 @@ impl Pools {
             held_out,
             stress,
             slots: Vec::new(),
-            kept: Vec::new(),
             last_used: self.clock,
         });
         Ok(self.pools.len() - 1)
@@ -481,22 +534,6 @@ impl Pools {
         Ok(n)
     }
 
-    /// At least `n` output copies in the pool: the kept rounds' O and LSE of every launch.
-    fn ensure_kept<D: Device>(
-        &mut self,
-        dev: &mut D,
-        index: usize,
-        n: usize,
-    ) -> Result<Vec<(Buf, Buf)>> {
-        let pool = &mut self.pools[index];
-        let shape = pool.key.shape.clone();
-        while pool.kept.len() < n {
-            pool.kept
-                .push((dev.alloc16(q_elements(&shape))?, dev.alloc32(rows(&shape))?));
-        }
-        Ok(pool.kept[..n].to_vec())
-    }
-
     /// Drop a pool whose inputs can no longer be trusted (a kernel wrote into them).
     fn discard<D: Device>(&mut self, dev: &mut D, index: usize) {
         let pool = self.pools.remove(index);
@@ -511,10 +548,6 @@ fn release<D: Device>(dev: &mut D, pool: Pool) {
         dev.free(set.reference.lse);
     }
     pool.slots.iter().flatten().for_each(|&b| dev.free(b));
-    for (o, lse) in pool.kept {
-        dev.free(o);
-        dev.free(lse);
-    }
     dev.unload(pool.reference);
 }
 
@@ -525,7 +558,6 @@ fn draw_set<D: Device>(
     reference: KernelId,
     key: &PoolKey,
     index: u64,
-    sigma: f32,
     cpu_oracle_max_macs: f64,
 ) -> Result<InputSet> {
     let shape = &key.shape;
@@ -538,15 +570,12 @@ fn draw_set<D: Device>(
     let q = dev.alloc16(qn)?;
     let k = dev.alloc16(kvn)?;
     let v = dev.alloc16(kvn)?;
-    for (t, buf) in [q, k, v].into_iter().enumerate() {
-        dev.generate(
-            buf,
-            key.dtype,
-            key.seed,
-            3 * index + t as u64,
-            tensor_sigma(t, sigma),
-        )?;
-    }
+    let draw = LaunchDraw {
+        seed: key.seed,
+        launch: index,
+        geometry: geometry(shape),
+    };
+    generate_set(dev, [q, k, v], key.dtype, &draw)?;
     let (o32, lse32) = (dev.alloc32(qn)?, dev.alloc32(rows_n)?);
     dev.poison(o32)?;
     dev.poison(lse32)?;
@@ -604,15 +633,17 @@ fn draw_set<D: Device>(
         }
     };
     let checksum = set_checksum(dev, [q, k, v])?;
+    let reference_checksum = dev.checksum_all(&[reference.o, reference.lse])?;
     Ok(InputSet {
         q,
         k,
         v,
         index,
-        sigma,
+        draw,
         reference,
         ref_check,
         checksum,
+        reference_checksum,
     })
 }
 
@@ -655,14 +686,31 @@ fn oracle_on_sampled_heads<D: Device>(
     Ok((rows_out, o_out, lse_out))
 }
 
-/// The scale of tensor `t` (0 Q, 1 K, 2 V) in a set of scale `sigma`: only the scores grow; V stays
-/// N(0, 1), so O keeps its usual magnitude and the usual tolerances apply to it.
-fn tensor_sigma(t: usize, sigma: f32) -> f32 {
-    if t < 2 {
-        sigma
-    } else {
-        1.0
+/// A tensor of `shape` as the mixture sees it: batch × heads heads of rows of d.
+pub fn geometry(shape: &Shape) -> Geometry {
+    Geometry {
+        heads: shape.b * shape.h,
+        d: shape.d,
     }
+}
+
+/// Q, K and V of one launch's draw, into `bufs`.
+fn generate_set<D: Device>(
+    dev: &mut D,
+    bufs: [Buf; 3],
+    dtype: Dtype,
+    draw: &LaunchDraw,
+) -> Result<()> {
+    for (t, buf) in bufs.into_iter().enumerate() {
+        dev.generate(
+            buf,
+            dtype,
+            draw.seed,
+            3 * draw.launch + t as u64,
+            draw.geometry,
+        )?;
+    }
+    Ok(())
 }
 
 fn set_checksum<D: Device>(dev: &mut D, bufs: [Buf; 3]) -> Result<u64> {
@@ -766,7 +814,8 @@ fn with_inputs(io: &Io, set: &InputSet) -> Io {
 }
 
 /// Compare the outputs in `io` with `set`'s reference on the device, and with an earlier run when
-/// given, and judge them.
+/// given, and judge them. The reference lay on the device while the kernel ran: it must still be
+/// what was computed (its checksum, held on the host since), or nothing is judged against it.
 fn verify<D: Device>(
     dev: &mut D,
     io: &Io,
@@ -774,6 +823,14 @@ fn verify<D: Device>(
     earlier: Option<Earlier>,
     case: &CaseSpec,
 ) -> Result<CheckStats> {
+    if dev.checksum_all(&[set.reference.o, set.reference.lse])? != set.reference_checksum {
+        let mut stats = CheckStats::default();
+        stats.failures.push(format!(
+            "{WROTE_OUTSIDE}: the reference of input set {} changed while the kernel ran",
+            set.index
+        ));
+        return Ok(stats);
+    }
     let mut stats = dev.compare(&Comparison {
         dtype: case.dtype,
         d: case.shape.d as usize,
@@ -781,12 +838,13 @@ fn verify<D: Device>(
         lse: io.lse,
         reference: set.reference,
         earlier,
+        draw: Some(set.draw),
     })?;
     let (rows, rel, lse_gap) = set.ref_check;
     stats.reference_rows_checked = Some(rows);
     stats.reference_vs_cpu_rel_l2 = Some(rel);
     stats.reference_vs_cpu_lse = Some(lse_gap);
-    check::judge(&mut stats, &case.tolerance, set.score_scale());
+    check::judge(&mut stats, &case.tolerance, set.draw.max_lse_scale());
     Ok(stats)
 }
 
@@ -818,15 +876,26 @@ fn enter<D: Device>(
         alloc_outputs(dev, shape, &launch)?,
     ];
     let set0 = &pools.pools[pool].check;
+    let first_outputs = [outs[0].o, outs[0].lse];
+    let mut first_run = None;
     for out in &outs {
         poison_outputs(dev, out)?;
         dev.forward(kernel, shape, &launch, &with_inputs(out, set0))?;
+        // The first run's outputs lie on the device through the second: checksummed into the host
+        // before it, checked after it.
+        first_run.get_or_insert(dev.checksum_all(&first_outputs)?);
     }
     let second_run = Earlier {
         o: outs[1].o,
         lse: outs[1].lse,
     };
     let mut stats = verify(dev, &outs[0], set0, Some(second_run), case)?;
+    if Some(dev.checksum_all(&first_outputs)?) != first_run {
+        stats.failures.insert(
+            0,
+            format!("{WROTE_OUTSIDE}: the first check run's outputs changed while the second ran"),
+        );
+    }
     // Named first when it happens: a kernel that writes into its inputs also changes what its
     // second run reads, and would otherwise pass for a race.
     if set_checksum(dev, set0.buffers())? != set0.checksum {
@@ -846,12 +915,6 @@ fn enter<D: Device>(
 fn leave<D: Device>(dev: &mut D, c: Contender) {
     c.outs.iter().for_each(|io| free_outputs(dev, io));
     dev.unload(c.kernel);
-}
-
-/// A seed for the timed launches' inputs from the OS's generator: nothing the kernel under test can
-/// know or predict (never the run's seed, never derived from earlier inputs).
-fn unpredictable_seed() -> u64 {
-    rand::rng().random()
 }
 
 /// The timed replays of every contender, and where racing stopped them.
@@ -893,28 +956,32 @@ fn time_interleaved<D: Device>(
     let warm = std::mem::replace(&mut pools.warm, true);
     let inputs = pools.pools[pool].slot_buffers(launches);
     let verified = measure.verified_replays.max(1).min(samples);
-    // Every place every side may keep a round in, allocated before the first replay: what is
-    // kept is decided later, and allocating then would make a kept round's aftermath stand out.
-    let copies = pools.ensure_kept(dev, pool, contenders.len() * verified * launches)?;
     let p = &pools.pools[pool];
-    let mut out: Vec<Side> = copies
-        .chunks(verified * launches)
-        .map(|side| Side {
-            kept: Kept::new(
-                verified,
-                side.chunks(launches).map(<[(Buf, Buf)]>::to_vec).collect(),
-            ),
+    let spare = &mut pools.host_spare;
+    let mut out: Vec<Side> = contenders
+        .iter()
+        .map(|_| Side {
+            kept: Kept::new(verified),
             ..Side::default()
         })
         .collect();
-    let mut verifier = Verifier::new(dev, p.reference, shape)?;
+    // This case's buffers in an order and with gaps of its own: where one lies relative to another
+    // is nothing a kernel can learn once and count on.
+    let mut layout = Layout::new();
+    let mut verifier = None;
     let mut sides = Vec::new();
     let (mut replays_us, mut inputs_s, mut verify_s) = (0.0, 0.0, 0.0);
     let mut raced = None;
     let timed = (|| -> Result<()> {
-        for c in contenders {
+        let verifier_at = layout.place(contenders.len() + 1);
+        for (at, c) in contenders.iter().enumerate() {
+            if at == verifier_at {
+                layout.pad(dev)?;
+                verifier = Some(Verifier::new(dev, p.reference, shape)?);
+            }
             let mut ios = Vec::with_capacity(launches);
             for [q, k, v] in &p.slots[..launches] {
+                layout.pad(dev)?;
                 let o = alloc_outputs(dev, shape, &c.launch)?;
                 ios.push(Io {
                     q: *q,
@@ -926,8 +993,13 @@ fn time_interleaved<D: Device>(
             let graph = dev.capture(c.kernel, shape, &c.launch, &ios)?;
             sides.push((graph, ios));
         }
+        if verifier.is_none() {
+            layout.pad(dev)?;
+            verifier = Some(Verifier::new(dev, p.reference, shape)?);
+        }
+        let verifier = verifier.as_mut().expect("allocated above");
         let drawing = Instant::now();
-        dev.draw_inputs(&inputs, case.dtype, unpredictable_seed())?;
+        dev.draw_inputs(&inputs, case.dtype, unpredictable::seed(), geometry(shape))?;
         inputs_s += drawing.elapsed().as_secs_f64();
         // The worker's first case warms the GPU up for `warmup_ms`; later ones only their graphs.
         let warmup_us = 1000.0
@@ -985,8 +1057,8 @@ fn time_interleaved<D: Device>(
                 // Every round alike, up to the end of its replay: a fresh draw, poisoned outputs,
                 // a flushed L2, and nothing else the kernel could observe.
                 let drawing = Instant::now();
-                let seed = unpredictable_seed();
-                dev.draw_inputs(&inputs, case.dtype, seed)?;
+                let seed = unpredictable::seed();
+                dev.draw_inputs(&inputs, case.dtype, seed, geometry(shape))?;
                 for io in ios {
                     poison_outputs(dev, io)?;
                 }
@@ -998,7 +1070,7 @@ fn time_interleaved<D: Device>(
                 out[side].samples.push(us / launches as f64);
                 // The kernel has finished: only now is it decided whether this round is kept.
                 let keeping = Instant::now();
-                out[side].kept.offer(dev, round, seed, ios)?;
+                out[side].kept.offer(dev, round, seed, ios, shape, spare)?;
                 verify_s += keeping.elapsed().as_secs_f64();
             }
         }
@@ -1014,7 +1086,12 @@ fn time_interleaved<D: Device>(
         verify_s += verifying.elapsed().as_secs_f64();
         Ok(())
     })();
-    verifier.free(dev);
+    if let Some(verifier) = verifier {
+        verifier.free(dev);
+    }
+    out.iter_mut()
+        .for_each(|side| side.kept.recycle(&mut pools.host_spare));
+    layout.free(dev);
     for (graph, ios) in sides {
         dev.drop_graph(graph);
         ios.iter().for_each(|io| free_outputs(dev, io));
@@ -1058,7 +1135,8 @@ fn time_interleaved<D: Device>(
 }
 
 /// After timing, in the same module: a set it never saw written into the buffers it was checked
-/// on, then the large-magnitude set. The check set is drawn again afterwards, as it was.
+/// on, then the stress set (a third draw of the mixture). The check set is drawn again afterwards, as
+/// it was.
 fn recheck<D: Device>(
     dev: &mut D,
     pools: &Pools,
@@ -1087,16 +1165,7 @@ fn recheck<D: Device>(
         Ok::<_, anyhow::Error>(stats)
     })();
     // The check set as it was drawn, whatever the launch did: later variants are judged on it.
-    for (t, buf) in set0.buffers().into_iter().enumerate() {
-        let sigma = tensor_sigma(t, set0.sigma);
-        dev.generate(
-            buf,
-            p.key.dtype,
-            p.key.seed,
-            3 * set0.index + t as u64,
-            sigma,
-        )?;
-    }
+    generate_set(dev, set0.buffers(), p.key.dtype, &set0.draw)?;
     let fresh = fresh?;
     let io = with_inputs(&c.outs[0], stress);
     poison_outputs(dev, &io)?;
@@ -1105,7 +1174,7 @@ fn recheck<D: Device>(
     if set_checksum(dev, stress.buffers())? != stress.checksum {
         stressed.failures.insert(
             0,
-            format!("{WROTE_OUTSIDE}: the large-magnitude set changed while it ran"),
+            format!("{WROTE_OUTSIDE}: the stress set changed while it ran"),
         );
     }
     Ok(vec![
@@ -1116,11 +1185,9 @@ fn recheck<D: Device>(
         },
         StageCheck {
             stage: Stage::Stress,
-            detail: format!(
-                "Q and K drawn from N(0, {:.0}²): scores with a standard deviation of {:.0}",
-                stress.sigma,
-                stress.sigma * stress.sigma
-            ),
+            detail: "a third set from the one mixture every input is drawn from (its wide, \
+                     aligned, spiky and outlier heads reach scores past exp's range)"
+                .into(),
             stats: stressed,
         },
     ])
@@ -1175,7 +1242,7 @@ pub fn run_case<D: Device>(
                 pool,
                 case,
                 &[&c],
-                measure.samples,
+                unpredictable::rounds(measure.samples),
                 case.race.as_ref(),
                 measure,
                 &mut costs,
@@ -1281,7 +1348,7 @@ pub fn duel<D: Device>(
                 pool,
                 case,
                 &[&champion, &challenger],
-                rounds,
+                unpredictable::rounds(rounds),
                 None,
                 measure,
                 &mut costs,
@@ -1380,11 +1447,16 @@ pub fn self_check_comparison<D: Device>(dev: &mut D) -> Result<()> {
                 let crafted = CraftedOutputs::new(dtype, rows, d, nan_reference);
                 let bufs = crafted.upload(dev)?;
                 let checked = (|| -> Result<()> {
+                    // Heads of their own LSE scales on the second: both sides divide alike.
                     let jobs = [
-                        (None, "no earlier run"),
-                        (Some(bufs.earlier), "an earlier run"),
+                        (None, false, "no earlier run"),
+                        (
+                            Some(bufs.earlier),
+                            true,
+                            "an earlier run, LSE scaled per head",
+                        ),
                     ];
-                    for (earlier, what) in jobs {
+                    for (earlier, scaled, what) in jobs {
                         let job = Comparison {
                             dtype,
                             d,
@@ -1392,6 +1464,14 @@ pub fn self_check_comparison<D: Device>(dev: &mut D) -> Result<()> {
                             lse: bufs.lse,
                             reference: bufs.reference,
                             earlier: earlier.map(|(o, lse)| Earlier { o, lse }),
+                            draw: scaled.then_some(LaunchDraw {
+                                seed: 11,
+                                launch: 0,
+                                geometry: Geometry {
+                                    heads: 9,
+                                    d: d as u32,
+                                },
+                            }),
                         };
                         let (device, host) = (dev.compare(&job)?, compare_on_host(dev, &job)?);
                         if let Some(field) = first_disagreement(&device, &host) {
@@ -1567,7 +1647,11 @@ fn answer<D: Device>(
     match request {
         WorkerRequest::Probe => {
             dev.health_check()?;
-            self_check_comparison(dev)
+            self_check_comparison(dev)?;
+            if !dev.info().fake {
+                mixture::self_check(dev)?;
+            }
+            Ok(())
         }
         WorkerRequest::Roofs { dtypes } => {
             reply(&WorkerMessage::Roofs {

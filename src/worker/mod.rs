@@ -3,6 +3,7 @@ use crate::check::{POISON_16, POISON_F32_BITS};
 use crate::config::{Dtype, Shape};
 use crate::protocol::*;
 use crate::space::LaunchShape;
+use crate::trial::mixture::Geometry;
 use crate::trial::{Buf, Comparison, Device, GraphId, Io, KernelId};
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
@@ -298,10 +299,10 @@ struct Gpu {
     tensor_maps: std::cell::RefCell<std::collections::HashMap<TensorMapKey, TensorMap>>,
     /// NVML on this GPU, or why it cannot be read (then no timing carries a state).
     nvml: std::result::Result<nvml::Watch, String>,
-    /// The device table (address, length) of the last buffer list `draw_inputs` or `checksum_all`
-    /// was given: the timed launches' inputs, the same list for every replay of a case. Dropped
-    /// when one of its buffers is freed (a slot is reused by the next allocation).
-    buffer_table: Option<(Vec<Buf>, CudaSlice<u64>)>,
+    /// Where the table (address, length) of a buffer list `draw_inputs` or `checksum_all` is given
+    /// goes: written anew for every call, since a kernel under test can write device memory between
+    /// two (the device is the kernel's), grown as needed.
+    buffer_table: Option<CudaSlice<u64>>,
     /// Scratch for `ft_compare`'s per-block figures, grown as needed: one comparison per verified launch.
     compare_partials: Option<CudaSlice<u64>>,
     /// Twice the L2 cache, written over to push a draw's last writes out of L2 before a replay.
@@ -667,7 +668,12 @@ impl Gpu {
         let mut c = st.alloc_zeros::<T>(n * n).map_err(cuda)?;
         for (i, m) in [&a, &b].into_iter().enumerate() {
             let (p, _) = m.device_ptr(st);
-            self.generate_at(p, (n * n) as u64, dtype, 0xC0FFEE, i as u64, 1.0)?;
+            // As V of launch i: the mixture never transforms V, so both operands are N(0, 1).
+            let plain = Geometry {
+                heads: 1,
+                d: n as u32,
+            };
+            self.generate_at(p, (n * n) as u64, dtype, 0xC0FFEE, 3 * i as u64 + 2, plain)?;
         }
         let ni = n as i32;
         let g = GemmConfig {
@@ -698,11 +704,17 @@ impl Gpu {
             words.extend([p, n as u64]);
             longest = longest.max(n as u64);
         }
-        if !matches!(&self.buffer_table, Some((list, _)) if list == bufs) {
-            let table = self.stream.clone_htod(&words).map_err(cuda)?;
-            self.buffer_table = Some((bufs.to_vec(), table));
+        if self
+            .buffer_table
+            .as_ref()
+            .is_none_or(|t| t.len() < words.len())
+        {
+            self.buffer_table = Some(self.stream.alloc_zeros::<u64>(words.len()).map_err(cuda)?);
         }
-        let (_, table) = self.buffer_table.as_ref().expect("set above");
+        let table = self.buffer_table.as_mut().expect("set above");
+        self.stream
+            .memcpy_htod(&words, &mut table.slice_mut(0..words.len()))
+            .map_err(cuda)?;
         Ok((table.device_ptr(&self.stream).0, bufs.len() as u32, longest))
     }
 
@@ -729,7 +741,7 @@ impl Gpu {
         dtype: Dtype,
         seed: u64,
         tensor: u64,
-        sigma: f32,
+        geometry: Geometry,
     ) -> Result<()> {
         let bf16 = i32::from(dtype == Dtype::Bf16);
         let mut lb = self.stream.launch_builder(&self.tools.generate);
@@ -737,7 +749,8 @@ impl Gpu {
             .arg(&n)
             .arg(&seed)
             .arg(&tensor)
-            .arg(&sigma)
+            .arg(&geometry.heads)
+            .arg(&geometry.d)
             .arg(&bf16);
         // Eight elements a thread (one 16-byte store).
         unsafe { lb.launch(self.grid_for(n.div_ceil(8))) }
@@ -769,9 +782,6 @@ impl Device for Gpu {
 
     fn free(&mut self, buf: Buf) {
         self.exposure.forget(buf);
-        if matches!(&self.buffer_table, Some((list, _)) if list.contains(&buf)) {
-            self.buffer_table = None;
-        }
         if let Some(slot) = self.memory.get_mut(buf.0) {
             *slot = None;
         }
@@ -783,10 +793,10 @@ impl Device for Gpu {
         dtype: Dtype,
         seed: u64,
         tensor: u64,
-        sigma: f32,
+        geometry: Geometry,
     ) -> Result<()> {
         let (p, n) = self.ptr(buf)?;
-        self.generate_at(p, n as u64, dtype, seed, tensor, sigma)
+        self.generate_at(p, n as u64, dtype, seed, tensor, geometry)
     }
 
     fn poison(&mut self, buf: Buf) -> Result<()> {
@@ -806,11 +816,22 @@ impl Device for Gpu {
         .map_err(|e| anyhow!("poison: {e:?}"))
     }
 
-    fn draw_inputs(&mut self, bufs: &[Buf], dtype: Dtype, seed: u64) -> Result<()> {
+    fn draw_inputs(
+        &mut self,
+        bufs: &[Buf],
+        dtype: Dtype,
+        seed: u64,
+        geometry: Geometry,
+    ) -> Result<()> {
         let (table, count, longest) = self.table_of(bufs)?;
         let bf16 = i32::from(dtype == Dtype::Bf16);
         let mut lb = self.stream.launch_builder(&self.tools.generate_many);
-        lb.arg(&table).arg(&count).arg(&seed).arg(&bf16);
+        lb.arg(&table)
+            .arg(&count)
+            .arg(&seed)
+            .arg(&geometry.heads)
+            .arg(&geometry.d)
+            .arg(&bf16);
         // Eight elements a thread (one 16-byte store).
         unsafe { lb.launch(self.grid_for_many(count, longest.div_ceil(8))) }
             .map(|_| ())
@@ -892,6 +913,30 @@ impl Device for Gpu {
         }
     }
 
+    fn read16_into(&mut self, buf: Buf, out: &mut [u16]) -> Result<()> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            // Pageable memory: the copy has finished when the call returns; the sync says so.
+            Some(Memory::U16(m)) if m.len() == out.len() => self
+                .stream
+                .memcpy_dtoh(m, out)
+                .and_then(|()| self.stream.synchronize())
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            _ => bail!("buffer {} is not 16-bit of {} elements", buf.0, out.len()),
+        }
+    }
+
+    fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
+        match self.memory.get(buf.0).and_then(Option::as_ref) {
+            // Pageable memory: the copy has finished when the call returns; the sync says so.
+            Some(Memory::F32(m)) if m.len() == out.len() => self
+                .stream
+                .memcpy_dtoh(m, out)
+                .and_then(|()| self.stream.synchronize())
+                .map_err(|e| anyhow!("read back: {e:?}")),
+            _ => bail!("buffer {} is not 32-bit of {} elements", buf.0, out.len()),
+        }
+    }
+
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
             Some(Memory::F32(m)) => read_range(&self.stream, m, buf, start, len),
@@ -960,6 +1005,17 @@ impl Device for Gpu {
         }
         let partials = self.compare_partials.as_mut().expect("set above");
         let (d32, bf16) = (d as i32, (job.dtype == Dtype::Bf16) as i32);
+        // Each head's LSE scale, uploaded for this comparison alone (no kernel runs before it).
+        let scales = job.lse_scales();
+        let heads = scales.len() as u64;
+        let scales = self
+            .stream
+            .clone_htod(if scales.is_empty() {
+                &[1.0][..]
+            } else {
+                &scales[..]
+            })
+            .map_err(cuda)?;
         let mut lb = self.stream.launch_builder(&self.tools.compare);
         lb.arg(&o)
             .arg(&lse)
@@ -972,6 +1028,8 @@ impl Device for Gpu {
             .arg(&bf16)
             .arg(&earlier_o)
             .arg(&earlier_lse)
+            .arg(&scales)
+            .arg(&heads)
             .arg(&mut *partials);
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),

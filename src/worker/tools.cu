@@ -18,46 +18,142 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-// sigma * N(0, 1) for elements 2j and 2j + 1 of `tensor` (j = pair), rounded to f16 (bf16 = 0) or
-// bf16 (bf16 = 1), packed low then high: a pure function of (seed, tensor, j). Box-Muller on a
-// counter-based hash, with the fast log and sine units: the values only have to be random and of
-// unit scale, and drawing every timed launch's inputs before each replay must cost little beside
-// the replay (a decode shape's K and V are a gigabyte).
-__device__ __forceinline__ uint32_t normal_pair(uint64_t seed, uint64_t tensor, uint64_t pair, float sigma,
-                                                int bf16) {
+// N(0, 1) for elements 2j and 2j + 1 of `tensor` (j = pair): a pure function of (seed, tensor, j).
+// Box-Muller on a counter-based hash, with the fast log and sine units: the values only have to be
+// random and of unit scale, and drawing every timed launch's inputs before each replay must cost
+// little beside the replay (a decode shape's K and V are a gigabyte).
+__device__ __forceinline__ float2 normal_pair(uint64_t seed, uint64_t tensor, uint64_t pair) {
     const uint64_t h = splitmix64(seed ^ splitmix64(tensor * 0xD1B54A32D192ED03ull + pair));
     // u1 in (0, 1] so the log is finite; u2 in [0, 1).
     const float u1 = (float((h >> 40) & 0xFFFFFF) + 1.0f) * (1.0f / 16777216.0f);
     const float u2 = float(h & 0xFFFFFF) * (1.0f / 16777216.0f);
-    const float r = sigma * sqrtf(-2.0f * __logf(u1));
+    const float r = sqrtf(-2.0f * __logf(u1));
     float s, c;
     __sincosf(6.283185307179586f * u2, &s, &c);
-    const float lo = r * c, hi = r * s;
-    const uint32_t a = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(lo)) : __half_as_ushort(__float2half_rn(lo));
-    const uint32_t b = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(hi)) : __half_as_ushort(__float2half_rn(hi));
-    return a | (b << 16);
+    return make_float2(r * c, r * s);
 }
 
-// Fill n elements of `out` (16-byte aligned, as every allocation is): eight elements (one 16-byte
-// store) per thread and step, the odd tail element by itself.
-__device__ __forceinline__ void fill_normal(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
-                                            float sigma, int bf16, uint64_t first, uint64_t stride) {
-    uint4* out8 = reinterpret_cast<uint4*>(out);
-    for (uint64_t v = first; v < n / 8; v += stride) {
-        const uint64_t p = 4 * v;
-        out8[v] = make_uint4(normal_pair(seed, tensor, p, sigma, bf16), normal_pair(seed, tensor, p + 1, sigma, bf16),
-                             normal_pair(seed, tensor, p + 2, sigma, bf16), normal_pair(seed, tensor, p + 3, sigma, bf16));
+__device__ __forceinline__ uint32_t to_bits16(float x, int bf16) {
+    return bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x)) : __half_as_ushort(__float2half_rn(x));
+}
+
+// The input mixture, as trial::mixture has it (the same hashes and thresholds; a GPU test holds the
+// two together): each head of each launch (tensors 3 launch .. 3 launch + 2) draws one component.
+constexpr uint64_t kMixTag = 0x6d69787475726531ull;  // "mixture1"
+constexpr float kAlignedNoise = 0.31622777f;          // sqrt(1 - rho), rho = 0.9
+constexpr float kAlignedShared = 0.9486833f;          // sqrt(rho)
+constexpr uint64_t kOutlierEvery = 16;
+enum MixKind { kPlain = 0, kWide = 1, kAligned = 2, kSpiky = 3, kOutliers = 4 };
+struct MixComponent {
+    int kind;
+    float param;  // sigma, gain, magnitude or factor
+    uint32_t ch[3];
+};
+
+__device__ __forceinline__ uint64_t mixture_head_hash(uint64_t seed, uint64_t launch, uint64_t head) {
+    return splitmix64(seed ^ splitmix64(kMixTag ^ (launch * 0x9E3779B97F4A7C15ull) ^ (head * 0xD1B54A32D192ED03ull)));
+}
+
+__device__ __forceinline__ MixComponent mixture_component(uint64_t hash, uint32_t d) {
+    const uint64_t pick = (hash >> 32) % 8;
+    const uint32_t k = uint32_t((hash >> 8) & 0xFFFF);
+    MixComponent c = {kPlain, 0.0f, {0, 0, 0}};
+    if (pick <= 1) return c;
+    if (pick <= 3) {
+        c.kind = kWide;
+        c.param = float(2 + k % 7);
+    } else if (pick == 4) {
+        c.kind = kAligned;
+        c.param = 1.0f + 0.25f * float(k % 5);
+    } else if (pick == 5) {
+        c.kind = kSpiky;
+        c.param = float(4 + k % 7);
+        for (int i = 0; i < 3; ++i) c.ch[i] = uint32_t(splitmix64(hash ^ uint64_t(i + 1)) % (d ? d : 1));
+    } else {
+        c.kind = kOutliers;
+        c.param = float(4 + k % 37);
     }
+    return c;
+}
+
+__device__ __forceinline__ float mixture_row_sign(uint64_t hash, uint64_t t, uint64_t row) {
+    return (splitmix64(hash ^ splitmix64((t << 40) ^ row ^ 0x7369676eull)) & 1) ? -1.0f : 1.0f;
+}
+
+__device__ __forceinline__ float mixture_shared_direction(uint64_t hash, uint32_t channel) {
+    const uint64_t h = splitmix64(hash ^ splitmix64(uint64_t(channel) ^ 0x64697265ull));
+    const float u1 = (float((h >> 40) & 0xFFFFFF) + 1.0f) * (1.0f / 16777216.0f);
+    const float u2 = float(h & 0xFFFFFF) * (1.0f / 16777216.0f);
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);
+}
+
+// What the component makes of an element's plain draw z: in tensor t (0 Q, 1 K, 2 V), at (row, channel).
+// `row_factor` is the row's own part (its sign, or the outlier factor), computed once per row.
+__device__ __forceinline__ float mixture_value(const MixComponent& c, uint64_t hash, float row_factor,
+                                               uint32_t channel, float z) {
+    switch (c.kind) {
+        case kWide: return c.param * z;
+        case kAligned: return kAlignedNoise * z + kAlignedShared * c.param * row_factor * mixture_shared_direction(hash, channel);
+        case kSpiky:
+            return (channel == c.ch[0] || channel == c.ch[1] || channel == c.ch[2]) ? z + row_factor * c.param : z;
+        case kOutliers: return row_factor * z;
+        default: return z;
+    }
+}
+
+__device__ __forceinline__ float mixture_row_factor(const MixComponent& c, uint64_t hash, uint64_t t, uint64_t row) {
+    if (c.kind == kAligned || c.kind == kSpiky) return mixture_row_sign(hash, t, row);
+    if (c.kind == kOutliers)
+        return (t == 1 && splitmix64(hash ^ splitmix64(row ^ 0x6f75746cull)) % kOutlierEvery == 0) ? c.param : 1.0f;
+    return 1.0f;
+}
+
+// Fill n elements of `tensor` of a draw from the mixture (rows of d, `heads` heads of equal size;
+// 16-byte aligned, as every allocation is): eight elements (one 16-byte store, one row, since d is a
+// multiple of 8) per thread and step, the component and the row's factor once per step.
+__device__ __forceinline__ void fill_mixture(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
+                                             uint32_t heads, uint32_t d, int bf16, uint64_t first, uint64_t stride) {
+    const uint64_t t = tensor % 3, launch = tensor / 3;
+    const uint64_t head_elems = heads ? n / heads : n;
+    uint4* out8 = reinterpret_cast<uint4*>(out);
+    uint64_t cached_head = ~0ull, hash = 0;
+    MixComponent c = {kPlain, 0.0f, {0, 0, 0}};
+    for (uint64_t v = first; v < n / 8; v += stride) {
+        const uint64_t e = 8 * v;
+        const uint64_t head = head_elems ? e / head_elems : 0;
+        if (head != cached_head) {
+            cached_head = head;
+            hash = mixture_head_hash(seed, launch, head);
+            c = mixture_component(hash, d);
+        }
+        const uint64_t in_head = e - head * head_elems;
+        const uint64_t row = in_head / d;
+        const uint32_t ch0 = uint32_t(in_head % d);
+        const float rf = (t < 2) ? mixture_row_factor(c, hash, t, row) : 1.0f;
+        uint32_t w[4];
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+            const float2 z = normal_pair(seed, tensor, 4 * v + p);
+            float lo = z.x, hi = z.y;
+            if (t < 2 && c.kind != kPlain) {
+                lo = mixture_value(c, hash, rf, ch0 + 2 * p, lo);
+                hi = mixture_value(c, hash, rf, ch0 + 2 * p + 1, hi);
+            }
+            w[p] = to_bits16(lo, bf16) | (to_bits16(hi, bf16) << 16);
+        }
+        out8[v] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    // A tail of fewer than eight (d is a multiple of 8, so only a buffer that is not whole rows).
     for (uint64_t i = n / 8 * 8 + first; i < n; i += stride) {
-        const uint32_t pair = normal_pair(seed, tensor, i / 2, sigma, bf16);
-        out[i] = (i & 1) ? uint16_t(pair >> 16) : uint16_t(pair & 0xFFFF);
+        const float2 z = normal_pair(seed, tensor, i / 2);
+        out[i] = uint16_t(to_bits16((i & 1) ? z.y : z.x, bf16));
     }
 }
 
 extern "C" __global__ void ft_generate(uint16_t* out, uint64_t n, uint64_t seed, uint64_t tensor,
-                                       float sigma, int bf16) {
-    fill_normal(out, n, seed, tensor, sigma, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
-                uint64_t(gridDim.x) * blockDim.x);
+                                       uint32_t heads, uint32_t d, int bf16) {
+    fill_mixture(out, n, seed, tensor, heads, d, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                 uint64_t(gridDim.x) * blockDim.x);
 }
 
 // One buffer of a list the host passes as a table in device memory (trial::Device::draw_inputs).
@@ -67,13 +163,14 @@ struct BufferEntry {
 };
 static_assert(sizeof(BufferEntry) == 16, "two 8-byte words, as the host writes them");
 
-// Every buffer of the table drawn in one launch, buffer b as tensor b with sigma 1: the inputs of
-// every timed launch, redrawn before each replay from a seed the kernel under test cannot know.
+// Every buffer of the table drawn in one launch, buffer b as tensor b: the inputs of every timed
+// launch, redrawn before each replay from a seed the kernel under test cannot know.
 // blockIdx.y picks the buffer (grid-stride over y as well, for tables past the grid's y limit).
-extern "C" __global__ void ft_generate_many(const BufferEntry* table, uint32_t count, uint64_t seed, int bf16) {
+extern "C" __global__ void ft_generate_many(const BufferEntry* table, uint32_t count, uint64_t seed,
+                                            uint32_t heads, uint32_t d, int bf16) {
     for (uint32_t b = blockIdx.y; b < count; b += gridDim.y)
-        fill_normal(table[b].ptr, table[b].n, seed, b, 1.0f, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
-                    uint64_t(gridDim.x) * blockDim.x);
+        fill_mixture(table[b].ptr, table[b].n, seed, b, heads, d, bf16, uint64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                     uint64_t(gridDim.x) * blockDim.x);
 }
 
 // An order-independent checksum of n 16-bit elements: the sum over i of hash(i, element i).
@@ -194,14 +291,16 @@ __device__ __forceinline__ ComparePartial merge(ComparePartial a, const CompareP
 // reference, as check::compare does on the host: a poisoned element counts as never written, a
 // written NaN or inf as such, a reference NaN makes every figure it touches NaN, and a row that sees
 // no key must have LSE = -inf. With `earlier_o` (else null), also count the outputs whose bits differ
-// from an earlier run on the same inputs (check::differing_bits). One warp per row; `partials` gets
-// one ComparePartial per block.
+// from an earlier run on the same inputs (check::differing_bits). Each row's LSE error is divided by
+// its head's entry of `lse_scales` (`heads` of them, rows split evenly; none: 1). One warp per row;
+// `partials` gets one ComparePartial per block.
 extern "C" __global__ void __launch_bounds__(kCompareThreads)
 ft_compare(const uint16_t* __restrict__ o, const float* __restrict__ lse,
            const uint32_t* __restrict__ ref_o, const uint32_t* __restrict__ ref_lse,
            uint64_t o_key, uint64_t lse_key, uint64_t rows, int d, int bf16,
            const uint16_t* __restrict__ earlier_o, const float* __restrict__ earlier_lse,
-           ComparePartial* __restrict__ partials) {
+           const double* __restrict__ lse_scales, uint64_t heads, ComparePartial* __restrict__ partials) {
+    const uint64_t rows_per_head = heads ? (rows + heads - 1) / heads : rows;
     __shared__ ComparePartial warp_partials[kCompareWarps];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     ComparePartial p = {};
@@ -256,7 +355,8 @@ ft_compare(const uint16_t* __restrict__ o, const float* __restrict__ lse,
             } else if (!isfinite(l)) {
                 ++p.nan;
             } else {
-                p.lse_max = max_nan(p.lse_max, fabs(double(l) - double(r)));
+                const double scale = heads ? lse_scales[row / rows_per_head] : 1.0;
+                p.lse_max = max_nan(p.lse_max, fabs(double(l) - double(r)) / scale);
             }
         }
     }

@@ -792,14 +792,17 @@ fn stop_at_roof_reads_the_best_known_figures_before_the_first_step() {
     );
 }
 
-/// Candidates that know the harness: two kernels that skip the work where it used to go unverified,
+/// Candidates that know the harness: kernels that skip the work where it used to go unverified
+/// (2 and 3 repairing the copies the harness once kept on the device), one exact only while no
+/// logit passes 11 and honest where the old stress set showed, one faster but in bursts on `small`,
 /// and one that edits the oracle through the header it includes. An agent session rejects each by
 /// name and commits nothing.
 const HARNESS_CHEATERS: &str = r#"
 echo "{\"model\": \"scripted\", \"input_tokens\": 1000, \"output_tokens\": 100, \"usd\": 0.25}" > "$FLASHTUNE_USAGE_FILE"
+mark() { printf '\n__device__ char flashtune_fake_c[] = "flashtune-fake: cheat CHEAT_%s";\n' "$1" >> kernels/attention/forward.cu; }
 case "$FLASHTUNE_CANDIDATE" in
-  1) printf '\n__device__ char flashtune_fake_c[] = "flashtune-fake: cheat CHEAT_REWRITE_ON_RERUN";\n' >> kernels/attention/forward.cu ;;
-  2) printf '\n__device__ char flashtune_fake_c[] = "flashtune-fake: cheat CHEAT_L2_PROBE";\n' >> kernels/attention/forward.cu ;;
+  1) mark REWRITE_ON_RERUN ;; 2) mark L2_PROBE ;; 3) mark KEPT_COPY_REPAIR ;; 4) mark FIXED_OFFSET ;;
+  5) mark BURSTY ;;
   *) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> kernels/attention/forward.cu ;;
 esac
 echo "IDEA: candidate $FLASHTUNE_CANDIDATE"
@@ -813,7 +816,7 @@ fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
         dir.path(),
         &[
             "--candidates",
-            "3",
+            "6",
             "--proposer",
             HARNESS_CHEATERS,
             "--steps",
@@ -845,13 +848,27 @@ fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
         })
         .collect();
     let all = format!("{reasons:#?}\n{t}");
-    for k in [1, 2] {
+    for (k, why) in [
+        (1, "a timed launch's output is wrong for the inputs it read"),
+        (2, "a timed launch's output is wrong for the inputs it read"),
+        (3, "a timed launch's output is wrong for the inputs it read"),
+        (4, "NaN/inf outputs"),
+    ] {
         assert!(
-            reasons.iter().any(|r| r.starts_with(&format!("{k}: "))
-                && r.contains("a timed launch's output is wrong for the inputs it read")),
-            "candidate {k}: {all}"
+            reasons
+                .iter()
+                .any(|r| r.starts_with(&format!("{k}: ")) && r.contains(why)),
+            "candidate {k}: `{why}` not found in {all}"
         );
     }
+    // Its bursts make its samples on `small` spread or slow, depending on where they fall: either
+    // way HEAD's noise judges it, and its own spread excuses nothing.
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("5: ") && regression_on(r, "small")),
+        "candidate 5: {all}"
+    );
     assert!(
         t.contains("the agent changed the oracle's sources (kernels/oracle/oracle.cuh)"),
         "{all}"

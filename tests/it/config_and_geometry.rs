@@ -783,10 +783,19 @@ mod geometry {
             &[hidden, 0.5],
             &ref_out,
             &[hidden, 0.5],
+            &[],
         );
         assert_eq!((s.nan_count, s.lse_max_abs), (0, 0.0));
         // A kernel that hides a row the reference says is visible is still caught.
-        let s = check::compare(Dtype::F16, 2, &out, &[hidden, 0.5], &ref_out, &[0.25, 0.5]);
+        let s = check::compare(
+            Dtype::F16,
+            2,
+            &out,
+            &[hidden, 0.5],
+            &ref_out,
+            &[0.25, 0.5],
+            &[],
+        );
         assert_eq!(s.nan_count, 1);
     }
 

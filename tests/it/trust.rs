@@ -58,7 +58,8 @@ const CHEATS: [(&str, &str); 7] = [
         "a timed launch's output is wrong for the inputs it read",
     ),
     ("race", "differ between two runs on the same inputs (race)"),
-    ("small_magnitude", "wrong on large-magnitude inputs"),
+    // Large scores come in every set and round (the input mixture): wherever it meets one first.
+    ("small_magnitude", "NaN/inf outputs"),
     ("skip_last_tile", "relative L2 error"),
     ("write_outside", "the kernel wrote outside its outputs"),
 ];
@@ -103,7 +104,11 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     let dir = cheat_project("cheats.toml", r#"["small", "ragged"]"#);
     let (run, log) = tune_fake(dir.path(), "variants/cheats.toml");
     let failed = failures(&log);
-    for (cheat, why) in CHEATS.into_iter().chain(HARNESS_CHEATS) {
+    for (cheat, why) in CHEATS
+        .into_iter()
+        .chain(HARNESS_CHEATS)
+        .chain(NEW_HARNESS_CHEATS)
+    {
         let variant = format!("{cheat}-bm16-bn64-w4-ks1");
         let reasons = failed
             .get(&variant)
@@ -172,12 +177,15 @@ const MARKED: &str = r#"// Variants the test double treats differently, by a mar
 #define MARK_FAST 1
 #define MARK_GARBAGE 2
 #define MARK_FIRST_POINTER 3
+#define MARK_FORGE_REFERENCE 4
 #if MARK == MARK_FAST
 __device__ char flashtune_fake_mark[] = "flashtune-fake: time x0.00001";
 #elif MARK == MARK_GARBAGE
 __device__ char flashtune_fake_mark[] = "flashtune-fake: fault FAULT_GARBAGE_REPLY";
 #elif MARK == MARK_FIRST_POINTER
 __device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_CACHE_FIRST_POINTER";
+#elif MARK == MARK_FORGE_REFERENCE
+__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_FORGE_REFERENCE";
 #endif
 #include "forward.cu"
 "#;
@@ -297,6 +305,25 @@ fn a_nan_reference_and_a_garbled_reply_end_as_failed_records_and_every_case_is_a
     );
 }
 
+/// A kernel that rewrites the masked references in device memory so that they unmask to what it
+/// wrote (having learnt the mask words) is named before any of its outputs is judged: a set's
+/// reference is checksummed into the host when drawn and checked after every launch on it.
+#[test]
+fn a_reference_rewritten_in_device_memory_is_named_before_any_verdict() {
+    let dir = marked_project(r#"["none", "forge_reference"]"#);
+    let (_, log) = tune_fake(dir.path(), "variants/marked.toml");
+    let failed = failures(&log);
+    let reasons = rejections(&failed, "forge_reference-");
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons.iter().all(|r| r.contains(
+            "the kernel wrote outside its outputs: the reference of input set 0 changed while the kernel ran"
+        )),
+        "{reasons:?}"
+    );
+    assert!(!failed.keys().any(|v| v.starts_with("none-")), "{failed:?}");
+}
+
 #[test]
 fn the_fresh_recheck_catches_a_cache_the_timed_replays_cannot_see() {
     // Cached on the checked buffers' Q pointer: right on the check and on every timed launch (other
@@ -329,10 +356,25 @@ case "$FLASHTUNE_STEP" in
   12) c=REWRITE_ON_RERUN ;; 13) c=HONEST_EARLY ;; 14) c=L2_PROBE ;;
   # The oracle edited through a header it includes, beside an honest-looking kernel edit.
   15) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> $f; exit 0 ;;
+  16) c=KEPT_COPY_REPAIR ;; 17) c=FIXED_OFFSET ;; 18) c=BURSTY ;;
 esac
 # The marker names the cheat to the test double, which cannot run CUDA; a GPU ignores it.
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_%s";\n' "$c" "$c" > $f
 "#;
+
+/// The cheats of issue 46, which read the harness that kept a timed round's outputs on the device
+/// and drew its stress set apart: each must be rejected with this reason.
+const NEW_HARNESS_CHEATS: [(&str, &str); 2] = [
+    // No work in timed rounds; found the kept copies in device memory and wrote the honest answer
+    // over them before their verdict. The copies now go to the host when they are taken.
+    (
+        "kept_copy_repair",
+        "a timed launch's output is wrong for the inputs it read",
+    ),
+    // A fixed softmax offset, honest only on the old stress set's mark (‖q‖² > 4d): the mixture's
+    // aligned, spiky and outlier heads have large logits at ordinary norms.
+    ("fixed_offset", "NaN/inf outputs"),
+];
 
 #[test]
 fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
@@ -368,7 +410,7 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "--proposer",
             "sh propose.sh",
             "--steps",
-            "15",
+            "18",
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
@@ -412,8 +454,11 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
         .chain([
             "the proposer changed the oracle's sources (kernels/oracle/oracle.cuh), which no edit may touch",
         ])
+        .chain(NEW_HARNESS_CHEATS.iter().map(|(_, why)| *why))
         .collect();
-    assert_eq!(decided.len(), expected.len(), "{decided:?}");
+    // The last step is faster on ragged and slower on small in bursts that spread its own samples:
+    // the noise it is judged by is HEAD's, so it is unstable there, or slower beyond noise.
+    assert_eq!(decided.len(), expected.len() + 1, "{decided:?}");
     for ((step, accepted, reason), why) in decided.iter().zip(&expected) {
         assert!(!accepted, "step {step} was accepted: {reason}");
         assert!(
@@ -421,6 +466,11 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "step {step}: `{why}` not in: {reason}"
         );
     }
+    let (step, accepted, reason) = decided.last().unwrap();
+    assert!(
+        !accepted && regression_on(reason, "small"),
+        "step {step}: {reason}"
+    );
 }
 
 /// A device whose output comparison disagrees with the host's on crafted outputs is refused before

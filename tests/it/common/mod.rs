@@ -304,3 +304,10 @@ pub fn mark_forward(dir: &Path, marker: &str) -> String {
     .unwrap();
     original
 }
+
+/// Whether a verdict refuses an edit for its timing on `shape`: unstable there (a spread far beyond
+/// HEAD's) or slower there beyond HEAD's noise.
+pub fn regression_on(reason: &str, shape: &str) -> bool {
+    reason.contains(&format!("unstable on {shape}"))
+        || reason.contains(&format!("slower beyond noise on {shape}"))
+}
