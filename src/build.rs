@@ -94,12 +94,18 @@ pub struct Builder {
 pub type CompiledAhead = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, f64>>>;
 
 impl Builder {
-    /// The content address: what `spec_key` covers, and the compiler.
+    /// The content address: what `spec_key` covers, and the whole invocation beside it: the
+    /// compiler (its bytes and version) and the environment it runs with. A cubin built under
+    /// another environment or by another nvcc is never reused.
     pub fn key(&self, spec: &BuildSpec) -> Result<String> {
         let mut h = blake3::Hasher::new();
-        h.update(b"flashtune-build-v3\0");
+        h.update(b"flashtune-build-v4\0");
         h.update(spec_key(spec)?.as_bytes());
         h.update(self.toolchain.version.as_bytes());
+        h.update(self.toolchain.fingerprint.as_bytes());
+        for (k, v) in &self.toolchain.environment {
+            h.update(format!("{k}={v}\0").as_bytes());
+        }
         Ok(h.finalize().to_hex()[..24].to_owned())
     }
 
@@ -136,7 +142,7 @@ impl Builder {
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)
             .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
-        let mut cmd = tokio::process::Command::new(&self.toolchain.nvcc);
+        let mut cmd = tokio::process::Command::from(self.toolchain.command());
         cmd.args(nvcc_args(spec, &staging.join("kernel.cubin")));
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
         cmd.stdin(Stdio::null())
@@ -302,4 +308,41 @@ impl Drop for ProcessGroup {
 pub fn log_tail(log: &str, lines: usize) -> String {
     let all: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The key covers the whole invocation: the same source built with another environment or by
+    /// another compiler is a different build.
+    #[test]
+    fn the_key_covers_the_compilers_bytes_and_its_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("k.cu");
+        std::fs::write(&source, "__global__ void k() {}\n").unwrap();
+        let spec = BuildSpec {
+            source,
+            defines: vec![("A".into(), "1".into())],
+            flags: vec!["-O3".into()],
+            arch: "sm_90a".into(),
+        };
+        let builder = |environment: Vec<(String, String)>, fingerprint: &str| Builder {
+            toolchain: Toolchain {
+                nvcc: "/usr/bin/nvcc".into(),
+                version: "release 13.0".into(),
+                environment,
+                fingerprint: fingerprint.into(),
+            },
+            cache_dir: dir.path().into(),
+            timeout: Duration::from_secs(1),
+            compiled_ahead: Default::default(),
+        };
+        let path = |p: &str| vec![("PATH".to_owned(), p.to_owned())];
+        let key = |b: Builder| b.key(&spec).unwrap();
+        let base = key(builder(path("/usr/bin"), "a"));
+        assert_eq!(base, key(builder(path("/usr/bin"), "a")));
+        assert_ne!(base, key(builder(path("/tmp/evil:/usr/bin"), "a")));
+        assert_ne!(base, key(builder(path("/usr/bin"), "b")));
+    }
 }

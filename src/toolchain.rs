@@ -9,6 +9,51 @@ use std::path::{Path, PathBuf};
 pub struct Toolchain {
     pub nvcc: PathBuf,
     pub version: String,
+    /// The environment every nvcc run gets: the allow-listed variables ([`NVCC_ENVIRONMENT`]) as
+    /// this process had them when the compiler was found, nothing else. Not logged: a PATH is the
+    /// user's business; the build key covers it.
+    #[serde(default, skip_serializing)]
+    pub environment: Vec<(String, String)>,
+    /// A hash of the compiler's own bytes and version: a cubin built by another nvcc at the same
+    /// path is never reused (absent from logs written before it was kept).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fingerprint: String,
+}
+
+/// The only variables nvcc is run with. Anything else in flashtune's environment is dropped: an
+/// `NVCC_APPEND_FLAGS`, `NVCC_PREPEND_FLAGS` or `CPATH` set by whoever started the run (an agent
+/// that runs `flashtune judge` itself) would change what is built without changing the source.
+/// PATH finds the host compiler; TMPDIR is where nvcc writes its intermediates.
+pub const NVCC_ENVIRONMENT: [&str; 2] = ["PATH", "TMPDIR"];
+
+impl Toolchain {
+    /// A toolchain for `nvcc`, its version as it reports it, with this process's allow-listed
+    /// environment and the compiler's fingerprint.
+    pub fn new(nvcc: PathBuf, version: String) -> Self {
+        let environment = NVCC_ENVIRONMENT
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+            .collect();
+        let mut h = blake3::Hasher::new();
+        h.update(version.as_bytes());
+        match std::fs::read(&nvcc) {
+            Ok(bytes) => h.update(&bytes),
+            Err(e) => h.update(format!("unreadable: {e}").as_bytes()),
+        };
+        Toolchain {
+            nvcc,
+            version,
+            environment,
+            fingerprint: h.finalize().to_hex()[..24].to_owned(),
+        }
+    }
+
+    /// A command that runs this nvcc with the allow-listed environment only.
+    pub fn command(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new(&self.nvcc);
+        cmd.env_clear().envs(self.environment.iter().cloned());
+        cmd
+    }
 }
 
 /// Where an nvcc candidate comes from, in the order they are tried.
@@ -80,6 +125,12 @@ pub fn locate_nvcc(root: &Path) -> Option<(NvccSource, Toolchain)> {
                 return None;
             }
             let out = std::process::Command::new(&nvcc)
+                .env_clear()
+                .envs(
+                    NVCC_ENVIRONMENT
+                        .iter()
+                        .filter_map(|k| Some((k, std::env::var(k).ok()?))),
+                )
                 .arg("--version")
                 .output()
                 .ok()?;
@@ -92,7 +143,7 @@ pub fn locate_nvcc(root: &Path) -> Option<(NvccSource, Toolchain)> {
                 .filter(|l| l.contains("release") || l.starts_with("Build"))
                 .collect::<Vec<_>>()
                 .join("; ");
-            Some((source, Toolchain { nvcc, version }))
+            Some((source, Toolchain::new(nvcc, version)))
         })
 }
 
@@ -136,7 +187,8 @@ pub fn probe_compile(tc: &Toolchain, arch: &str) -> Result<()> {
     let src = dir.join("probe.cu");
     std::fs::write(&src, PROBE_SOURCE)
         .map_err(|e| Error::BadInput(format!("{}: {e}", src.display())))?;
-    let out = std::process::Command::new(&tc.nvcc)
+    let out = tc
+        .command()
         .args(["-cubin", &format!("-arch={arch}"), "-o"])
         .arg(dir.join("probe.cubin"))
         .arg(&src)

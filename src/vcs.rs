@@ -168,6 +168,12 @@ pub fn restore_paths(root: &Path, paths: &[String]) -> Result<(), git2::Error> {
     checkout.force();
     let mut any = false;
     for p in paths {
+        // A link, a FIFO or a folder goes first, itself: a checkout could write through a link to
+        // wherever it points.
+        let path = workdir.join(p);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.file_type().is_file()) {
+            let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+        }
         if head_tree.get_path(Path::new(p)).is_ok() {
             checkout.path(p);
             any = true;

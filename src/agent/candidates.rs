@@ -216,6 +216,10 @@ impl Runner<'_> {
                 "the agent",
                 &diff.outside,
             ))
+        } else if let Some(not_files) =
+            Some(step::irregular(workdir, &diff.inside)).filter(|n| !n.is_empty())
+        {
+            Some(step::irregular_reason("the agent", &not_files))
         } else if diff.inside.is_empty() {
             Some("no edits under kernels/ to judge".into())
         } else {

@@ -408,7 +408,7 @@ impl FakeGpu {
             _ => {}
         }
         if model == Model::KeptCopyRepair {
-            self.repair_kept_copies(io)?;
+            self.repair_kept_copies(kernel, io)?;
         }
         if matches!(
             model,
@@ -502,11 +502,17 @@ impl FakeGpu {
         Ok(())
     }
 
-    /// `KeptCopyRepair`: every tagged buffer in device memory other than this launch's outputs (a
-    /// copy of an earlier timed launch's) gets the honest answer of the launch it is tagged with.
-    fn repair_kept_copies(&mut self, io: &Io) -> Result<()> {
+    /// `KeptCopyRepair`: every tagged buffer in device memory that was never one of its outputs (a
+    /// copy the harness made of a timed launch's) gets the honest answer of the launch it is tagged
+    /// with.
+    fn repair_kept_copies(&mut self, kernel: KernelId, io: &Io) -> Result<()> {
+        let given = {
+            let k = self.kernel(kernel)?;
+            k.outputs_given.extend([io.o.0, io.lse.0]);
+            k.outputs_given.clone()
+        };
         for (index, slot) in self.memory.iter_mut().enumerate() {
-            if index == io.o.0 || index == io.lse.0 {
+            if given.contains(&index) {
                 continue;
             }
             match slot {

@@ -202,6 +202,8 @@ pub struct FakeKernel {
     pub first_q: Option<usize>,
     /// Per Q buffer: what its launch read last, and how many different draws it has read.
     pub draws: HashMap<usize, ([u8; 32], u32)>,
+    /// Every output buffer (O, LSE) it has been given: `KeptCopyRepair` repairs only the others.
+    pub outputs_given: std::collections::HashSet<usize>,
     /// A reference kernel that answers NaN (`flashtune-fake: reference nan`).
     pub nan_reference: bool,
     /// The GPU's state while this kernel is timed, and whether only on its first timing.
@@ -224,6 +226,7 @@ impl FakeKernel {
             last_factor: 1.0,
             first_q: None,
             draws: HashMap::new(),
+            outputs_given: Default::default(),
             nan_reference: false,
             state: (StateModel::Clean, false),
             cubin,

@@ -341,6 +341,37 @@ pub(crate) fn outside_scope_reason(project: &Project, who: &str, stray: &[String
     }
 }
 
+/// Of the changed `paths` under `root`, those that exist as something other than a regular file (a
+/// symbolic link, a FIFO, a socket, a folder where git saw a submodule), each with what it is. An
+/// edit is regular files only: a link is followed by nvcc, by the judge and by a later checkout
+/// to wherever it points, which may lie outside the project.
+pub(crate) fn irregular(root: &Path, paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .filter_map(|p| {
+            let kind = std::fs::symlink_metadata(root.join(p)).ok()?.file_type();
+            let what = if kind.is_file() {
+                return None;
+            } else if kind.is_symlink() {
+                "a symbolic link"
+            } else if kind.is_dir() {
+                "a folder"
+            } else {
+                "not a regular file"
+            };
+            Some(format!("{p} is {what}"))
+        })
+        .collect()
+}
+
+/// Why an edit with `irregular` paths is refused, naming them.
+pub(crate) fn irregular_reason(who: &str, irregular: &[String]) -> String {
+    format!(
+        "{who} left paths that are not regular files ({}): an edit is regular files only",
+        irregular.join(", ")
+    )
+}
+
 pub(crate) fn in_scope(project: &Project, path: &str) -> bool {
     path.starts_with(EDIT_SCOPE) && !is_protected(project, path)
 }
@@ -502,7 +533,25 @@ impl Session<'_> {
                 diff.stat
             );
         }
-        let outcome = if !stray.is_empty() {
+        let not_files = irregular(self.root, &inside);
+        let outcome = if !not_files.is_empty() {
+            restore(self.root, &edit)?;
+            Outcome::rejected(
+                format!(
+                    "{}; all its changes were restored",
+                    irregular_reason(
+                        if proposed.is_some() {
+                            "the proposer"
+                        } else {
+                            "the edit"
+                        },
+                        &not_files
+                    )
+                ),
+                None,
+                edit.clone(),
+            )
+        } else if !stray.is_empty() {
             // The proposer stepped outside its scope: undo all of it, judge nothing.
             restore(self.root, &edit)?;
             Outcome::rejected(

@@ -810,7 +810,9 @@ echo "IDEA: candidate $FLASHTUNE_CANDIDATE"
 
 #[test]
 fn an_agent_session_rejects_the_harness_cheats_and_an_oracle_edit_by_name() {
-    let dir = repo_project();
+    // Eight verified rounds, as the cheat suite's project has: the cheats that are honest on some
+    // draws of the mixture are then caught every time, not with odds near 1 - 4^-4.
+    let dir = repo_project_with(|p| p.replace("verified_replays = 2", "verified_replays = 8"));
     let (before, _) = head(dir.path());
     let out = fake_step(
         dir.path(),

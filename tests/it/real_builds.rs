@@ -219,3 +219,27 @@ fn compile_error_is_reported_with_the_compiler_log() {
     assert_eq!(out.status.code(), Some(1), "{t}");
     assert!(t.contains("nvcc failed") && t.contains("error"), "{t}");
 }
+
+/// Issue 47, item 5: nvcc runs with a cleared environment plus PATH and TMPDIR. Variables that
+/// change what nvcc builds without changing the source (NVCC_APPEND_FLAGS, NVCC_PREPEND_FLAGS,
+/// CPATH) never reach it: set here to a header that does not exist, they would fail the build. The
+/// cache is a fresh folder, so the compile really runs (the key, blind to those variables, would
+/// otherwise find the shared cache's cubin).
+#[test]
+fn nvcc_sees_none_of_the_ambient_environment() {
+    let dir = repo_project();
+    let cache = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["build", "--space", "variants/step-ci.toml"])
+        .env("FLASHTUNE_CACHE_DIR", cache.path())
+        .env("NVCC_APPEND_FLAGS", "-include /nonexistent/evil.h")
+        .env("NVCC_PREPEND_FLAGS", "-DHEAD_DIM=7")
+        .env("CPATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("| attn_fwd |") && !t.contains("evil.h"), "{t}");
+}

@@ -357,6 +357,8 @@ case "$FLASHTUNE_STEP" in
   # The oracle edited through a header it includes, beside an honest-looking kernel edit.
   15) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> $f; exit 0 ;;
   16) c=KEPT_COPY_REPAIR ;; 17) c=FIXED_OFFSET ;; 18) c=BURSTY ;;
+  # The kernel replaced by a link to a file outside the project (issue 47, item 9).
+  19) rm -f $f; ln -s /etc/hostname $f; exit 0 ;;
 esac
 # The marker names the cheat to the test double, which cannot run CUDA; a GPU ignores it.
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n__device__ char flashtune_fake_mark[] = "flashtune-fake: cheat CHEAT_%s";\n' "$c" "$c" > $f
@@ -410,11 +412,15 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "--proposer",
             "sh propose.sh",
             "--steps",
-            "18",
+            "19",
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(head(), before, "nothing was committed");
+    assert!(
+        std::fs::symlink_metadata(&forward).unwrap().is_file(),
+        "the link was replaced by the file"
+    );
     assert_eq!(std::fs::read_to_string(&forward).unwrap(), original);
     let oracle = std::fs::read_to_string(dir.path().join("kernels/oracle/oracle.cuh")).unwrap();
     assert!(
@@ -456,9 +462,10 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
         ])
         .chain(NEW_HARNESS_CHEATS.iter().map(|(_, why)| *why))
         .collect();
-    // The last step is faster on ragged and slower on small in bursts that spread its own samples:
-    // the noise it is judged by is HEAD's, so it is unstable there, or slower beyond noise.
-    assert_eq!(decided.len(), expected.len() + 1, "{decided:?}");
+    // Step 18 is faster on ragged and slower on small in bursts that spread its own samples: the
+    // noise it is judged by is HEAD's, so it is unstable there, or slower beyond noise. Step 19
+    // replaces the kernel by a link to a file outside the project.
+    assert_eq!(decided.len(), expected.len() + 2, "{decided:?}");
     for ((step, accepted, reason), why) in decided.iter().zip(&expected) {
         assert!(!accepted, "step {step} was accepted: {reason}");
         assert!(
@@ -466,9 +473,18 @@ fn step_rejects_every_cheat_by_name_and_restores_the_kernel() {
             "step {step}: `{why}` not in: {reason}"
         );
     }
-    let (step, accepted, reason) = decided.last().unwrap();
+    let (step, accepted, reason) = &decided[expected.len()];
     assert!(
         !accepted && regression_on(reason, "small"),
+        "step {step}: {reason}"
+    );
+    let (step, accepted, reason) = decided.last().unwrap();
+    assert!(
+        !accepted
+            && reason.contains(
+                "the proposer left paths that are not regular files \
+                 (kernels/attention/forward.cu is a symbolic link)"
+            ),
         "step {step}: {reason}"
     );
 }
