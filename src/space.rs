@@ -260,6 +260,7 @@ impl Space {
         let compile_flag = |key: &str, src: &Option<String>| -> Result<Option<Expr>> {
             src.as_deref().map(|src| compile(key, src)).transpose()
         };
+        check_family_paths(path, &text, &file.family.forward, &file.family.reference)?;
         let family = Family {
             threads: compile("family.threads", &file.family.threads)?,
             smem_bytes: compile("family.smem_bytes", &file.family.smem_bytes)?,
@@ -846,6 +847,48 @@ pub fn variant_id(params: &Params) -> String {
         })
         .collect::<Vec<_>>()
         .join("-")
+}
+
+/// Where the oracle's sources live; the step protects this folder.
+pub const ORACLE_DIR: &str = "kernels/oracle/";
+
+/// The kernels a space names lie inside the project, and its oracle inside [`ORACLE_DIR`]: an
+/// absolute path or one that climbs out (`..`) could name a file of anyone's, the agent's
+/// included, as the kernel or as the oracle every edit is judged by (issue 47, item 6).
+fn check_family_paths(path: &Path, text: &str, forward: &Path, reference: &Path) -> Result<()> {
+    let inside = |p: &Path| {
+        p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        })
+    };
+    for (key, p) in [("forward", forward), ("reference", reference)] {
+        if !inside(p) {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                &format!("family.{key}"),
+                format!(
+                    "`{}` must be a path inside the project, relative to its root, with no `..`",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    if !reference.starts_with(ORACLE_DIR) {
+        return Err(config::config_error_at_key(
+            path,
+            text,
+            "family.reference",
+            format!(
+                "the oracle `{}` must lie under {ORACLE_DIR}, the folder no edit may touch",
+                reference.display()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The unit name under which the fp32 reference kernel is built and logged.

@@ -208,3 +208,50 @@ fn a_parameter_no_kernel_reads_is_refused_and_every_shipped_space_reads_its_own(
     let out = flashtune(dir.path(), &["build", "--space", "variants/smoke.toml"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Issue 47, item 6: a space names its kernels inside the project and its oracle under
+/// kernels/oracle/; an absolute path, one that climbs out, or an oracle elsewhere (the agent's own
+/// file as the reference every edit is judged by) is refused at its line.
+#[test]
+fn a_space_names_its_kernels_inside_the_project_and_its_oracle_under_kernels_oracle() {
+    let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
+    let line = line_of(&original, "reference = ");
+    for (from, to, key, says) in [
+        (
+            "reference = \"kernels/oracle/reference.cu\"",
+            "reference = \"/tmp/agent/reference.cu\"",
+            "family.reference",
+            "must be a path inside the project",
+        ),
+        (
+            "reference = \"kernels/oracle/reference.cu\"",
+            "reference = \"kernels/oracle/../attention/forward.cu\"",
+            "family.reference",
+            "with no `..`",
+        ),
+        (
+            "reference = \"kernels/oracle/reference.cu\"",
+            "reference = \"runs/agent/reference.cu\"",
+            "family.reference",
+            "must lie under kernels/oracle/",
+        ),
+        (
+            "forward = \"kernels/attention/forward.cu\"",
+            "forward = \"../elsewhere/forward.cu\"",
+            "family.forward",
+            "must be a path inside the project",
+        ),
+    ] {
+        assert!(original.contains(from), "{from}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("space.toml");
+        std::fs::write(&path, original.replace(from, to)).unwrap();
+        let e = Space::load(&path).unwrap_err();
+        let (at, _, named) = location(&e);
+        assert_eq!(named, key, "{e}");
+        assert!(e.to_string().contains(says), "{e}");
+        if key == "family.reference" {
+            assert_eq!(at, line, "{e}");
+        }
+    }
+}
