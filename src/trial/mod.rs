@@ -148,8 +148,25 @@ impl Comparison {
 /// probe ([`self_check_comparison`]).
 pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Result<CheckStats> {
     let (o, lse) = (dev.read16(job.o)?, dev.read32(job.lse)?);
+    let (mut ref_o, mut ref_lse) = (dev.read32(job.reference.o)?, dev.read32(job.reference.lse)?);
+    check::apply_mask(&mut ref_o, job.reference.o_key, 0);
+    check::apply_mask(&mut ref_lse, job.reference.lse_key, 0);
+    if job.d == 0
+        || o.len() != lse.len() * job.d
+        || ref_o.len() != o.len()
+        || ref_lse.len() != lse.len()
+    {
+        bail!(
+            "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {}",
+            o.len(),
+            lse.len(),
+            ref_o.len(),
+            ref_lse.len(),
+            job.d
+        );
+    }
     let scales = job.lse_scales();
-    let mut stats = compare_host_outputs(dev, job.dtype, job.d, &o, &lse, &job.reference, &scales)?;
+    let mut stats = check::compare(job.dtype, job.d, &o, &lse, &ref_o, &ref_lse, &scales);
     if let Some(e) = job.earlier {
         let (eo, el) = (dev.read16(e.o)?, dev.read32(e.lse)?);
         if eo.len() != o.len() || el.len() != lse.len() {
@@ -160,32 +177,13 @@ pub fn compare_on_host<D: Device + ?Sized>(dev: &mut D, job: &Comparison) -> Res
     Ok(stats)
 }
 
-/// Outputs held on the host (O's bits, the LSE) against a masked reference on the device: the
-/// reference is read back, unmasked and compared on the host.
-pub fn compare_host_outputs<D: Device + ?Sized>(
-    dev: &mut D,
-    dtype: Dtype,
-    d: usize,
-    o: &[u16],
-    lse: &[f32],
-    reference: &MaskedReference,
-    lse_scales: &[f64],
-) -> Result<CheckStats> {
-    let (mut ref_o, mut ref_lse) = (dev.read32(reference.o)?, dev.read32(reference.lse)?);
-    check::apply_mask(&mut ref_o, reference.o_key, 0);
-    check::apply_mask(&mut ref_lse, reference.lse_key, 0);
-    if d == 0 || o.len() != lse.len() * d || ref_o.len() != o.len() || ref_lse.len() != lse.len() {
-        bail!(
-            "compare: {} outputs and {} LSE rows against {} and {} of the reference, rows of {d}",
-            o.len(),
-            lse.len(),
-            ref_o.len(),
-            ref_lse.len(),
-        );
+/// `got` into `out`, which must be as long.
+fn copy_whole<T: Copy>(got: Vec<T>, out: &mut [T]) -> Result<()> {
+    if got.len() != out.len() {
+        bail!("read of {} elements into {}", got.len(), out.len());
     }
-    Ok(check::compare(
-        dtype, d, o, lse, &ref_o, &ref_lse, lse_scales,
-    ))
+    out.copy_from_slice(&got);
+    Ok(())
 }
 
 /// What a trial needs from a device. The GPU worker implements it with CUDA; the test double with
@@ -257,21 +255,11 @@ pub trait Device {
     /// The whole of a 16-bit buffer into `out`, which must be its length: host memory the caller
     /// keeps and reuses (pages already touched read back several times faster than a new vector).
     fn read16_into(&mut self, buf: Buf, out: &mut [u16]) -> Result<()> {
-        let bits = self.read16(buf)?;
-        if bits.len() != out.len() {
-            bail!("read of {} elements into {}", bits.len(), out.len());
-        }
-        out.copy_from_slice(&bits);
-        Ok(())
+        copy_whole(self.read16(buf)?, out)
     }
     /// As [`Device::read16_into`], for a 32-bit buffer.
     fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
-        let values = self.read32(buf)?;
-        if values.len() != out.len() {
-            bail!("read of {} elements into {}", values.len(), out.len());
-        }
-        out.copy_from_slice(&values);
-        Ok(())
+        copy_whole(self.read32(buf)?, out)
     }
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         let all = self.read32(buf)?;

@@ -169,6 +169,28 @@ fn read_range<T: cudarc::driver::DeviceRepr + Default + Clone>(
         .map_err(|e| anyhow!("read back: {e:?}"))
 }
 
+/// The whole of buffer `buf` into `out`, which must be its length. Pageable memory: the copy has
+/// finished when the call returns; the sync says so.
+fn read_into<T: cudarc::driver::DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    m: &CudaSlice<T>,
+    buf: Buf,
+    out: &mut [T],
+) -> Result<()> {
+    if m.len() != out.len() {
+        bail!(
+            "read of buffer {} ({} elements) into {}",
+            buf.0,
+            m.len(),
+            out.len()
+        );
+    }
+    stream
+        .memcpy_dtoh(m, out)
+        .and_then(|()| stream.synchronize())
+        .map_err(|e| anyhow!("read back: {e:?}"))
+}
+
 /// The whole of buffer `buf` from the host; the lengths must agree.
 fn upload<T: cudarc::driver::DeviceRepr>(
     stream: &Arc<CudaStream>,
@@ -915,25 +937,15 @@ impl Device for Gpu {
 
     fn read16_into(&mut self, buf: Buf, out: &mut [u16]) -> Result<()> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
-            // Pageable memory: the copy has finished when the call returns; the sync says so.
-            Some(Memory::U16(m)) if m.len() == out.len() => self
-                .stream
-                .memcpy_dtoh(m, out)
-                .and_then(|()| self.stream.synchronize())
-                .map_err(|e| anyhow!("read back: {e:?}")),
-            _ => bail!("buffer {} is not 16-bit of {} elements", buf.0, out.len()),
+            Some(Memory::U16(m)) => read_into(&self.stream, m, buf, out),
+            _ => bail!("buffer {} is not 16-bit", buf.0),
         }
     }
 
     fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
-            // Pageable memory: the copy has finished when the call returns; the sync says so.
-            Some(Memory::F32(m)) if m.len() == out.len() => self
-                .stream
-                .memcpy_dtoh(m, out)
-                .and_then(|()| self.stream.synchronize())
-                .map_err(|e| anyhow!("read back: {e:?}")),
-            _ => bail!("buffer {} is not 32-bit of {} elements", buf.0, out.len()),
+            Some(Memory::F32(m)) => read_into(&self.stream, m, buf, out),
+            _ => bail!("buffer {} is not 32-bit", buf.0),
         }
     }
 
