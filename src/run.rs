@@ -244,6 +244,7 @@ impl Project {
             cache_dir: self.paths.build_cache(),
             timeout: Duration::from_secs(self.timeouts.build_s),
             compiled_ahead: self.compiled_ahead.clone(),
+            confine: None,
         }
     }
 

@@ -70,9 +70,7 @@ pub fn commit_files_to_branch(
     index.read_tree(&head.tree()?)?;
     for (path, content) in files {
         let blob = repo.blob(content)?;
-        let mut entry = index_entry(path, blob, content.len());
-        entry.mode = 0o100644;
-        index.add(&entry)?;
+        index.add(&index_entry(path, blob, content.len(), 0o100644))?;
     }
     let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
     let sig = signature(&repo)?;
@@ -83,38 +81,6 @@ pub fn commit_files_to_branch(
         true,
         "flashtune: champions",
     )?;
-    Ok(commit.to_string())
-}
-
-/// Commit `files` (repository-relative path, new content, or `None` to delete it) on top of the
-/// commit `parent` into the reference `refname` (made or moved), leaving HEAD, every branch, the
-/// index and the working tree alone: where the fake GPU's accepted edits go. Returns the commit id.
-pub fn commit_files_to_ref(
-    root: &Path,
-    parent: &str,
-    files: &[(String, Option<Vec<u8>>)],
-    message: &str,
-    refname: &str,
-) -> Result<String, git2::Error> {
-    let repo = git2::Repository::discover(root)?;
-    let parent = repo.find_commit(git2::Oid::from_str(parent)?)?;
-    let mut index = git2::Index::new()?;
-    index.read_tree(&parent.tree()?)?;
-    for (path, content) in files {
-        match content {
-            Some(bytes) => {
-                let blob = repo.blob(bytes)?;
-                index.add(&index_entry(path, blob, bytes.len()))?;
-            }
-            None => {
-                let _ = index.remove_path(Path::new(path));
-            }
-        }
-    }
-    let tree = repo.find_tree(index.write_tree_to(&repo)?)?;
-    let sig = signature(&repo)?;
-    let commit = repo.commit(None, &sig, &sig, message, &tree, &[&parent])?;
-    repo.reference(refname, commit, true, "flashtune: synthetic step")?;
     Ok(commit.to_string())
 }
 
@@ -202,13 +168,15 @@ pub fn changed_against_head(root: &Path) -> Result<Vec<String>, git2::Error> {
     Ok(files)
 }
 
-fn index_entry(path: &str, id: git2::Oid, len: usize) -> git2::IndexEntry {
+/// An index entry for `path` holding the blob `id` (`len` bytes) with `mode`; no stat data, so git
+/// compares the working file by content.
+pub(crate) fn index_entry(path: &str, id: git2::Oid, len: usize, mode: u32) -> git2::IndexEntry {
     git2::IndexEntry {
         ctime: git2::IndexTime::new(0, 0),
         mtime: git2::IndexTime::new(0, 0),
         dev: 0,
         ino: 0,
-        mode: 0o100644,
+        mode,
         uid: 0,
         gid: 0,
         file_size: len as u32,
@@ -220,7 +188,7 @@ fn index_entry(path: &str, id: git2::Oid, len: usize) -> git2::IndexEntry {
 }
 
 /// The repository's configured identity, or flashtune's own when none is set.
-fn signature(repo: &git2::Repository) -> Result<git2::Signature<'static>, git2::Error> {
+pub(crate) fn signature(repo: &git2::Repository) -> Result<git2::Signature<'static>, git2::Error> {
     repo.signature()
         .map(|s| s.to_owned())
         .or_else(|_| git2::Signature::now("flashtune", "flashtune@localhost"))

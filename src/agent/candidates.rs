@@ -171,13 +171,45 @@ impl Runner<'_> {
         events: &mut Events,
     ) -> Result<Proposal> {
         let project = &self.bench.project;
-        let diff = step::diff_against(
+        let mut diff = step::diff_against(
             workdir,
             base,
             |p| step::in_scope(project, p),
             pack::is_pack_path,
         )?;
         let touched = !diff.inside.is_empty() || !diff.outside.is_empty();
+        let finished = !run.timed_out && run.status == "exit status: 0";
+        let unjudged = if !finished {
+            Some(format!(
+                "the agent did not finish cleanly ({}); its edit is not judged",
+                run.status
+            ))
+        } else if !diff.outside.is_empty() {
+            Some(step::outside_scope_reason(
+                project,
+                "the agent",
+                &diff.outside,
+            ))
+        } else if let Some(not_files) =
+            Some(step::irregular(workdir, &diff.inside)).filter(|n| !n.is_empty())
+        {
+            Some(step::irregular_reason("the agent", &not_files))
+        } else if diff.inside.is_empty() {
+            Some("no edits under kernels/ to judge".into())
+        } else {
+            None
+        };
+        // Read once, as the agent ends: a sibling writing into this worktree later changes nothing
+        // judged or committed, and the kept patch is the snapshot's.
+        let snapshot = match unjudged {
+            Some(_) => None,
+            None => {
+                let repo = git2::Repository::open(&self.bench.root).map_err(git)?;
+                let snapshot = step::Candidate::snapshot(&repo, base, workdir, &diff.inside)?;
+                diff = step::diff_candidate(&repo, &snapshot, |p| step::in_scope(project, p))?;
+                Some(snapshot)
+            }
+        };
         if touched {
             step::keep_patch(&self.bench.run_dir, n, Some(run.candidate), &diff.patch)?;
         }
@@ -204,27 +236,6 @@ impl Runner<'_> {
         };
         let idea = idea_of(self.agent.usage, run, workdir, base)
             .or_else(|| touched.then(|| diff.as_idea()));
-        let finished = !run.timed_out && run.status == "exit status: 0";
-        let unjudged = if !finished {
-            Some(format!(
-                "the agent did not finish cleanly ({}); its edit is not judged",
-                run.status
-            ))
-        } else if !diff.outside.is_empty() {
-            Some(step::outside_scope_reason(
-                project,
-                "the agent",
-                &diff.outside,
-            ))
-        } else if let Some(not_files) =
-            Some(step::irregular(workdir, &diff.inside)).filter(|n| !n.is_empty())
-        {
-            Some(step::irregular_reason("the agent", &not_files))
-        } else if diff.inside.is_empty() {
-            Some("no edits under kernels/ to judge".into())
-        } else {
-            None
-        };
         eprintln!(
             "step {n} candidate {}: the agent ended ({}) after {:.0} s: {}{}",
             run.candidate,
@@ -254,6 +265,7 @@ impl Runner<'_> {
             workdir: workdir.to_path_buf(),
             changed: diff.inside,
             unjudged,
+            snapshot,
         })
     }
 
@@ -291,22 +303,36 @@ impl Runner<'_> {
             });
         }
         let jobs = (project.jobs() / ready.len().max(1)).max(1);
-        // Builds run side by side, each into a cache of its own (no candidate's cubin serves another).
-        let pending: Vec<_> = ready
-            .iter()
-            .map(|p| {
+        // Each from the export of its snapshot, into a cache of its own (no candidate's cubin
+        // serves another); builds run side by side.
+        let mut pending = Vec::new();
+        for p in &ready {
+            let snapshot = p
+                .snapshot
+                .as_ref()
+                .expect("a judgeable proposal has its snapshot");
+            let exported = session.export_candidate(
+                snapshot,
+                &p.workdir,
+                &step_dir.join(format!("cand-{}.tree", p.candidate)),
+            )?;
+            pending.push(exported.map(|tree| {
                 session.spawn_edit_build(
                     pairings,
-                    &p.workdir,
+                    &tree,
                     &format!("cand{}", p.candidate),
                     step_dir.join(format!("cand-{}.build", p.candidate)),
                     jobs,
                 )
-            })
-            .collect();
+            }));
+        }
         let mut built = Vec::new();
         for (p, pending) in ready.iter().zip(pending) {
-            built.push((p, step::collect_builds(pending, project, events).await?));
+            let cubins = match pending {
+                Ok(pending) => step::collect_builds(pending, project, events).await?,
+                Err(why) => Err(why),
+            };
+            built.push((p, cubins));
         }
         // The GPU judges one candidate at a time (the session holds its lock).
         for (p, cubins) in built {

@@ -40,9 +40,7 @@ pub use workbench::{
     step_run_from_log, verdict_from_log, AttemptDoc, HistoryDoc, JudgeOptions, JudgeVerdict,
     Refusal, StepRunDoc, StepVerdict,
 };
-use worktree::{
-    apply, champion_sources, make_worktree, remove_worktree, sources_at, worktree_name,
-};
+use worktree::{champion_sources, make_worktree, remove_worktree, sources_at, worktree_name};
 
 /// How the candidates' agents run and when the session stops.
 #[derive(Debug, Clone)]
@@ -292,6 +290,8 @@ struct Proposal {
     changed: Vec<String>,
     /// Why it is not judged (agent failed, outside the scope, nothing changed).
     unjudged: Option<String>,
+    /// Its edit, snapshotted when its agent ended: what is built, judged and committed.
+    snapshot: Option<step::Candidate>,
 }
 
 /// One judged candidate.

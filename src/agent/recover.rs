@@ -106,6 +106,7 @@ impl Runner<'_> {
             })?;
             return Ok(());
         }
+        let base = self.base_commit(&head.id().to_string());
         let mut proposals = Vec::new();
         for (&k, workdir) in &starts {
             match proposed.get(&k) {
@@ -118,12 +119,7 @@ impl Runner<'_> {
                     } else {
                         None
                     };
-                    proposals.push(Proposal {
-                        candidate: k,
-                        workdir: workdir.clone(),
-                        changed: changed.clone(),
-                        unjudged,
-                    });
+                    proposals.push(snapshotted(&repo, &base, k, workdir, changed, unjudged)?);
                 }
                 _ => {
                     // The agent's guard writes its exit code when the agent ends: a candidate whose
@@ -133,7 +129,6 @@ impl Runner<'_> {
                         std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
                             .ok()
                             .and_then(|t| t.trim().parse::<i32>().ok());
-                    let base = head.id().to_string();
                     let diff = workdir
                         .is_dir()
                         .then(|| {
@@ -151,12 +146,14 @@ impl Runner<'_> {
                             step::keep_patch(&bench.run_dir, n, Some(k), &diff.patch)?;
                         }
                         if exit == Some(0) && !diff.inside.is_empty() && diff.outside.is_empty() {
-                            proposals.push(Proposal {
-                                candidate: k,
-                                workdir: workdir.clone(),
-                                changed: diff.inside.clone(),
-                                unjudged: None,
-                            });
+                            proposals.push(snapshotted(
+                                &repo,
+                                &base,
+                                k,
+                                workdir,
+                                &diff.inside,
+                                None,
+                            )?);
                             continue;
                         }
                     }
@@ -178,4 +175,35 @@ impl Runner<'_> {
         }
         Ok(())
     }
+}
+
+/// A recovered proposal with its edit snapshotted now, as the session would have when its agent
+/// ended; one whose edit holds anything but regular files is left unjudged, saying so.
+fn snapshotted(
+    repo: &git2::Repository,
+    base: &str,
+    candidate: u32,
+    workdir: &Path,
+    changed: &[String],
+    unjudged: Option<String>,
+) -> Result<Proposal> {
+    let mut p = Proposal {
+        candidate,
+        workdir: workdir.to_path_buf(),
+        changed: changed.to_vec(),
+        unjudged,
+        snapshot: None,
+    };
+    if p.unjudged.is_some() {
+        return Ok(p);
+    }
+    let not_files = step::irregular(&p.workdir, &p.changed);
+    if !not_files.is_empty() {
+        p.unjudged = Some(step::irregular_reason("the agent", &not_files));
+        return Ok(p);
+    }
+    p.snapshot = Some(step::Candidate::snapshot(
+        repo, base, &p.workdir, &p.changed,
+    )?);
+    Ok(p)
 }

@@ -48,7 +48,7 @@ impl Runner<'_> {
         let judged = self
             .judge_all(n, &proposals, &pairings, &head_cubins, &step_dir, events)
             .await?;
-        let decided = self.decide(n, &base, &proposals, &judged)?;
+        let decided = self.decide(n, &proposals, &judged)?;
         eprintln!(
             "step {n}: {}: {}",
             if decided.accepted {
@@ -189,13 +189,7 @@ impl Runner<'_> {
 
     /// The best accepted candidate, committed: onto the branch on a GPU (copied into the main tree
     /// first), onto this step's scratch reference on the fake GPU (the main tree untouched).
-    fn decide(
-        &self,
-        n: u32,
-        base: &str,
-        proposals: &[Proposal],
-        judged: &[Judged],
-    ) -> Result<Decided> {
+    fn decide(&self, n: u32, proposals: &[Proposal], judged: &[Judged]) -> Result<Decided> {
         let bench = self.bench;
         let root = &bench.root;
         let winner = judged
@@ -244,21 +238,21 @@ impl Runner<'_> {
             "Flashtune-Candidate: {} of {} ({})",
             w.candidate, self.agent.candidates, self.agent.name
         );
-        let cannot =
-            |e: git2::Error| Error::Other(anyhow!("cannot commit the edit: {}", e.message()));
+        let snapshot = p
+            .snapshot
+            .as_ref()
+            .expect("an accepted candidate was judged from its snapshot");
+        let repo = git2::Repository::open(root).map_err(git)?;
         let (commit, scratch_ref) = if bench.device.fake {
-            let files: Vec<(String, Option<Vec<u8>>)> = p
-                .changed
-                .iter()
-                .map(|f| (f.clone(), std::fs::read(p.workdir.join(f)).ok()))
-                .collect();
             let reference = step::scratch_ref(&bench.run_id, n);
-            let commit = crate::vcs::commit_files_to_ref(root, base, &files, &message, &reference)
-                .map_err(cannot)?;
-            (commit, Some(reference))
+            (
+                snapshot.commit(&repo, &message, Some(&reference))?,
+                Some(reference),
+            )
         } else {
-            apply(&p.workdir, root, &p.changed)?;
-            let commit = crate::vcs::commit_paths(root, &p.changed, &message).map_err(cannot)?;
+            let commit = snapshot.commit(&repo, &message, None)?;
+            // The main tree takes the committed files, so it stands at the new HEAD.
+            snapshot.write_files(&repo, root)?;
             (commit, None)
         };
         Ok(Decided {

@@ -1,4 +1,4 @@
-//! Candidate worktrees: made at the base commit, diffed against it, copied into the main tree, removed.
+//! Candidate worktrees: made at the base commit, diffed against it, removed.
 use super::*;
 
 pub(super) fn worktree_name(run_id: &str, n: u32, k: u32) -> String {
@@ -50,24 +50,6 @@ pub(super) fn remove_worktree(repo: &git2::Repository, name: &str, path: &Path) 
     if let Ok(mut branch) = repo.find_branch(name, git2::BranchType::Local) {
         let _ = branch.delete();
     }
-}
-
-/// Copy a candidate's in-scope files (or their removal) from its worktree into the main tree.
-pub(super) fn apply(workdir: &Path, root: &Path, files: &[String]) -> Result<()> {
-    for f in files {
-        let (from, to) = (workdir.join(f), root.join(f));
-        if from.exists() {
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("cannot create {}", parent.display()))?;
-            }
-            std::fs::copy(&from, &to)
-                .with_context(|| format!("cannot copy {} to {}", from.display(), to.display()))?;
-        } else if to.exists() {
-            std::fs::remove_file(&to).with_context(|| format!("cannot remove {}", to.display()))?;
-        }
-    }
-    Ok(())
 }
 
 /// The champion's sources at `base`: every file of the edit scope except the protected ones.

@@ -65,6 +65,35 @@ pub(crate) fn diff_against(
     let diff = wrepo
         .diff_tree_to_workdir(Some(&tree), Some(&mut opts))
         .map_err(git)?;
+    summarize(&diff, in_scope, skip)
+}
+
+/// A snapshotted candidate against the commit it sits on: the patch of exactly what is judged and
+/// would be committed.
+pub(crate) fn diff_candidate(
+    repo: &git2::Repository,
+    candidate: &super::candidate::Candidate,
+    in_scope: impl Fn(&str) -> bool,
+) -> Result<TreeDiff> {
+    let git = |e: git2::Error| Error::Other(anyhow!("git: {}", e.message()));
+    let base = repo
+        .find_commit(candidate.base)
+        .and_then(|c| c.tree())
+        .map_err(git)?;
+    let tree = repo.find_tree(candidate.tree).map_err(git)?;
+    let diff = repo
+        .diff_tree_to_tree(Some(&base), Some(&tree), None)
+        .map_err(git)?;
+    summarize(&diff, in_scope, |_| false)
+}
+
+/// The changed paths (split by scope), the stat and the patch of `diff`, less what `skip` names.
+fn summarize(
+    diff: &git2::Diff<'_>,
+    in_scope: impl Fn(&str) -> bool,
+    skip: impl Fn(&str) -> bool,
+) -> Result<TreeDiff> {
+    let git = |e: git2::Error| Error::Other(anyhow!("git: {}", e.message()));
     let path_of = |d: &git2::DiffDelta| {
         d.new_file()
             .path()

@@ -2,20 +2,27 @@
 use super::*;
 
 impl Session<'_> {
-    /// Build the edit, check and re-time it against HEAD's champion; `Err` holds why it was turned away before timing ended.
+    /// Build the edit from its snapshot's export, check and re-time it against HEAD's champion;
+    /// `Err` holds why it was turned away before timing ended.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn judge_edit(
         &self,
         n: u32,
         pairings: &[Pairing],
         head_cubins: &BTreeMap<UnitKey, PathBuf>,
         step_dir: &Path,
+        candidate: &Candidate,
         events: &mut Events,
         duels: &mut Vec<DuelRow>,
     ) -> Result<std::result::Result<decide::Overall, String>> {
+        let tree = match self.export_candidate(candidate, self.root, &step_dir.join("edit"))? {
+            Ok(tree) => tree,
+            Err(why) => return Ok(Err(why)),
+        };
         // A cache of its own: a cubin the proposer planted in the shared cache is never used.
         let pending = self.spawn_edit_build(
             pairings,
-            self.root,
+            &tree,
             "edit",
             step_dir.join("build"),
             self.project.jobs(),
@@ -37,6 +44,30 @@ impl Session<'_> {
         .await
     }
 
+    /// Write the candidate's edit scope into `dest`, the only sources its builds see; `Err` inside
+    /// names the includes that reach past it into `workdir` (ignored or untracked files, other
+    /// folders), which the export would silently drop.
+    pub(crate) fn export_candidate(
+        &self,
+        candidate: &Candidate,
+        workdir: &Path,
+        dest: &Path,
+    ) -> Result<std::result::Result<PathBuf, String>> {
+        let repo = git2::Repository::open(self.root)
+            .map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+        let _ = std::fs::remove_dir_all(dest);
+        candidate.export(&repo, EDIT_SCOPE, dest)?;
+        let reaching = includes_outside(dest, workdir, &self.project.space.family.forward);
+        if !reaching.is_empty() {
+            return Ok(Err(format!(
+                "the edit includes files outside its tree: {}; an edit is judged and committed as \
+                 the files git would commit, so it may include only those",
+                reaching.join("; ")
+            )));
+        }
+        Ok(Ok(dest.to_path_buf()))
+    }
+
     /// Start building the edit's forward kernels from `tree` into the build cache `cache`.
     pub(crate) fn spawn_edit_build(
         &self,
@@ -48,6 +79,7 @@ impl Session<'_> {
     ) -> PendingBuild {
         let builder = Builder {
             cache_dir: cache,
+            confine: Some(tree.to_path_buf()),
             ..self.project.builder()
         };
         let specs = self.specs(pairings, tree, tag);

@@ -22,12 +22,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod attempt;
+mod candidate;
 mod judge;
 mod profile;
 mod report;
+mod rules;
 mod tree;
 
-pub(crate) use attempt::{diff_against, idea_line, keep_patch, one_line};
+pub(crate) use attempt::{diff_against, diff_candidate, idea_line, keep_patch, one_line};
+pub(crate) use candidate::{includes_outside, Candidate};
 
 use judge::build_logged;
 pub(crate) use judge::collect_builds;
@@ -158,6 +161,9 @@ impl Bench {
         let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
         let root = repository_root(&project.paths.root)?;
         refuse_dirty_outside_scope(&project, &root, proposer)?;
+        let repo =
+            git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
+        rules::refuse_rules_not_at_head(&project, &root, &repo)?;
         let device = opts.executor.probe(opts.device).await.map_err(|reason| {
             Error::NoGpu(format!(
                 "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
@@ -189,8 +195,6 @@ impl Bench {
         bench.run_id = run::new_run_id();
         bench.run_dir = bench.project.paths.runs().join(&bench.run_id);
         // A champion that cannot be found is a usage error, reported before any run folder exists.
-        let repo = git2::Repository::open(&bench.root)
-            .map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
         bench.session(opts).champions(&repo)?;
         // Judging the working tree: a clean one has nothing to judge, and gets no run and no attempt.
         if !proposer {
@@ -491,12 +495,23 @@ impl Session<'_> {
         };
         let proposer_failed = proposed.as_ref().is_some_and(|p| !p.finished);
         let edit: Vec<String> = inside.iter().chain(&stray).cloned().collect();
-        let diff = attempt::diff_against(
-            self.root,
-            &base,
-            |p| in_scope(project, p),
-            |p| !edit.iter().any(|e| e == p),
-        )?;
+        let not_files = irregular(self.root, &inside);
+        // The edit as it is judged and would be committed, read from the working tree once, now.
+        let candidate =
+            if not_files.is_empty() && stray.is_empty() && !proposer_failed && !inside.is_empty() {
+                Some(Candidate::snapshot(&repo, &base, self.root, &inside)?)
+            } else {
+                None
+            };
+        let diff = match &candidate {
+            Some(c) => attempt::diff_candidate(&repo, c, |p| in_scope(project, p))?,
+            None => attempt::diff_against(
+                self.root,
+                &base,
+                |p| in_scope(project, p),
+                |p| !edit.iter().any(|e| e == p),
+            )?,
+        };
         if !edit.is_empty() {
             attempt::keep_patch(self.run_dir, n, None, &diff.patch)?;
         }
@@ -533,7 +548,6 @@ impl Session<'_> {
                 diff.stat
             );
         }
-        let not_files = irregular(self.root, &inside);
         let outcome = if !not_files.is_empty() {
             restore(self.root, &edit)?;
             Outcome::rejected(
@@ -570,15 +584,21 @@ impl Session<'_> {
                 None,
                 inside.clone(),
             )
-        } else if inside.is_empty() {
-            Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())
-        } else {
+        } else if let Some(candidate) = &candidate {
             let judged = self
-                .judge_edit(n, &pairings, &head_cubins, &step_dir, events, &mut duels)
+                .judge_edit(
+                    n,
+                    &pairings,
+                    &head_cubins,
+                    &step_dir,
+                    candidate,
+                    events,
+                    &mut duels,
+                )
                 .await?;
             match judged {
                 Ok(overall) if overall.accept => {
-                    self.keep_in_place(n, &base, &inside, &overall, &duels)?
+                    self.keep_in_place(n, &repo, candidate, &overall, &duels)?
                 }
                 Ok(overall) => {
                     restore(self.root, &inside)?;
@@ -589,6 +609,8 @@ impl Session<'_> {
                     Outcome::rejected(why, None, inside.clone())
                 }
             }
+        } else {
+            Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())
         };
         eprintln!(
             "step {n}: {}: {}",
@@ -697,33 +719,25 @@ impl Session<'_> {
         Ok(proposed)
     }
 
-    /// Commit an accepted in-place edit: on a GPU onto the current branch (HEAD moves); on the fake
-    /// GPU onto the scratch reference `scratch_ref`, never a branch, the working tree back at HEAD.
+    /// Commit an accepted in-place edit, as the tree it was judged from: on a GPU onto the current
+    /// branch (HEAD moves); on the fake GPU onto the scratch reference `scratch_ref`, never a
+    /// branch, the working tree back at HEAD.
     fn keep_in_place(
         &self,
         n: u32,
-        base: &str,
-        inside: &[String],
+        repo: &git2::Repository,
+        candidate: &Candidate,
         overall: &decide::Overall,
         duels: &[DuelRow],
     ) -> Result<Outcome> {
-        let message = self.commit_message(n, inside, overall, duels);
-        let cannot =
-            |e: git2::Error| Error::Other(anyhow!("cannot commit the edit: {}", e.message()));
+        let message = self.commit_message(n, &candidate.files, overall, duels);
         let (commit, restored, reference) = if self.device.fake {
-            let files: Vec<(String, Option<Vec<u8>>)> = inside
-                .iter()
-                .map(|f| (f.clone(), std::fs::read(self.root.join(f)).ok()))
-                .collect();
             let reference = scratch_ref(self.run_id, n);
-            let commit =
-                crate::vcs::commit_files_to_ref(self.root, base, &files, &message, &reference)
-                    .map_err(cannot)?;
-            restore(self.root, inside)?;
-            (commit, inside.to_vec(), Some(reference))
+            let commit = candidate.commit(repo, &message, Some(&reference))?;
+            restore(self.root, &candidate.files)?;
+            (commit, candidate.files.clone(), Some(reference))
         } else {
-            let commit = crate::vcs::commit_paths(self.root, inside, &message).map_err(cannot)?;
-            (commit, Vec::new(), None)
+            (candidate.commit(repo, &message, None)?, Vec::new(), None)
         };
         Ok(Outcome {
             accepted: true,
@@ -778,7 +792,11 @@ impl Session<'_> {
             spec.source = head_tree.join(&project.space.family.reference);
             specs.push(((REFERENCE.into(), d, 0), spec));
         }
-        let built = build_logged(project.builder(), project.jobs(), specs, events).await?;
+        let builder = Builder {
+            confine: Some(head_tree.to_path_buf()),
+            ..project.builder()
+        };
+        let built = build_logged(builder, project.jobs(), specs, events).await?;
         let mut cubins = BTreeMap::new();
         for (key, result) in built {
             match result {

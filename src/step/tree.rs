@@ -48,7 +48,25 @@ pub(crate) fn extract_tree(
     let git =
         |e: git2::Error| Error::Other(anyhow!("cannot read HEAD's {prefix}: {}", e.message()));
     let id = git2::Oid::from_str(commit).map_err(git)?;
-    let tree = repo.find_commit(id).and_then(|c| c.tree()).map_err(git)?;
+    let tree = repo.find_commit(id).map(|c| c.tree_id()).map_err(git)?;
+    extract_tree_object(repo, tree, prefix, dest, "write HEAD's kernel source to")
+}
+
+/// The modification time of every exported file: nvcc writes each source's into the cubin's line
+/// table, so a tree's cubins would otherwise depend on when it was written out, not on what it holds.
+pub(crate) const EXPORTED_MTIME: std::time::SystemTime = std::time::SystemTime::UNIX_EPOCH;
+
+/// Write the tree object `tree`'s files under `prefix` into `dest`, at their repository paths.
+pub(crate) fn extract_tree_object(
+    repo: &git2::Repository,
+    tree: git2::Oid,
+    prefix: &str,
+    dest: &Path,
+    what: &'static str,
+) -> Result<()> {
+    let git =
+        |e: git2::Error| Error::Other(anyhow!("cannot read the tree's {prefix}: {}", e.message()));
+    let tree = repo.find_tree(tree).map_err(git)?;
     let mut failed: Option<crate::error::WriteError> = None;
     let walked = tree.walk(git2::TreeWalkMode::PreOrder, |dir, entry| {
         let path = format!("{dir}{}", entry.name().unwrap_or(""));
@@ -62,12 +80,17 @@ pub(crate) fn extract_tree(
         let written = std::fs::create_dir_all(file.parent().unwrap_or(dest)).and_then(|_| {
             match crate::error::injected_write_failure("head-tree") {
                 Some(e) => Err(e),
-                None => std::fs::write(&file, blob.content()),
+                None => std::fs::write(&file, blob.content()).and_then(|_| {
+                    std::fs::File::options()
+                        .write(true)
+                        .open(&file)?
+                        .set_modified(EXPORTED_MTIME)
+                }),
             }
         });
         if let Err(source) = written {
             failed = Some(crate::error::WriteError {
-                what: "write HEAD's kernel source to",
+                what,
                 path: file,
                 source,
             });

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+mod reads;
+
 pub use crate::toolchain::{find_nvcc, Toolchain};
 
 /// One compilation: a source file, its defines and the target.
@@ -29,9 +31,19 @@ pub struct BuildOutput {
 
 #[derive(Debug, Clone)]
 pub enum BuildFailure {
-    Compiler { status: String, log: String },
-    TimedOut { seconds: u64 },
+    Compiler {
+        status: String,
+        log: String,
+    },
+    TimedOut {
+        seconds: u64,
+    },
     Io(String),
+    /// The compile read files outside the tree it was built from (nvcc's own dependency list).
+    ReadsOutside {
+        tree: PathBuf,
+        files: Vec<String>,
+    },
 }
 
 impl std::fmt::Display for BuildFailure {
@@ -40,6 +52,14 @@ impl std::fmt::Display for BuildFailure {
             BuildFailure::Compiler { status, .. } => write!(f, "nvcc failed ({status})"),
             BuildFailure::TimedOut { seconds } => write!(f, "nvcc timed out after {seconds} s"),
             BuildFailure::Io(e) => write!(f, "build I/O error: {e}"),
+            BuildFailure::ReadsOutside { tree, files } => write!(
+                f,
+                "the kernel reads files outside the tree it is built from ({}): {}; a kernel is \
+                 built from exactly the files that would be committed, so a git-ignored header, an \
+                 untracked file outside kernels/ or a path outside the project is never part of it",
+                tree.display(),
+                files.join(", ")
+            ),
         }
     }
 }
@@ -88,6 +108,9 @@ pub struct Builder {
     /// Builds this run compiled ahead of being asked (while the GPU timed the reference library),
     /// by key: the first request for one reports the compile it was, not a cache hit.
     pub compiled_ahead: CompiledAhead,
+    /// The tree every file a compile reads must lie in, beside the compiler's and the system's
+    /// headers (`None`: a build of the user's own working tree, where nothing is judged).
+    pub confine: Option<PathBuf>,
 }
 
 /// nvcc seconds of builds compiled but not yet handed out, shared by a run's builders.
@@ -99,7 +122,7 @@ impl Builder {
     /// another environment or by another nvcc is never reused.
     pub fn key(&self, spec: &BuildSpec) -> Result<String> {
         let mut h = blake3::Hasher::new();
-        h.update(b"flashtune-build-v4\0");
+        h.update(b"flashtune-build-v5\0");
         h.update(spec_key(spec)?.as_bytes());
         h.update(self.toolchain.version.as_bytes());
         h.update(self.toolchain.fingerprint.as_bytes());
@@ -117,7 +140,9 @@ impl Builder {
         let dir = self.cache_dir.join(&key);
         let cubin = dir.join("kernel.cubin");
         let report = dir.join("ptxas.txt");
-        if cubin.is_file() && report.is_file() {
+        let reads = dir.join(reads::READS_FILE);
+        if cubin.is_file() && report.is_file() && reads.is_file() {
+            self.check_reads(spec, &reads)?;
             tracing::debug!(%key, source = %spec.source.display(), "build cache hit");
             let text =
                 std::fs::read_to_string(&report).map_err(|e| BuildFailure::Io(e.to_string()))?;
@@ -144,6 +169,10 @@ impl Builder {
             .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
         let mut cmd = tokio::process::Command::from(self.toolchain.command());
         cmd.args(nvcc_args(spec, &staging.join("kernel.cubin")));
+        // nvcc's own list of every file the compile read: what the reads check judges.
+        cmd.arg("-MD")
+            .arg("-MF")
+            .arg(staging.join(reads::DEPENDENCY_FILE));
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -192,10 +221,25 @@ impl Builder {
         }
         std::fs::write(staging.join("ptxas.txt"), &log)
             .map_err(|e| BuildFailure::Io(e.to_string()))?;
+        let dependencies = std::fs::read_to_string(staging.join(reads::DEPENDENCY_FILE))
+            .map_err(|e| BuildFailure::Io(format!("nvcc wrote no dependency list: {e}")))?;
+        let kept = reads::record(
+            &reads::parse_dependencies(&dependencies),
+            spec.source.parent().unwrap_or(Path::new(".")),
+            &reads::toolchain_root(&self.toolchain.nvcc),
+        );
+        std::fs::write(staging.join(reads::READS_FILE), &kept)
+            .map_err(|e| BuildFailure::Io(e.to_string()))?;
         if std::fs::rename(&staging, &dir).is_err() {
-            // Another run finished the same build first; its entry is equivalent.
+            // Another run finished the same build first (its entry is equivalent), or an entry of
+            // an earlier flashtune lacks the reads: this one replaces it.
+            if !reads.is_file() {
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::rename(&staging, &dir);
+            }
             let _ = std::fs::remove_dir_all(&staging);
         }
+        self.check_reads(spec, &reads)?;
         let seconds = started.elapsed().as_secs_f64();
         Ok(BuildOutput {
             key,
@@ -206,6 +250,30 @@ impl Builder {
         })
     }
 }
+impl Builder {
+    /// A confined build whose compile read files outside its tree fails, naming them.
+    fn check_reads(&self, spec: &BuildSpec, kept: &Path) -> std::result::Result<(), BuildFailure> {
+        let Some(tree) = &self.confine else {
+            return Ok(());
+        };
+        let record = std::fs::read_to_string(kept)
+            .map_err(|e| BuildFailure::Io(format!("{}: {e}", kept.display())))?;
+        let files = reads::outside(
+            &record,
+            spec.source.parent().unwrap_or(Path::new(".")),
+            tree,
+        );
+        if files.is_empty() {
+            Ok(())
+        } else {
+            Err(BuildFailure::ReadsOutside {
+                tree: tree.clone(),
+                files,
+            })
+        }
+    }
+}
+
 /// What a build compiles, whatever the compiler: the source and every file it includes, defines,
 /// flags and target. The build gate's manifest lists these, so a contributor's nvcc still matches.
 pub fn spec_key(spec: &BuildSpec) -> Result<String> {
@@ -337,6 +405,7 @@ mod tests {
             cache_dir: dir.path().into(),
             timeout: Duration::from_secs(1),
             compiled_ahead: Default::default(),
+            confine: None,
         };
         let path = |p: &str| vec![("PATH".to_owned(), p.to_owned())];
         let key = |b: Builder| b.key(&spec).unwrap();
