@@ -225,6 +225,10 @@ fn reuse(
         return Ok(reused);
     };
     let mut found: BTreeMap<(String, Dtype), Vec<(String, store::Stored)>> = BTreeMap::new();
+    // A sealed row is taken only when the sealed log line it cites says the same; the first refusal
+    // is said with its reason, the rest counted.
+    let mut cited = store::CitedLogs::new(project.paths.runs());
+    let mut refused: Vec<String> = Vec::new();
     for p in todo {
         for shape in project.shapes.iter().filter(|s| s.d == p.head_dim) {
             let geometry = store::geometry(shape);
@@ -249,10 +253,14 @@ fn reuse(
                     dtype,
                 };
                 match store.lookup(&key) {
-                    Ok(Some(stored)) => found
-                        .entry((shape.name.clone(), dtype))
-                        .or_default()
-                        .push((p.variant.id.clone(), stored)),
+                    Ok(Some(stored)) => match cited.check(&stored) {
+                        Ok(()) => found
+                            .entry((shape.name.clone(), dtype))
+                            .or_default()
+                            .push((p.variant.id.clone(), stored)),
+                        Err(why) => refused
+                            .push(format!("{} on {} {dtype}: {why}", p.variant.id, shape.name)),
+                    },
                     Ok(None) => {}
                     Err(e) => {
                         eprintln!("warning: results store not read: {e:#}; the case is measured");
@@ -260,6 +268,15 @@ fn reuse(
                 }
             }
         }
+    }
+    if let Some(first) = refused.first() {
+        eprintln!(
+            "--reuse: a stored figure does not match the log record it cites, so it is measured afresh: {first}{}",
+            match refused.len() - 1 {
+                0 => String::new(),
+                more => format!(" ({more} more stored figure(s) refused the same way)"),
+            }
+        );
     }
     for ((shape, dtype), mut cases) in found {
         cases.sort_by(|a, b| a.1.timing.median_us.total_cmp(&b.1.timing.median_us));
@@ -270,8 +287,8 @@ fn reuse(
                     shape: shape.clone(),
                     dtype,
                     stored_median_us: stored.timing.median_us,
-                    from_run: stored.origin_run,
-                    from_line: stored.origin_line,
+                    from_run: stored.row.origin_run,
+                    from_line: stored.row.origin_line,
                 })?;
                 continue;
             }
@@ -280,10 +297,10 @@ fn reuse(
                 variant,
                 shape: shape.clone(),
                 dtype,
-                kv_splits: stored.kv_splits,
+                kv_splits: stored.row.kv_splits,
                 timing: stored.timing,
-                from_run: stored.origin_run,
-                from_line: stored.origin_line,
+                from_run: stored.row.origin_run,
+                from_line: stored.row.origin_line,
             })?;
         }
     }

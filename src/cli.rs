@@ -893,10 +893,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let run = engine::resolve_run_dir(&paths, &run)?;
             // Refused before anything is written: a bad log must not replace good reports.
             let (log, _) = engine::read_run(&run)?;
-            // A run from before the store, or copied from another machine, joins it here.
+            // A run from before the store joins it here, if its log is sealed: reports read any
+            // log, the store (what --reuse and the best-first order take) only what flashtune wrote.
             let store_path = crate::store::path(&paths);
-            let stored = crate::store::Store::open(&store_path)
-                .and_then(|mut store| crate::store::backfill(&mut store, &log));
+            let stored =
+                crate::runlog::read_sealed(&crate::runlog::path_in(&run)).and_then(|sealed| {
+                    crate::store::Store::open(&store_path)
+                        .and_then(|mut store| crate::store::backfill(&mut store, &sealed))
+                });
             if let Err(e) = stored {
                 eprintln!("warning: run not added to the results store: {e:#}");
             }
@@ -1278,13 +1282,12 @@ fn history_table(
                 100.0 * (r.median_us / b.median_us - 1.0)
             ),
         };
-        let change = if r.origin_run == r.run_id {
-            change
+        // Every figure names the record it stands on: its own run's line, or the run it was reused from.
+        let (run, change) = if r.origin_run == r.run_id {
+            (format!("{} line {}", r.run_id, r.origin_line), change)
         } else {
-            format!(
-                "{change} (reused from run {} line {})",
-                r.origin_run, r.origin_line
-            )
+            let from = format!("reused from run {} line {}", r.origin_run, r.origin_line);
+            (r.run_id.clone(), format!("{change} ({from})"))
         };
         let git = r
             .git_head
@@ -1297,9 +1300,8 @@ fn history_table(
         };
         let _ = writeln!(
             t,
-            "| {} | {} | {git} | {gpu} | {} | `{}` | {:.2} | {} | {change} |",
+            "| {} | {run} | {git} | {gpu} | {} | `{}` | {:.2} | {} | {change} |",
             r.started_at,
-            r.run_id,
             r.dtype,
             r.variant,
             r.median_us,

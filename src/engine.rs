@@ -72,7 +72,7 @@ pub async fn resume(
     listen_for_stop()?;
     refuse_fake_commit(&opts)?;
     let log_path = run_dir.join("log.jsonl");
-    let (loaded, old) = read_run(&run_dir)?;
+    let (loaded, old) = read_sealed_run(&run_dir)?;
     crate::anytime::refuse_reuse(opts.reuse, &old.strategy)?;
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
     check_free_space(&project)?;
@@ -87,7 +87,7 @@ pub async fn resume(
     if loaded.torn_tail {
         // Said, not silent: the record being written when the run stopped is dropped (its case runs again).
         eprintln!(
-            "resume: the last line of {} was cut short (the record being written when the run stopped); it is dropped and what it recorded is done again",
+            "resume: the last line of {} was cut short or never sealed (the record being written when the run stopped); it is dropped and what it recorded is done again",
             log_path.display()
         );
     }
@@ -229,6 +229,19 @@ pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
         ))
     })?;
     Ok((loaded, header))
+}
+
+/// A run's log for `resume`, which goes on from what the log says was done and so reads only a
+/// sealed log: a `variant_done` written by another hand would skip work, a `timed` one crown a
+/// figure never measured. Refusals of empty, headerless or newer logs come first, as for any reader.
+fn read_sealed_run(run_dir: &Path) -> Result<(runlog::SealedLog, Header)> {
+    let (_, header) = read_run(run_dir)?;
+    let log = runlog::read_sealed(&runlog::path_in(run_dir)).map_err(|e| {
+        Error::BadInput(format!(
+            "cannot resume: {e:#}. resume continues only a log whose every line flashtune sealed; start a new run (`flashtune report` still reads this one)"
+        ))
+    })?;
+    Ok((log, header))
 }
 
 /// flashtune commits the champion table itself; uncommitted edits to it would be lost or mixed in.
@@ -785,7 +798,9 @@ pub async fn profile_on_demand(
         project.policies.tolerance(dtype)?;
     }
     let mut events = Events::new(RunLog::reopen(&log_path, &loaded)?, Vec::new());
-    events.record_into_store(&project.paths, Some(&loaded));
+    // Its measurements reach the store only from a sealed log.
+    let sealed = runlog::read_sealed(&log_path).ok();
+    events.record_into_store(&project.paths, sealed.as_ref());
     let mut out = Vec::new();
     for shape in project
         .shapes

@@ -46,6 +46,7 @@ pub mod run;
 pub mod runindex;
 pub mod runlog;
 pub mod scheduler;
+pub mod seal;
 pub mod search;
 pub mod slurm;
 pub mod space;

@@ -52,12 +52,22 @@ impl Events {
     }
 
     /// From now on also put every measurement into the results store as it is logged; `earlier`
-    /// (a resumed or reopened log) goes in first. A store that cannot be opened is warned about and
-    /// left out: it is a cache of the logs, never the record.
-    pub fn record_into_store(&mut self, paths: &ProjectPaths, earlier: Option<&runlog::LoadedLog>) {
-        let path = crate::store::path(paths);
+    /// (a resumed or reopened log) goes in first, when it is sealed (a store row stands only on
+    /// what flashtune wrote; without it, records appended to the log reach no row either). A store
+    /// that cannot be opened is warned about and left out: it is a cache of the logs, never the record.
+    pub fn record_into_store(&mut self, paths: &ProjectPaths, earlier: Option<&runlog::SealedLog>) {
         let lines =
             std::fs::read(&self.log.path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
+        self.open_store(paths, earlier, lines);
+    }
+
+    fn open_store(
+        &mut self,
+        paths: &ProjectPaths,
+        earlier: Option<&runlog::SealedLog>,
+        lines: usize,
+    ) {
+        let path = crate::store::path(paths);
         let recorder = crate::store::Store::open(&path)
             .and_then(|store| crate::store::Recorder::new(store, earlier, lines));
         match recorder {
@@ -93,11 +103,11 @@ impl Events {
         for r in &mut self.reporters {
             r.on_entry(&entry);
         }
-        let so_far = runlog::LoadedLog {
-            entries: vec![(1, entry)],
-            torn_tail: false,
-        };
-        self.record_into_store(paths, Some(&so_far));
+        // The store follows the log from its first line: the header is its line 1.
+        self.open_store(paths, None, 0);
+        if let Some(store) = &mut self.store {
+            store.on_entry(&entry);
+        }
         Ok(())
     }
 

@@ -13,6 +13,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
+mod sealed;
+pub use sealed::{read_sealed, read_sealed_with, SealedLog, Unsealed};
+
 pub const SCHEMA_VERSION: u32 = 1;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -591,24 +594,31 @@ pub struct RunLog {
     started: std::time::Instant,
     /// Seconds already on the clock when a resumed log continues.
     offset: f64,
+    /// `log.jsonl.seal`, one seal per line, written with each record; none for a reopened log that
+    /// was unsealed already (it stays unsealed).
+    seals: Option<sealed::SealFile>,
 }
 
 impl RunLog {
+    /// A new log and its seal file.
     pub fn create(path: &Path) -> Result<Self> {
         let file = OpenOptions::new()
             .create_new(true)
             .append(true)
             .open(path)
             .map_err(|e| WriteError::new("create the run log", path, e))?;
+        let seals = sealed::SealFile::create(path)?;
         Ok(RunLog {
             file,
             path: path.to_path_buf(),
             started: std::time::Instant::now(),
             offset: 0.0,
+            seals: Some(seals),
         })
     }
 
-    /// Continue an existing log: a torn last line is cut off first, so every line stays whole. The
+    /// Continue an existing log: a torn last line, or a whole one whose seal was never written (the
+    /// run stopped between the two), is cut off first, so every line stays whole and sealed. The
     /// file is repaired in place (cut, or one newline appended), never rewritten: on a full disk a
     /// rewrite could lose the very log it was repairing.
     pub fn reopen(path: &Path, loaded: &LoadedLog) -> Result<Self> {
@@ -618,7 +628,11 @@ impl RunLog {
             .append(true)
             .open(path)
             .map_err(|e| WriteError::new("append to", path, e))?;
-        if loaded.torn_tail {
+        let reopened = sealed::SealFile::reopen(path, &bytes)?;
+        if let Some(keep) = reopened.keep {
+            file.set_len(keep)
+                .map_err(|e| WriteError::new("cut the unsealed last line of", path, e))?;
+        } else if loaded.torn_tail {
             let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             file.set_len(keep as u64)
                 .map_err(|e| WriteError::new("cut the torn last line of", path, e))?;
@@ -634,7 +648,24 @@ impl RunLog {
             path: path.to_path_buf(),
             started: std::time::Instant::now(),
             offset,
+            seals: reopened.seals,
         })
+    }
+
+    /// Seal lines just appended; a seal that cannot be written undoes them (the log keeps only
+    /// sealed lines), back to `before`.
+    fn seal_appended(&mut self, bytes: &[u8], before: Option<u64>) -> Result<()> {
+        let Some(seals) = &mut self.seals else {
+            return Ok(());
+        };
+        let sealed = seals.seal(bytes);
+        if sealed.is_err() {
+            if let Some(len) = before {
+                let _ = self.file.set_len(len);
+                let _ = self.file.sync_data();
+            }
+        }
+        sealed
     }
 
     /// Seconds on the run clock now.
@@ -673,6 +704,7 @@ impl RunLog {
             }
             return Err(e.into());
         }
+        self.seal_appended(&line, before)?;
         Ok(entry)
     }
 
@@ -690,20 +722,28 @@ impl RunLog {
             bytes.push(b'\n');
         }
         let before = self.file.metadata().map(|m| m.len()).ok();
-        let written = self
-            .file
-            .write_all(&bytes)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| WriteError::new("append to", &self.path, e));
-        if let Err(e) = written {
-            if let Some(len) = before {
-                let _ = self.file.set_len(len);
-                let _ = self.file.sync_data();
-            }
-            return Err(e.into());
-        }
+        append_whole(&mut self.file, &self.path, &bytes)?;
+        self.seal_appended(&bytes, before)?;
         Ok(entries)
     }
+}
+
+/// Append `bytes` and push them to the disk, all or nothing: a write that fails (a full disk) is
+/// cut back to the length before it (shrinking needs no free space), and the error names the file.
+fn append_whole(file: &mut File, path: &Path, bytes: &[u8]) -> Result<()> {
+    let before = file.metadata().map(|m| m.len()).ok();
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| WriteError::new("append to", path, e));
+    if let Err(e) = written {
+        if let Some(len) = before {
+            let _ = file.set_len(len);
+            let _ = file.sync_data();
+        }
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// Debug builds only (tests): `FLASHTUNE_TEST_FAIL_APPEND=EVENT:N` makes the N-th append of an

@@ -9,24 +9,35 @@
 //! Rows are never deleted; a row that no longer matches is history.
 //!
 //! The run log stays the record. The store is filled from it, as each record is logged or afterwards
-//! (`report`, `resume`), and a row names the run and log line it came from; a store that cannot be
-//! opened or written costs the reuse and the ordering, never the run.
+//! (`report`, `resume`), from sealed logs only, and a row names the run and log line it came from; a
+//! store that cannot be opened or written costs the reuse and the ordering, never the run.
+//!
+//! Every row is sealed with the user's key (`row`): a row whose seal does not hold (edited in the
+//! file, written by hand, or from before rows were sealed) is never read, and the first is said.
 use crate::config::{Dtype, Shape};
 use crate::protocol::TimingStats;
-use crate::runlog::{Entry, LoadedLog, Record};
+use crate::runlog::{Entry, Record, SealedLog};
+use crate::seal::SealKey;
 use crate::space::Params;
 use anyhow::{Context, Result};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+mod cited;
+mod row;
+pub use cited::CitedLogs;
+pub use row::Row;
+
 /// Where the store lives, beside the run folders (ignored by git with the rest of `runs/`).
 pub fn path(paths: &crate::config::ProjectPaths) -> PathBuf {
     paths.runs().join("results.sqlite")
 }
 
-/// The schema this flashtune writes; a store written by a newer one is left alone.
-const SCHEMA_VERSION: i64 = 1;
+/// The schema this flashtune writes; a store written by a newer one is left alone. 2: measurement
+/// rows carry a seal (a store of schema 1 gains the column; its rows, unsealed, are not read until
+/// `flashtune report <run>` writes them again from a sealed log).
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS runs (
@@ -63,6 +74,7 @@ CREATE TABLE IF NOT EXISTS measurements (
     timing TEXT NOT NULL,
     origin_run TEXT NOT NULL,
     origin_line INTEGER NOT NULL,
+    seal TEXT,
     PRIMARY KEY (run_id, log_line)
 );
 CREATE INDEX IF NOT EXISTS measurements_match
@@ -111,14 +123,12 @@ pub struct Key<'a> {
     pub dtype: Dtype,
 }
 
-/// A stored measurement that matches a case.
+/// A stored measurement that matches a case: its sealed row (whose `origin_run` and `origin_line`
+/// name the measurement itself; a reused row points past itself to it) and its timing.
 #[derive(Debug, Clone)]
 pub struct Stored {
-    pub kv_splits: u32,
+    pub row: Row,
     pub timing: TimingStats,
-    /// The run and log line of the measurement itself (a reused row points past itself to it).
-    pub origin_run: String,
-    pub origin_line: usize,
 }
 
 /// The fastest row of one earlier run on one (shape geometry, dtype).
@@ -167,6 +177,9 @@ pub struct HistoryRow {
 pub struct Store {
     conn: Connection,
     pub path: PathBuf,
+    key: SealKey,
+    /// Whether the rows whose seal does not hold were said already (once per store).
+    unsealed_said: std::cell::Cell<bool>,
 }
 
 fn dtype_of(s: &str) -> Option<Dtype> {
@@ -215,100 +228,128 @@ impl Store {
                 path.display()
             );
         }
+        let key = SealKey::load_or_create().context("cannot check the results store's seals")?;
+        if version == 1 {
+            conn.execute_batch("ALTER TABLE measurements ADD COLUMN seal TEXT")
+                .with_context(at)?;
+        }
         conn.execute_batch(SCHEMA).with_context(at)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)
             .with_context(at)?;
         Ok(Store {
             conn,
             path: path.to_path_buf(),
+            key,
+            unsealed_said: std::cell::Cell::new(false),
         })
     }
 
-    /// The newest measurement that matches `key`, if any.
-    pub fn lookup(&self, key: &Key) -> Result<Option<Stored>> {
-        let row = self
+    /// The measurement rows `filter` (an SQL condition over `params`) picks whose seal holds, in
+    /// the order they were written; the rest are left out and, the first time, said.
+    fn sealed_rows(&self, filter: &str, params: &[&dyn rusqlite::ToSql]) -> Result<Vec<Row>> {
+        let sql = format!(
+            "SELECT {}, seal FROM measurements WHERE {filter} ORDER BY rowid",
+            row::COLUMNS
+        );
+        let mut stmt = self
             .conn
-            .query_row(
-                "SELECT kv_splits, timing, origin_run, origin_line FROM measurements
-                 WHERE build_key = ?1 AND reference_key = ?2 AND geometry = ?3 AND dtype = ?4
-                   AND gpu = ?5 AND driver = ?6 AND nvcc = ?7 AND fake = ?8
-                 ORDER BY rowid DESC LIMIT 1",
-                params![
-                    key.build_key,
-                    key.reference_key,
-                    key.geometry,
-                    key.dtype.name(),
-                    key.gpu,
-                    key.driver,
-                    key.nvcc,
-                    key.fake
-                ],
-                |r| {
-                    Ok((
-                        r.get::<_, u32>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, i64>(3)? as usize,
-                    ))
-                },
-            )
-            .optional()
+            .prepare(&sql)
             .with_context(|| format!("cannot read {}", self.path.display()))?;
-        let Some((kv_splits, timing, origin_run, origin_line)) = row else {
+        let rows = stmt.query_map(params, Row::read)?;
+        let (mut sealed, mut broken) = (Vec::new(), Vec::new());
+        for r in rows {
+            let (row, seal) = r?;
+            if row.seal_holds(&self.key, seal.as_deref()) {
+                sealed.push(row);
+            } else {
+                broken.push(row);
+            }
+        }
+        if let Some(first) = broken.first() {
+            if !self.unsealed_said.replace(true) {
+                eprintln!(
+                    "warning: {}: {} measurement row(s) whose seal does not hold are not used (edited in the file, or written before rows were sealed), the first of run {} line {}; `flashtune report <run>` writes a sealed run's rows again",
+                    self.path.display(),
+                    broken.len(),
+                    first.run_id,
+                    first.log_line
+                );
+            }
+        }
+        Ok(sealed)
+    }
+
+    /// The newest sealed measurement that matches `key`, if any.
+    pub fn lookup(&self, key: &Key) -> Result<Option<Stored>> {
+        let rows = self.sealed_rows(
+            "build_key = ?1 AND reference_key = ?2 AND geometry = ?3 AND dtype = ?4
+             AND gpu = ?5 AND driver = ?6 AND nvcc = ?7 AND fake = ?8",
+            params![
+                key.build_key,
+                key.reference_key,
+                key.geometry,
+                key.dtype.name(),
+                key.gpu,
+                key.driver,
+                key.nvcc,
+                key.fake
+            ],
+        )?;
+        let Some(row) = rows.into_iter().next_back() else {
             return Ok(None);
         };
-        let timing: TimingStats = serde_json::from_str(&timing).with_context(|| {
+        let timing: TimingStats = serde_json::from_str(&row.timing).with_context(|| {
             format!(
-                "{}: unreadable timing of run {origin_run} line {origin_line}",
-                self.path.display()
+                "{}: unreadable timing of run {} line {}",
+                self.path.display(),
+                row.origin_run,
+                row.origin_line
             )
         })?;
-        Ok(Some(Stored {
-            kv_splits,
-            timing,
-            origin_run,
-            origin_line,
-        }))
+        Ok(Some(Stored { row, timing }))
+    }
+
+    /// When each run started, its commit, and the order runs were added in.
+    fn runs(&self) -> Result<BTreeMap<String, (String, Option<String>, i64)>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run_id, started_at, git_head, rowid FROM runs")?;
+        let rows = stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, (r.get(1)?, r.get(2)?, r.get(3)?)))
+        })?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
     /// Each earlier run's fastest variant per (shape geometry, dtype) on this GPU model, newest run first.
     pub fn champions(&self, gpu: &str, fake: bool) -> Result<Vec<StoredChampion>> {
-        // SQLite takes the bare columns of an aggregate query from the row that holds the MIN.
-        let mut stmt = self.conn.prepare(
-            "SELECT m.run_id, r.started_at, m.geometry, m.dtype, m.variant, m.params, MIN(m.median_us)
-             FROM measurements m JOIN runs r ON r.run_id = m.run_id
-             WHERE m.gpu = ?1 AND m.fake = ?2
-             GROUP BY m.run_id, m.geometry, m.dtype
-             ORDER BY r.started_at DESC, m.run_id DESC, m.geometry, m.dtype",
-        )?;
-        let rows = stmt.query_map(params![gpu, fake], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-                r.get::<_, String>(4)?,
-                r.get::<_, String>(5)?,
-                r.get::<_, f64>(6)?,
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (run_id, started_at, geometry, dtype, variant, params, median_us) = row?;
-            let (Some(dtype), Ok(params)) = (dtype_of(&dtype), serde_json::from_str(&params))
-            else {
+        let runs = self.runs()?;
+        let mut fastest: BTreeMap<(String, String, String), Row> = BTreeMap::new();
+        for row in self.sealed_rows("gpu = ?1 AND fake = ?2", params![gpu, fake])? {
+            if !runs.contains_key(&row.run_id) {
                 continue;
-            };
-            out.push(StoredChampion {
-                run_id,
-                started_at,
-                geometry,
-                dtype,
-                variant,
-                params,
-                median_us,
-            });
+            }
+            let group = (row.run_id.clone(), row.geometry.clone(), row.dtype.clone());
+            keep_fastest(&mut fastest, group, row);
         }
+        let mut out: Vec<StoredChampion> = fastest
+            .into_values()
+            .filter_map(|row| {
+                Some(StoredChampion {
+                    started_at: runs[&row.run_id].0.clone(),
+                    dtype: dtype_of(&row.dtype)?,
+                    params: serde_json::from_str(&row.params).ok()?,
+                    run_id: row.run_id,
+                    geometry: row.geometry,
+                    variant: row.variant,
+                    median_us: row.median_us,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&b.started_at, &b.run_id)
+                .cmp(&(&a.started_at, &a.run_id))
+                .then((&a.geometry, a.dtype.name()).cmp(&(&b.geometry, b.dtype.name())))
+        });
         Ok(out)
     }
 
@@ -338,85 +379,72 @@ impl Store {
     /// Every original measurement (not a reuse) of a variant on this GPU model.
     pub fn figures(&self, gpu: &str, fake: bool, params: &Params) -> Result<Vec<Figure>> {
         let params = serde_json::to_string(params)?;
-        let mut stmt = self.conn.prepare(
-            "SELECT geometry, dtype, median_us, origin_run, origin_line, build_key, reference_key, driver, nvcc
-             FROM measurements
-             WHERE gpu = ?1 AND fake = ?2 AND params = ?3 AND run_id = origin_run AND log_line = origin_line
-             ORDER BY rowid",
+        let rows = self.sealed_rows(
+            "gpu = ?1 AND fake = ?2 AND params = ?3 AND run_id = origin_run AND log_line = origin_line",
+            params![gpu, fake, params],
         )?;
-        let rows = stmt.query_map(params![gpu, fake, params], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                Figure {
-                    geometry: String::new(),
-                    dtype: Dtype::F16,
-                    median_us: r.get(2)?,
-                    origin_run: r.get(3)?,
-                    origin_line: r.get::<_, i64>(4)? as usize,
-                    build_key: r.get(5)?,
-                    reference_key: r.get(6)?,
-                    driver: r.get(7)?,
-                    nvcc: r.get(8)?,
-                },
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (geometry, dtype, figure) = row?;
-            let Some(dtype) = dtype_of(&dtype) else {
-                continue;
-            };
-            out.push(Figure {
-                geometry,
-                dtype,
-                ..figure
-            });
-        }
-        Ok(out)
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| {
+                Some(Figure {
+                    dtype: dtype_of(&row.dtype)?,
+                    geometry: row.geometry,
+                    median_us: row.median_us,
+                    origin_run: row.origin_run,
+                    origin_line: row.origin_line,
+                    build_key: row.build_key,
+                    reference_key: row.reference_key,
+                    driver: row.driver,
+                    nvcc: row.nvcc,
+                })
+            })
+            .collect())
     }
 
     /// Per run (oldest first) and dtype: its fastest row on `shape`, matched by geometry when the
     /// shape is known (else by name), for `history`.
     pub fn history(&self, shape: &str, geometry: Option<&str>) -> Result<Vec<HistoryRow>> {
-        let (column, value) = match geometry {
-            Some(g) => ("m.geometry", g),
-            None => ("m.shape", shape),
+        let rows = match geometry {
+            Some(g) => self.sealed_rows("geometry = ?1", params![g])?,
+            None => self.sealed_rows("shape = ?1", params![shape])?,
         };
-        let sql = format!(
-            "SELECT m.run_id, r.started_at, r.git_head, m.gpu, m.fake, m.dtype, m.variant, MIN(m.median_us), m.tflops, m.origin_run, m.origin_line
-             FROM measurements m JOIN runs r ON r.run_id = m.run_id
-             WHERE {column} = ?1
-             GROUP BY m.run_id, m.dtype
-             ORDER BY m.gpu, m.fake, m.dtype, r.started_at, r.rowid"
-        );
-        let mut stmt = self.conn.prepare(&sql)?;
-        let rows = stmt.query_map(params![value], |r| {
-            Ok((
-                r.get::<_, String>(5)?,
-                HistoryRow {
-                    run_id: r.get(0)?,
-                    started_at: r.get(1)?,
-                    git_head: r.get(2)?,
-                    gpu: r.get(3)?,
-                    fake: r.get(4)?,
-                    dtype: Dtype::F16,
-                    variant: r.get(6)?,
-                    median_us: r.get(7)?,
-                    tflops: r.get(8)?,
-                    origin_run: r.get(9)?,
-                    origin_line: r.get::<_, i64>(10)? as usize,
-                },
-            ))
-        })?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (dtype, h) = row?;
-            if let Some(dtype) = dtype_of(&dtype) {
-                out.push(HistoryRow { dtype, ..h });
-            }
+        let runs = self.runs()?;
+        let mut fastest: BTreeMap<(String, String), Row> = BTreeMap::new();
+        for row in rows.into_iter().filter(|r| runs.contains_key(&r.run_id)) {
+            keep_fastest(&mut fastest, (row.run_id.clone(), row.dtype.clone()), row);
         }
-        Ok(out)
+        let mut out: Vec<(i64, HistoryRow)> = fastest
+            .into_values()
+            .filter_map(|row| {
+                let (started_at, git_head, order) = runs[&row.run_id].clone();
+                Some((
+                    order,
+                    HistoryRow {
+                        dtype: dtype_of(&row.dtype)?,
+                        run_id: row.run_id,
+                        started_at,
+                        git_head,
+                        gpu: row.gpu,
+                        fake: row.fake,
+                        variant: row.variant,
+                        median_us: row.median_us,
+                        tflops: row.tflops,
+                        origin_run: row.origin_run,
+                        origin_line: row.origin_line,
+                    },
+                ))
+            })
+            .collect();
+        out.sort_by(|(ao, a), (bo, b)| {
+            (&a.gpu, a.fake, a.dtype.name(), &a.started_at, ao).cmp(&(
+                &b.gpu,
+                b.fake,
+                b.dtype.name(),
+                &b.started_at,
+                bo,
+            ))
+        });
+        Ok(out.into_iter().map(|(_, h)| h).collect())
     }
 
     /// Measurements held, all runs together.
@@ -426,6 +454,16 @@ impl Store {
             .query_row("SELECT COUNT(*) FROM measurements", [], |r| {
                 r.get::<_, i64>(0)
             })? as usize)
+    }
+}
+
+/// Keep the faster of a group's rows (the first written, on a tie, as SQLite's MIN did).
+fn keep_fastest<K: Ord>(fastest: &mut BTreeMap<K, Row>, group: K, row: Row) {
+    match fastest.get(&group) {
+        Some(kept) if kept.median_us <= row.median_us => {}
+        _ => {
+            fastest.insert(group, row);
+        }
     }
 }
 
@@ -458,9 +496,9 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Follow a log that holds `lines_so_far` lines; `earlier` (a resumed log) is written first, so
-    /// its measurements are in the store too and its builds are known.
-    pub fn new(mut store: Store, earlier: Option<&LoadedLog>, lines_so_far: usize) -> Result<Self> {
+    /// Follow a log that holds `lines_so_far` lines; `earlier` (a resumed log, sealed: rows are
+    /// written only from what flashtune wrote) goes in first, so its builds are known.
+    pub fn new(mut store: Store, earlier: Option<&SealedLog>, lines_so_far: usize) -> Result<Self> {
         let mut ctx = Seen::default();
         if let Some(log) = earlier {
             write_log(&mut store, &mut ctx, log)?;
@@ -490,29 +528,31 @@ impl Recorder {
     }
 }
 
-/// Put every measurement and profile of a log into the store; rows already there are kept as they
-/// are. Returns the number of measurement rows the store holds afterwards.
-pub fn backfill(store: &mut Store, log: &LoadedLog) -> Result<usize> {
+/// Put every measurement and profile of a sealed log into the store; a row already there is written
+/// again where its seal does not hold. Returns the number of measurement rows the store holds afterwards.
+pub fn backfill(store: &mut Store, log: &SealedLog) -> Result<usize> {
     write_log(store, &mut Seen::default(), log)?;
     store.count()
 }
 
-fn write_log(store: &mut Store, ctx: &mut Seen, log: &LoadedLog) -> Result<()> {
+fn write_log(store: &mut Store, ctx: &mut Seen, log: &SealedLog) -> Result<()> {
+    let key = store.key.clone();
     let tx = store.conn.transaction()?;
     for (line, e) in &log.entries {
-        write_record_in(&tx, &store.path, ctx, *line, &e.record)?;
+        write_record_in(&tx, &store.path, &key, ctx, *line, &e.record)?;
     }
     tx.commit()
         .with_context(|| format!("cannot write {}", store.path.display()))
 }
 
 fn write_record(store: &Store, ctx: &mut Seen, line: usize, record: &Record) -> Result<()> {
-    write_record_in(&store.conn, &store.path, ctx, line, record)
+    write_record_in(&store.conn, &store.path, &store.key, ctx, line, record)
 }
 
 fn write_record_in(
     conn: &Connection,
     path: &Path,
+    key: &SealKey,
     ctx: &mut Seen,
     line: usize,
     record: &Record,
@@ -572,7 +612,7 @@ fn write_record_in(
             conditions,
             ..
         } if conditions.is_empty() => insert_measurement(
-            conn, ctx, line, variant, shape, *dtype, *kv_splits, timing, None,
+            conn, key, ctx, line, variant, shape, *dtype, *kv_splits, timing, None,
         )
         .with_context(at)?,
         Record::Reused {
@@ -585,6 +625,7 @@ fn write_record_in(
             from_line,
         } => insert_measurement(
             conn,
+            key,
             ctx,
             line,
             variant,
@@ -635,6 +676,7 @@ fn write_record_in(
 #[allow(clippy::too_many_arguments)]
 fn insert_measurement(
     conn: &Connection,
+    key: &SealKey,
     ctx: &Seen,
     line: usize,
     variant: &str,
@@ -663,36 +705,72 @@ fn insert_measurement(
         return Ok(());
     }
     let (origin_run, origin_line) = match reused_from {
-        Some((run, line)) => (run.as_str(), line),
-        None => (run.run_id.as_str(), line),
+        Some((run, line)) => (run.clone(), line),
+        None => (run.run_id.clone(), line),
     };
+    let row = Row {
+        run_id: run.run_id.clone(),
+        log_line: line,
+        gpu: run.gpu.clone(),
+        driver: run.driver,
+        nvcc: run.nvcc.clone(),
+        fake: run.fake,
+        build_key: build.clone(),
+        reference_key: reference.clone(),
+        variant: variant.to_owned(),
+        params: serde_json::to_string(params)?,
+        shape: shape.to_owned(),
+        geometry: geometry(s),
+        dtype: dtype.name().to_owned(),
+        kv_splits,
+        median_us: timing.median_us,
+        p10_us: timing.p10_us,
+        p90_us: timing.p90_us,
+        tflops: timing.tflops,
+        timing: serde_json::to_string(timing)?,
+        origin_run,
+        origin_line,
+    };
+    // The sealed log's record is the truth: a row already there is written again with it (the same
+    // bytes for a row that was left alone; a row edited in the file, or from before rows were
+    // sealed, is repaired).
     conn.execute(
-        "INSERT OR IGNORE INTO measurements (run_id, log_line, gpu, driver, nvcc, fake, build_key, reference_key,
-             variant, params, shape, geometry, dtype, kv_splits, median_us, p10_us, p90_us, tflops, timing,
-             origin_run, origin_line)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+        &format!(
+            "INSERT INTO measurements ({}, seal)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
+             ON CONFLICT (run_id, log_line) DO UPDATE SET
+                 gpu = excluded.gpu, driver = excluded.driver, nvcc = excluded.nvcc, fake = excluded.fake,
+                 build_key = excluded.build_key, reference_key = excluded.reference_key,
+                 variant = excluded.variant, params = excluded.params, shape = excluded.shape,
+                 geometry = excluded.geometry, dtype = excluded.dtype, kv_splits = excluded.kv_splits,
+                 median_us = excluded.median_us, p10_us = excluded.p10_us, p90_us = excluded.p90_us,
+                 tflops = excluded.tflops, timing = excluded.timing, origin_run = excluded.origin_run,
+                 origin_line = excluded.origin_line, seal = excluded.seal",
+            row::COLUMNS
+        ),
         params![
-            run.run_id,
-            line as i64,
-            run.gpu,
-            run.driver,
-            run.nvcc,
-            run.fake,
-            build,
-            reference,
-            variant,
-            serde_json::to_string(params)?,
-            shape,
-            geometry(s),
-            dtype.name(),
-            kv_splits,
-            timing.median_us,
-            timing.p10_us,
-            timing.p90_us,
-            timing.tflops,
-            serde_json::to_string(timing)?,
-            origin_run,
-            origin_line as i64
+            row.run_id,
+            row.log_line as i64,
+            row.gpu,
+            row.driver,
+            row.nvcc,
+            row.fake,
+            row.build_key,
+            row.reference_key,
+            row.variant,
+            row.params,
+            row.shape,
+            row.geometry,
+            row.dtype,
+            row.kv_splits,
+            row.median_us,
+            row.p10_us,
+            row.p90_us,
+            row.tflops,
+            row.timing,
+            row.origin_run,
+            row.origin_line as i64,
+            row.seal(key)
         ],
     )?;
     Ok(())

@@ -185,7 +185,7 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
     })
 }
 
-/// The newest run log that measured the GPU's roofs.
+/// The newest sealed run log that measured the GPU's roofs (its figures reach the agent).
 pub(super) fn newest_device_log(runs: &Path) -> Option<crate::runlog::LoadedLog> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(runs)
         .ok()?
@@ -198,7 +198,9 @@ pub(super) fn newest_device_log(runs: &Path) -> Option<crate::runlog::LoadedLog>
         if !text.contains("\"event\":\"ceiling_measured\"") {
             return None;
         }
-        crate::runlog::read(&d.join("log.jsonl")).ok()
+        crate::runlog::read_sealed(&d.join("log.jsonl"))
+            .ok()
+            .map(crate::runlog::SealedLog::into_log)
     })
 }
 

@@ -179,7 +179,7 @@ pub fn is_agent_session(run_dir: &Path) -> bool {
 /// agent had finished are judged again, the others dropped with a record, an edit applied but not
 /// committed is restored, a commit made but not logged is recorded), then the steps left run.
 pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome> {
-    let loaded = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let loaded = crate::runlog::read_sealed(&run_dir.join("log.jsonl"))?; // resume reads only a sealed log
     let settings = loaded
         .entries
         .iter()

@@ -74,7 +74,7 @@ pub(super) fn case_context(
     input: &PackInput,
     c: &PackCase,
     history: &[HistoryEntry],
-    logs: &[(LogMeta, runlog::LoadedLog)],
+    logs: &[(LogMeta, runlog::SealedLog)],
 ) -> CaseContext {
     let gpu = input.device.map(|d| d.name.as_str());
     let same_gpu = |m: &LogMeta| gpu.is_none_or(|g| g == m.gpu);
@@ -96,7 +96,7 @@ pub(super) fn case_context(
             if let Some(v) = value {
                 champion_us = Some(Sourced {
                     value: v,
-                    from: format!("run {} step {} duel", h.run_id, h.step),
+                    from: format!("run {} line {} (step {} duel)", h.run_id, f.line, h.step),
                 });
             }
         }

@@ -1,7 +1,7 @@
 //! The step history: every in-place step and agent candidate that any run log of the project holds,
 //! with its idea, its patch (whole, in the run folder) and how the key metrics moved.
 use super::*;
-use crate::runlog::Idea;
+use crate::runlog::{Idea, SealedLog};
 
 /// One earlier attempt at an edit: an in-place step, or one candidate of an agent session's step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -32,6 +32,8 @@ pub struct HistoryEntry {
     pub verdict: String,
     pub reason: String,
     pub geomean_gain: Option<f64>,
+    /// The log line (record number in its run's log) of the verdict, which holds the gain.
+    pub verdict_line: Option<usize>,
     pub commit: Option<String>,
     /// On the fake GPU: the scratch reference the accepted edit went to (never a branch).
     pub scratch_ref: Option<String>,
@@ -47,6 +49,8 @@ pub struct HistoryEntry {
 /// One case of a duel, as the log holds it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DuelFigure {
+    /// The `duel` record's line in its run's log.
+    pub line: usize,
     pub shape: String,
     pub dtype: Dtype,
     pub champion_us: Option<f64>,
@@ -118,18 +122,20 @@ pub fn parse_attempt_id(id: &str) -> Option<(String, u32, Option<u32>)> {
     (!run.is_empty()).then_some((run, step, candidate))
 }
 
-/// Every run log under `runs_dir` with step records, oldest first (by run id, which starts with the time).
-pub(super) fn step_logs(runs_dir: &Path) -> Vec<(LogMeta, runlog::LoadedLog)> {
+/// Every sealed run log under `runs_dir` with step records, oldest first (by run id, which starts with the time).
+pub(super) fn step_logs(runs_dir: &Path) -> Vec<(LogMeta, SealedLog)> {
     logs_where(runs_dir, |text| {
         text.contains("\"event\":\"step_started\"")
             || text.contains("\"event\":\"candidate_started\"")
     })
 }
 
+/// The run logs under `runs_dir` whose text `wanted` picks, oldest first: sealed ones only, since
+/// what they hold reaches the next agent as fact; an unsealed one is skipped, and the skip said.
 pub(super) fn logs_where(
     runs_dir: &Path,
     wanted: impl Fn(&str) -> bool,
-) -> Vec<(LogMeta, runlog::LoadedLog)> {
+) -> Vec<(LogMeta, SealedLog)> {
     let Ok(dirs) = std::fs::read_dir(runs_dir) else {
         return Vec::new();
     };
@@ -147,7 +153,7 @@ pub(super) fn logs_where(
         if !wanted(&text) {
             continue;
         }
-        let Ok(log) = runlog::read(&path) else {
+        let Some(log) = read_sealed_or_say(&path) else {
             continue;
         };
         let Some(h) = log.header() else { continue };
@@ -162,6 +168,26 @@ pub(super) fn logs_where(
         out.push((meta, log));
     }
     out
+}
+
+/// A sealed log, or `None` with the reason said on stderr (once per log and process: a pack reads
+/// the logs several times), naming the file and its first bad line.
+fn read_sealed_or_say(path: &Path) -> Option<SealedLog> {
+    use std::sync::Mutex;
+    static SAID: Mutex<std::collections::BTreeSet<PathBuf>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    match runlog::read_sealed(path) {
+        Ok(log) => Some(log),
+        Err(e) => {
+            let first = SAID
+                .lock()
+                .map_or(true, |mut said| said.insert(path.to_path_buf()));
+            if first {
+                eprintln!("warning: run log skipped: {e:#}; its records are not shown to agents or in the history");
+            }
+            None
+        }
+    }
 }
 
 /// Every step and candidate that any run log of the project holds, oldest first.
@@ -182,7 +208,7 @@ pub fn history(runs_dir: &Path) -> Vec<HistoryEntry> {
 /// The attempts one run's log holds (a `judge` run: its one step), oldest first.
 pub fn history_in(run_dir: &Path) -> Vec<HistoryEntry> {
     let path = run_dir.join("log.jsonl");
-    let Ok(log) = runlog::read(&path) else {
+    let Some(log) = read_sealed_or_say(&path) else {
         return Vec::new();
     };
     let Some(h) = log.header() else {
@@ -237,7 +263,7 @@ impl Resources {
     }
 }
 
-fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
+fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
     // Keyed by (step, candidate); an in-place step is candidate None.
     let mut entries: BTreeMap<(u32, Option<u32>), HistoryEntry> = BTreeMap::new();
     let mut base: BTreeMap<u32, String> = BTreeMap::new();
@@ -257,6 +283,7 @@ fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
         verdict: "unfinished".into(),
         reason: "the log ends before a verdict".into(),
         geomean_gain: None,
+        verdict_line: None,
         commit: None,
         scratch_ref: None,
         cases: Vec::new(),
@@ -270,7 +297,8 @@ fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
     let mut head = Resources::default();
     let mut resources: BTreeMap<(u32, Option<u32>), (Resources, Resources)> = BTreeMap::new();
     let (mut in_place_step, mut agent_step) = (0u32, 0u32);
-    for (_, e) in &log.entries {
+    for (line, e) in &log.entries {
+        let line = *line;
         match &e.record {
             Record::ProposerRan { step, seconds, .. } => {
                 in_place_seconds.insert(*step, *seconds);
@@ -365,6 +393,7 @@ fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
             } => {
                 if let Some(entry) = entries.get_mut(&(*step, *candidate)) {
                     entry.cases.push(DuelFigure {
+                        line,
                         shape: shape.clone(),
                         dtype: *dtype,
                         champion_us: champion.as_ref().map(|t| t.median_us),
@@ -387,6 +416,7 @@ fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
                     entry.verdict = if *accepted { "accepted" } else { "rejected" }.into();
                     entry.reason = reason.clone();
                     entry.geomean_gain = *geomean_gain;
+                    entry.verdict_line = Some(line);
                     entry.cost.gpu_seconds = Some(*gpu_seconds);
                 }
             }
@@ -414,6 +444,7 @@ fn history_of(meta: &LogMeta, log: &runlog::LoadedLog) -> Vec<HistoryEntry> {
                     entry.verdict = if *accepted { "committed" } else { "rejected" }.into();
                     entry.reason = reason.clone();
                     entry.geomean_gain = *geomean_gain;
+                    entry.verdict_line = Some(line);
                     entry.commit = commit.clone();
                     entry.scratch_ref = scratch_ref.clone();
                 }

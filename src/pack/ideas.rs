@@ -11,12 +11,17 @@ const AVOID_MAX: usize = 12;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct IdeaNote {
     pub attempt: String,
-    /// What it tried, in one line (none where the log holds no summary).
+    /// What it tried, in one line (none where the log holds no summary): the words of whoever
+    /// wrote it (`idea_from`), shown to later agents only quoted as theirs.
     pub idea: Option<String>,
+    /// Who wrote `idea`: `agent`, `commit message`, `caller` or `diff`.
+    pub idea_from: Option<String>,
     pub verdict: String,
     /// Why it was turned away (first line).
     pub reason: String,
     pub geomean_gain: Option<f64>,
+    /// The run and log line of the verdict (`run <id> line <n>`), where the log holds one.
+    pub from: Option<String>,
     /// How the key metrics moved, in one line.
     pub metrics: Option<String>,
     /// The whole patch as its run folder keeps it; the pack copies it to `context/attempts/`.
@@ -29,9 +34,13 @@ impl IdeaNote {
         IdeaNote {
             attempt: h.attempt.clone(),
             idea: h.idea.as_ref().map(|i| i.summary.clone()),
+            idea_from: h.idea.as_ref().map(|i| i.from.clone()),
             verdict: h.verdict.clone(),
             reason: h.reason.lines().next().unwrap_or("").to_owned(),
             geomean_gain: h.geomean_gain,
+            from: h
+                .verdict_line
+                .map(|line| format!("run {} line {line}", h.run_id)),
             metrics: h.metrics.as_ref().map(|m| m.summary.clone()),
             patch_file: h.patch_file.clone(),
             synthetic: h.synthetic,

@@ -480,3 +480,79 @@ fn reuse_is_refused_where_the_strategy_decides_from_its_own_measurements() {
     let out = flashtune(dir.path(), &["tune", "--fake-gpu", "--confirm", "2"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Issue 47, item 8: `--reuse` takes a stored figure only when its row's seal holds and the sealed
+/// log line it cites gives the same figure. A row edited in the store (a figure divided by 7), and
+/// a row whose cited line now says otherwise, are measured afresh, and why is said once.
+#[test]
+fn reuse_refuses_an_edited_row_and_a_row_its_log_line_contradicts() {
+    let dir = project();
+    let first = tune(dir.path(), &["--space", "variants/scalar.toml"]);
+    let store = dir.path().join("runs/results.sqlite");
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    let edited = conn
+        .execute(
+            "UPDATE measurements SET median_us = median_us / 7,
+                 timing = json_set(timing, '$.median_us', json_extract(timing, '$.median_us') / 7)
+             WHERE rowid = (SELECT MIN(rowid) FROM measurements)",
+            [],
+        )
+        .unwrap();
+    assert_eq!(edited, 1);
+    drop(conn);
+
+    let reuse = |root: &Path| {
+        let out = flashtune(
+            root,
+            &[
+                "tune",
+                "--fake-gpu",
+                "--space",
+                "variants/scalar.toml",
+                "--reuse",
+            ],
+        );
+        let t = text(&out);
+        assert!(out.status.success(), "{t}");
+        (run_dir_from(&out), t)
+    };
+    let (second, t) = reuse(dir.path());
+    assert!(
+        t.contains("whose seal does not hold are not used")
+            && t.contains(&format!("the first of run {}", run_id(&first))),
+        "{t}"
+    );
+    let recs = records(&second);
+    assert_eq!(reused(&recs).len(), 1, "the untouched row only");
+    assert_eq!(
+        timed(&recs).len(),
+        1,
+        "the edited row's case is measured again"
+    );
+
+    // The reused case's row is sealed, but the line it cites now gives another figure (the log
+    // sealed again with the key, as only flashtune could): the store is not the record, the log is.
+    let (_, _, _, from_run, from_line) = reused(&recs).remove(0);
+    let log = dir.path().join("runs").join(&from_run).join("log.jsonl");
+    edit_line(&log, from_line, "\"median_us\":", "\"median_us\":1");
+    seal_log(&log);
+    let (third, t) = reuse(dir.path());
+    assert!(
+        t.contains("does not match the log record it cites")
+            && t.contains(&format!(
+                "run {from_run} line {from_line} gives a median of"
+            )),
+        "{t}"
+    );
+    let third = records(&third);
+    assert_eq!(
+        reused(&third).len(),
+        1,
+        "the case measured afresh last time"
+    );
+    assert_eq!(
+        timed(&third).len(),
+        1,
+        "the contradicted case is measured again"
+    );
+}

@@ -6,7 +6,15 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaves",
-        &["error", "ptxas", "vcs", "stop", "toolchain", "gpulock"],
+        &[
+            "error",
+            "ptxas",
+            "vcs",
+            "stop",
+            "toolchain",
+            "gpulock",
+            "seal",
+        ],
     ),
     (
         "vocabulary",

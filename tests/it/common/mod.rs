@@ -12,10 +12,36 @@ pub fn repo() -> PathBuf {
 }
 
 pub fn binary() -> PathBuf {
+    seal_key_dir();
     std::env::var_os("FLASHTUNE_BIN").map_or_else(
         || PathBuf::from(env!("CARGO_BIN_EXE_flashtune")),
         PathBuf::from,
     )
+}
+
+/// The folder of the seal key the tests and every flashtune they start share, never the user's own:
+/// set for this process on first use (every test starts the binary through [`binary`]), so each
+/// child inherits it.
+pub fn seal_key_dir() -> PathBuf {
+    static SET: std::sync::Once = std::sync::Once::new();
+    let dir = repo().join("target/test-seal-key");
+    SET.call_once(|| std::env::set_var(flashtune::seal::KEY_DIR_ENV, &dir));
+    dir
+}
+
+/// Seal a run log written by hand (a fixture standing for a log of flashtune's own), with the
+/// tests' key, as flashtune seals a log it writes.
+pub fn seal_log(log: &Path) {
+    use flashtune::seal::{lines_of, seal_file_of, Chain, SealKey};
+    let key = SealKey::load_or_create_in(&seal_key_dir()).unwrap();
+    let run_id = log.parent().unwrap().file_name().unwrap().to_string_lossy();
+    let mut chain = Chain::start(&key, &run_id);
+    let bytes = std::fs::read(log).unwrap();
+    let seals: String = lines_of(&bytes)
+        .iter()
+        .map(|line| chain.seal(line) + "\n")
+        .collect();
+    std::fs::write(seal_file_of(log), seals).unwrap();
 }
 
 /// A file under tests/fixtures (copied from real tool outputs; the repository stands alone).
@@ -151,6 +177,29 @@ pub fn replace_in(path: &Path, from: &str, to: &str) {
         path.display()
     );
     std::fs::write(path, text.replace(from, to)).unwrap();
+}
+
+/// Rewrite line `n` (1-based) of a file with its first `from` replaced by `to`, as a hand that
+/// edits one record would.
+pub fn edit_line(path: &Path, n: usize, from: &str, to: &str) {
+    let lines: Vec<String> = std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            if i + 1 == n {
+                assert!(
+                    l.contains(from),
+                    "line {n} of {} holds no `{from}`",
+                    path.display()
+                );
+                l.replacen(from, to, 1)
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
 }
 
 /// The run folder a CLI run printed (`Run log: runs/<id>/log.jsonl`, alone on its line or, as
