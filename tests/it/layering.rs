@@ -6,7 +6,15 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaves",
-        &["error", "ptxas", "vcs", "stop", "toolchain", "gpulock"],
+        &[
+            "error",
+            "ptxas",
+            "vcs",
+            "stop",
+            "trusted",
+            "toolchain",
+            "gpulock",
+        ],
     ),
     (
         "vocabulary",
@@ -39,6 +47,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "running",
         &[
             "run",
+            "sandbox",
             "duel",
             "scheduler",
             "anytime",

@@ -24,6 +24,7 @@ mod reference_library;
 mod report_snapshots;
 mod reports;
 mod run_log;
+mod sandbox;
 mod search;
 mod slurm;
 mod step;
