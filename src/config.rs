@@ -40,6 +40,71 @@ pub struct Policies {
     /// `--executor slurm`: how the workers are started as Slurm job steps.
     #[serde(default)]
     pub slurm: SlurmPolicy,
+    /// What a proposer or a candidate's agent may write beyond its own work folder (`sandbox`).
+    #[serde(default)]
+    pub sandbox: SandboxPolicy,
+}
+
+/// `[sandbox]`: the confinement of proposers and agents (src/sandbox.rs). Like `[slurm]`, it
+/// never changes a figure, so a run's policies hash leaves it out.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxPolicy {
+    /// Confine proposers and agents where the operating system can (Linux Landlock).
+    pub enabled: bool,
+    /// Folders (or files) an agent CLI may write besides its work folder and scratch folder: its
+    /// config and caches. Absolute, or `~/` for the home folder; one that does not exist is left out.
+    /// Not `~/.config` by default: git's and systemd's user settings there run commands unconfined.
+    pub writable: Vec<String>,
+    /// Folders no proposer or agent may read (where flashtune keeps what it seals logs with):
+    /// absolute or `~/`; one that does not exist is left out.
+    pub hidden: Vec<String>,
+}
+
+impl Default for SandboxPolicy {
+    fn default() -> Self {
+        let home = |p: &[&str]| p.iter().map(|d| format!("~/{d}")).collect::<Vec<_>>();
+        SandboxPolicy {
+            enabled: true,
+            writable: home(&[
+                ".gemini",
+                ".claude",
+                ".claude.json",
+                ".codex",
+                ".aider",
+                ".cache",
+                ".npm",
+            ]),
+            hidden: home(&[".local/state/flashtune"]),
+        }
+    }
+}
+
+impl SandboxPolicy {
+    /// An entry as a path: `~/` is the home folder ($HOME); `None` without a home.
+    pub fn expand(entry: &str) -> Option<PathBuf> {
+        match entry.strip_prefix("~/") {
+            Some(rest) => Some(PathBuf::from(std::env::var_os("HOME")?).join(rest)),
+            None => Some(PathBuf::from(entry)),
+        }
+    }
+
+    /// Why `entry` cannot name a folder, if it cannot: relative paths would depend on where the
+    /// agent runs, and `..` could climb out of what the entry seems to name.
+    fn fault(entry: &str) -> Option<String> {
+        if !(entry.starts_with('/') || entry.starts_with("~/")) {
+            return Some(format!(
+                "`{entry}` is relative: write an absolute path, or `~/` for the home folder"
+            ));
+        }
+        if Path::new(entry)
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Some(format!("`{entry}` holds `..`: name the folder itself"));
+        }
+        None
+    }
 }
 
 /// `[slurm]`: each worker is one `srun` job step; none of it changes a figure, so a run's policies
@@ -82,7 +147,8 @@ impl Default for SlurmPolicy {
 }
 
 /// The text a run's policies hash covers: the file without its `[slurm]` table, which says how the
-/// workers reach their GPUs and never changes a figure. A file without one hashes as it always did.
+/// workers reach their GPUs, and its `[sandbox]` table, which says what an agent may write; neither
+/// changes a figure. A file without them hashes as it always did.
 pub fn text_for_hash(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut in_slurm = false;
@@ -95,7 +161,9 @@ pub fn text_for_hash(text: &str) -> String {
                 .next()
                 .unwrap_or("")
                 .trim();
-            in_slurm = name == "slurm" || name.starts_with("slurm.");
+            in_slurm = ["slurm", "sandbox"]
+                .iter()
+                .any(|t| name == *t || name.starts_with(&format!("{t}.")));
         }
         if !in_slurm {
             out.push_str(line);
@@ -758,6 +826,14 @@ impl Policies {
         )?;
         if self.slurm.tasks == 0 {
             return fail("slurm.tasks", "at least one worker is needed".into());
+        }
+        for (key, entries) in [
+            ("sandbox.writable", &self.sandbox.writable),
+            ("sandbox.hidden", &self.sandbox.hidden),
+        ] {
+            if let Some(why) = entries.iter().find_map(|e| SandboxPolicy::fault(e)) {
+                return fail(key, why);
+            }
         }
         if self.measure.samples < 3 {
             return fail(

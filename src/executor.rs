@@ -114,6 +114,9 @@ pub fn garbled_reason(line: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Executor {
     exe: PathBuf,
+    /// The worker binary's bytes when this executor was set up: checked before every worker starts,
+    /// so a binary replaced during the run (by a proposer) never measures anything.
+    trusted_exe: Arc<crate::trusted::TrustedFile>,
     /// Limit for a probe (context creation plus the health kernel).
     probe_timeout: Duration,
     /// Run `worker --fake`: the same supervision around a test double whose figures are synthetic.
@@ -190,8 +193,14 @@ impl Executor {
         fake: Option<String>,
         launcher: Launcher,
     ) -> std::io::Result<Self> {
+        let exe = std::env::current_exe()?;
         Ok(Executor {
-            exe: std::env::current_exe()?,
+            trusted_exe: Arc::new(crate::trusted::TrustedFile::take(
+                &exe,
+                "the worker binary",
+                "rebuild or reinstall flashtune",
+            )?),
+            exe,
             probe_timeout,
             fake,
             launcher,
@@ -210,6 +219,11 @@ impl Executor {
     /// The binary every worker runs.
     pub fn exe(&self) -> &std::path::Path {
         &self.exe
+    }
+
+    /// Whether the worker binary still has the bytes it had when this executor was set up.
+    pub fn check_untouched(&self) -> Result<(), crate::trusted::Tampered> {
+        self.trusted_exe.check()
     }
 
     /// Whether workers run on this host's GPUs (locked here by ordinal before a run starts).
@@ -245,6 +259,15 @@ impl Executor {
             status: WORKER_NOT_STARTED.into(),
             stderr_tail: e.to_string(),
         };
+        // A replaced worker would judge every case from here on: the run stops (as on SIGTERM,
+        // with this reason in its `interrupted` record), and this worker does not start.
+        if let Err(tampered) = self.check_untouched() {
+            crate::stop::request_because(libc::SIGTERM, tampered.to_string());
+            return Err(WorkerEnd::Crashed {
+                status: WORKER_NOT_STARTED.into(),
+                stderr_tail: tampered.to_string(),
+            });
+        }
         let (mut cmd, pipe) = match &self.launcher {
             Launcher::Local => {
                 let (read_end, write_end) = reply_pipe().map_err(not_started)?;

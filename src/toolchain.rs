@@ -40,12 +40,40 @@ impl Toolchain {
             Ok(bytes) => h.update(&bytes),
             Err(e) => h.update(format!("unreadable: {e}").as_bytes()),
         };
-        Toolchain {
+        let tc = Toolchain {
             nvcc,
             version,
             environment,
             fingerprint: h.finalize().to_hex()[..24].to_owned(),
-        }
+        };
+        trusted_tree(&tc);
+        tc
+    }
+
+    /// The folders nvcc runs and reads from when it builds a cubin: `bin/` (nvcc, ptxas,
+    /// fatbinary), `nvvm/` (cicc, libdevice) and `include/` under the toolkit's top (nvcc's
+    /// folder's parent), each resolved where it is a link (`include` is one in a full toolkit). Not
+    /// the whole top: nvcc on PATH may be `/usr/bin/nvcc`, and all of `/usr` is not cheap to check.
+    pub fn trusted_folders(&self) -> Vec<PathBuf> {
+        let nvcc = self
+            .nvcc
+            .canonicalize()
+            .unwrap_or_else(|_| self.nvcc.clone());
+        let Some(top) = nvcc.parent().and_then(Path::parent) else {
+            return Vec::new();
+        };
+        let mut out: Vec<PathBuf> = ["bin", "nvvm", "include"]
+            .iter()
+            .filter_map(|d| top.join(d).canonicalize().ok())
+            .collect();
+        out.dedup();
+        out
+    }
+
+    /// Whether the toolchain's folders are as they were when this process first set this
+    /// toolchain up (see [`Toolchain::trusted_folders`]): checked before every nvcc run.
+    pub fn check_untouched(&self) -> std::result::Result<(), crate::trusted::Tampered> {
+        trusted_tree(self).check()
     }
 
     /// A command that runs this nvcc with the allow-listed environment only.
@@ -54,6 +82,33 @@ impl Toolchain {
         cmd.env_clear().envs(self.environment.iter().cloned());
         cmd
     }
+}
+
+/// The toolchain's folders as this process first saw them, one fingerprint per nvcc: taken when a
+/// toolchain is set up (`Toolchain::new`), or at its first check for one made otherwise. Kept
+/// process-wide, not in `Toolchain`, which is logged and compared: the fingerprint is state of this
+/// run, not a property of the compiler.
+fn trusted_tree(tc: &Toolchain) -> std::sync::Arc<crate::trusted::TrustedTree> {
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Trees = Mutex<std::collections::BTreeMap<PathBuf, Arc<crate::trusted::TrustedTree>>>;
+    static TREES: OnceLock<Trees> = OnceLock::new();
+    let mut trees = TREES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    trees
+        .entry(tc.nvcc.clone())
+        .or_insert_with(|| {
+            let started = std::time::Instant::now();
+            let tree = crate::trusted::TrustedTree::take(
+                tc.trusted_folders(),
+                "the CUDA toolchain",
+                "reinstall it: `flashtune setup` for .tools/cuda, or your CUDA installer",
+            );
+            tracing::debug!(nvcc = %tc.nvcc.display(), files = tree.len(), ms = started.elapsed().as_millis() as u64, "toolchain fingerprinted");
+            Arc::new(tree)
+        })
+        .clone()
 }
 
 /// Where an nvcc candidate comes from, in the order they are tried.
@@ -274,4 +329,46 @@ pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
         tc.version
     );
     Ok((source, tc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 47, item 4: a compiler component swapped under `.tools/` after the toolchain was set
+    /// up is named before the next build, not trusted with it.
+    #[test]
+    fn a_file_changed_under_the_toolchain_is_named_by_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let top = dir.path().join("cu13");
+        for d in ["bin", "nvvm/bin", "include", "lib"] {
+            std::fs::create_dir_all(top.join(d)).unwrap();
+        }
+        let file = |rel: &str| top.join(rel);
+        std::fs::write(file("bin/nvcc"), "#!/bin/sh\n").unwrap();
+        std::fs::write(file("bin/ptxas"), "#!/bin/sh\n").unwrap();
+        std::fs::write(file("nvvm/bin/cicc"), "#!/bin/sh\n").unwrap();
+        std::fs::write(file("include/cuda_fp16.h"), "#pragma once\n").unwrap();
+        let tc = Toolchain::new(file("bin/nvcc"), "release 13.0".into());
+        assert_eq!(tc.check_untouched(), Ok(()));
+        // Outside the folders nvcc uses: not its business.
+        std::fs::write(file("lib/unused.a"), "x").unwrap();
+        assert_eq!(tc.check_untouched(), Ok(()));
+
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(file("nvvm/bin/cicc"))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"# slower for HEAD\n"))
+            .unwrap();
+        let e = tc.check_untouched().unwrap_err();
+        let cicc = file("nvvm/bin/cicc").canonicalize().unwrap();
+        assert_eq!(e.path, cicc, "{e}");
+        let said = e.to_string();
+        assert!(said.starts_with("the CUDA toolchain changed"), "{said}");
+        assert!(said.contains(&cicc.display().to_string()), "{said}");
+        assert!(said.contains("flashtune setup"), "{said}");
+        // A second toolchain value for the same nvcc keeps the fingerprint taken first.
+        let again = Toolchain::new(file("bin/nvcc"), "release 13.0".into());
+        assert!(again.check_untouched().is_err());
+    }
 }

@@ -70,11 +70,20 @@ impl Runner<'_> {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
+            // It writes its worktree, its .agent folder and a scratch folder (src/sandbox.rs).
+            let scratch = crate::sandbox::confine(
+                &mut cmd,
+                project,
+                self.opts.executor.exe(),
+                &[(workdir, "its worktree"), (&agent_dir, "its .agent folder")],
+                &format!("{}-s{n}-c{k}", bench.run_id),
+            )?;
             let k = *k;
             let child = cmd
                 .spawn()
                 .with_context(|| format!("cannot start the agent `{command}`"))?;
             set.spawn(async move {
+                let _scratch = scratch;
                 let started = Instant::now();
                 let group = crate::build::ProcessGroup(child.id());
                 let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
@@ -128,6 +137,12 @@ impl Runner<'_> {
                     "an agent modified flashtune's run log; the run can no longer be trusted, stopping"
                 )));
             }
+            // What the tool trusts and did not build: the worker binary and the toolchain.
+            self.opts
+                .executor
+                .check_untouched()
+                .and(project.toolchain.check_untouched())
+                .map_err(|t| Error::Other(anyhow!("{t}")))?;
             let proposal = self.read_proposal(n, &run, &workdir, base, events)?;
             log_hash = step::file_hash(&events.log.path);
             proposals.push(proposal);
@@ -180,8 +195,10 @@ impl Runner<'_> {
         let touched = !diff.inside.is_empty() || !diff.outside.is_empty();
         let finished = !run.timed_out && run.status == "exit status: 0";
         let unjudged = if !finished {
+            let refused = crate::sandbox::refusal_note(&run.output, "its worktree")
+                .map_or(String::new(), |note| format!("; {note}"));
             Some(format!(
-                "the agent did not finish cleanly ({}); its edit is not judged",
+                "the agent did not finish cleanly ({}); its edit is not judged{refused}",
                 run.status
             ))
         } else if !diff.outside.is_empty() {

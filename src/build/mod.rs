@@ -159,6 +159,11 @@ impl Builder {
                 entries: ptxas::parse(&text),
             });
         }
+        // A compiler swapped during the run builds nothing: the run stops, naming the file.
+        if let Err(tampered) = self.toolchain.check_untouched() {
+            crate::stop::request_because(libc::SIGTERM, tampered.to_string());
+            return Err(BuildFailure::Io(tampered.to_string()));
+        }
         let started = Instant::now();
         // Build in a private folder and rename: a crash never leaves a half-written cache entry.
         let staging = self

@@ -579,8 +579,12 @@ impl Session<'_> {
         } else if proposer_failed {
             // A proposer that failed or ran out of time may have left half an edit.
             restore(self.root, &inside)?;
+            let refused = proposed
+                .as_ref()
+                .and_then(|p| crate::sandbox::refusal_note(&p.output, EDIT_SCOPE))
+                .map_or(String::new(), |note| format!("; {note}"));
             Outcome::rejected(
-                "the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged".into(),
+                format!("the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged{refused}"),
                 None,
                 inside.clone(),
             )
@@ -668,6 +672,12 @@ impl Session<'_> {
         let log_before = file_hash(&events.log.path);
         eprintln!("step {n}: the proposer runs");
         let ran = self.run_proposer(n, command, last).await?;
+        // What the tool trusts and did not build: the worker binary and the toolchain.
+        self.opts
+            .executor
+            .check_untouched()
+            .and(self.project.toolchain.check_untouched())
+            .map_err(|t| Error::Other(anyhow!("{t}")))?;
         let tampered = fingerprint_changes(&before, &fingerprint(&guarded));
         if file_hash(&events.log.path) != log_before || !tampered.is_empty() {
             return Err(Error::Other(anyhow!(
@@ -854,6 +864,15 @@ impl Session<'_> {
             // Its own group (the guard's): the timeout, the end of the step, and flashtune's death
             // stop whatever it started.
             .kill_on_drop(true);
+        // It writes the edit scope and a scratch folder, nothing else (src/sandbox.rs).
+        let scope = self.root.join(EDIT_SCOPE);
+        let _scratch = crate::sandbox::confine(
+            &mut cmd,
+            self.project,
+            self.opts.executor.exe(),
+            &[(&scope, "the edit scope")],
+            &format!("{}-step-{n}", self.run_id),
+        )?;
         let started = Instant::now();
         let child = cmd
             .spawn()

@@ -452,7 +452,7 @@ if [ "$FLASHTUNE_CANDIDATE" = 1 ]; then
   printf '\n__device__ char flashtune_fake_k[] = "flashtune-fake: time x0.80";\n' >> kernels/attention/forward.cu
 else
   echo '// half an edit' >> kernels/attention/forward.cu
-  touch "$FLASHTUNE_WORKDIR.started"
+  touch "$FLASHTUNE_WORKDIR.agent/started"
   exec sleep 60
 fi
 "#;
@@ -488,7 +488,7 @@ fi
             continue;
         };
         let found = dirs.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
-            p.join("step-1/cand-2.started").exists()
+            p.join("step-1/cand-2.agent/started").exists()
                 && std::fs::read_to_string(p.join("log.jsonl"))
                     .is_ok_and(|t| t.contains("\"event\":\"candidate_proposed\""))
         });

@@ -361,12 +361,20 @@ fn gemini_cli_configured_by_print_config_calls_judge_through_flashtune_mcp() {
 
 /// The CLI ran on the model it was given and reported no error: every model call it made names
 /// `gemini-fake` (no call to the router's classifier), and no `gemini-client-error-*.json` report
-/// is in the temp folder `agent_env` gave it.
+/// is in the temp folder `agent_env` gave it, or in the scratch folder the sandbox made in it (a
+/// confined agent's TMPDIR, kept when not empty).
 fn assert_no_error_reports(api: &FakeApi, home: &Path) {
     let tmp = home.with_file_name("tmp");
-    let reports: Vec<String> = std::fs::read_dir(&tmp)
-        .unwrap_or_else(|e| panic!("{}: {e}", tmp.display()))
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+    let names = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .filter_map(|e| Some(e.ok()?.path()))
+            .collect()
+    };
+    let reports: Vec<String> = names(&tmp)
+        .into_iter()
+        .flat_map(|p| if p.is_dir() { names(&p) } else { vec![p] })
+        .filter_map(|p| p.file_name()?.to_str().map(str::to_owned))
         .filter(|n| n.starts_with("gemini-client-error-"))
         .collect();
     assert!(

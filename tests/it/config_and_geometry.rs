@@ -126,6 +126,40 @@ mod policies {
         }
     }
 
+    /// A `[sandbox]` folder is absolute or `~/`, without `..`: named at its file, line and key.
+    #[test]
+    fn a_sandbox_folder_that_is_relative_or_climbs_is_refused_at_its_line() {
+        let cases = [
+            (
+                r#"writable = ["~/.gemini""#,
+                r#"writable = [".gemini""#,
+                "sandbox.writable",
+                "is relative",
+            ),
+            (
+                r#"hidden = ["~/.local/state/flashtune"]"#,
+                r#"hidden = ["~/.local/state/../state/flashtune"]"#,
+                "sandbox.hidden",
+                "holds `..`",
+            ),
+        ];
+        for (from, to, key, why) in cases {
+            let (e, path, _dir) = rejected(from, to);
+            let Error::Config {
+                line,
+                key: named,
+                message,
+                ..
+            } = &e
+            else {
+                panic!("{to}: expected a config error, got {e}");
+            };
+            assert_eq!(named, key, "{to}: {e}");
+            assert_eq!(*line, line_of(&path, to), "{to}: {e}");
+            assert!(message.contains(why), "{to}: {e}");
+        }
+    }
+
     #[test]
     fn zero_is_accepted_where_it_means_something() {
         let dir = tempfile::tempdir().unwrap();

@@ -11,6 +11,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "ptxas",
             "vcs",
             "stop",
+            "trusted",
             "toolchain",
             "gpulock",
             "seal",
@@ -47,6 +48,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "running",
         &[
             "run",
+            "sandbox",
             "duel",
             "scheduler",
             "anytime",

@@ -25,6 +25,7 @@ mod reference_library;
 mod report_snapshots;
 mod reports;
 mod run_log;
+mod sandbox;
 mod seals;
 mod search;
 mod slurm;

@@ -221,9 +221,11 @@ fn an_edit_that_does_not_compile_or_computes_wrong_is_reverted() {
     );
 }
 
+/// Where no sandbox stops the writes (here switched off; sandbox.rs shows them refused), the edit
+/// outside kernels/ is found, undone and named.
 #[test]
 fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
-    let dir = repo_project();
+    let dir = repo_project_with(unconfined);
     let policies = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
     let fwd_original = std::fs::read_to_string(dir.path().join(FORWARD)).unwrap();
     let proposer = "sed -i 's/threshold = 0.02/threshold = -1.0/' policies.toml && echo '// faster?' >> kernels/attention/forward.cu && echo note > stray.txt";
@@ -256,9 +258,10 @@ fn a_proposer_that_edits_outside_kernels_is_rejected_and_undone() {
     );
 }
 
+/// Where no sandbox keeps it out of .git (here switched off), a commit is undone.
 #[test]
 fn a_proposer_that_commits_is_refused_and_head_put_back() {
-    let dir = repo_project();
+    let dir = repo_project_with(unconfined);
     let (before, _) = head(dir.path());
     let proposer = "echo '// mine' >> kernels/attention/forward.cu && git -c user.name=agent -c user.email=agent@localhost commit -qam 'agent commit'";
     let out = fake_step(dir.path(), &["--proposer", proposer]);
@@ -271,9 +274,10 @@ fn a_proposer_that_commits_is_refused_and_head_put_back() {
     assert!(!accepted && reason.contains("moved HEAD"), "{reason}");
 }
 
+/// Where no sandbox keeps it out of runs/ (here switched off), an edited run log stops the run.
 #[test]
 fn a_proposer_that_touches_the_run_folder_stops_the_run() {
-    let dir = repo_project();
+    let dir = repo_project_with(unconfined);
     let out = fake_step(
         dir.path(),
         &[

@@ -314,7 +314,8 @@ fn first_ctrl_c_finishes_the_measurement_in_flight_and_exits_130() {
 #[test]
 fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
     let dir = repo_project();
-    let pid_file = dir.path().join("proposer.pid");
+    // In the edit scope: the proposer's sandbox lets it write nowhere else in the project.
+    let pid_file = dir.path().join("kernels/proposer.pid");
     let proposer = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
     let mut child = flashtune_child(
         dir.path(),

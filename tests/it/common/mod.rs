@@ -339,6 +339,14 @@ pub fn repo_project_with(edit_policies: impl Fn(String) -> String) -> tempfile::
     dir
 }
 
+/// policies.toml with the sandbox switched off: for the checks that hold where the kernel offers no
+/// sandbox (a proposer's writes outside its scope, its commits, its edits of the run files).
+pub fn unconfined(policies: String) -> String {
+    let off = policies.replace("[sandbox]\nenabled = true", "[sandbox]\nenabled = false");
+    assert_ne!(off, policies, "policies.toml's [sandbox] table moved");
+    off
+}
+
 /// Appends a global the fake GPU finds in the cubin: it scales the edit's times or injects a fault.
 pub fn mark_forward(dir: &Path, marker: &str) -> String {
     let path = dir.join(FORWARD);
