@@ -12,8 +12,9 @@
 # gain within the threshold or the noise), and BURSTY (honest, no pad: faster than HEAD on every
 # shape but seed, where one launch in three spins, so its median is slower and its spread huge) must
 # not be kept for its gains elsewhere; nothing is committed. Steps 14-16 of the first part reach
-# past the edit's tree (issue 47): a git-ignored header through __has_include, a file named by a
-# macro (only nvcc's dependency list sees it), and forward.cu replaced by a symbolic link. Last,
+# past the edit's tree (issue 47): a git-ignored header in kernels/ through __has_include, a file in
+# the proposer's scratch folder named by a macro (only nvcc's dependency list sees it), and
+# forward.cu replaced by a symbolic link. Last,
 # `judge` runs on an honest edit (HEAD's pad removed) while the working tree is swapped for a slower
 # copy once the step has started: the commit must hold the edit that was measured. (tests/it/trust.rs
 # and tests/it/edit_tree.rs run the same proposers on the test double.)
@@ -28,7 +29,7 @@ mkdir -p "$work/variants"
 cp -r "$src/kernels" "$src/policies.toml" "$work/"
 cp "$src"/variants/*.toml "$work/variants/"
 cd "$work"
-printf 'runs/\n/scratch/\n' > .gitignore
+printf 'runs/\nkernels/attention/scratch/\n' > .gitignore
 # The smoke space's scalar baseline alone, on shapes with a ragged last tile and a causal one.
 sed -e 's/MMA = \["scalar", "wmma"\]/MMA = ["scalar"]/' -e 's/KV_SPLIT = \[1, 4\]/KV_SPLIT = [1]/' \
     -e 's/^shapes = .*/shapes = ["small", "seed", "odd-causal", "ragged"]/' variants/smoke.toml > variants/step-cheats.toml
@@ -41,10 +42,10 @@ case "$FLASHTUNE_STEP" in
   8) c=REWRITE_ON_RERUN ;; 9) c=HONEST_EARLY ;; 10) c=L2_PROBE ;;
   11) printf '#define ORACLE_SHORTCUT 1\n' >> kernels/oracle/oracle.cuh; printf '\n// tuned\n' >> $f; exit 0 ;;
   12) c=KEPT_COPY_REPAIR ;; 13) c=FIXED_OFFSET ;;
-  14) mkdir -p scratch; printf '// tuned elsewhere\n' > scratch/x.cuh
-      printf '\n#if __has_include("../../scratch/x.cuh")\n#include "../../scratch/x.cuh"\n#endif\n' >> $f; exit 0 ;;
-  15) mkdir -p scratch; printf '// tuned elsewhere\n' > scratch/y.cuh
-      printf '\n#define FT_HIDDEN "%s/scratch/y.cuh"\n#include FT_HIDDEN\n' "$PWD" >> $f; exit 0 ;;
+  14) mkdir -p kernels/attention/scratch; printf '// tuned elsewhere\n' > kernels/attention/scratch/x.cuh
+      printf '\n#if __has_include("scratch/x.cuh")\n#include "scratch/x.cuh"\n#endif\n' >> $f; exit 0 ;;
+  15) h="${TMPDIR:-/tmp}/flashtune-hidden-$$.cuh"; printf '// tuned elsewhere\n' > "$h"
+      printf '\n#define FT_HIDDEN "%s"\n#include FT_HIDDEN\n' "$h" >> $f; exit 0 ;;
   16) rm -f $f; ln -s /etc/hostname $f; exit 0 ;;
 esac
 printf '#define CHEAT CHEAT_%s\n#include "faults/cheats.cu"\n' "$c" > $f

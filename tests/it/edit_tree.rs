@@ -25,19 +25,21 @@ fn decided(run: &Path) -> Vec<(u32, bool, String, Option<String>)> {
         .collect()
 }
 
-/// Step 1 includes a git-ignored header through `__has_include`, step 2 reaches a file by an
-/// absolute name a macro builds (no text scan sees it; nvcc's dependency list does), step 3 is an
-/// honest edit: faster on the double by its mark.
+/// Step 1 includes a git-ignored header (in kernels/, where the sandbox lets a proposer write)
+/// through `__has_include`, step 2 a file in its scratch folder by an absolute name a macro builds
+/// (no text scan sees it; nvcc's dependency list does), step 3 is an honest edit: faster on the
+/// double by its mark.
 const PROPOSER: &str = r#"#!/bin/sh
 set -e
 f=kernels/attention/forward.cu
 fast='__device__ char flashtune_fake_fast[] = "flashtune-fake: time x0.5";'
-mkdir -p scratch
 case "$FLASHTUNE_STEP" in
-  1) printf '%s\n' "$fast" > scratch/x.cuh
-     printf '\n#if __has_include("../../scratch/x.cuh")\n#include "../../scratch/x.cuh"\n#endif\n' >> $f ;;
-  2) printf '%s\n' "$fast" > scratch/y.cuh
-     printf '\n#define FT_HIDDEN "%s/scratch/y.cuh"\n#include FT_HIDDEN\n' "$PWD" >> $f ;;
+  1) mkdir -p kernels/attention/scratch
+     printf '%s\n' "$fast" > kernels/attention/scratch/x.cuh
+     printf '\n#if __has_include("scratch/x.cuh")\n#include "scratch/x.cuh"\n#endif\n' >> $f ;;
+  2) hidden="${TMPDIR:-/tmp}/flashtune-hidden-$$.cuh"
+     printf '%s\n' "$fast" > "$hidden"
+     printf '\n#define FT_HIDDEN "%s"\n#include FT_HIDDEN\n' "$hidden" >> $f ;;
   3) printf '\n%s\n' "$fast" >> $f ;;
 esac
 "#;
@@ -45,9 +47,13 @@ esac
 #[test]
 fn an_edit_reaching_past_its_tree_is_refused_by_name_and_a_commit_builds_the_cubins_judged() {
     let dir = repo_project();
-    std::fs::write(dir.path().join(".gitignore"), "runs/\n/scratch/\n").unwrap();
+    std::fs::write(
+        dir.path().join(".gitignore"),
+        "runs/\nkernels/attention/scratch/\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("propose.sh"), PROPOSER).unwrap();
-    commit_all(dir.path(), "ignore scratch/");
+    commit_all(dir.path(), "ignore kernels/attention/scratch/");
     let out = fake_step(dir.path(), &["--proposer", "sh propose.sh", "--steps", "3"]);
     assert!(out.status.success(), "{}", text(&out));
     let run = only_run(dir.path());
@@ -57,14 +63,14 @@ fn an_edit_reaching_past_its_tree_is_refused_by_name_and_a_commit_builds_the_cub
     assert!(
         !accepted
             && reason.contains("the edit includes files outside its tree")
-            && reason.contains("\"../../scratch/x.cuh\""),
+            && reason.contains("\"scratch/x.cuh\""),
         "step 1: {reason}"
     );
     let (_, accepted, reason, _) = &steps[1];
     assert!(
         !accepted
             && reason.contains("reads files outside the tree it is built from")
-            && reason.contains("scratch/y.cuh"),
+            && reason.contains("flashtune-hidden-"),
         "step 2: {reason}"
     );
     let (_, accepted, reason, commit) = &steps[2];
@@ -237,7 +243,9 @@ esac
 
 #[test]
 fn a_sibling_writing_into_a_finished_candidate_changes_nothing_judged() {
-    let dir = repo_project();
+    // Unconfined, as where the kernel offers no sandbox: the sandbox alone refuses the sibling's
+    // write; the snapshot must hold without it.
+    let dir = repo_project_with(unconfined);
     let out = fake_step(
         dir.path(),
         &[
