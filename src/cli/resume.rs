@@ -1,0 +1,72 @@
+//! `flashtune resume`: continue a crashed or interrupted run (or agent session) from its log.
+use crate::cli::output::session_finished;
+use crate::cli::run_options::{
+    executor, when_busy, BudgetArgs, CommitArg, GpuArgs, ReuseArgs, RunArgs,
+};
+use crate::config::ProjectPaths;
+use crate::engine;
+use crate::error::{Error, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub(super) struct Args {
+    /// The run folder (runs/20261122-031500-ab12) or the run id `tune` printed (20261122-031500-ab12).
+    run_dir: PathBuf,
+    /// Resume even if the GPU, nvcc, kernel sources or policies changed (logged as overridden).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    run: ResumeArgs,
+}
+
+/// `resume`'s flags: those of the run it continues, which keeps its own space and strategy.
+#[derive(clap::Args)]
+struct ResumeArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+    #[command(flatten)]
+    reuse: ReuseArgs,
+}
+
+impl From<&ResumeArgs> for RunArgs {
+    fn from(a: &ResumeArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
+    }
+}
+
+pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
+    let Args {
+        run_dir,
+        force,
+        run,
+    } = args;
+    let run = RunArgs::from(&run);
+    let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
+    if crate::agent::is_agent_session(&run_dir) {
+        if run.json {
+            return Err(Error::BadInput(
+                "--json streams a tune run's records; an agent session writes ledger.json and summary.md in its run folder instead".into(),
+            ));
+        }
+        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let outcome = crate::agent::resume(
+            crate::agent::ResumeOptions {
+                paths,
+                device: run.gpus.first().copied().unwrap_or(0),
+                executor: executor(run.fake_gpu, &policies)?,
+                when_busy: when_busy(run.wait),
+            },
+            &run_dir,
+        )
+        .await?;
+        return Ok(session_finished(&outcome));
+    }
+    let outcome =
+        engine::resume(run.options(paths, None)?, run_dir, force, run.reporters()).await?;
+    Ok(run.finish(outcome))
+}

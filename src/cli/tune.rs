@@ -1,0 +1,79 @@
+//! `flashtune tune`: plan, build, check and time a variant space.
+use crate::cli::run_options::{BudgetArgs, CommitArg, GpuArgs, ReuseArgs, RunArgs};
+use crate::config::ProjectPaths;
+use crate::engine;
+use crate::error::Result;
+use crate::plan::Strategy;
+use crate::run::TuneOptions;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub(super) struct Args {
+    /// Variant space (default: `default_space` in policies.toml).
+    #[arg(long)]
+    space: Option<PathBuf>,
+    /// exhaustive: every valid point; random: --sample points; guided: start point, then the
+    /// neighbours policies.toml's [guided] rules propose from each champion's ncu bottleneck.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Exhaustive)]
+    strategy: StrategyArg,
+    /// Points drawn by --strategy random.
+    #[arg(long, default_value_t = 16)]
+    sample: usize,
+    /// Seed of --strategy random.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[command(flatten)]
+    run: TuneArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StrategyArg {
+    Exhaustive,
+    Random,
+    Guided,
+}
+
+/// `tune`'s flags: all of them.
+#[derive(clap::Args)]
+struct TuneArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+    #[command(flatten)]
+    reuse: ReuseArgs,
+}
+
+impl From<&TuneArgs> for RunArgs {
+    fn from(a: &TuneArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
+    }
+}
+
+pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
+    let Args {
+        space,
+        strategy,
+        sample,
+        seed,
+        run,
+    } = args;
+    let run = RunArgs::from(&run);
+    let strategy = match strategy {
+        StrategyArg::Exhaustive => Strategy::Exhaustive,
+        StrategyArg::Random => Strategy::Random {
+            count: sample,
+            seed,
+        },
+        StrategyArg::Guided => Strategy::Guided,
+    };
+    let opts = TuneOptions {
+        strategy,
+        ..run.options(paths, space)?
+    };
+    let outcome = engine::tune(opts, run.reporters()).await?;
+    Ok(run.finish(outcome))
+}
