@@ -1,5 +1,17 @@
 //! Running a step's candidates: their agents side by side in their worktrees, each edit read back with its cost, then every judgeable edit built and judged against HEAD's champion.
-use super::*;
+use super::ledger::Ledger;
+use super::{git, AgentRun, Judged, Proposal, Runner};
+use crate::error::{Error, Result};
+use crate::pack;
+use crate::run::Events;
+use crate::runlog::{Idea, Record};
+use crate::step::{self, Pairing, EDIT_SCOPE};
+use crate::usage::{Usage, UsageFormat};
+use anyhow::{anyhow, Context};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 impl Runner<'_> {
     /// Run every candidate's agent at once; as each ends, read its edit and usage into the log.

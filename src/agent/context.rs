@@ -1,6 +1,13 @@
 //! The context pack at a base commit: HEAD's champions with their figures from the logs, how to
 //! build them locally, and the session's budget; for a session's step and for `flashtune context`.
-use super::*;
+use super::git;
+use super::worktree::{champion_sources, sources_at};
+use crate::config::ProjectPaths;
+use crate::error::{Error, Result};
+use crate::pack::{self, BudgetLeft, ContextPack, PackCase, PackInput};
+use crate::step::{self, Pairing, EDIT_SCOPE};
+use anyhow::Context;
+use std::path::{Path, PathBuf};
 
 /// What a pack is built from.
 pub(super) struct PackFor<'a> {

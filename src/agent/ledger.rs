@@ -1,5 +1,13 @@
 //! The cost ledger of an agent session, read from its log: one row per candidate, the step reports and the morning summary.
-use super::*;
+use super::round::Decided;
+use super::{Judged, Proposal};
+use crate::error::Result;
+use crate::runlog::Record;
+use crate::{pack, step};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
 
 /// `ledger.json`: the session's candidates and what each cost.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

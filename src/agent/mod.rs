@@ -7,17 +7,12 @@
 use crate::config::{ProjectPaths, AGENT_PLACEHOLDERS};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::pack::{self, BudgetLeft, ContextPack, HistoryEntry, PackCase, PackInput};
 use crate::run::{Events, WhenBusy};
-use crate::runlog::{AgentSettings, Idea, Record};
-use crate::step::{self, Bench, Pairing, StepOptions, EDIT_SCOPE};
-use crate::usage::{Usage, UsageFormat};
+use crate::runlog::{AgentSettings, Record};
+use crate::step::{self, Bench, StepOptions};
+use crate::usage::UsageFormat;
 use anyhow::{anyhow, Context};
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 mod candidates;
@@ -29,18 +24,15 @@ mod round;
 mod workbench;
 mod worktree;
 
-use context::{build_pack, PackFor};
 pub use context::{context_pack, write_context_pack, ContextOptions};
-use ledger::{step_markdown, Ledger};
+use ledger::Ledger;
 pub use ledger::{LedgerDoc, LedgerRow};
 pub use preflight::preflight;
-use round::Decided;
 pub use workbench::{
     attempt, error_code, error_document, judge_working_tree, log_refusal, step_history,
     step_run_from_log, verdict_from_log, AttemptDoc, HistoryDoc, JudgeOptions, JudgeVerdict,
     Refusal, StepRunDoc, StepVerdict,
 };
-use worktree::{champion_sources, make_worktree, remove_worktree, sources_at, worktree_name};
 
 /// How the candidates' agents run and when the session stops.
 #[derive(Debug, Clone)]

@@ -1,7 +1,9 @@
 //! Before an agent session's first step: the agent's command must exist, and the variables that
 //! carry its credentials should be set. A missing command is refused by name; a missing credential
 //! is a warning, since each of these CLIs can also be logged in on its own.
-use super::*;
+use super::AgentOptions;
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
 
 /// Refuse a session whose agent command is not installed; the warnings for credentials not set.
 /// A `--proposer` command (`custom`) is a shell line of the user's and is not checked.

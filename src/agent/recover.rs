@@ -1,5 +1,12 @@
 //! Resuming a killed agent session: the step in flight finished with nothing half-done.
-use super::*;
+use super::worktree::{remove_worktree, worktree_name};
+use super::{git, Proposal, Runner};
+use crate::error::Result;
+use crate::run::Events;
+use crate::runlog::Record;
+use crate::step;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 impl Runner<'_> {
     /// In-scope files of the main working tree back to HEAD (an edit applied but never committed).

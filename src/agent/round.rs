@@ -1,7 +1,18 @@
 //! One step of an agent session: the base it builds on, the champion profiled, a worktree and a
 //! context pack per candidate (the last one may start from a near miss), the agents, the judging,
 //! and the best accepted candidate committed (to a scratch reference on the fake GPU).
-use super::*;
+use super::context::{build_pack, PackFor};
+use super::ledger::{step_markdown, Ledger};
+use super::worktree::{make_worktree, remove_worktree, sources_at, worktree_name};
+use super::{git, write, Judged, Proposal, Runner};
+use crate::error::{Error, Result};
+use crate::pack::{self, BudgetLeft, ContextPack};
+use crate::run::Events;
+use crate::runlog::Record;
+use crate::step::{self, Pairing, EDIT_SCOPE};
+use anyhow::Context;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 impl Runner<'_> {
     /// One step: make the worktrees and packs, run the agents side by side, judge, commit the best.

@@ -2,8 +2,18 @@
 //! alike, each answering one JSON document (`schema_version` in every one; their JSON Schema is
 //! tests/fixtures/schemas/workbench-1.schema.json): judge the working tree, the history, one
 //! attempt, and the refusals and errors. Names are stable.
-use super::*;
+use super::write;
+use crate::config::ProjectPaths;
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+use crate::pack::{self, HistoryEntry};
+use crate::run::{Events, WhenBusy};
+use crate::runlog::{Idea, Record};
+use crate::step::{self, StepOptions};
+use anyhow::{anyhow, Context};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 
 /// Where and how to judge: the project, and the GPU (or the test double).
 pub struct JudgeOptions {

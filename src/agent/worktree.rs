@@ -1,5 +1,9 @@
 //! Candidate worktrees: made at the base commit, diffed against it, removed.
-use super::*;
+use super::git;
+use crate::error::{Error, Result};
+use crate::step;
+use anyhow::{anyhow, Context};
+use std::path::Path;
 
 pub(super) fn worktree_name(run_id: &str, n: u32, k: u32) -> String {
     format!("flashtune-{run_id}-s{n}-c{k}")

@@ -1,7 +1,11 @@
 //! `flashtune mcp print-config`: the snippet that registers the server with a coding agent, and
 //! `--write`, which merges it into the agent's file (the `flashtune` entry added or replaced, the
 //! rest kept), so a second run never leaves a file the agent cannot read.
-use super::*;
+use super::MAX_WAIT_S;
+use crate::error::{Error, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
 
 /// The coding agents `print-config` writes a snippet for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,15 @@
 //! Jobs: a judge or a profile runs as a child `flashtune` on the GPU, one at a time; a call waits
 //! for it a bounded time, telling the client every few seconds that it is alive.
-use super::*;
+use super::{refusal, stopped, Job, JobState, Stops, Workbench, PROGRESS_EVERY};
+use crate::runlog::Record;
+use rmcp::model::{CallToolResult, ProgressNotificationParam, RequestMetaObject};
+use rmcp::{Peer, RoleServer};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
 
 /// How long a job gets to end on the first SIGTERM (finishing the measurement in flight) before the
 /// second, which stops it at once.

@@ -1,6 +1,11 @@
 //! Changes outside the edit scope that the agent made while the server ran: undone with the edit,
 //! and the refusal logged as a run of its own, its patch kept, like any judged edit.
-use super::*;
+use super::{refusal, to_value, JudgeArgs, Workbench};
+use crate::run::Project;
+use rmcp::model::CallToolResult;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 impl Workbench {
     /// Changes outside the edit scope that were not there when the server started are the agent's:

@@ -1,7 +1,13 @@
 //! The figures a pack gives for each of HEAD's cases, read from every run log: HEAD's time (a duel's
 //! interleaved figure, else the latest timing of the same kernel sources), PyTorch's, the roofs, and
 //! the champion's Nsight Compute profile: its speed of light and the bottleneck with its evidence.
-use super::*;
+use super::history::{logs_where, HistoryEntry, LogMeta};
+use super::{Bottleneck, CaseContext, PackCase, PackInput, Sourced};
+use crate::config::Dtype;
+use crate::runlog::{self, Record};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
 
 /// Nsight Compute's speed-of-light figures for the champion's main kernel (% of peak).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -1,7 +1,12 @@
 //! The step history: every in-place step and agent candidate that any run log of the project holds,
 //! with its idea, its patch (whole, in the run folder) and how the key metrics moved.
-use super::*;
+use super::HISTORY_PATCHES;
+use crate::config::Dtype;
+use crate::runlog::{self, Record};
 use crate::runlog::{Idea, SealedLog};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 /// One earlier attempt at an edit: an in-place step, or one candidate of an agent session's step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

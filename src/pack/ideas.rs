@@ -1,6 +1,8 @@
 //! The memory of ideas, derived from every earlier attempt: what was tried and failed (avoid), what
 //! came close (worth another try), and the near-miss archive a later candidate may start from.
-use super::*;
+use super::history::HistoryEntry;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 
 /// Attempts listed as worth another try.
 pub(super) const RETRY_MAX: usize = 6;

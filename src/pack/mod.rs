@@ -5,12 +5,9 @@
 use crate::config::{Dtype, Policies, Shape};
 use crate::protocol::DeviceInfo;
 use crate::roofs::Roofs;
-use crate::runlog::{self, Record};
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod figures;
 mod history;
@@ -18,11 +15,11 @@ mod ideas;
 mod render;
 
 pub use figures::{has_profile, SpeedOfLight};
+use history::logs_where;
 pub use history::{
     attempt_id, attempt_patch_path, find_attempt, history, history_in, parse_attempt_id, Cost,
     DuelFigure, HistoryEntry, MetricsMoved,
 };
-use history::{logs_where, LogMeta};
 pub use ideas::{is_near_miss, near_misses, IdeaNote};
 pub use render::{agents_md, history_md, is_pack_path, prompt_md, write, MCP_TOOLS};
 

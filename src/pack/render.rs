@@ -1,5 +1,13 @@
 //! The pack as files: AGENTS.md (the standing rules), PROMPT.md (this step's task), context/ (figures, history, sources).
-use super::*;
+use super::history::HistoryEntry;
+use super::ideas::IdeaNote;
+use super::{
+    BudgetLeft, ContextPack, Sourced, AGENTS_MD_MAX_BYTES, HISTORY_MD_ENTRIES, PACK_MAX_BYTES,
+};
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 /// The tools `flashtune mcp` serves, as AGENTS.md lists them (tests/it/mcp.rs checks the server has each).
 pub const MCP_TOOLS: &[(&str, &str)] = &[

@@ -1,7 +1,14 @@
 //! How one worker's answer to one job is logged: each answered case under its one terminal record,
 //! then the job's end: done, retried (the variant's own crash once; a worker that did not start or
 //! that the cluster took away, up to their limits), or quarantined after its second own failure.
-use super::*;
+use super::{flagged, Bests, Job, JobResult, Retry, Scheduler, Totals, INFRA_RETRIES};
+use crate::error::{Error, Result};
+use crate::executor::WorkerEnd;
+use crate::protocol::{CaseResult, CaseSpec, Placement};
+use crate::run::Events;
+use crate::runlog::Record;
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 impl Scheduler<'_> {
     /// Log one answered case under its one terminal record; true when it was measured.

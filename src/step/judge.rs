@@ -1,5 +1,20 @@
 //! Judging an edit: its builds (each logged), then the interleaved duel against HEAD's champion on every case.
-use super::*;
+use super::candidate::{includes_outside, Candidate};
+use super::report::DuelRow;
+use super::{Pairing, Session, EDIT_SCOPE};
+use crate::build::{BuildOutput, BuildSpec, Builder};
+use crate::decide::{self, Verdict};
+use crate::error::{Error, Result};
+use crate::protocol::{
+    CaseSpec, DuelPair, DuelRequest, DuelResult, ForwardKernel, MeasureSpec, ReferenceKernel,
+};
+use crate::run::{self, Events, Project, UnitKey};
+use crate::runlog::Record;
+use crate::space::REFERENCE;
+use anyhow::anyhow;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 impl Session<'_> {
     /// Build the edit from its snapshot's export, check and re-time it against HEAD's champion;

@@ -4,10 +4,10 @@
 //! champion table and the reference kernel, which is the oracle). HEAD's kernels are built from a
 //! copy of HEAD's tree, the edit from the working tree into a cache of its own; both are checked
 //! against HEAD's reference on fresh inputs before the interleaved re-timing decides.
-use crate::build::{BuildOutput, BuildSpec, Builder};
+use crate::build::{BuildSpec, Builder};
 use crate::champions::Table;
 use crate::config::{Dtype, ProjectPaths, Shape};
-use crate::decide::{self, Verdict};
+use crate::decide;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::protocol::*;
@@ -30,7 +30,7 @@ mod rules;
 mod tree;
 
 pub(crate) use attempt::{diff_against, diff_candidate, idea_line, keep_patch, one_line};
-pub(crate) use candidate::{includes_outside, Candidate};
+pub(crate) use candidate::Candidate;
 
 use judge::build_logged;
 pub(crate) use judge::collect_builds;

@@ -1,7 +1,12 @@
 //! The champion's profile at the start of a session's step: reused where some run log already holds
 //! one of the same kernel sources on this GPU, else taken now (Nsight Compute; the test double's
 //! synthetic figures on the fake GPU) and logged with the sources it is of, for the context pack.
-use super::*;
+use super::{Pairing, Session};
+use crate::error::Result;
+use crate::run::{self, Events, UnitKey};
+use crate::runlog::Record;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 impl Session<'_> {
     /// Profile HEAD's champion on each case `[profile] dtypes` names, unless a log already has it.

@@ -1,5 +1,10 @@
 //! What a step says: its Markdown section and the commit message of an accepted edit.
-use super::*;
+use super::tree::short;
+use super::Session;
+use crate::config::Dtype;
+use crate::decide::{self, Verdict};
+use crate::protocol::DeviceInfo;
+use std::fmt::Write as _;
 
 impl Session<'_> {
     pub(crate) fn commit_message(

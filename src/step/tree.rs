@@ -1,5 +1,9 @@
 //! The repository side of a step: HEAD, restoring paths, extracting a commit's tree, and the fingerprints that catch a proposer touching flashtune's files.
-use super::*;
+use super::Fingerprint;
+use crate::error::{Error, Result};
+use anyhow::anyhow;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 pub(crate) fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
     let head = repo
