@@ -1,8 +1,6 @@
 //! `flashtune resume`: continue a crashed or interrupted run (or agent session) from its log.
 use crate::cli::output::session_finished;
-use crate::cli::run_options::{
-    executor, when_busy, BudgetArgs, CommitArg, GpuArgs, ReuseArgs, RunArgs,
-};
+use crate::cli::run_options::{executor, when_busy, FullRunArgs, RunArgs};
 use crate::config::ProjectPaths;
 use crate::engine;
 use crate::error::{Error, Result};
@@ -17,26 +15,7 @@ pub(super) struct Args {
     #[arg(long)]
     force: bool,
     #[command(flatten)]
-    run: ResumeArgs,
-}
-
-/// `resume`'s flags: those of the run it continues, which keeps its own space and strategy.
-#[derive(clap::Args)]
-struct ResumeArgs {
-    #[command(flatten)]
-    gpu: GpuArgs,
-    #[command(flatten)]
-    budget: BudgetArgs,
-    #[command(flatten)]
-    commit: CommitArg,
-    #[command(flatten)]
-    reuse: ReuseArgs,
-}
-
-impl From<&ResumeArgs> for RunArgs {
-    fn from(a: &ResumeArgs) -> Self {
-        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
-    }
+    run: FullRunArgs,
 }
 
 pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {

@@ -186,6 +186,26 @@ impl RunArgs {
     }
 }
 
+/// The flags of a whole run, `tune`'s and those `resume` takes for the run it continues: GPUs,
+/// budget, commit and reuse.
+#[derive(clap::Args)]
+pub(super) struct FullRunArgs {
+    #[command(flatten)]
+    gpu: GpuArgs,
+    #[command(flatten)]
+    budget: BudgetArgs,
+    #[command(flatten)]
+    commit: CommitArg,
+    #[command(flatten)]
+    reuse: ReuseArgs,
+}
+
+impl From<&FullRunArgs> for RunArgs {
+    fn from(a: &FullRunArgs) -> Self {
+        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
+    }
+}
+
 impl From<&GpuArgs> for RunArgs {
     fn from(a: &GpuArgs) -> Self {
         RunArgs::new(a, None, None, None)

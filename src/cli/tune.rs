@@ -1,5 +1,5 @@
 //! `flashtune tune`: plan, build, check and time a variant space.
-use crate::cli::run_options::{BudgetArgs, CommitArg, GpuArgs, ReuseArgs, RunArgs};
+use crate::cli::run_options::{FullRunArgs, RunArgs};
 use crate::config::ProjectPaths;
 use crate::engine;
 use crate::error::Result;
@@ -24,7 +24,7 @@ pub(super) struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
-    run: TuneArgs,
+    run: FullRunArgs,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -32,25 +32,6 @@ enum StrategyArg {
     Exhaustive,
     Random,
     Guided,
-}
-
-/// `tune`'s flags: all of them.
-#[derive(clap::Args)]
-struct TuneArgs {
-    #[command(flatten)]
-    gpu: GpuArgs,
-    #[command(flatten)]
-    budget: BudgetArgs,
-    #[command(flatten)]
-    commit: CommitArg,
-    #[command(flatten)]
-    reuse: ReuseArgs,
-}
-
-impl From<&TuneArgs> for RunArgs {
-    fn from(a: &TuneArgs) -> Self {
-        RunArgs::new(&a.gpu, Some(&a.budget), Some(&a.commit), Some(&a.reuse))
-    }
 }
 
 pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
