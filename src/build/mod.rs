@@ -321,19 +321,9 @@ pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
             Error::BadInput(format!("cannot read kernel source {}: {e}", file.display()))
         })?;
         let here = file.parent().unwrap_or(Path::new(".")).to_path_buf();
-        for line in text.lines() {
-            let Some(rest) = line.trim_start().strip_prefix("#include") else {
-                continue;
-            };
-            let Some(name) = rest
-                .trim()
-                .strip_prefix('"')
-                .and_then(|r| r.split('"').next())
-            else {
-                continue;
-            };
+        for name in quoted_includes(&text) {
             // Quoted includes resolve next to the including file first, then in the -I folder.
-            if let Some(found) = [here.join(name), search_dir.join(name)]
+            if let Some(found) = [here.join(&name), search_dir.join(&name)]
                 .into_iter()
                 .find(|p| p.is_file())
             {
@@ -344,6 +334,31 @@ pub fn include_closure(source: &Path) -> Result<Vec<PathBuf>> {
     }
     seen.sort();
     Ok(seen)
+}
+
+/// The names of `#include "…"` and `__has_include("…")` in `text`.
+pub(crate) fn quoted_includes(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim_start();
+        let rest = if let Some(r) = line.strip_prefix('#') {
+            r.trim_start().strip_prefix("include").map(str::trim_start)
+        } else {
+            None
+        };
+        let mut candidates: Vec<&str> = rest.into_iter().collect();
+        let mut tail = line;
+        while let Some(at) = tail.find("__has_include") {
+            tail = &tail[at + "__has_include".len()..];
+            candidates.push(tail.trim_start().trim_start_matches('(').trim_start());
+        }
+        for c in candidates {
+            if let Some(name) = c.strip_prefix('"').and_then(|r| r.split('"').next()) {
+                out.push(name.to_owned());
+            }
+        }
+    }
+    out
 }
 
 /// nvcc's niceness: it yields the CPU to the processes that feed the GPU.
@@ -389,6 +404,15 @@ mod tests {
 
     /// The key covers the whole invocation: the same source built with another environment or by
     /// another compiler is a different build.
+    #[test]
+    fn quoted_includes_and_has_include_are_both_read() {
+        let text = "#include \"a.cuh\"\n#  include \"b/c.cuh\"\n#if __has_include(\"../../scratch/x.cuh\")\n#include <cuda.h>\n";
+        assert_eq!(
+            quoted_includes(text),
+            ["a.cuh", "b/c.cuh", "../../scratch/x.cuh"]
+        );
+    }
+
     #[test]
     fn the_key_covers_the_compilers_bytes_and_its_environment() {
         let dir = tempfile::tempdir().unwrap();

@@ -211,7 +211,7 @@ pub(crate) fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Ve
             .unwrap_or(&file)
             .display()
             .to_string();
-        for name in quoted_includes(&text) {
+        for name in crate::build::quoted_includes(&text) {
             if Path::new(&name).is_absolute() {
                 out.push(format!("{shown} includes \"{name}\", an absolute path"));
                 continue;
@@ -240,43 +240,9 @@ pub(crate) fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Ve
     out
 }
 
-/// The names of `#include "…"` and `__has_include("…")` in `text`.
-fn quoted_includes(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let line = line.trim_start();
-        let rest = if let Some(r) = line.strip_prefix('#') {
-            r.trim_start().strip_prefix("include").map(str::trim_start)
-        } else {
-            None
-        };
-        let mut candidates: Vec<&str> = rest.into_iter().collect();
-        let mut tail = line;
-        while let Some(at) = tail.find("__has_include") {
-            tail = &tail[at + "__has_include".len()..];
-            candidates.push(tail.trim_start().trim_start_matches('(').trim_start());
-        }
-        for c in candidates {
-            if let Some(name) = c.strip_prefix('"').and_then(|r| r.split('"').next()) {
-                out.push(name.to_owned());
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoted_includes_and_has_include_are_both_read() {
-        let text = "#include \"a.cuh\"\n#  include \"b/c.cuh\"\n#if __has_include(\"../../scratch/x.cuh\")\n#include <cuda.h>\n";
-        assert_eq!(
-            quoted_includes(text),
-            ["a.cuh", "b/c.cuh", "../../scratch/x.cuh"]
-        );
-    }
 
     #[test]
     fn an_include_the_export_lacks_but_the_working_tree_has_is_named() {
