@@ -2,11 +2,11 @@
 use super::ledger::Ledger;
 use super::{git, AgentRun, Judged, Proposal, Runner};
 use crate::error::{Error, Result};
+use crate::log::runlog::{Idea, Record};
+use crate::model::usage::{Usage, UsageFormat};
 use crate::pack;
-use crate::run::Events;
-use crate::runlog::{Idea, Record};
+use crate::run::shared::Events;
 use crate::step::{self, Pairing, EDIT_SCOPE};
-use crate::usage::{Usage, UsageFormat};
 use anyhow::{anyhow, Context};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -54,7 +54,7 @@ impl Runner<'_> {
             .into_iter()
             .collect();
             let command = fill(&self.agent.command, &values);
-            let mut cmd = crate::stop::guarded_shell(&command)
+            let mut cmd = crate::os::stop::guarded_shell(&command)
                 .with_context(|| format!("cannot start the agent `{command}`"))?;
             cmd.current_dir(workdir)
                 .env("FLASHTUNE_STEP", n.to_string())
@@ -65,7 +65,7 @@ impl Runner<'_> {
                 .env("FLASHTUNE_PROMPT_FILE", workdir.join("PROMPT.md"))
                 .env("FLASHTUNE_CONTEXT_DIR", workdir.join("context"))
                 .env("FLASHTUNE_USAGE_FILE", &usage_file)
-                .env(crate::stop::GUARD_EXIT_FILE, agent_dir.join("exit"))
+                .env(crate::os::stop::GUARD_EXIT_FILE, agent_dir.join("exit"))
                 .env("FLASHTUNE_BUDGET_USD", format!("{budget:.2}"))
                 .env("FLASHTUNE_EDIT_SCOPE", EDIT_SCOPE)
                 .env("FLASHTUNE_PROTECTED", step::protected(project).join(" "))
@@ -83,7 +83,7 @@ impl Runner<'_> {
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
             // It writes its worktree, its .agent folder and a scratch folder (src/sandbox.rs).
-            let scratch = crate::sandbox::confine(
+            let scratch = crate::run::sandbox::confine(
                 &mut cmd,
                 project,
                 self.opts.executor.exe(),
@@ -97,7 +97,7 @@ impl Runner<'_> {
             set.spawn(async move {
                 let _scratch = scratch;
                 let started = Instant::now();
-                let group = crate::build::ProcessGroup(child.id());
+                let group = crate::gpu::build::ProcessGroup(child.id());
                 let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
                 // Nothing it left running may edit its worktree while it is judged.
                 drop(group);
@@ -207,7 +207,7 @@ impl Runner<'_> {
         let touched = !diff.inside.is_empty() || !diff.outside.is_empty();
         let finished = !run.timed_out && run.status == "exit status: 0";
         let unjudged = if !finished {
-            let refused = crate::sandbox::refusal_note(&run.output, "its worktree")
+            let refused = crate::run::sandbox::refusal_note(&run.output, "its worktree")
                 .map_or(String::new(), |note| format!("; {note}"));
             Some(format!(
                 "the agent did not finish cleanly ({}); its edit is not judged{refused}",
@@ -252,7 +252,7 @@ impl Runner<'_> {
                     None,
                     Some("the agent reports no usage and wrote no $FLASHTUNE_USAGE_FILE".into()),
                 ),
-                Some(f) => match crate::usage::read(
+                Some(f) => match crate::model::usage::read(
                     f,
                     &run.stdout,
                     run.usage_file.as_deref(),
@@ -280,7 +280,7 @@ impl Runner<'_> {
             seconds: run.seconds,
             status: run.status.clone(),
             timed_out: run.timed_out,
-            output_tail: crate::build::log_tail(&run.output, 40),
+            output_tail: crate::gpu::build::log_tail(&run.output, 40),
             changed_files: diff.inside.clone(),
             outside_scope: diff.outside.clone(),
             diff_stat: diff.stat.clone(),
@@ -304,7 +304,7 @@ impl Runner<'_> {
         n: u32,
         proposals: &[Proposal],
         pairings: &[Pairing],
-        head_cubins: &BTreeMap<crate::run::UnitKey, PathBuf>,
+        head_cubins: &BTreeMap<crate::run::shared::UnitKey, PathBuf>,
         step_dir: &Path,
         events: &mut Events,
     ) -> Result<Vec<Judged>> {
@@ -438,7 +438,7 @@ pub(super) fn shell_quote(s: &str) -> String {
 /// The verdict, reason and report of the last step before `n` (`none` before the first), as
 /// `FLASHTUNE_LAST_VERDICT`, `_LAST_REASON` and `_LAST_REPORT` give them to every proposer.
 fn last_decided(run_dir: &Path, n: u32) -> Result<(String, String, PathBuf)> {
-    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
     let last = log.entries.iter().rev().find_map(|(_, e)| match &e.record {
         Record::StepDecided {
             step,
@@ -471,7 +471,7 @@ fn idea_of(
         summary,
         from: "agent".into(),
     };
-    let message = crate::usage::final_message(format, &run.stdout);
+    let message = crate::model::usage::final_message(format, &run.stdout);
     if let Some(said) = message
         .as_deref()
         .and_then(step::idea_line)

@@ -2,8 +2,8 @@
 //! build them locally, and the session's budget; for a session's step and for `flashtune context`.
 use super::git;
 use super::worktree::{champion_sources, sources_at};
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
 use crate::pack::{self, BudgetLeft, ContextPack, PackCase, PackInput};
 use crate::step::{self, Pairing, EDIT_SCOPE};
 use anyhow::Context;
@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 
 /// What a pack is built from.
 pub(super) struct PackFor<'a> {
-    pub(super) project: &'a crate::run::Project,
+    pub(super) project: &'a crate::run::shared::Project,
     pub(super) repo: &'a git2::Repository,
     pub(super) base: &'a str,
     pub(super) pairings: &'a [Pairing],
-    pub(super) device: Option<&'a crate::protocol::DeviceInfo>,
-    pub(super) roofs: &'a crate::roofs::Roofs,
+    pub(super) device: Option<&'a crate::model::protocol::DeviceInfo>,
+    pub(super) roofs: &'a crate::report::roofs::Roofs,
     pub(super) step: u32,
     pub(super) budget: BudgetLeft,
 }
@@ -26,7 +26,7 @@ pub(super) fn build_pack(f: PackFor) -> Result<ContextPack> {
     let project = f.project;
     let head_tree = tempfile_dir(&project.paths.runs())?;
     step::extract_tree(f.repo, f.base, EDIT_SCOPE, head_tree.path())?;
-    let hash = crate::run::kernel_sources_hash(project, Some(head_tree.path()));
+    let hash = crate::run::shared::kernel_sources_hash(project, Some(head_tree.path()));
     let cases = f
         .pairings
         .iter()
@@ -69,7 +69,7 @@ pub(super) fn build_pack(f: PackFor) -> Result<ContextPack> {
 /// The nvcc command line of each distinct champion build, as the judge runs it, relative to a
 /// work directory (a checkout of the project).
 fn build_hints(
-    project: &crate::run::Project,
+    project: &crate::run::shared::Project,
     pairings: &[Pairing],
     arch: &str,
 ) -> Vec<pack::BuildHint> {
@@ -82,7 +82,7 @@ fn build_hints(
             p.point.variant.id, p.dtype, p.point.head_dim
         );
         let command = std::iter::once("nvcc".to_owned())
-            .chain(crate::build::nvcc_args(&spec, Path::new(&out)))
+            .chain(crate::gpu::build::nvcc_args(&spec, Path::new(&out)))
             .collect::<Vec<_>>()
             .join(" ");
         let case = format!("{} {}", p.shape.name, p.dtype);
@@ -120,7 +120,7 @@ pub(super) fn tempfile_dir(runs: &Path) -> Result<ScratchDir> {
     let dir = runs.join(format!(
         ".scratch-{}-{}",
         std::process::id(),
-        crate::run::new_run_id()
+        crate::run::shared::new_run_id()
     ));
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     Ok(ScratchDir(dir))
@@ -136,7 +136,7 @@ pub struct ContextOptions {
 /// The context pack for the next step at HEAD, without a GPU: limits from policies.toml's
 /// `[build.targets]` for the default arch, GPU facts and roofs from the newest run log that measured them.
 pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
-    let project = crate::run::Project::load(opts.paths.clone(), opts.space.as_deref())?;
+    let project = crate::run::shared::Project::load(opts.paths.clone(), opts.space.as_deref())?;
     let repo = git2::Repository::open(&project.paths.root).map_err(|e| {
         Error::BadInput(format!(
             "{} is not a git repository's top: {}",
@@ -149,12 +149,12 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
     let (device, roofs) = match &newest {
         Some(log) => (
             log.header().map(|h| h.device.clone()),
-            crate::roofs::Roofs::from_log(log),
+            crate::report::roofs::Roofs::from_log(log),
         ),
-        None => (None, crate::roofs::Roofs::default()),
+        None => (None, crate::report::roofs::Roofs::default()),
     };
     let limits = match &device {
-        Some(d) => crate::space::DeviceLimits {
+        Some(d) => crate::model::space::DeviceLimits {
             max_threads_per_block: d.max_threads_per_block,
             max_smem_optin_bytes: d.max_smem_optin_bytes,
             arch: d.arch.clone(),
@@ -166,7 +166,7 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
                     "policies.toml has no [build.targets.{arch}] for the default arch"
                 ))
             })?;
-            crate::space::DeviceLimits {
+            crate::model::space::DeviceLimits {
                 max_threads_per_block: t.max_threads_per_block,
                 max_smem_optin_bytes: t.max_smem_optin_bytes,
                 arch: arch.clone(),
@@ -193,21 +193,21 @@ pub fn context_pack(opts: &ContextOptions) -> Result<ContextPack> {
 }
 
 /// The newest sealed run log that measured the GPU's roofs (its figures reach the agent).
-pub(super) fn newest_device_log(runs: &Path) -> Option<crate::runlog::LoadedLog> {
+pub(super) fn newest_device_log(runs: &Path) -> Option<crate::log::runlog::LoadedLog> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(runs)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.join("log.jsonl").is_file())
         .collect();
-    crate::runlog::sort_by_start(&mut dirs);
+    crate::log::runlog::sort_by_start(&mut dirs);
     dirs.iter().rev().find_map(|d| {
         let text = std::fs::read_to_string(d.join("log.jsonl")).ok()?;
         if !text.contains("\"event\":\"ceiling_measured\"") {
             return None;
         }
-        crate::runlog::read_sealed(&d.join("log.jsonl"))
+        crate::log::runlog::read_sealed(&d.join("log.jsonl"))
             .ok()
-            .map(crate::runlog::SealedLog::into_log)
+            .map(crate::log::runlog::SealedLog::into_log)
     })
 }
 

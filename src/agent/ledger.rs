@@ -2,7 +2,7 @@
 use super::round::Decided;
 use super::{Judged, Proposal};
 use crate::error::Result;
-use crate::runlog::Record;
+use crate::log::runlog::Record;
 use crate::{pack, step};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,7 +60,7 @@ pub(super) struct Ledger {
 
 impl Ledger {
     pub(super) fn read(run_dir: &Path) -> Result<Ledger> {
-        let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+        let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
         let mut rows: BTreeMap<(u32, u32), LedgerRow> = BTreeMap::new();
         let mut steps = Vec::new();
         let header = log.header();
@@ -325,7 +325,7 @@ impl Ledger {
 pub(super) fn step_markdown(
     n: u32,
     base: &str,
-    device: &crate::protocol::DeviceInfo,
+    device: &crate::model::protocol::DeviceInfo,
     judged: &[Judged],
     proposals: &[Proposal],
     decided: &Decided,

@@ -4,13 +4,13 @@
 //! Claude Code find AGENTS.md at its root) that shares the repository's objects, so making one costs
 //! a checkout, not a clone. The main working tree is never handed to an agent: flashtune copies the
 //! winner's in-scope files into it and commits them itself, so a candidate is never half-applied.
-use crate::config::{ProjectPaths, AGENT_PLACEHOLDERS};
 use crate::error::{Error, Result};
-use crate::executor::Executor;
-use crate::run::{Events, WhenBusy};
-use crate::runlog::{AgentSettings, Record};
+use crate::gpu::executor::Executor;
+use crate::log::runlog::{AgentSettings, Record};
+use crate::model::config::{ProjectPaths, AGENT_PLACEHOLDERS};
+use crate::model::usage::UsageFormat;
+use crate::run::shared::{Events, WhenBusy};
 use crate::step::{self, Bench, StepOptions};
-use crate::usage::UsageFormat;
 use anyhow::{anyhow, Context};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -58,7 +58,7 @@ impl AgentOptions {
     /// The agent named in policies.toml's `[agents]`, or a custom command; one candidate per step
     /// and no stop rule until the caller sets them.
     pub fn named(
-        policies: &crate::config::Policies,
+        policies: &crate::model::config::Policies,
         name: Option<&str>,
         custom: Option<&str>,
     ) -> Result<AgentOptions> {
@@ -77,7 +77,7 @@ impl AgentOptions {
                 "give --agent NAME or --proposer CMD, not both".into(),
             )),
             (None, Some(cmd)) => {
-                let unknown = crate::config::unknown_placeholders(cmd);
+                let unknown = crate::model::config::unknown_placeholders(cmd);
                 if !unknown.is_empty() {
                     return Err(Error::BadInput(format!(
                         "--proposer names {{{}}}, which flashtune does not fill (it fills {{{}}})",
@@ -171,7 +171,7 @@ pub fn is_agent_session(run_dir: &Path) -> bool {
 /// agent had finished are judged again, the others dropped with a record, an edit applied but not
 /// committed is restored, a commit made but not logged is recorded), then the steps left run.
 pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome> {
-    let loaded = crate::runlog::read_sealed(&run_dir.join("log.jsonl"))?; // resume reads only a sealed log
+    let loaded = crate::log::runlog::read_sealed(&run_dir.join("log.jsonl"))?; // resume reads only a sealed log
     let settings = loaded
         .entries
         .iter()
@@ -292,7 +292,7 @@ struct Judged {
     accepted: bool,
     reason: String,
     gain: Option<f64>,
-    overall: Option<crate::decide::Overall>,
+    overall: Option<crate::gpu::decide::Overall>,
     duels: Vec<step::DuelRow>,
 }
 

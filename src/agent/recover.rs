@@ -2,8 +2,8 @@
 use super::worktree::{remove_worktree, worktree_name};
 use super::{git, Proposal, Runner};
 use crate::error::Result;
-use crate::run::Events;
-use crate::runlog::Record;
+use crate::log::runlog::Record;
+use crate::run::shared::Events;
 use crate::step;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ impl Runner<'_> {
     pub(super) async fn recover(
         &self,
         n: u32,
-        loaded: &crate::runlog::LoadedLog,
+        loaded: &crate::log::runlog::LoadedLog,
         events: &mut Events,
     ) -> Result<()> {
         let bench = self.bench;

@@ -6,9 +6,9 @@ use super::ledger::{step_markdown, Ledger};
 use super::worktree::{make_worktree, remove_worktree, sources_at, worktree_name};
 use super::{git, write, Judged, Proposal, Runner};
 use crate::error::{Error, Result};
+use crate::log::runlog::Record;
 use crate::pack::{self, BudgetLeft, ContextPack};
-use crate::run::Events;
-use crate::runlog::Record;
+use crate::run::shared::Events;
 use crate::step::{self, Pairing, EDIT_SCOPE};
 use anyhow::Context;
 use std::fmt::Write as _;
@@ -40,7 +40,8 @@ impl Runner<'_> {
         let proposals = match recovered {
             Some(p) => p,
             None => {
-                let sources = crate::run::kernel_sources_hash(&bench.project, Some(&head_tree));
+                let sources =
+                    crate::run::shared::kernel_sources_hash(&bench.project, Some(&head_tree));
                 session
                     .profile_champions(&pairings, &head_cubins, &sources, events)
                     .await?;
@@ -109,7 +110,7 @@ impl Runner<'_> {
             return head.to_owned();
         }
         let prefix = format!("refs/flashtune/fake/{}/", self.bench.run_id);
-        crate::vcs::refs_under(&self.bench.root, &prefix)
+        crate::os::vcs::refs_under(&self.bench.root, &prefix)
             .into_iter()
             .filter_map(|(name, id)| {
                 let n: u32 = name.rsplit("step-").next()?.parse().ok()?;
@@ -178,7 +179,7 @@ impl Runner<'_> {
 
     /// The near misses with a patch that no candidate of this session started from yet, best first.
     fn islands(&self, pack: &ContextPack) -> Result<Vec<pack::IdeaNote>> {
-        let log = crate::runlog::read(&self.bench.run_dir.join("log.jsonl"))?;
+        let log = crate::log::runlog::read(&self.bench.run_dir.join("log.jsonl"))?;
         let tried: Vec<String> = log
             .entries
             .iter()

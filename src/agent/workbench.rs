@@ -3,12 +3,12 @@
 //! tests/fixtures/schemas/workbench-1.schema.json): judge the working tree, the history, one
 //! attempt, and the refusals and errors. Names are stable.
 use super::write;
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
-use crate::executor::Executor;
+use crate::gpu::executor::Executor;
+use crate::log::runlog::{Idea, Record};
+use crate::model::config::ProjectPaths;
 use crate::pack::{self, HistoryEntry};
-use crate::run::{Events, WhenBusy};
-use crate::runlog::{Idea, Record};
+use crate::run::shared::{Events, WhenBusy};
 use crate::step::{self, StepOptions};
 use anyhow::{anyhow, Context};
 use serde::{Deserialize, Serialize};
@@ -88,7 +88,7 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
 
 /// The verdict of a one-step run, read from its log.
 pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
-    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
@@ -183,7 +183,7 @@ pub struct StepVerdict {
 /// The document of a finished `step` run, read from its log; `stopped`: the stop rule that ended
 /// an agent session early.
 pub fn step_run_from_log(run_dir: &Path, stopped: Option<String>) -> Result<StepRunDoc> {
-    let log = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
@@ -327,12 +327,12 @@ pub struct Refusal {
 /// Log a refusal (header, `step_started`, `step_decided`, the patch under attempts/) and return
 /// its verdict, the same document a judged edit gets.
 pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
-    let project = crate::run::Project::load(r.paths.clone(), r.space.as_deref())?;
-    let run_id = crate::run::new_run_id();
+    let project = crate::run::shared::Project::load(r.paths.clone(), r.space.as_deref())?;
+    let run_id = crate::run::shared::new_run_id();
     let run_dir = r.paths.runs().join(&run_id);
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
-    let device = crate::protocol::DeviceInfo {
+    let device = crate::model::protocol::DeviceInfo {
         ordinal: 0,
         name: "no GPU: refused before any build".into(),
         sm_count: 0,
@@ -347,13 +347,13 @@ pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
         fake: r.fake,
         placement: None,
     };
-    let header = crate::run::header(
+    let header = crate::run::shared::header(
         &project,
         &device,
         &run_id,
-        &crate::plan::Strategy::default(),
+        &crate::model::plan::Strategy::default(),
     );
-    let log = crate::runlog::RunLog::create(&run_dir.join("log.jsonl"))?;
+    let log = crate::log::runlog::RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, Vec::new());
     events.emit(Record::Header(Box::new(header)))?;
     step::keep_patch(&run_dir, 1, None, &r.patch)?;

@@ -75,7 +75,7 @@ pub(super) fn sources_at(
 
 /// Files of the edit scope at `base` that the champion is built from (the space's family folder).
 pub(super) fn champion_sources(
-    project: &crate::run::Project,
+    project: &crate::run::shared::Project,
     repo: &git2::Repository,
     base: &str,
 ) -> Result<Vec<String>> {

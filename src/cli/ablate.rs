@@ -1,8 +1,8 @@
 //! `flashtune ablate`: one factor at a time around a run's champion.
 use crate::cli::run_options::{BudgetArgs, CommitArg, GpuArgs, RunArgs};
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::Result;
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -1,8 +1,8 @@
 //! `flashtune build`: compile and gate every variant of a space without a GPU; the resource table.
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::{exit_code, Result};
-use crate::run::Project;
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
+use crate::run::shared::Project;
 use std::fmt::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -41,7 +41,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
 }
 
 fn build_table(
-    planned: &[crate::space::PlannedPoint],
+    planned: &[crate::model::space::PlannedPoint],
     rows: &[engine::BuiltRow],
 ) -> (String, usize) {
     let mut t = String::new();
@@ -98,8 +98,10 @@ fn build_table(
     let invalid: Vec<_> = planned.iter().filter(|p| p.invalid.is_some()).collect();
     if !invalid.is_empty() {
         // One line per reason, its figures folded (a full space rules out tens of thousands).
-        let mut groups: std::collections::BTreeMap<String, (usize, &crate::space::PlannedPoint)> =
-            Default::default();
+        let mut groups: std::collections::BTreeMap<
+            String,
+            (usize, &crate::model::space::PlannedPoint),
+        > = Default::default();
         for p in &invalid {
             let reason = p.invalid.as_deref().unwrap_or("");
             // A constraint is named by its text; a limit's figures vary point to point.

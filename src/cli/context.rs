@@ -1,7 +1,7 @@
 //! `flashtune context`: the context pack for the next step at HEAD.
 use crate::cli::output::answer_json;
-use crate::config::ProjectPaths;
 use crate::error::Result;
+use crate::model::config::ProjectPaths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

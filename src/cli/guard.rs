@@ -9,5 +9,5 @@ pub(super) struct Args {
 }
 
 pub(super) fn run(args: &Args) -> ExitCode {
-    crate::stop::guard(&args.command)
+    crate::os::stop::guard(&args.command)
 }

@@ -1,8 +1,8 @@
 //! `flashtune history`: every attempt on this project, or how a shape's champion moved across runs.
 use crate::cli::output::answer_json;
 use crate::cli::parse::parse_dtype;
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
 use std::fmt::Write;
 use std::process::ExitCode;
 
@@ -18,7 +18,7 @@ pub(super) struct Args {
     json: bool,
     /// Only this dtype (with a shape).
     #[arg(long, value_parser = parse_dtype)]
-    dtype: Option<crate::config::Dtype>,
+    dtype: Option<crate::model::config::Dtype>,
     /// Only the latest N attempts (without a shape).
     #[arg(long)]
     last: Option<usize>,
@@ -41,7 +41,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
 fn attempts(
     paths: ProjectPaths,
     json: bool,
-    dtype: Option<crate::config::Dtype>,
+    dtype: Option<crate::model::config::Dtype>,
     last: Option<usize>,
 ) -> Result<ExitCode> {
     let listed = match dtype {
@@ -63,7 +63,7 @@ fn champions(
     paths: ProjectPaths,
     shape: String,
     json: bool,
-    dtype: Option<crate::config::Dtype>,
+    dtype: Option<crate::model::config::Dtype>,
     last: Option<usize>,
 ) -> Result<ExitCode> {
     // The store's rows for the shape, and the table a person reads.
@@ -74,10 +74,10 @@ fn champions(
                     .into(),
             ));
         }
-        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let (policies, _) = crate::model::config::Policies::load(&paths.policies())?;
         let known = policies.shapes.iter().find(|s| s.name == shape);
-        let path = crate::store::path(&paths);
-        let store = crate::store::Store::open_existing(&path)
+        let path = crate::log::store::path(&paths);
+        let store = crate::log::store::Store::open_existing(&path)
             .map_err(|e| Error::BadInput(format!("{e:#}")))?
             .ok_or_else(|| {
                 Error::BadInput(format!(
@@ -85,7 +85,7 @@ fn champions(
                     path.display()
                 ))
             })?;
-        let geometry = known.map(crate::store::geometry);
+        let geometry = known.map(crate::log::store::geometry);
         let rows = store
             .history(&shape, geometry.as_deref())
             .map_err(|e| Error::Other(e.context(format!("cannot read {}", path.display()))))?;
@@ -119,8 +119,8 @@ fn champions(
 /// `flashtune history`: one row per run and dtype, grouped by GPU model, with what changed.
 fn history_table(
     shape: &str,
-    known: Option<&crate::config::Shape>,
-    rows: &[crate::store::HistoryRow],
+    known: Option<&crate::model::config::Shape>,
+    rows: &[crate::log::store::HistoryRow],
 ) -> String {
     let mut t = String::new();
     let title = known.map_or_else(|| format!("`{shape}`"), |s| s.label());
@@ -130,7 +130,7 @@ fn history_table(
         "| started | run | git | GPU | dtype | champion | µs | TF/s | change |"
     );
     let _ = writeln!(t, "|---|---|---|---|---|---|---:|---:|---|");
-    let mut before: Option<&crate::store::HistoryRow> = None;
+    let mut before: Option<&crate::log::store::HistoryRow> = None;
     for r in rows {
         let same_line = before.filter(|b| b.gpu == r.gpu && b.fake == r.fake && b.dtype == r.dtype);
         let change = match same_line {
@@ -169,7 +169,7 @@ fn history_table(
             r.dtype,
             r.variant,
             r.median_us,
-            crate::report::three_digits(r.tflops)
+            crate::report::markdown::three_digits(r.tflops)
         );
         before = Some(r);
     }

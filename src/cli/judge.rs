@@ -1,8 +1,8 @@
 //! `flashtune judge`: judge the working tree's edit once, as `step` does, and print the verdict.
 use crate::cli::output::answer_json;
 use crate::cli::run_options::{executor, when_busy};
-use crate::config::ProjectPaths;
 use crate::error::Result;
+use crate::model::config::ProjectPaths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,7 +44,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         json,
     } = args;
     let judged = async {
-        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let (policies, _) = crate::model::config::Policies::load(&paths.policies())?;
         crate::agent::judge_working_tree(crate::agent::JudgeOptions {
             paths,
             space,

@@ -1,6 +1,6 @@
 //! `flashtune mcp`: serve the MCP tools on stdin/stdout, or print the config that registers them.
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
 use clap::Subcommand;
 use std::path::PathBuf;
 use std::process::ExitCode;

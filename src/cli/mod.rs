@@ -5,7 +5,7 @@
 mod ablate;
 mod build;
 mod context;
-mod doctor;
+pub mod doctor;
 mod guard;
 mod history;
 mod judge;
@@ -13,6 +13,7 @@ mod mcp;
 mod output;
 mod parse;
 mod profile;
+pub mod progress;
 mod report;
 mod resume;
 mod run_options;
@@ -22,8 +23,8 @@ mod step;
 mod tune;
 mod worker;
 
-use crate::config::ProjectPaths;
 use crate::error::{exit_code, Result};
+use crate::model::config::ProjectPaths;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -122,7 +123,7 @@ pub fn run() -> ExitCode {
     if let Command::Guard(args) = &cli.command {
         return guard::run(args);
     }
-    crate::toolchain::absolutize_override();
+    crate::os::toolchain::absolutize_override();
     if let Command::Worker(args) = &cli.command {
         return worker::run(args);
     }
@@ -152,9 +153,9 @@ pub fn run() -> ExitCode {
     };
     // Whatever path the run took out (an error, a signal), no worker, nvcc or ncu outlives it:
     // its tasks are stopped (and with them what they would start next), then every child group.
-    crate::stop::kill_children();
+    crate::os::stop::kill_children();
     runtime.shutdown_timeout(Duration::from_secs(2));
-    crate::stop::kill_children();
+    crate::os::stop::kill_children();
     code
 }
 

@@ -2,9 +2,9 @@
 use crate::cli::output::{answer_json_error, answer_json_with};
 use crate::cli::parse::parse_dtype;
 use crate::cli::run_options::{GpuArgs, RunArgs};
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::{exit_code, Result};
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,7 +19,7 @@ pub(super) struct Args {
     shape: Vec<String>,
     /// Only these dtypes (default: [profile] dtypes).
     #[arg(long, value_delimiter = ',', value_parser = parse_dtype)]
-    dtype: Vec<crate::config::Dtype>,
+    dtype: Vec<crate::model::config::Dtype>,
     #[command(flatten)]
     run: GpuArgs,
 }
@@ -52,12 +52,12 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         Err(e) if run.json => return answer_json_error(&e),
         Err(e) => return Err(e),
     };
-    let line_of = |shape: &str, dtype: crate::config::Dtype| {
+    let line_of = |shape: &str, dtype: crate::model::config::Dtype| {
         log.entries
             .iter()
             .rev()
             .find_map(|(line, e)| match &e.record {
-                crate::runlog::Record::Profiled {
+                crate::log::runlog::Record::Profiled {
                     variant: v,
                     shape: s,
                     dtype: d,
@@ -68,7 +68,12 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     };
     let profiled = results
         .iter()
-        .filter(|(_, _, o)| matches!(o, Some(crate::profile::ProfileOutcome::Profiled { .. })))
+        .filter(|(_, _, o)| {
+            matches!(
+                o,
+                Some(crate::gpu::profile::ProfileOutcome::Profiled { .. })
+            )
+        })
         .count();
     let code = if profiled == 0 {
         ExitCode::from(exit_code::FAILURE)
@@ -104,7 +109,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         let line = line_of(shape, *dtype);
         println!(
             "{variant} {shape} {dtype}: {}",
-            crate::report::profile_summary(outcome, line.unwrap_or(0))
+            crate::report::markdown::profile_summary(outcome, line.unwrap_or(0))
         );
     }
     println!("Logged in {}", run_dir.join("log.jsonl").display());

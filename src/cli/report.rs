@@ -1,7 +1,7 @@
 //! `flashtune report`: rebuild a run's reports from its log.
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -18,18 +18,19 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     let (log, _) = engine::read_run(&run)?;
     // A run from before the store joins it here, if its log is sealed: reports read any
     // log, the store (what --reuse and the best-first order take) only what flashtune wrote.
-    let store_path = crate::store::path(&paths);
-    let stored = crate::runlog::read_sealed(&crate::runlog::path_in(&run)).and_then(|sealed| {
-        crate::store::Store::open(&store_path)
-            .and_then(|mut store| crate::store::backfill(&mut store, &sealed))
-    });
+    let store_path = crate::log::store::path(&paths);
+    let stored =
+        crate::log::runlog::read_sealed(&crate::log::runlog::path_in(&run)).and_then(|sealed| {
+            crate::log::store::Store::open(&store_path)
+                .and_then(|mut store| crate::log::store::backfill(&mut store, &sealed))
+        });
     if let Err(e) = stored {
         eprintln!("warning: run not added to the results store: {e:#}");
     }
     let out = report_folder(&paths, &run);
     std::fs::create_dir_all(&out)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", out.display())))?;
-    let md = crate::export::write_all(&out, &log).map_err(|e| {
+    let md = crate::report::export::write_all(&out, &log).map_err(|e| {
         Error::Other(anyhow::anyhow!(
             "cannot write the reports in {}: {e}",
             out.display()
@@ -46,7 +47,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
 /// Where `report` writes: beside the log, unless git tracks the log's folder (a committed
 /// measurement under docs/): then under runs/reports/<folder>, so that reading never changes the tree.
 fn report_folder(paths: &ProjectPaths, run: &std::path::Path) -> PathBuf {
-    if !crate::vcs::holds_tracked_files(run) {
+    if !crate::os::vcs::holds_tracked_files(run) {
         return run.to_path_buf();
     }
     let canon = |p: &std::path::Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());

@@ -1,9 +1,9 @@
 //! `flashtune resume`: continue a crashed or interrupted run (or agent session) from its log.
 use crate::cli::output::session_finished;
 use crate::cli::run_options::{executor, when_busy, FullRunArgs, RunArgs};
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -32,7 +32,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
                 "--json streams a tune run's records; an agent session writes ledger.json and summary.md in its run folder instead".into(),
             ));
         }
-        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let (policies, _) = crate::model::config::Policies::load(&paths.policies())?;
         let outcome = crate::agent::resume(
             crate::agent::ResumeOptions {
                 paths,

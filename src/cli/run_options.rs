@@ -1,11 +1,11 @@
 //! The flags of the commands that run kernels (GPUs, budget, commit, reuse) and what they resolve
 //! to: the run's options, its executor and its reporters.
-use crate::config::ProjectPaths;
-use crate::engine;
+use crate::cli::progress::ProgressReporter;
 use crate::error::{Error, Result};
-use crate::executor::Executor;
-use crate::progress::ProgressReporter;
-use crate::run::{self, Budget, Reporter, TuneOptions};
+use crate::gpu::executor::Executor;
+use crate::model::config::ProjectPaths;
+use crate::run::engine;
+use crate::run::shared::{self, Budget, Reporter, TuneOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -119,7 +119,7 @@ impl RunArgs {
         paths: ProjectPaths,
         space: Option<PathBuf>,
     ) -> Result<TuneOptions> {
-        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let (policies, _) = crate::model::config::Policies::load(&paths.policies())?;
         if self.tasks.is_some() && self.executor != ExecutorArg::Slurm {
             return Err(Error::BadInput(
                 "--tasks sets how many Slurm workers run: it needs --executor slurm (local runs pick GPUs with --gpus)".into(),
@@ -129,7 +129,7 @@ impl RunArgs {
         let arch = &policies.build.default_arch;
         let executor = match (self.executor, self.fake_gpu) {
             (ExecutorArg::Slurm, fake) => {
-                let srun = crate::slurm::Srun {
+                let srun = crate::gpu::slurm::Srun {
                     tasks: self.tasks.unwrap_or(policies.slurm.tasks),
                     gres: !fake,
                     policy: policies.slurm.clone(),
@@ -151,10 +151,10 @@ impl RunArgs {
             devices: self.gpus.clone(),
             budget,
             commit: self.commit,
-            strategy: crate::plan::Strategy::Exhaustive,
-            run: run::RunState::default(),
+            strategy: crate::model::plan::Strategy::Exhaustive,
+            run: shared::RunState::default(),
             when_busy: when_busy(self.wait),
-            reuse: self.reuse.then_some(crate::run::Reuse {
+            reuse: self.reuse.then_some(crate::run::shared::Reuse {
                 confirm: self.confirm.unwrap_or(0),
             }),
         })
@@ -179,7 +179,7 @@ impl RunArgs {
         }
         if outcome.interrupted {
             // 128 + the signal, as the shell reports a process it killed: 130 Ctrl-C, 143 SIGTERM.
-            ExitCode::from(crate::stop::exit_code())
+            ExitCode::from(crate::os::stop::exit_code())
         } else {
             ExitCode::SUCCESS
         }
@@ -212,16 +212,19 @@ impl From<&GpuArgs> for RunArgs {
     }
 }
 
-pub(super) fn when_busy(wait: bool) -> run::WhenBusy {
+pub(super) fn when_busy(wait: bool) -> shared::WhenBusy {
     if wait {
-        run::WhenBusy::Wait
+        shared::WhenBusy::Wait
     } else {
-        run::WhenBusy::Refuse
+        shared::WhenBusy::Refuse
     }
 }
 
 /// The worker double with `--fake-gpu`, else the GPU worker.
-pub(super) fn executor(fake_gpu: bool, policies: &crate::config::Policies) -> Result<Executor> {
+pub(super) fn executor(
+    fake_gpu: bool,
+    policies: &crate::model::config::Policies,
+) -> Result<Executor> {
     let probe = Duration::from_secs(PROBE_TIMEOUT_S);
     if fake_gpu {
         Executor::fake(probe, &policies.build.default_arch)
@@ -238,7 +241,7 @@ const PROBE_TIMEOUT_S: u64 = 60;
 struct JsonLines;
 
 impl Reporter for JsonLines {
-    fn on_entry(&mut self, entry: &crate::runlog::Entry) {
+    fn on_entry(&mut self, entry: &crate::log::runlog::Entry) {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         if serde_json::to_writer(&mut out, entry).is_ok() {

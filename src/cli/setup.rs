@@ -1,6 +1,6 @@
 //! `flashtune setup`: find nvcc (or install the pinned one) and prove it compiles a kernel.
-use crate::config::ProjectPaths;
 use crate::error::Result;
+use crate::model::config::ProjectPaths;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -14,11 +14,11 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     let Args { arch } = args;
     let arch = match arch {
         Some(a) => a,
-        None => crate::config::Policies::load(&paths.policies())
+        None => crate::model::config::Policies::load(&paths.policies())
             .map(|(p, _)| p.build.default_arch)
             .unwrap_or_else(|_| "sm_90a".into()),
     };
-    let (source, tc) = crate::toolchain::setup(&paths.root, &arch)?;
+    let (source, tc) = crate::os::toolchain::setup(&paths.root, &arch)?;
     println!(
         "nvcc: {} ({}), found by {}; it compiles for {arch}",
         tc.nvcc.display(),

@@ -1,7 +1,7 @@
 //! `flashtune show-attempt`: an earlier attempt's patch, or the whole attempt as JSON.
 use crate::cli::output::answer_json;
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
 use std::process::ExitCode;
 
 #[derive(clap::Args)]

@@ -1,8 +1,8 @@
 //! `flashtune step`: judge proposed edits under kernels/ step by step, or run an agent session.
 use crate::cli::output::{answer_json, session_finished_text};
 use crate::cli::run_options::{executor, when_busy};
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
+use crate::model::config::ProjectPaths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -84,7 +84,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     } = args;
     // The run folder, the stop rule that ended an agent session early, and the last words.
     let ran = async {
-        let (policies, _) = crate::config::Policies::load(&paths.policies())?;
+        let (policies, _) = crate::model::config::Policies::load(&paths.policies())?;
         let executor = executor(fake_gpu, &policies)?;
         let session_only =
             max_cost_usd.is_some() || stop_at_roof.is_some() || patience.is_some();

@@ -1,10 +1,10 @@
 //! `flashtune tune`: plan, build, check and time a variant space.
 use crate::cli::run_options::{FullRunArgs, RunArgs};
-use crate::config::ProjectPaths;
-use crate::engine;
 use crate::error::Result;
-use crate::plan::Strategy;
-use crate::run::TuneOptions;
+use crate::model::config::ProjectPaths;
+use crate::model::plan::Strategy;
+use crate::run::engine;
+use crate::run::shared::TuneOptions;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -22,7 +22,7 @@ pub(super) fn run(args: &Args) -> ExitCode {
     } = args;
     match fake {
         // The double touches no GPU: nothing to lock.
-        Some(arch) => crate::fakegpu::serve(arch, *device),
-        None => crate::worker::serve(*device, *slurm_step),
+        Some(arch) => crate::gpu::fakegpu::serve(arch, *device),
+        None => crate::gpu::worker::serve(*device, *slurm_step),
     }
 }

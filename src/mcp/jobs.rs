@@ -1,7 +1,7 @@
 //! Jobs: a judge or a profile runs as a child `flashtune` on the GPU, one at a time; a call waits
 //! for it a bounded time, telling the client every few seconds that it is alive.
 use super::{refusal, stopped, Job, JobState, Stops, Workbench, PROGRESS_EVERY};
-use crate::runlog::Record;
+use crate::log::runlog::Record;
 use rmcp::model::{CallToolResult, ProgressNotificationParam, RequestMetaObject};
 use rmcp::{Peer, RoleServer};
 use serde_json::{json, Value};
@@ -61,7 +61,7 @@ impl Workbench {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        crate::build::die_with_parent(&mut cmd);
+        crate::gpu::build::die_with_parent(&mut cmd);
         // Started under the lock: the job's pid is known to whoever stops the server next.
         let child = cmd.spawn();
         jobs.next += 1;
@@ -126,7 +126,7 @@ impl Workbench {
     /// for its records, and only then SIGKILL; another stop signal to the server skips ahead. A judge
     /// whose run did not log its own end then gets its `interrupted` record and its edit restored.
     ///
-    /// [`stop::GRACE_S`]: crate::stop::GRACE_S
+    /// [`stop::GRACE_S`]: crate::os::stop::GRACE_S
     pub(super) async fn stop_running_job(&self, why: &str, mut stops: watch::Receiver<Stops>) {
         let running = {
             let jobs = self.jobs.lock().expect("jobs lock");
@@ -142,7 +142,10 @@ impl Workbench {
         let mut state = job.state.clone();
         let stages = [
             (libc::SIGTERM, FIRST_TERM_WAIT),
-            (libc::SIGTERM, Duration::from_secs(crate::stop::GRACE_S + 5)),
+            (
+                libc::SIGTERM,
+                Duration::from_secs(crate::os::stop::GRACE_S + 5),
+            ),
             (libc::SIGKILL, Duration::from_secs(5)),
         ];
         let mut signalled = false;
@@ -184,7 +187,7 @@ impl Workbench {
             return;
         };
         let path = run_dir.join("log.jsonl");
-        let log = match crate::runlog::read(&path) {
+        let log = match crate::log::runlog::read(&path) {
             Ok(log) => log,
             Err(e) => {
                 eprintln!("flashtune mcp: cannot read the judge's run log: {e}");
@@ -207,7 +210,7 @@ impl Workbench {
             });
         let reason = match edit.filter(|files| !files.is_empty()) {
             None => format!("{why} before the judge took the edit in; the edit is left as it was"),
-            Some(files) => match crate::vcs::restore_paths(&self.root, &files) {
+            Some(files) => match crate::os::vcs::restore_paths(&self.root, &files) {
                 Ok(()) => format!(
                     "{why} while the judge ran; its edit was restored to HEAD ({}), its patch kept in attempts/",
                     files.join(", ")
@@ -220,7 +223,7 @@ impl Workbench {
             },
         };
         eprintln!("flashtune mcp: {reason}");
-        let logged = crate::runlog::RunLog::reopen(&path, &log)
+        let logged = crate::log::runlog::RunLog::reopen(&path, &log)
             .and_then(|mut l| l.append(Record::Interrupted { reason }));
         if let Err(e) = logged {
             eprintln!(
@@ -236,7 +239,7 @@ impl Workbench {
             .runs_newest_first()
             .into_iter()
             .find(|d| !before.contains(d))?;
-        let log = crate::runlog::read(&dir.join("log.jsonl")).ok()?;
+        let log = crate::log::runlog::read(&dir.join("log.jsonl")).ok()?;
         let (_, last) = log.entries.last()?;
         let value = serde_json::to_value(&last.record).ok()?;
         let event = value.get("event")?.as_str()?.to_owned();
@@ -325,7 +328,7 @@ pub(super) struct Ended {
 }
 
 fn tail(text: &str, lines: usize) -> String {
-    crate::build::log_tail(text, lines)
+    crate::gpu::build::log_tail(text, lines)
 }
 
 /// A finished `flashtune judge --json`: its verdict document, or its error document with the
@@ -392,7 +395,7 @@ pub(super) fn read_profile(
             true,
         );
     }
-    let read = crate::engine::read_run(run_dir);
+    let read = crate::run::engine::read_run(run_dir);
     let Ok((log, header)) = read else {
         return (
             crate::agent::error_document(

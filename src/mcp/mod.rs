@@ -18,10 +18,10 @@
 //! to poll with `judge_status`, so no client's tool timeout cuts a verdict in half. A client that
 //! disconnects (or a stop signal to the server) ends a running job as a stop request ends a run: a
 //! judge's run gets its `interrupted` record and its edit is restored, then the server exits.
-use crate::config::ProjectPaths;
 use crate::error::{Error, Result};
-use crate::run::Project;
-use crate::runlog::Record;
+use crate::log::runlog::Record;
+use crate::model::config::ProjectPaths;
+use crate::run::shared::Project;
 use rmcp::handler::server::{router::tool::ToolRouter, wrapper::Parameters};
 use rmcp::model::{
     CallToolResult, Implementation, RequestMetaObject, ServerCapabilities, ServerConfig,
@@ -83,7 +83,7 @@ pub async fn serve(opts: McpOptions) -> Result<()> {
         _ = stopped(&mut signalled, 0) => {
             token.cancel();
             let signo = stops.borrow().first;
-            (waiting.await, format!("flashtune mcp got {}", crate::stop::describe(signo)))
+            (waiting.await, format!("flashtune mcp got {}", crate::os::stop::describe(signo)))
         }
     };
     bench.stop_running_job(&why, stops).await;
@@ -528,7 +528,7 @@ impl Workbench {
                 }
             },
         };
-        let (log, header) = match crate::engine::read_run(&run_dir) {
+        let (log, header) = match crate::run::engine::read_run(&run_dir) {
             Ok(x) => x,
             Err(e) => return Ok(refusal("bad_run", e.to_string(), json!({}))),
         };
@@ -779,21 +779,21 @@ impl Workbench {
             .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
             .unwrap_or_default();
         runs.retain(|p| p.join("log.jsonl").is_file());
-        crate::runlog::sort_by_start(&mut runs);
+        crate::log::runlog::sort_by_start(&mut runs);
         runs.reverse();
         runs
     }
 
     fn newest_run_timing(&self, variant: &str) -> Option<PathBuf> {
         self.runs_newest_first().into_iter().find(|dir| {
-            crate::runlog::read(&dir.join("log.jsonl"))
+            crate::log::runlog::read(&dir.join("log.jsonl"))
                 .is_ok_and(|log| timed_variants(&log).iter().any(|v| v == variant))
         })
     }
 
     /// Every variant of every space beside the default one (`variants/*.toml`).
     fn project_variants(&self) -> Vec<String> {
-        let Ok((policies, _)) = crate::config::Policies::load(&self.paths.policies()) else {
+        let Ok((policies, _)) = crate::model::config::Policies::load(&self.paths.policies()) else {
             return Vec::new();
         };
         let default = self.paths.resolve(&policies.default_space);
@@ -806,7 +806,7 @@ impl Workbench {
         files.retain(|p| p.extension().is_some_and(|e| e == "toml"));
         files
             .iter()
-            .filter_map(|p| crate::space::Space::load(p).ok()?.variants().ok())
+            .filter_map(|p| crate::model::space::Space::load(p).ok()?.variants().ok())
             .flatten()
             .map(|v| v.id)
             .collect()
@@ -816,7 +816,7 @@ impl Workbench {
         let mut all: Vec<String> = self
             .runs_newest_first()
             .iter()
-            .filter_map(|dir| crate::runlog::read(&dir.join("log.jsonl")).ok())
+            .filter_map(|dir| crate::log::runlog::read(&dir.join("log.jsonl")).ok())
             .flat_map(|log| timed_variants(&log))
             .collect();
         all.sort();
@@ -825,7 +825,7 @@ impl Workbench {
     }
 }
 
-fn timed_variants(log: &crate::runlog::LoadedLog) -> Vec<String> {
+fn timed_variants(log: &crate::log::runlog::LoadedLog) -> Vec<String> {
     let mut v: Vec<String> = log
         .entries
         .iter()

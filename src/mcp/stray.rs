@@ -1,7 +1,7 @@
 //! Changes outside the edit scope that the agent made while the server ran: undone with the edit,
 //! and the refusal logged as a run of its own, its patch kept, like any judged edit.
 use super::{refusal, to_value, JudgeArgs, Workbench};
-use crate::run::Project;
+use crate::run::shared::Project;
 use rmcp::model::CallToolResult;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ impl Workbench {
         project: Option<&Project>,
         args: &JudgeArgs,
     ) -> Option<CallToolResult> {
-        let changed = match crate::vcs::changed_against_head(&self.root) {
+        let changed = match crate::os::vcs::changed_against_head(&self.root) {
             Ok(c) => c,
             Err(e) => {
                 return Some(refusal(
@@ -42,7 +42,7 @@ impl Workbench {
         }
         let restored: Vec<String> = inside.iter().chain(&stray).cloned().collect();
         // The edit's patch before it is undone: the history keeps it like any judged edit's.
-        let base = crate::vcs::head(&self.root)
+        let base = crate::os::vcs::head(&self.root)
             .map(|h| h.trim_end_matches("-dirty").to_owned())
             .unwrap_or_default();
         let diff = crate::step::diff_against(
@@ -67,7 +67,7 @@ impl Workbench {
                 None => to_head.push(p.clone()),
             }
         }
-        if let Err(e) = crate::vcs::restore_paths(&self.root, &to_head) {
+        if let Err(e) = crate::os::vcs::restore_paths(&self.root, &to_head) {
             failed.push(e.message().to_owned());
         }
         let reason = format!(
@@ -111,7 +111,7 @@ impl Workbench {
 
 /// Every changed path outside `runs/` with its content now (None: deleted).
 pub(super) fn outside_scope_now(root: &Path) -> Option<BTreeMap<String, Option<Vec<u8>>>> {
-    let changed = crate::vcs::changed_against_head(root).ok()?;
+    let changed = crate::os::vcs::changed_against_head(root).ok()?;
     Some(
         changed
             .into_iter()

@@ -3,8 +3,8 @@
 //! the champion's Nsight Compute profile: its speed of light and the bottleneck with its evidence.
 use super::history::{logs_where, HistoryEntry, LogMeta};
 use super::{Bottleneck, CaseContext, PackCase, PackInput, Sourced};
-use crate::config::Dtype;
-use crate::runlog::{self, Record};
+use crate::log::runlog::{self, Record};
+use crate::model::config::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -25,7 +25,7 @@ pub struct SpeedOfLight {
 }
 
 impl SpeedOfLight {
-    pub fn of(k: &crate::profile::KernelProfile) -> SpeedOfLight {
+    pub fn of(k: &crate::gpu::profile::KernelProfile) -> SpeedOfLight {
         SpeedOfLight {
             sm_pct: k.get("sm__throughput.avg.pct_of_peak_sustained_elapsed"),
             dram_pct: k.get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
@@ -69,7 +69,7 @@ pub fn has_profile(
             log.entries.iter().any(|(_, e)| {
                 matches!(&e.record, Record::Profiled {
                     variant: v, shape: s, dtype: d, sources: src,
-                    profile: crate::profile::ProfileOutcome::Profiled { .. },
+                    profile: crate::gpu::profile::ProfileOutcome::Profiled { .. },
                 } if v == variant && s == shape && *d == dtype
                     && src.as_deref().unwrap_or(&m.kernel_sources_hash) == sources)
             })
@@ -149,7 +149,7 @@ pub(super) fn case_context(
                     shape,
                     dtype,
                     profile:
-                        crate::profile::ProfileOutcome::Profiled {
+                        crate::gpu::profile::ProfileOutcome::Profiled {
                             kernels,
                             bottlenecks,
                             ..

@@ -1,9 +1,9 @@
 //! The step history: every in-place step and agent candidate that any run log of the project holds,
 //! with its idea, its patch (whole, in the run folder) and how the key metrics moved.
 use super::HISTORY_PATCHES;
-use crate::config::Dtype;
-use crate::runlog::{self, Record};
-use crate::runlog::{Idea, SealedLog};
+use crate::log::runlog::{self, Record};
+use crate::log::runlog::{Idea, SealedLog};
+use crate::model::config::Dtype;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -259,7 +259,7 @@ struct Resources {
 }
 
 impl Resources {
-    fn take(&mut self, entries: &[crate::ptxas::EntryResources]) {
+    fn take(&mut self, entries: &[crate::gpu::ptxas::EntryResources]) {
         for e in entries {
             self.registers = self.registers.max(u64::from(e.registers));
             self.spill_bytes = self.spill_bytes.max(e.spill_bytes());

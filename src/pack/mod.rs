@@ -2,9 +2,9 @@
 //!
 //! Everything here is read from `runs/*/log.jsonl` (and HEAD's tree, through the caller): a figure
 //! names the run and log line it came from, and a figure no log holds is written as unknown.
-use crate::config::{Dtype, Policies, Shape};
-use crate::protocol::DeviceInfo;
-use crate::roofs::Roofs;
+use crate::model::config::{Dtype, Policies, Shape};
+use crate::model::protocol::DeviceInfo;
+use crate::report::roofs::Roofs;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;

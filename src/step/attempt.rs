@@ -1,7 +1,7 @@
 //! What an attempt leaves behind whatever its verdict: its diff against the base (the whole patch in
 //! the run folder, a bounded one in the log) and a one-line summary of its idea.
 use crate::error::{Error, Result};
-use crate::runlog::Idea;
+use crate::log::runlog::Idea;
 use anyhow::{anyhow, Context};
 use std::path::Path;
 

@@ -51,7 +51,7 @@ impl Candidate {
                         .map(|e| e.filemode() as u32)
                         .unwrap_or(0o100644);
                     index
-                        .add(&crate::vcs::index_entry(file, blob, bytes.len(), mode))
+                        .add(&crate::os::vcs::index_entry(file, blob, bytes.len(), mode))
                         .map_err(&cannot)?;
                 }
                 Ok(_) => {
@@ -97,7 +97,7 @@ impl Candidate {
         let cannot = git("cannot commit the edit");
         let tree = repo.find_tree(self.tree).map_err(&cannot)?;
         let parent = repo.find_commit(self.base).map_err(&cannot)?;
-        let sig = crate::vcs::signature(repo).map_err(&cannot)?;
+        let sig = crate::os::vcs::signature(repo).map_err(&cannot)?;
         let commit = match refname {
             Some(name) => {
                 let id = repo
@@ -117,7 +117,7 @@ impl Candidate {
                         Ok(entry) => {
                             let blob = repo.find_blob(entry.id()).map_err(&cannot)?;
                             index
-                                .add(&crate::vcs::index_entry(
+                                .add(&crate::os::vcs::index_entry(
                                     file,
                                     entry.id(),
                                     blob.content().len(),
@@ -211,7 +211,7 @@ pub(crate) fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Ve
             .unwrap_or(&file)
             .display()
             .to_string();
-        for name in crate::build::quoted_includes(&text) {
+        for name in crate::gpu::build::quoted_includes(&text) {
             if Path::new(&name).is_absolute() {
                 out.push(format!("{shown} includes \"{name}\", an absolute path"));
                 continue;

@@ -2,15 +2,15 @@
 use super::candidate::{includes_outside, Candidate};
 use super::report::DuelRow;
 use super::{Pairing, Session, EDIT_SCOPE};
-use crate::build::{BuildOutput, BuildSpec, Builder};
-use crate::decide::{self, Verdict};
 use crate::error::{Error, Result};
-use crate::protocol::{
+use crate::gpu::build::{BuildOutput, BuildSpec, Builder};
+use crate::gpu::decide::{self, Verdict};
+use crate::log::runlog::Record;
+use crate::model::protocol::{
     CaseSpec, DuelPair, DuelRequest, DuelResult, ForwardKernel, MeasureSpec, ReferenceKernel,
 };
-use crate::run::{self, Events, Project, UnitKey};
-use crate::runlog::Record;
-use crate::space::REFERENCE;
+use crate::model::space::REFERENCE;
+use crate::run::shared::{self, Events, Project, UnitKey};
 use anyhow::anyhow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,7 @@ impl Session<'_> {
         };
         let specs = self.specs(pairings, tree, tag);
         let order = specs.iter().map(|(k, _)| k.clone()).collect();
-        let (tasks, rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+        let (tasks, rx) = crate::run::scheduler::spawn_builds_with(builder, jobs, specs);
         PendingBuild { tasks, rx, order }
     }
 
@@ -160,7 +160,7 @@ impl Session<'_> {
         for p in pairings {
             let id = &p.point.variant.id;
             // Fresh inputs every step: an edit cannot be fitted to inputs it has seen.
-            let seed = run::input_seed(
+            let seed = shared::input_seed(
                 self.seed ^ u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15),
                 &p.shape,
                 p.dtype,
@@ -194,7 +194,8 @@ impl Session<'_> {
             seen: vec![false; pairings.len()],
             logged: Ok(()),
         };
-        let answered = crate::executor::WorkerOutcome::ended(crate::executor::WorkerEnd::Clean);
+        let answered =
+            crate::gpu::executor::WorkerOutcome::ended(crate::gpu::executor::WorkerEnd::Clean);
         let outcome = self
             .opts
             .executor
@@ -259,10 +260,10 @@ impl Session<'_> {
     fn judge_one(
         &self,
         result: Option<&DuelResult>,
-        outcome: &crate::executor::WorkerOutcome,
+        outcome: &crate::gpu::executor::WorkerOutcome,
         p: &Pairing,
-    ) -> crate::duel::PairOutcome {
-        crate::duel::judge_pair(
+    ) -> crate::run::duel::PairOutcome {
+        crate::run::duel::judge_pair(
             result,
             outcome,
             self.project.policies.step.threshold,
@@ -279,7 +280,7 @@ impl Session<'_> {
         (n, candidate, label): (u32, Option<u32>, &str),
         p: &Pairing,
         seed: u64,
-        judged: crate::duel::PairOutcome,
+        judged: crate::run::duel::PairOutcome,
         events: &mut Events,
         duels: &mut Vec<DuelRow>,
         verdicts: &mut Vec<(String, Verdict)>,
@@ -292,7 +293,7 @@ impl Session<'_> {
         if failure.is_none() {
             *failure = judged.failure.as_ref().map(|w| format!("{case}: {w}"));
         }
-        let us = |t: &Option<crate::protocol::TimingStats>| {
+        let us = |t: &Option<crate::model::protocol::TimingStats>| {
             t.as_ref()
                 .map_or("—".to_owned(), |t| format!("{:.2} µs", t.median_us))
         };
@@ -350,11 +351,12 @@ pub(super) async fn build_logged(
     events: &mut Events,
 ) -> Result<Vec<(UnitKey, std::result::Result<BuildOutput, String>)>> {
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
-    let (_tasks, mut rx) = crate::scheduler::spawn_builds_with(builder, jobs, specs);
+    let (_tasks, mut rx) = crate::run::scheduler::spawn_builds_with(builder, jobs, specs);
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
         events.emit(Record::build_outcome(&variant, dtype, head_dim, &result))?;
-        let result = result.map_err(|f| format!("{f}\n{}", crate::build::log_tail(f.log(), 12)));
+        let result =
+            result.map_err(|f| format!("{f}\n{}", crate::gpu::build::log_tail(f.log(), 12)));
         done.insert((variant, dtype, head_dim), result);
     }
     Ok(order
@@ -366,7 +368,7 @@ pub(super) async fn build_logged(
 /// Edit builds in flight, and what they are judged by once done.
 pub(crate) struct PendingBuild {
     tasks: tokio::task::JoinSet<()>,
-    rx: tokio::sync::mpsc::UnboundedReceiver<crate::scheduler::BuildResult>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<crate::run::scheduler::BuildResult>,
     order: Vec<UnitKey>,
 }
 
@@ -396,7 +398,7 @@ pub(crate) async fn collect_builds(
                     key.0,
                     key.1,
                     key.2,
-                    crate::build::log_tail(f.log(), 12)
+                    crate::gpu::build::log_tail(f.log(), 12)
                 )))
             }
             Some(Ok(out)) => {

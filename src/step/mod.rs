@@ -4,16 +4,16 @@
 //! champion table and the reference kernel, which is the oracle). HEAD's kernels are built from a
 //! copy of HEAD's tree, the edit from the working tree into a cache of its own; both are checked
 //! against HEAD's reference on fresh inputs before the interleaved re-timing decides.
-use crate::build::{BuildSpec, Builder};
-use crate::champions::Table;
-use crate::config::{Dtype, ProjectPaths, Shape};
-use crate::decide;
 use crate::error::{Error, Result};
-use crate::executor::Executor;
-use crate::protocol::*;
-use crate::run::{self, Events, Project, UnitKey};
-use crate::runlog::{Idea, Record, RunLog};
-use crate::space::{DeviceLimits, PlannedPoint, REFERENCE};
+use crate::gpu::build::{BuildSpec, Builder};
+use crate::gpu::decide;
+use crate::gpu::executor::Executor;
+use crate::log::runlog::{Idea, Record, RunLog};
+use crate::model::config::{Dtype, ProjectPaths, Shape};
+use crate::model::protocol::*;
+use crate::model::space::{DeviceLimits, PlannedPoint, REFERENCE};
+use crate::report::champions::Table;
+use crate::run::shared::{self, Events, Project, UnitKey};
 use anyhow::{anyhow, Context};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -56,7 +56,7 @@ pub struct StepOptions {
     pub device: u32,
     pub executor: Executor,
     /// Queue behind another flashtune run that holds the GPU, or refuse at once.
-    pub when_busy: run::WhenBusy,
+    pub when_busy: shared::WhenBusy,
     /// Print nothing on stdout (the caller prints the verdict itself, e.g. as JSON).
     pub quiet: bool,
     /// What the edit tries, in one line (`judge --idea`, the MCP judge's `idea`): the history's entry.
@@ -146,7 +146,7 @@ pub(crate) struct Bench {
     pub(crate) run_dir: PathBuf,
     /// The step run's input seed; each step draws its own sets from it.
     pub(crate) seed: u64,
-    pub(crate) roofs: crate::roofs::Roofs,
+    pub(crate) roofs: crate::report::roofs::Roofs,
     _locks: Vec<std::fs::File>,
 }
 
@@ -169,7 +169,7 @@ impl Bench {
                 "{reason}\n`flashtune step` times kernels on an NVIDIA GPU; `--fake-gpu` runs it with the test double"
             ))
         })?;
-        let locks = run::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
+        let locks = shared::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
         let mut bench = Bench {
             project,
             root,
@@ -177,22 +177,22 @@ impl Bench {
             run_id: String::new(),
             run_dir: PathBuf::new(),
             seed: 0,
-            roofs: crate::roofs::Roofs::default(),
+            roofs: crate::report::roofs::Roofs::default(),
             _locks: locks,
         };
         if let Some(run_dir) = resume {
-            let loaded = crate::runlog::read(&run_dir.join("log.jsonl"))?;
+            let loaded = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
             let header = loaded
                 .header()
                 .ok_or_else(|| Error::BadInput(format!("{} has no header", run_dir.display())))?;
             bench.run_id = header.run_id.clone();
             bench.seed = header.run_seed.unwrap_or(0);
             bench.run_dir = run_dir.to_path_buf();
-            bench.roofs = crate::roofs::Roofs::from_log(&loaded);
+            bench.roofs = crate::report::roofs::Roofs::from_log(&loaded);
             let log = RunLog::reopen(&run_dir.join("log.jsonl"), &loaded)?;
             return Ok((bench, Events::new(log, Vec::new())));
         }
-        bench.run_id = run::new_run_id();
+        bench.run_id = shared::new_run_id();
         bench.run_dir = bench.project.paths.runs().join(&bench.run_id);
         // A champion that cannot be found is a usage error, reported before any run folder exists.
         bench.session(opts).champions(&repo)?;
@@ -211,12 +211,12 @@ impl Bench {
         let log = RunLog::create(&bench.run_dir.join("log.jsonl"))?;
         let mut events = Events::new(log, Vec::new());
         // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
-        let strategy = crate::plan::Strategy::default();
-        let mut head = run::header(&bench.project, &bench.device, &bench.run_id, &strategy);
-        bench.seed = run::fresh_run_seed(bench.project.policies.measure.seed, &bench.run_id);
+        let strategy = crate::model::plan::Strategy::default();
+        let mut head = shared::header(&bench.project, &bench.device, &bench.run_id, &strategy);
+        bench.seed = shared::fresh_run_seed(bench.project.policies.measure.seed, &bench.run_id);
         head.run_seed = Some(bench.seed);
         events.emit(Record::Header(Box::new(head)))?;
-        bench.roofs = run::measure_roofs(
+        bench.roofs = shared::measure_roofs(
             &bench.project,
             opts.device,
             &opts.executor,
@@ -294,7 +294,9 @@ pub(crate) fn oracle_sources(project: &Project) -> Vec<String> {
     let root = &project.paths.root;
     let root_abs = root.canonicalize().unwrap_or_else(|_| root.clone());
     // A closure that cannot be read (the file is gone) protects what it names and no more.
-    for file in crate::build::include_closure(&root.join(&family.reference)).unwrap_or_default() {
+    for file in
+        crate::gpu::build::include_closure(&root.join(&family.reference)).unwrap_or_default()
+    {
         if let Ok(rel) = file.strip_prefix(&root_abs) {
             let rel = rel.to_string_lossy().into_owned();
             if !out.contains(&rel) {
@@ -382,7 +384,7 @@ pub(crate) fn in_scope(project: &Project, path: &str) -> bool {
 
 /// Changed paths against HEAD (untracked included), split into the edit scope and the rest; runs/ is flashtune's own.
 pub(crate) fn changes(project: &Project, root: &Path) -> Result<(Vec<String>, Vec<String>)> {
-    let all = crate::vcs::changed_against_head(root)
+    let all = crate::os::vcs::changed_against_head(root)
         .map_err(|e| Error::Other(anyhow!("git status: {}", e.message())))?;
     Ok(all
         .into_iter()
@@ -435,7 +437,7 @@ pub(crate) struct Session<'a> {
     /// The step run's input seed; each step draws its own sets from it.
     pub(crate) seed: u64,
     /// Roofs measured at the start of the step run: an edit whose figure passes one is rejected.
-    pub(crate) roofs: crate::roofs::Roofs,
+    pub(crate) roofs: crate::report::roofs::Roofs,
 }
 
 /// HEAD's champion for one (shape, dtype), built from HEAD's sources.
@@ -469,7 +471,7 @@ impl Session<'_> {
         let mut duels = Vec::new();
         let proposed = match &self.opts.proposer {
             Some(command) => {
-                let sources = crate::run::kernel_sources_hash(project, Some(&head_tree));
+                let sources = crate::run::shared::kernel_sources_hash(project, Some(&head_tree));
                 self.profile_champions(&pairings, &head_cubins, &sources, events)
                     .await?;
                 let p = self
@@ -581,7 +583,7 @@ impl Session<'_> {
             restore(self.root, &inside)?;
             let refused = proposed
                 .as_ref()
-                .and_then(|p| crate::sandbox::refusal_note(&p.output, EDIT_SCOPE))
+                .and_then(|p| crate::run::sandbox::refusal_note(&p.output, EDIT_SCOPE))
                 .map_or(String::new(), |note| format!("; {note}"));
             Outcome::rejected(
                 format!("the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged{refused}"),
@@ -834,7 +836,7 @@ impl Session<'_> {
 
     async fn run_proposer(&self, n: u32, command: &str, last: Option<&Decided>) -> Result<Record> {
         let timeout = Duration::from_secs(self.project.policies.step.proposer_timeout_s);
-        let mut cmd = crate::stop::guarded_shell(command)
+        let mut cmd = crate::os::stop::guarded_shell(command)
             .with_context(|| format!("cannot start the proposer `{command}`"))?;
         cmd.current_dir(self.root)
             .env("FLASHTUNE_STEP", n.to_string())
@@ -866,7 +868,7 @@ impl Session<'_> {
             .kill_on_drop(true);
         // It writes the edit scope and a scratch folder, nothing else (src/sandbox.rs).
         let scope = self.root.join(EDIT_SCOPE);
-        let _scratch = crate::sandbox::confine(
+        let _scratch = crate::run::sandbox::confine(
             &mut cmd,
             self.project,
             self.opts.executor.exe(),
@@ -877,7 +879,7 @@ impl Session<'_> {
         let child = cmd
             .spawn()
             .with_context(|| format!("cannot start the proposer `{command}`"))?;
-        let group = crate::build::ProcessGroup(child.id());
+        let group = crate::gpu::build::ProcessGroup(child.id());
         let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
         // Nothing it left running in the background may edit files while the step is judged.
         drop(group);
@@ -904,7 +906,7 @@ impl Session<'_> {
             seconds: started.elapsed().as_secs_f64(),
             status,
             timed_out,
-            output_tail: crate::build::log_tail(&output, 40),
+            output_tail: crate::gpu::build::log_tail(&output, 40),
         })
     }
 }
@@ -976,7 +978,10 @@ pub(crate) fn champions_for(
 }
 
 /// The champion table as HEAD has it; none when HEAD has no table.
-fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champions::Champion>> {
+fn head_table(
+    repo: &git2::Repository,
+    path: &str,
+) -> Result<Vec<crate::report::champions::Champion>> {
     let tree = repo
         .head()
         .and_then(|h| h.peel_to_tree())
@@ -988,6 +993,6 @@ fn head_table(repo: &git2::Repository, path: &str) -> Result<Vec<crate::champion
         .find_blob(entry.id())
         .map_err(|e| Error::Other(anyhow!("{path} at HEAD: {}", e.message())))?;
     let text = String::from_utf8_lossy(blob.content());
-    let table: Table = crate::config::parse_toml(Path::new(&format!("HEAD:{path}")), &text)?;
+    let table: Table = crate::model::config::parse_toml(Path::new(&format!("HEAD:{path}")), &text)?;
     Ok(table.champion)
 }

@@ -3,8 +3,8 @@
 //! synthetic figures on the fake GPU) and logged with the sources it is of, for the context pack.
 use super::{Pairing, Session};
 use crate::error::Result;
-use crate::run::{self, Events, UnitKey};
-use crate::runlog::Record;
+use crate::log::runlog::Record;
+use crate::run::shared::{self, Events, UnitKey};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -37,9 +37,9 @@ impl Session<'_> {
                 continue;
             }
             let key = (format!("{variant}@head"), p.dtype, p.point.head_dim);
-            let seed = run::input_seed(self.seed, &p.shape, p.dtype);
+            let seed = shared::input_seed(self.seed, &p.shape, p.dtype);
             let spec = self.case_spec(p, &head_cubins[&key], head_cubins, seed);
-            let outcome = run::profile_now(
+            let outcome = shared::profile_now(
                 self.project,
                 self.device,
                 self.run_dir,
@@ -54,7 +54,7 @@ impl Session<'_> {
             eprintln!(
                 "champion {variant} on {case}: {}",
                 match &outcome {
-                    crate::profile::ProfileOutcome::Profiled { bottlenecks, .. } =>
+                    crate::gpu::profile::ProfileOutcome::Profiled { bottlenecks, .. } =>
                         if bottlenecks.is_empty() {
                             "profiled, no bottleneck rule matched".to_owned()
                         } else {

@@ -1,9 +1,9 @@
 //! What a step says: its Markdown section and the commit message of an accepted edit.
 use super::tree::short;
 use super::Session;
-use crate::config::Dtype;
-use crate::decide::{self, Verdict};
-use crate::protocol::DeviceInfo;
+use crate::gpu::decide::{self, Verdict};
+use crate::model::config::Dtype;
+use crate::model::protocol::DeviceInfo;
 use std::fmt::Write as _;
 
 impl Session<'_> {

@@ -3,7 +3,7 @@
 //! `runs/`, left untracked, or changed in the working tree is refused by name: an agent could write
 //! any of those, and a space limited to the shapes where its edit wins turns a loss into a win.
 use crate::error::{Error, Result};
-use crate::run::Project;
+use crate::run::shared::Project;
 use std::path::Path;
 
 /// Refuse unless the policies and the space `project` holds (the texts it was loaded from, so no

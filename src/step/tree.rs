@@ -33,7 +33,7 @@ pub(crate) fn put_head_back(repo: &git2::Repository, reference: &str, commit: &s
 }
 
 pub(crate) fn restore(root: &Path, paths: &[String]) -> Result<()> {
-    crate::vcs::restore_paths(root, paths).map_err(|e| {
+    crate::os::vcs::restore_paths(root, paths).map_err(|e| {
         Error::Other(anyhow!(
             "cannot restore {}: {}",
             paths.join(", "),

@@ -2,8 +2,8 @@
 use crate::common;
 use common::gitstate::{dirty, file_at, head, scratch_commits};
 use common::*;
-use flashtune::runlog::Record;
-use flashtune::usage::{self, PriceTable, UsageFormat};
+use flashtune::log::runlog::Record;
+use flashtune::model::usage::{self, PriceTable, UsageFormat};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -981,7 +981,7 @@ fn history_and_profile_json_answer_what_is_not_there_with_one_error_document() {
         "{err}"
     );
     // A store that never measured the shape.
-    flashtune::store::Store::open(&dir.path().join("runs/results.sqlite")).unwrap();
+    flashtune::log::store::Store::open(&dir.path().join("runs/results.sqlite")).unwrap();
     let out = flashtune(dir.path(), &["history", "no-such-shape", "--json"]);
     let err = one_error_document(&out, 2);
     assert!(

@@ -2,7 +2,7 @@
 use crate::common;
 use common::gitstate::*;
 use common::*;
-use flashtune::runlog::Record;
+use flashtune::log::runlog::Record;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

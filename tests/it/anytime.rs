@@ -1,8 +1,8 @@
 //! Anytime runs on the fake GPU: a budget measures the first variants of the best-first order, the results store reuses what still matches and retires exactly what a kernel edit touches, and `history` follows a shape's champion across runs.
 use crate::common;
 use common::*;
-use flashtune::config::Dtype;
-use flashtune::runlog::{RankReason, Ranked, Record};
+use flashtune::log::runlog::{RankReason, Ranked, Record};
+use flashtune::model::config::Dtype;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 

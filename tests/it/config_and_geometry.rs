@@ -1,10 +1,10 @@
 //! Input that must be refused with a message (never a panic), run logs as a contract, the GPU lock, offline arch limits and the causal geometry, through the binary as a user meets them.
 use crate::common;
 use common::*;
-use flashtune::config::{Causal, Policies};
-use flashtune::engine;
 use flashtune::error::{exit_code, Error};
-use flashtune::run::{self, WhenBusy};
+use flashtune::model::config::{Causal, Policies};
+use flashtune::run::engine;
+use flashtune::run::shared::{self, WhenBusy};
 use std::path::{Path, PathBuf};
 
 fn edit(path: &Path, from: &str, to: &str) {
@@ -237,7 +237,7 @@ mod policies {
             }
         }
         let attention =
-            flashtune::space::Space::load(&repo().join("variants/attention.toml")).unwrap();
+            flashtune::model::space::Space::load(&repo().join("variants/attention.toml")).unwrap();
         let selected = attention.select_shapes(&p.shapes).unwrap();
         assert!(selected
             .iter()
@@ -245,7 +245,8 @@ mod policies {
         assert!(selected
             .iter()
             .any(|s| s.causal == Causal::BottomRight && s.sq < s.sk));
-        let smoke = flashtune::space::Space::load(&repo().join("variants/smoke.toml")).unwrap();
+        let smoke =
+            flashtune::model::space::Space::load(&repo().join("variants/smoke.toml")).unwrap();
         assert!(
             smoke
                 .select_shapes(&p.shapes)
@@ -484,8 +485,8 @@ mod commit_and_lock {
     #[test]
     fn a_busy_gpu_has_its_own_exit_code_and_wait_queues_behind_it() {
         let gpu = unused_gpu();
-        let held = run::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap();
-        let e = run::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap_err();
+        let held = shared::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap();
+        let e = shared::lock_gpus(&[gpu], false, WhenBusy::Refuse).unwrap_err();
         assert_eq!(e.exit_code(), exit_code::GPU_BUSY);
         assert_ne!(exit_code::GPU_BUSY, exit_code::BAD_INPUT);
         assert!(
@@ -497,7 +498,7 @@ mod commit_and_lock {
 
         let (tx, rx) = std::sync::mpsc::channel();
         let waiter = std::thread::spawn(move || {
-            let locks = run::lock_gpus(&[gpu], false, WhenBusy::Wait);
+            let locks = shared::lock_gpus(&[gpu], false, WhenBusy::Wait);
             tx.send(()).unwrap();
             locks
         });
@@ -528,8 +529,8 @@ mod commit_and_lock {
 
 mod offline_targets {
     use super::*;
-    use flashtune::config::ProjectPaths;
-    use flashtune::run::Project;
+    use flashtune::model::config::ProjectPaths;
+    use flashtune::run::shared::Project;
 
     /// One WMMA point, d = 128, BLOCK_N = 128: 138 496 bytes of shared memory, more than an L4's
     /// 99 KiB and less than Hopper's 227 KiB.
@@ -594,7 +595,7 @@ mod offline_targets {
             let project = Project::load(ProjectPaths::new(repo()), Some(Path::new(space))).unwrap();
             let limits = engine::offline_limits(&project, "sm_90a").unwrap();
             let planned = project.space.plan(&project.head_dims(), &limits).unwrap();
-            let sample = flashtune::plan::covering_sample(&planned);
+            let sample = flashtune::model::plan::covering_sample(&planned);
             let valid: Vec<_> = planned.iter().filter(|p| p.invalid.is_none()).collect();
             assert!(sample.iter().all(|p| p.invalid.is_none()), "{space}");
             assert!(
@@ -603,28 +604,30 @@ mod offline_targets {
                 sample.len(),
                 valid.len()
             );
-            let group = |p: &flashtune::space::PlannedPoint| {
+            let group = |p: &flashtune::model::space::PlannedPoint| {
                 (
                     p.variant.params.get("MMA").map(|v| v.to_string()),
                     p.head_dim,
                 )
             };
-            let pairs = |points: &mut dyn Iterator<Item = &flashtune::space::PlannedPoint>| {
-                points
-                    .flat_map(|p| {
-                        p.variant
-                            .params
-                            .iter()
-                            .map(move |(k, v)| (group(p), k.clone(), v.to_string()))
-                    })
-                    .collect::<BTreeSet<_>>()
-            };
+            let pairs =
+                |points: &mut dyn Iterator<Item = &flashtune::model::space::PlannedPoint>| {
+                    points
+                        .flat_map(|p| {
+                            p.variant
+                                .params
+                                .iter()
+                                .map(move |(k, v)| (group(p), k.clone(), v.to_string()))
+                        })
+                        .collect::<BTreeSet<_>>()
+                };
             let missing: Vec<_> = pairs(&mut valid.iter().copied())
                 .difference(&pairs(&mut sample.iter()))
                 .cloned()
                 .collect();
             assert!(missing.is_empty(), "{space}: never compiled: {missing:?}");
-            let smem = |p: &flashtune::space::PlannedPoint| p.launch.as_ref().unwrap().smem_bytes;
+            let smem =
+                |p: &flashtune::model::space::PlannedPoint| p.launch.as_ref().unwrap().smem_bytes;
             for g in valid.iter().map(|p| group(p)).collect::<BTreeSet<_>>() {
                 let in_group: Vec<_> = valid.iter().filter(|p| group(p) == g).collect();
                 let sampled: Vec<_> = sample.iter().filter(|p| group(p) == g).collect();
@@ -651,7 +654,8 @@ mod offline_targets {
                 let limits = engine::offline_limits(&project, arch).unwrap();
                 project.space.plan(&project.head_dims(), &limits).unwrap()
             };
-            let is_wgmma = |p: &flashtune::space::PlannedPoint| p.variant.id.starts_with("wgmma-");
+            let is_wgmma =
+                |p: &flashtune::model::space::PlannedPoint| p.variant.id.starts_with("wgmma-");
             let hopper = plan("sm_90a");
             assert!(
                 hopper.iter().any(|p| is_wgmma(p) && p.invalid.is_none()),
@@ -799,8 +803,8 @@ mod offline_targets {
 }
 
 mod geometry {
-    use flashtune::check;
-    use flashtune::config::{Causal, Dtype, Shape};
+    use flashtune::gpu::check;
+    use flashtune::model::config::{Causal, Dtype, Shape};
 
     #[test]
     fn a_row_that_sees_no_key_matches_only_when_both_sides_say_so() {

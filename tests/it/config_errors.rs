@@ -1,9 +1,9 @@
 //! Malformed policies and spaces: every error names the file, line, column and key, and the CLI exits 2.
 use crate::common;
 use common::*;
-use flashtune::config::{Dtype, Policies};
 use flashtune::error::Error;
-use flashtune::space::Space;
+use flashtune::model::config::{Dtype, Policies};
+use flashtune::model::space::Space;
 
 fn load_policies_with(edit: impl Fn(&str) -> String) -> Error {
     let dir = tempfile::tempdir().unwrap();
@@ -185,8 +185,11 @@ fn a_parameter_no_kernel_reads_is_refused_and_every_shipped_space_reads_its_own(
         if Space::load(&space).is_err() {
             continue; // Not a space (the ablation chains' helpers) or a fixture of its own.
         }
-        flashtune::run::Project::load(flashtune::config::ProjectPaths::new(repo()), Some(&space))
-            .unwrap_or_else(|e| panic!("{}: {e}", space.display()));
+        flashtune::run::shared::Project::load(
+            flashtune::model::config::ProjectPaths::new(repo()),
+            Some(&space),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", space.display()));
     }
     let dir = scratch_project();
     let smoke = dir.path().join("variants/smoke.toml");
@@ -195,8 +198,8 @@ fn a_parameter_no_kernel_reads_is_refused_and_every_shipped_space_reads_its_own(
         .replace("baseline = { ", "baseline = { FOO = 1, ")
         .replace("[params]\n", "[params]\nFOO = [1, 2]\n");
     std::fs::write(&smoke, &edited).unwrap();
-    let e = flashtune::run::Project::load(
-        flashtune::config::ProjectPaths::new(dir.path().to_path_buf()),
+    let e = flashtune::run::shared::Project::load(
+        flashtune::model::config::ProjectPaths::new(dir.path().to_path_buf()),
         Some(std::path::Path::new("variants/smoke.toml")),
     )
     .err()

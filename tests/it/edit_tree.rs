@@ -4,7 +4,7 @@
 use crate::common;
 use common::gitstate::scratch_commits;
 use common::*;
-use flashtune::runlog::Record;
+use flashtune::log::runlog::Record;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,8 +1,8 @@
 //! The exporters (CSV, JSON, T4) on fixed run logs: valid against their schema, each row traced to the log, a torn log still reported.
 use crate::common;
 use common::*;
-use flashtune::export;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runlog::{self, Record};
+use flashtune::report::export;
 
 fn fixture_log(name: &str) -> runlog::LoadedLog {
     runlog::read(&repo().join("tests/fixtures/runs").join(name)).unwrap()
@@ -17,7 +17,7 @@ fn t4_export_is_valid_against_the_schema() {
     let schema = t4_schema();
     let validator = jsonschema::validator_for(&schema).unwrap();
     for name in ["smoke-h200.log.jsonl", "smoke-killed-torn.log.jsonl"] {
-        let t4 = export::t4(&flashtune::runindex::RunIndex::new(&fixture_log(name)));
+        let t4 = export::t4(&flashtune::log::runindex::RunIndex::new(&fixture_log(name)));
         let errors: Vec<String> = validator.iter_errors(&t4).map(|e| e.to_string()).collect();
         assert!(errors.is_empty(), "{name}: {errors:?}");
         assert!(!t4["results"].as_array().unwrap().is_empty());
@@ -30,7 +30,7 @@ fn t4_export_is_valid_against_the_schema() {
 #[test]
 fn csv_has_one_row_per_case_and_traces_each_to_the_log() {
     let log = fixture_log("smoke-h200.log.jsonl");
-    let text = export::csv(&flashtune::runindex::RunIndex::new(&log));
+    let text = export::csv(&flashtune::log::runindex::RunIndex::new(&log));
     let mut reader = csv::Reader::from_reader(text.as_bytes());
     let rows: Vec<csv::StringRecord> = reader.records().map(|r| r.unwrap()).collect();
     assert_eq!(rows.len(), 4 * 6 * 2, "4 variants x 6 shapes x 2 dtypes");
@@ -53,8 +53,8 @@ fn csv_has_one_row_per_case_and_traces_each_to_the_log() {
 fn a_killed_run_with_a_torn_line_still_reports() {
     let log = fixture_log("smoke-killed-torn.log.jsonl");
     assert!(log.torn_tail);
-    let ix = flashtune::runindex::RunIndex::new(&log);
-    let md = flashtune::report::markdown(&ix);
+    let ix = flashtune::log::runindex::RunIndex::new(&log);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert!(
         md.contains("no `finished` record") && md.contains("cut short"),
         "{md}"

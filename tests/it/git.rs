@@ -1,8 +1,9 @@
 //! git2 on temporary repositories: champions committed on their own branch with trailers, a dirty table refused, kernel edits reverted or committed.
 use crate::common;
 use common::*;
-use flashtune::runlog::{self};
-use flashtune::{decide, vcs};
+use flashtune::gpu::decide;
+use flashtune::log::runlog::{self};
+use flashtune::os::vcs;
 use std::path::Path;
 
 /// A project that is its own git repository with one commit.
@@ -41,11 +42,11 @@ fn champions_are_committed_on_their_own_branch_with_trailers() {
     let out = flashtune(dir.path(), &["tune", "--fake-gpu"]);
     assert!(out.status.success(), "{}", text(&out));
     let log = runlog::read(&run_dir_from(&out).join("log.jsonl")).unwrap();
-    flashtune::champions::commit(
+    flashtune::report::champions::commit(
         dir.path(),
         "kernels/attention/tuned.toml",
         &log,
-        &flashtune::champions::from_log(&log),
+        &flashtune::report::champions::from_log(&log),
     )
     .unwrap();
     let repo = git2::Repository::open(dir.path()).unwrap();
@@ -85,7 +86,7 @@ fn champions_are_committed_on_their_own_branch_with_trailers() {
         .unwrap()
         .peel_to_blob()
         .unwrap();
-    let table: flashtune::champions::Table =
+    let table: flashtune::report::champions::Table =
         toml::from_str(std::str::from_utf8(blob.content()).unwrap()).unwrap();
     assert_eq!(table.champion.len(), 14, "7 shapes x 2 dtypes");
     assert!(table

@@ -1,7 +1,7 @@
 //! Real-GPU tests: run with FLASHTUNE_GPU_TESTS=1 on a machine with an NVIDIA GPU.
 use crate::common;
 use common::*;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runlog::{self, Record};
 use std::path::PathBuf;
 
 #[test]

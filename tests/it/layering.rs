@@ -1,67 +1,27 @@
-//! The module layering: `crate::` imports between top-level modules form no cycle, and point from a higher layer to a lower (or the same) one. ARCHITECTURE.md holds the same graph; `cargo test --test it layering:: -- --nocapture` prints it.
+//! The module layering, at two scales. Folders: `crate::` imports between the folders of `src/` (and
+//! its top-level files) form no cycle and point from a higher layer to a lower (or the same) one.
+//! Rooms: inside the layer folders, whose `mod.rs` only declares, each file or subfolder is a room,
+//! and the imports between all rooms form no cycle either. ARCHITECTURE.md holds both graphs;
+//! `cargo test --test it layering:: -- --nocapture` prints them.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Lowest first; a module may import from its own layer (if that makes no cycle) or any below.
+/// The folders (and top-level files) of `src/`, lowest first; one may import from its own layer
+/// (if that makes no cycle) or any below.
 const LAYERS: &[(&str, &[&str])] = &[
-    (
-        "leaves",
-        &[
-            "error",
-            "ptxas",
-            "vcs",
-            "stop",
-            "trusted",
-            "toolchain",
-            "gpulock",
-            "seal",
-        ],
-    ),
-    (
-        "vocabulary",
-        &["vocab", "usage", "config", "space", "protocol", "plan"],
-    ),
-    (
-        "gpu and checks",
-        &[
-            "check", "decide", "build", "profile", "trial", "worker", "fakegpu", "slurm",
-            "executor", "baseline",
-        ],
-    ),
-    ("the log", &["runlog"]),
-    (
-        "reading the log",
-        &[
-            "runindex",
-            "findings",
-            "plots",
-            "report",
-            "html",
-            "export",
-            "champions",
-            "roofs",
-            "store",
-            "pack",
-        ],
-    ),
-    (
-        "running",
-        &[
-            "run",
-            "sandbox",
-            "duel",
-            "scheduler",
-            "anytime",
-            "measure",
-            "search",
-            "ablate",
-            "step",
-            "engine",
-            "agent",
-        ],
-    ),
-    ("commands", &["cli", "progress", "doctor", "mcp"]),
+    ("leaves", &["error", "os"]),
+    ("vocabulary", &["model"]),
+    ("gpu and checks", &["gpu"]),
+    ("the log", &["log"]),
+    ("reading the log", &["report", "pack"]),
+    ("running", &["run"]),
+    ("edits", &["step", "agent"]),
+    ("commands", &["cli", "mcp"]),
 ];
+
+/// Folders whose `mod.rs` only declares their rooms: each room is a node of the room graph. Any
+/// other folder is one room (its files share one `mod.rs` that holds code).
+const LAYER_FOLDERS: &[&str] = &["os", "model", "gpu", "log", "report", "run"];
 
 /// The crate roots only declare and re-export modules; they are not layered.
 const ROOTS: &[&str] = &["lib", "main"];
@@ -86,12 +46,28 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The top-level module a file belongs to: `src/run.rs` is `run`, `src/worker/nvml.rs` is `worker`.
-fn module_of(src: &Path, file: &Path) -> String {
+/// The room a file belongs to: `src/error.rs` is `error`, `src/gpu/trial/verify.rs` is
+/// `gpu::trial`, `src/step/judge.rs` is `step`.
+fn room_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).expect("file under src/");
-    let first = rel.components().next().expect("non-empty path");
-    let name = first.as_os_str().to_string_lossy();
-    name.strip_suffix(".rs").unwrap_or(&name).to_owned()
+    let names: Vec<String> = rel
+        .components()
+        .map(|c| {
+            let name = c.as_os_str().to_string_lossy();
+            name.strip_suffix(".rs").unwrap_or(&name).to_owned()
+        })
+        .collect();
+    match names.as_slice() {
+        [folder, room, ..] if LAYER_FOLDERS.contains(&folder.as_str()) && room != "mod" => {
+            format!("{folder}::{room}")
+        }
+        [first, ..] => first.clone(),
+        [] => unreachable!("non-empty path"),
+    }
+}
+
+fn folder_of(room: &str) -> &str {
+    room.split("::").next().expect("non-empty room")
 }
 
 /// Test code may reach anywhere; only what ships counts, so a file is read up to its first `#[cfg(test)]`.
@@ -99,44 +75,142 @@ fn shipped_part(text: &str) -> &str {
     text.find("#[cfg(test)]").map_or(text, |i| &text[..i])
 }
 
-/// The modules named as `crate::<module>` in `text` (not `foocrate::`).
-fn crate_references(text: &str) -> BTreeSet<String> {
-    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    text.match_indices("crate::")
-        .filter(|(i, _)| !text[..*i].chars().next_back().is_some_and(ident))
-        .map(|(i, m)| {
-            text[i + m.len()..]
-                .chars()
-                .take_while(|&c| ident(c))
-                .collect::<String>()
-        })
-        .filter(|name| !name.is_empty())
-        .collect()
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
 }
 
+/// The paths (up to two names) that `text` reaches as `crate::…` (not `foocrate::`), with use-groups
+/// opened: `crate::gpu::{trial::X, worker}` reaches `gpu::trial` and `gpu::worker`.
+fn crate_paths(text: &str) -> BTreeSet<Vec<String>> {
+    fn ident_at(s: &str) -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|&c| is_ident(c))
+            .collect()
+    }
+    /// The top-level items of the group that opens at `s[0] == '{'`.
+    fn group_items(s: &str) -> Vec<&str> {
+        let (mut depth, mut from, mut items) = (0usize, 1usize, Vec::new());
+        for (i, c) in s.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        items.push(&s[from..i]);
+                        break;
+                    }
+                }
+                ',' if depth == 1 => {
+                    items.push(&s[from..i]);
+                    from = i + 1;
+                }
+                _ => {}
+            }
+        }
+        items
+    }
+    fn expand(prefix: Vec<String>, s: &str, out: &mut BTreeSet<Vec<String>>) {
+        let s = s.trim_start();
+        if prefix.len() == 2 {
+            out.insert(prefix);
+            return;
+        }
+        if s.starts_with('{') {
+            for item in group_items(s) {
+                expand(prefix.clone(), item, out);
+            }
+            return;
+        }
+        let name = ident_at(s);
+        if name.is_empty() || name == "self" {
+            if !prefix.is_empty() {
+                out.insert(prefix);
+            }
+            return;
+        }
+        let after = &s.trim_start()[name.len()..];
+        let mut path = prefix;
+        path.push(name);
+        match after.strip_prefix("::") {
+            Some(more) => expand(path, more, out),
+            None => {
+                out.insert(path);
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    for (i, m) in text.match_indices("crate::") {
+        if text[..i].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        expand(Vec::new(), &text[i + m.len()..], &mut out);
+    }
+    out
+}
+
+/// The room a `crate::` path lands in: `[gpu, trial]` is `gpu::trial` where gpu is a layer folder
+/// with that room, `[step, Step]` is `step`.
+fn room_of_path(src: &Path, path: &[String]) -> String {
+    let folder = &path[0];
+    match path.get(1) {
+        Some(room)
+            if LAYER_FOLDERS.contains(&folder.as_str())
+                && (src.join(folder).join(format!("{room}.rs")).is_file()
+                    || src.join(folder).join(room).is_dir()) =>
+        {
+            format!("{folder}::{room}")
+        }
+        _ => folder.clone(),
+    }
+}
+
+/// Room -> the rooms it imports.
 fn scan(src: &Path) -> Graph {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let mut graph = Graph::new();
     for file in files {
-        let module = module_of(src, &file);
-        if ROOTS.contains(&module.as_str()) {
+        let room = room_of(src, &file);
+        if ROOTS.contains(&room.as_str()) {
             continue;
         }
         let text = std::fs::read_to_string(&file)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
-        let deps = graph.entry(module.clone()).or_default();
-        for dep in crate_references(shipped_part(&text)) {
-            if dep != module {
+        let deps = graph.entry(room.clone()).or_default();
+        for path in crate_paths(shipped_part(&text)) {
+            let dep = room_of_path(src, &path);
+            if dep != room && dep != folder_of(&room) {
                 deps.insert(dep);
+            }
+        }
+    }
+    graph.retain(|room, _| LAYER_FOLDERS.contains(&folder_of(room)) || !room.contains("::"));
+    graph
+}
+
+/// The room graph folded to folders: `gpu::trial -> model::config` becomes `gpu -> model`.
+fn folders(rooms: &Graph) -> Graph {
+    let mut graph = Graph::new();
+    for (room, deps) in rooms {
+        let from = folder_of(room).to_owned();
+        let entry = graph.entry(from.clone()).or_default();
+        for dep in deps {
+            let to = folder_of(dep);
+            if to != from {
+                entry.insert(to.to_owned());
             }
         }
     }
     graph
 }
 
-fn project_graph() -> Graph {
-    scan(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"))
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn project_rooms() -> Graph {
+    scan(&src_dir())
 }
 
 /// A cycle as `a -> b -> ... -> a`, if the graph has one.
@@ -248,28 +322,35 @@ fn check_layered(graph: &Graph, layers: &[(&str, &[&str])]) -> Result<(), String
 }
 
 #[test]
-fn imports_have_no_cycle() {
-    if let Err(e) = check_acyclic(&project_graph()) {
+fn folders_import_no_cycle() {
+    if let Err(e) = check_acyclic(&folders(&project_rooms())) {
         panic!("{e}");
     }
 }
 
 #[test]
-fn imports_point_down_the_layers() {
-    if let Err(e) = check_layered(&project_graph(), LAYERS) {
+fn rooms_import_no_cycle() {
+    if let Err(e) = check_acyclic(&project_rooms()) {
         panic!("{e}");
     }
 }
 
 #[test]
-fn every_module_is_placed_once() {
+fn folders_import_down_the_layers() {
+    if let Err(e) = check_layered(&folders(&project_rooms()), LAYERS) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn every_folder_is_placed_once() {
     let mut seen = BTreeSet::new();
     for (_, modules) in LAYERS {
         for m in *modules {
             assert!(seen.insert(*m), "`{m}` is in LAYERS twice");
         }
     }
-    let graph = project_graph();
+    let graph = folders(&project_rooms());
     for m in &seen {
         assert!(
             graph.contains_key(*m),
@@ -278,9 +359,48 @@ fn every_module_is_placed_once() {
     }
 }
 
+/// A layer folder's `mod.rs` declares its rooms and says what the folder is for; code lives in the
+/// rooms, so the room graph sees every import.
+#[test]
+fn layer_folders_only_declare_their_rooms() {
+    for folder in LAYER_FOLDERS {
+        let path = src_dir().join(folder).join("mod.rs");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for line in text.lines() {
+            assert!(
+                line.starts_with("//!") || line.starts_with("pub mod ") || line.trim().is_empty(),
+                "{} holds more than declarations: {line}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// At most 12 `.rs` files sit directly in `src/`: the rest live in the folders of their layer.
+#[test]
+fn few_files_sit_directly_in_src() {
+    let top: Vec<String> = std::fs::read_dir(src_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(
+        top.len() <= 12,
+        "{} files directly in src/: {top:?}",
+        top.len()
+    );
+}
+
 #[test]
 fn architecture_md_lists_the_current_graph() {
-    let graph = render(&project_graph());
+    let rooms = project_rooms();
+    let graph = format!(
+        "{}{}",
+        render(&folders(&rooms)),
+        render(&rooms_only(&rooms))
+    );
     println!("{graph}");
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
     let doc = std::fs::read_to_string(&path).expect("ARCHITECTURE.md");
@@ -295,6 +415,15 @@ fn architecture_md_lists_the_current_graph() {
         listed, graph,
         "ARCHITECTURE.md's import graph is stale; put the lines printed above between its markers"
     );
+}
+
+/// The rooms inside layer folders (the folder lines already say where single-room folders point).
+fn rooms_only(rooms: &Graph) -> Graph {
+    rooms
+        .iter()
+        .filter(|(room, _)| room.contains("::"))
+        .map(|(room, deps)| (room.clone(), deps.clone()))
+        .collect()
 }
 
 fn graph_of(edges: &[(&str, &[&str])]) -> Graph {
@@ -332,11 +461,51 @@ fn the_checker_finds_an_upward_edge_and_an_unplaced_module() {
 
 #[test]
 fn the_scanner_reads_shipped_code_only() {
-    let text = "use crate::config::Dtype;\nfn f() { crate::space::x(); notcrate::run::y(); }\n\
-                #[cfg(test)]\nmod tests { use crate::engine::Project; }\n";
-    let refs = crate_references(shipped_part(text));
-    let expected: BTreeSet<String> = ["config", "space"].iter().map(|s| s.to_string()).collect();
-    assert_eq!(refs, expected);
+    let text = "use crate::model::config::Dtype;\nfn f() { crate::model::space::x(); notcrate::run::y(); }\n\
+                #[cfg(test)]\nmod tests { use crate::run::engine::Project; }\n";
+    let paths = crate_paths(shipped_part(text));
+    let names: BTreeSet<String> = paths.iter().map(|p| p.join("::")).collect();
+    let expected: BTreeSet<String> = ["model::config", "model::space"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(names, expected);
+}
+
+#[test]
+fn the_scanner_opens_use_groups() {
+    let text = "use crate::{error::Result, gpu::{trial::{self, Round}, worker}};\nuse crate::step::Step;\n\
+                use crate::log::{self, runlog};\n";
+    let names: BTreeSet<String> = crate_paths(text).iter().map(|p| p.join("::")).collect();
+    let expected: BTreeSet<String> = [
+        "error::Result",
+        "gpu::trial",
+        "gpu::worker",
+        "step::Step",
+        "log",
+        "log::runlog",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(names, expected);
+    let src = src_dir();
+    let rooms: BTreeSet<String> = crate_paths(text)
+        .iter()
+        .map(|p| room_of_path(&src, p))
+        .collect();
+    let expected: BTreeSet<String> = [
+        "error",
+        "gpu::trial",
+        "gpu::worker",
+        "step",
+        "log",
+        "log::runlog",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(rooms, expected);
 }
 
 /// Architecture Invariant: only the worker touches the GPU. No module but `worker` names cudarc (or
@@ -348,7 +517,7 @@ fn only_the_worker_names_the_cuda_driver() {
     rust_files(&src, &mut files);
     let touching: Vec<String> = files
         .iter()
-        .filter(|f| module_of(&src, f) != "worker")
+        .filter(|f| room_of(&src, f) != "gpu::worker")
         .filter(|f| {
             let text = std::fs::read_to_string(f).unwrap();
             text.contains("cudarc") || text.contains("cuMem") || text.contains("cuLaunch")

@@ -702,7 +702,7 @@ fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_r
     assert!(status.success(), "{status:?}");
     let records = records(&run_dir);
     match records.last() {
-        Some(flashtune::runlog::Record::Interrupted { reason }) => {
+        Some(flashtune::log::runlog::Record::Interrupted { reason }) => {
             assert!(reason.contains("disconnected"), "{reason}");
             assert!(reason.contains(FORWARD), "{reason}");
         }
@@ -711,7 +711,7 @@ fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_r
     assert!(
         !records
             .iter()
-            .any(|r| matches!(r, flashtune::runlog::Record::StepDecided { .. })),
+            .any(|r| matches!(r, flashtune::log::runlog::Record::StepDecided { .. })),
         "an interrupted judge decides nothing"
     );
     // The edit is restored, as on any interruption, and its patch kept.

@@ -117,10 +117,10 @@ fn a_hand_edit_is_caught() {
 #[test]
 fn the_compressed_log_reads_as_the_plain_one() {
     let m = &measurements()[0];
-    let packed = flashtune::runlog::read(&m.join("log.jsonl.gz")).unwrap();
+    let packed = flashtune::log::runlog::read(&m.join("log.jsonl.gz")).unwrap();
     assert!(!packed.entries.is_empty() && packed.header().is_some());
     assert_eq!(
-        flashtune::runlog::path_in(m),
+        flashtune::log::runlog::path_in(m),
         m.join("log.jsonl.gz"),
         "a folder without log.jsonl reads its log.jsonl.gz"
     );
@@ -132,6 +132,6 @@ fn the_compressed_log_reads_as_the_plain_one() {
         text.push('\n');
     }
     std::fs::write(dir.path().join("log.jsonl"), text).unwrap();
-    let plain = flashtune::runlog::read(&flashtune::runlog::path_in(dir.path())).unwrap();
+    let plain = flashtune::log::runlog::read(&flashtune::log::runlog::path_in(dir.path())).unwrap();
     assert_eq!(plain.entries, packed.entries);
 }

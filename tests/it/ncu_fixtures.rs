@@ -1,10 +1,10 @@
 //! The Nsight Compute parser and the bottleneck classifier on real ncu outputs (tests/fixtures/ncu).
 use crate::common;
 use common::*;
-use flashtune::config::Policies;
-use flashtune::profile::{classify, no_kernels_profiled, parse_raw_csv};
+use flashtune::gpu::profile::{classify, no_kernels_profiled, parse_raw_csv};
+use flashtune::model::config::Policies;
 
-fn rules() -> Vec<flashtune::config::BottleneckRule> {
+fn rules() -> Vec<flashtune::model::config::BottleneckRule> {
     Policies::load(&repo().join("policies.toml"))
         .unwrap()
         .0

@@ -3,8 +3,8 @@
 use crate::common;
 
 use common::*;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Record};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -49,7 +49,7 @@ fn points_space(root: &Path, name: &str, baseline: &str, points: &[&str]) {
 /// (shape, dtype) → champion variant, as the champion table would name them.
 fn champions(run: &Path) -> Vec<(String, String, String)> {
     let log = runlog::read(&run.join("log.jsonl")).unwrap();
-    flashtune::champions::from_log(&log)
+    flashtune::report::champions::from_log(&log)
         .into_iter()
         .map(|c| (c.shape, c.dtype.to_string(), c.variant))
         .collect()
@@ -390,8 +390,8 @@ fn a_throttled_case_is_retimed_and_flagged_and_never_decides_a_champion_alone() 
         } = r
         {
             assert!(gpu.is_some(), "{variant}: no GPU state");
-            let expect: &[flashtune::protocol::Condition] = if variant == hot {
-                &[flashtune::protocol::Condition::Thermal]
+            let expect: &[flashtune::model::protocol::Condition] = if variant == hot {
+                &[flashtune::model::protocol::Condition::Thermal]
             } else {
                 &[]
             };

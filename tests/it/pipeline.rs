@@ -1,9 +1,9 @@
 //! The whole pipeline on the fake GPU, the compiler story (nvcc search order, `flashtune setup`), help texts, doctor and the no-GPU path.
 use crate::common;
 use common::*;
-use flashtune::config::Policies;
-use flashtune::runlog::Record;
-use flashtune::space::Space;
+use flashtune::log::runlog::Record;
+use flashtune::model::config::Policies;
+use flashtune::model::space::Space;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

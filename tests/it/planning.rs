@@ -1,9 +1,9 @@
 //! Planning a space: constraints and device limits with reasons, the ablation chain, the launch kinds each point implies, the defines kernels receive.
 use crate::common;
 use common::*;
-use flashtune::config::{Dtype, Policies};
 use flashtune::error::Error;
-use flashtune::space::{DeviceLimits, Space};
+use flashtune::model::config::{Dtype, Policies};
+use flashtune::model::space::{DeviceLimits, Space};
 
 fn write_space(params: &str, constraints: &str) -> (tempfile::TempDir, Space) {
     let dir = tempfile::tempdir().unwrap();
@@ -27,7 +27,7 @@ fn h100() -> DeviceLimits {
 }
 
 /// A shipped space's plan (`variants/NAME.toml`) for these head dims on an H100.
-fn h100_plan(space: &str, head_dims: &[u32]) -> Vec<flashtune::space::PlannedPoint> {
+fn h100_plan(space: &str, head_dims: &[u32]) -> Vec<flashtune::model::space::PlannedPoint> {
     Space::load(&repo().join(space))
         .unwrap()
         .plan(&head_dims.iter().copied().collect(), &h100())
@@ -35,8 +35,8 @@ fn h100_plan(space: &str, head_dims: &[u32]) -> Vec<flashtune::space::PlannedPoi
 }
 
 /// Whether a point turns the 0/1 switch `key` on.
-fn switched_on(p: &flashtune::space::PlannedPoint, key: &str) -> bool {
-    p.variant.params[key] == flashtune::space::ParamValue::Int(1)
+fn switched_on(p: &flashtune::model::space::PlannedPoint, key: &str) -> bool {
+    p.variant.params[key] == flashtune::model::space::ParamValue::Int(1)
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The ptxas report parser on real compiler outputs (tests/fixtures/ptxas).
 use crate::common;
 use common::*;
-use flashtune::ptxas;
+use flashtune::gpu::ptxas;
 
 #[test]
 fn saxpy_report() {

@@ -3,9 +3,9 @@
 //! they do with every case timed in full.
 use crate::common;
 use common::*;
-use flashtune::config::Dtype;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Record};
+use flashtune::model::config::Dtype;
 use std::path::Path;
 
 /// `tune --fake-gpu` on the smoke space's small and seed shapes with `race_samples` as given.

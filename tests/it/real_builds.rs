@@ -1,8 +1,8 @@
 //! Real nvcc builds: the zero-spill gate on every space (a covering sample; the whole set behind FLASHTUNE_FULL_BUILD_GATE=1), compile errors with their log, the wgmma layout fixture.
 use crate::common;
 use common::*;
-use flashtune::config::Policies;
-use flashtune::space::Space;
+use flashtune::model::config::Policies;
+use flashtune::model::space::Space;
 use std::path::Path;
 
 /// Every smoke variant compiles with the real nvcc, and the zero-spill gate holds.
@@ -83,12 +83,12 @@ fn assert_space_builds(space: &str, covering: bool) {
 }
 
 fn gate_keys(space: &str) -> Vec<String> {
-    let project = flashtune::run::Project::load(
-        flashtune::config::ProjectPaths::new(repo()),
+    let project = flashtune::run::shared::Project::load(
+        flashtune::model::config::ProjectPaths::new(repo()),
         Some(Path::new(space)),
     )
     .unwrap();
-    flashtune::engine::gate_spec_keys(&project, None).unwrap()
+    flashtune::run::engine::gate_spec_keys(&project, None).unwrap()
 }
 
 /// CI's build gate on every commit: per space, the covering sample (per MMA path and head dim, the
@@ -115,7 +115,7 @@ fn full_build_gate_writes_its_manifest() {
              # every space compiled with zero spills: the spec keys (source closure, defines, flags, target)\n\
              # it certified. Do not edit: run the gate.\n\
              nvcc = {:?}\n",
-            flashtune::build::find_nvcc(&repo()).unwrap().version
+            flashtune::gpu::build::find_nvcc(&repo()).unwrap().version
         );
     for space in GATED_SPACES {
         assert_space_builds(space, false);

@@ -1,8 +1,8 @@
 //! The PyTorch (and FlashAttention-4) reference adapter: its protocol, rows that become timings or reasons, noisy rows timed again, a crash reported, not fatal.
 use crate::common;
 use common::*;
-use flashtune::baseline;
-use flashtune::config::Policies;
+use flashtune::gpu::baseline;
+use flashtune::model::config::Policies;
 use std::path::Path;
 use std::process::Command;
 
@@ -13,7 +13,7 @@ fn policies_with(command: Vec<String>) -> Policies {
     p
 }
 
-fn shapes(p: &Policies) -> Vec<flashtune::config::Shape> {
+fn shapes(p: &Policies) -> Vec<flashtune::model::config::Shape> {
     p.shapes
         .iter()
         .filter(|s| s.name == "small")

@@ -1,10 +1,10 @@
 //! Snapshot tests of every report format (md, html, csv, json, t4.json) written from the fixed run logs in tests/fixtures/runs; a log added there gets its snapshots on the next run.
 use crate::common;
 use common::*;
-use flashtune::config::Dtype;
-use flashtune::export;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Entry, LoadedLog, Record};
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Entry, LoadedLog, Record};
+use flashtune::model::config::Dtype;
+use flashtune::report::export;
 
 /// Every `*.log.jsonl` under tests/fixtures/runs, by name, in name order.
 fn fixture_logs() -> Vec<(String, LoadedLog)> {
@@ -58,13 +58,13 @@ fn every_format_of_every_fixture_log_matches_its_snapshot() {
 fn reports_are_deterministic() {
     for (name, log) in fixture_logs() {
         assert_eq!(
-            flashtune::html::page(&RunIndex::new(&log)),
-            flashtune::html::page(&RunIndex::new(&log)),
+            flashtune::report::html::page(&RunIndex::new(&log)),
+            flashtune::report::html::page(&RunIndex::new(&log)),
             "{name}"
         );
         assert_eq!(
-            flashtune::report::markdown(&RunIndex::new(&log)),
-            flashtune::report::markdown(&RunIndex::new(&log)),
+            flashtune::report::markdown::markdown(&RunIndex::new(&log)),
+            flashtune::report::markdown::markdown(&RunIndex::new(&log)),
             "{name}"
         );
     }
@@ -85,7 +85,7 @@ fn t4_of_every_fixture_log_is_valid_against_the_schema() {
 #[test]
 fn the_html_page_is_self_contained() {
     for (name, log) in fixture_logs() {
-        let page = flashtune::html::page(&RunIndex::new(&log));
+        let page = flashtune::report::html::page(&RunIndex::new(&log));
         assert!(page.contains("<table>") && page.contains("<svg"), "{name}");
         for outside in ["http://", "https://", "<script", "<link", "src=\""] {
             let hits: Vec<&str> = page
@@ -107,14 +107,14 @@ fn smoke_log() -> LoadedLog {
 fn a_log_without_timings_still_renders_and_says_so() {
     let mut log = smoke_log();
     log.entries.truncate(3);
-    let page = flashtune::html::page(&RunIndex::new(&log));
+    let page = flashtune::report::html::page(&RunIndex::new(&log));
     assert!(page.contains("No timed records in this log"), "{page}");
     assert!(!page.contains("<svg"));
 }
 
 #[test]
 fn without_ceilings_the_report_says_not_measured() {
-    let md = flashtune::report::markdown(&RunIndex::new(&smoke_log()));
+    let md = flashtune::report::markdown::markdown(&RunIndex::new(&smoke_log()));
     assert!(md.contains("| % of matmul ceiling | % of bandwidth ceiling |"));
     assert!(md.contains("| not measured | not measured |"));
     assert!(md.contains("Ceilings not measured in this run"));
@@ -139,7 +139,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .push((n + 1, ceiling("matmul", Some(Dtype::F16), 500.0, "TFLOP/s")));
     log.entries
         .push((n + 2, ceiling("copy", None, 4000.0, "GB/s")));
-    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
+    let found = flashtune::report::findings::best_per_shape(&RunIndex::new(&log));
     let seed_f16 = found
         .rows
         .iter()
@@ -167,7 +167,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .find(|r| r.shape.name == "seed" && r.dtype == Dtype::Bf16)
         .unwrap();
     assert!(seed_bf16.pct_of_matmul.is_none() && seed_bf16.pct_of_copy.is_some());
-    let md = flashtune::report::markdown(&RunIndex::new(&log));
+    let md = flashtune::report::markdown::markdown(&RunIndex::new(&log));
     assert!(
         md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)),
         "{md}"
@@ -175,7 +175,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
     // A faster read-only stream becomes the bandwidth roof; a slower one does not.
     log.entries
         .push((n + 3, ceiling("read", None, 5000.0, "GB/s")));
-    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
+    let found = flashtune::report::findings::best_per_shape(&RunIndex::new(&log));
     let row = found
         .rows
         .iter()
@@ -184,7 +184,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
     // 85.3095 GB/s of a 5000 GB/s read-only stream.
     close(row.pct_of_copy, 1.706191);
     log.entries.last_mut().unwrap().1 = ceiling("read", None, 3000.0, "GB/s");
-    let found = flashtune::findings::best_per_shape(&RunIndex::new(&log));
+    let found = flashtune::report::findings::best_per_shape(&RunIndex::new(&log));
     let row = found
         .rows
         .iter()
@@ -209,7 +209,8 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": [], "ceilings": [
 "#,
     )
     .unwrap();
-    let (mut p, _) = flashtune::config::Policies::load(&repo().join("policies.toml")).unwrap();
+    let (mut p, _) =
+        flashtune::model::config::Policies::load(&repo().join("policies.toml")).unwrap();
     p.baseline.command = vec!["python3".into(), script.display().to_string()];
     let shapes: Vec<_> = p
         .shapes
@@ -217,7 +218,7 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": [], "ceilings": [
         .filter(|s| s.name == "small")
         .cloned()
         .collect();
-    let (rows, ceilings) = flashtune::baseline::measure_with_ceilings(&repo(), &p, &shapes)
+    let (rows, ceilings) = flashtune::gpu::baseline::measure_with_ceilings(&repo(), &p, &shapes)
         .await
         .unwrap();
     assert!(rows.is_empty());

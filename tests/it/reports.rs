@@ -1,7 +1,7 @@
 //! The reports' reading of a run on synthetic logs: the case accounting, implausible figures, ties (and what a resumed run and a committed table make of them), fake figures labelled in every export.
-use flashtune::config::Dtype;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Entry, LoadedLog, Record};
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Entry, LoadedLog, Record};
+use flashtune::model::config::Dtype;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -95,7 +95,7 @@ fn timing(median_us: f64, spread: f64) -> Value {
         .map(|i| median_us * (1.0 + spread * (i as f64 - 5.0) / 8.0))
         .collect();
     // flops of `small` (1,1,128,128,64); the reports read tflops from the record as it is.
-    let t = flashtune::check::summarize(samples, 1, 4.0 * 128.0 * 128.0 * 64.0);
+    let t = flashtune::gpu::check::summarize(samples, 1, 4.0 * 128.0 * 128.0 * 64.0);
     serde_json::to_value(t).unwrap()
 }
 
@@ -127,7 +127,7 @@ fn a_budget_line_names_only_what_a_resume_left_unmeasured() {
             );
         }
     }
-    let before = flashtune::report::markdown(&RunIndex::new(&log.done()));
+    let before = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
     assert!(
         before.contains("budget reached (--time-limit 60s): not measured: v1, v2 (log line"),
         "{before}"
@@ -136,7 +136,7 @@ fn a_budget_line_names_only_what_a_resume_left_unmeasured() {
     // The resume measures v1 only.
     log.timed("v1", "small", 11.0, 0.01);
     log.timed("v1", "seed", 21.0, 0.01);
-    let after = flashtune::report::markdown(&RunIndex::new(&log.done()));
+    let after = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
     let line = after
         .lines()
         .find(|l| l.starts_with("- budget reached"))
@@ -202,19 +202,19 @@ fn every_planned_case_lands_in_exactly_one_bin() {
         "{a:?}"
     );
     assert!(a.holds(), "{a:?}");
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert_eq!(
         accounting_line(&md),
         "Cases: 10 planned = 2 measured + 3 failed + 1 implausible + 2 skipped + 2 not run."
     );
     assert!(!md.contains("do not add up"), "{md}");
     // The printed short form carries it too, and the JSON export.
-    let summary = flashtune::report::summary(&log);
+    let summary = flashtune::report::markdown::summary(&log);
     assert!(summary.contains(accounting_line(&md)), "{summary}");
-    let j = flashtune::export::json(&ix);
+    let j = flashtune::report::export::json(&ix);
     assert_eq!(j["accounting"]["planned"], 10);
     assert_eq!(j["accounting"]["holds"], true);
-    let statuses: Vec<&str> = flashtune::export::cases(&ix)
+    let statuses: Vec<&str> = flashtune::report::export::cases(&ix)
         .iter()
         .map(|r| match r.status.as_str() {
             "timed" => "m",
@@ -234,7 +234,7 @@ fn a_finished_run_without_missing_cases_states_no_not_run_term() {
     log.timed("v0", "small", 10.0, 0.01);
     log.timed("v0", "seed", 20.0, 0.01);
     log.finished();
-    let md = flashtune::report::markdown(&RunIndex::new(&log.done()));
+    let md = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
     assert_eq!(
         accounting_line(&md),
         "Cases: 2 planned = 2 measured + 0 failed + 0 implausible + 0 skipped."
@@ -289,14 +289,14 @@ fn two_outcomes_in_one_session_and_records_for_unplanned_cases_are_said_loudly()
     assert!(
         a.problems[1].contains("`ghost`") && a.problems[1].contains(&format!("log line {stray}"))
     );
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert_eq!(
         accounting_line(&md),
         "Cases: 2 planned ≠ 2 measured + 1 failed + 0 implausible + 0 skipped."
     );
     assert!(md.contains("> **The cases do not add up.**"), "{md}");
-    assert!(flashtune::report::summary(&log).contains("do not add up"));
-    let page = flashtune::html::page(&ix);
+    assert!(flashtune::report::markdown::summary(&log).contains("do not add up"));
+    let page = flashtune::report::html::page(&ix);
     assert!(
         page.contains("<blockquote><strong>The cases do not add up.</strong>"),
         "{page}"
@@ -335,7 +335,7 @@ fn implausible_figures_are_listed_and_never_champions() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     let section = md
         .split("\n## Implausible figures")
         .nth(1)
@@ -351,14 +351,14 @@ fn implausible_figures_are_listed_and_never_champions() {
             && row.ends_with(&format!("| {line} |")),
         "{row}"
     );
-    let best = flashtune::findings::best_per_shape(&ix);
+    let best = flashtune::report::findings::best_per_shape(&ix);
     let small = best.rows.iter().find(|r| r.shape.name == "small").unwrap();
     assert_eq!(small.best.as_ref().unwrap().0, "v0");
-    let champions = flashtune::champions::from_index(&ix);
+    let champions = flashtune::report::champions::from_index(&ix);
     assert!(champions
         .iter()
         .all(|c| c.variant != "cheat" || c.shape != "small"));
-    let csv = flashtune::export::csv(&ix);
+    let csv = flashtune::report::export::csv(&ix);
     let cheat_small = csv
         .lines()
         .find(|l| l.starts_with("cheat,") && l.contains(",small,"))
@@ -366,9 +366,9 @@ fn implausible_figures_are_listed_and_never_champions() {
     assert!(cheat_small.contains(",implausible,"), "{cheat_small}");
     assert!(!cheat_small.contains(",yes,") && !cheat_small.contains(",tied,"));
     // The summary points to the section.
-    assert!(flashtune::report::summary(&log).contains("1 implausible figure(s)"));
+    assert!(flashtune::report::markdown::summary(&log).contains("1 implausible figure(s)"));
     // The T4 export makes no correctness claim for it.
-    let t4 = flashtune::export::t4(&ix);
+    let t4 = flashtune::report::export::t4(&ix);
     let r = t4["results"]
         .as_array()
         .unwrap()
@@ -386,7 +386,7 @@ fn implausible_figures_are_listed_and_never_champions() {
 /// (best, the variant tied with it) per shape, ties aside: the pair as a set.
 fn champions_ties_aside(log: &LoadedLog) -> Vec<(String, Vec<String>)> {
     let ix = RunIndex::new(log);
-    flashtune::champions::from_index(&ix)
+    flashtune::report::champions::from_index(&ix)
         .into_iter()
         .map(|c| {
             let mut names = vec![c.variant.clone()];
@@ -417,14 +417,16 @@ fn a_runner_up_within_the_noise_is_a_tie_and_both_are_named() {
         "{tie:?}"
     );
     assert!(ix.pick("seed", F16).unwrap().tie.is_none());
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert!(md.contains("`v0` **tied** with `v1`"), "{md}");
     assert!(
         md.contains("- small f16: `v0` 10.0 µs and `v1` 10.1 µs are 1.0% apart, within the 3.0% p10..p90 spread"),
         "{md}"
     );
-    assert!(flashtune::html::page(&ix).contains("<strong>tied</strong> with <code>v1</code>"));
-    let csv = flashtune::export::csv(&ix);
+    assert!(
+        flashtune::report::html::page(&ix).contains("<strong>tied</strong> with <code>v1</code>")
+    );
+    let csv = flashtune::report::export::csv(&ix);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     assert_eq!(
         header[header.len() - 3..],
@@ -439,10 +441,10 @@ fn a_runner_up_within_the_noise_is_a_tie_and_both_are_named() {
     assert!(csv
         .lines()
         .any(|l| l.starts_with("v0,") && l.contains(",seed,") && l.ends_with(",yes,,false")));
-    let champions = flashtune::champions::from_index(&ix);
+    let champions = flashtune::report::champions::from_index(&ix);
     assert_eq!(champions[0].tied_with.as_ref().unwrap().variant, "v1");
     assert!(champions[1].tied_with.is_none());
-    let j = flashtune::export::json(&ix);
+    let j = flashtune::report::export::json(&ix);
     assert_eq!(j["champions"][0]["tied_with"]["variant"], "v1");
 }
 
@@ -484,7 +486,7 @@ fn an_interleaved_duel_decides_a_tie_over_the_spreads() {
         .tie
         .expect("tied by the duel");
     assert_eq!(tie.duel_line, Some(line));
-    assert!(flashtune::report::markdown(&ix).contains(&format!("(log line {line})")));
+    assert!(flashtune::report::markdown::markdown(&ix).contains(&format!("(log line {line})")));
 }
 
 #[test]
@@ -532,7 +534,7 @@ fn a_killed_and_resumed_run_names_the_same_champions_as_an_uninterrupted_one_tie
         ]
     );
     // The resumed run's printed summary does not announce `v2` alone.
-    let summary = flashtune::report::summary(&b);
+    let summary = flashtune::report::markdown::summary(&b);
     assert!(summary.contains("`v2` **tied** with `v1`"), "{summary}");
     assert!(ib.accounting.holds(), "{:?}", ib.accounting);
 }
@@ -552,19 +554,19 @@ fn the_committed_champion_is_kept_where_it_ties_with_the_run_s_fastest() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let mine = flashtune::champions::from_index(&ix);
+    let mine = flashtune::report::champions::from_index(&ix);
     // HEAD's table names v2 on both shapes: it ties on `small` and is kept there; on `seed` it is
     // 25% slower, a real change of champion.
     let committed: Vec<_> = mine
         .iter()
-        .map(|c| flashtune::champions::Champion {
+        .map(|c| flashtune::report::champions::Champion {
             variant: "v2".into(),
             run: "an-earlier-run".into(),
             tied_with: None,
             ..c.clone()
         })
         .collect();
-    let table = flashtune::champions::keep_committed_ties(&ix, &mine, &committed);
+    let table = flashtune::report::champions::keep_committed_ties(&ix, &mine, &committed);
     assert_eq!(
         (table[0].variant.as_str(), table[0].kept, table[0].log_line),
         ("v2", true, v2_small)
@@ -580,7 +582,7 @@ fn the_committed_champion_is_kept_where_it_ties_with_the_run_s_fastest() {
     std::fs::create_dir_all(dir.path().join("kernels/attention")).unwrap();
     std::fs::write(
         dir.path().join(path),
-        flashtune::champions::to_toml(&committed),
+        flashtune::report::champions::to_toml(&committed),
     )
     .unwrap();
     let mut index = repo.index().unwrap();
@@ -589,7 +591,7 @@ fn the_committed_champion_is_kept_where_it_ties_with_the_run_s_fastest() {
     let sig = git2::Signature::now("test", "test@localhost").unwrap();
     repo.commit(Some("HEAD"), &sig, &sig, "table", &tree, &[])
         .unwrap();
-    let (branch, _) = flashtune::champions::commit(dir.path(), path, &log, &mine).unwrap();
+    let (branch, _) = flashtune::report::champions::commit(dir.path(), path, &log, &mine).unwrap();
     let commit = repo
         .revparse_single(&branch)
         .unwrap()
@@ -610,7 +612,7 @@ fn the_committed_champion_is_kept_where_it_ties_with_the_run_s_fastest() {
         .unwrap()
         .peel_to_blob()
         .unwrap();
-    let table: flashtune::champions::Table =
+    let table: flashtune::report::champions::Table =
         toml::from_str(std::str::from_utf8(blob.content()).unwrap()).unwrap();
     assert_eq!(table.champion[0].variant, "v2");
     assert!(table.champion[0].kept);
@@ -625,12 +627,12 @@ fn fake_figures_are_labelled_in_every_export() {
     log.finished();
     let ix_log = log.done();
     let ix = RunIndex::new(&ix_log);
-    let csv = flashtune::export::csv(&ix);
+    let csv = flashtune::report::export::csv(&ix);
     let rows: Vec<&str> = csv.lines().skip(1).collect();
     assert_eq!(rows.len(), 2);
     assert!(rows.iter().all(|r| r.ends_with(",true")), "{csv}");
-    assert_eq!(flashtune::export::json(&ix)["fake"], true);
-    let t4 = flashtune::export::t4(&ix);
+    assert_eq!(flashtune::report::export::json(&ix)["fake"], true);
+    let t4 = flashtune::report::export::t4(&ix);
     assert_eq!(t4["metadata"]["flashtune"]["fake"], true);
     assert_eq!(t4["metadata"]["environment"]["device_query"]["fake"], true);
     // No kernel ran: no correctness claim, even for the case the fake "timed".
@@ -639,7 +641,7 @@ fn fake_figures_are_labelled_in_every_export() {
         .unwrap()
         .iter()
         .all(|r| r["correctness"] == 0));
-    assert!(flashtune::report::markdown(&ix).contains("**Fake GPU.**"));
+    assert!(flashtune::report::markdown::markdown(&ix).contains("**Fake GPU.**"));
     // The metadata block is T4 metadata.
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(
@@ -657,11 +659,11 @@ fn fake_figures_are_labelled_in_every_export() {
     real.timed("v0", "small", 10.0, 0.01);
     let real = real.done();
     let ix = RunIndex::new(&real);
-    assert!(flashtune::export::csv(&ix)
+    assert!(flashtune::report::export::csv(&ix)
         .lines()
         .skip(1)
         .all(|r| r.ends_with(",false")));
-    let t4 = flashtune::export::t4(&ix);
+    let t4 = flashtune::report::export::t4(&ix);
     assert_eq!(t4["metadata"]["flashtune"]["fake"], false);
     assert_eq!(t4["results"][0]["correctness"], 1);
 }
@@ -683,7 +685,7 @@ fn pytorch_figures_show_their_spread_and_a_noisy_one_is_marked() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert!(md.contains("| PyTorch flash µs (spread) |"), "{md}");
     assert!(md.contains("| 5.0 (2.0%) | 2.00× |"), "{md}");
     assert!(
@@ -776,9 +778,9 @@ fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
     for shape in ["small", "seed"] {
         assert_eq!(ix.pick(shape, F16).unwrap().best.variant, "v0", "{shape}");
     }
-    let champions = flashtune::champions::from_index(&ix);
+    let champions = flashtune::report::champions::from_index(&ix);
     assert!(champions.iter().all(|c| c.variant == "v0"), "{champions:?}");
-    use flashtune::runindex::FaultKind;
+    use flashtune::log::runindex::FaultKind;
     assert_eq!(
         ix.disqualified("hung").map(|f| f.kind),
         Some(FaultKind::TimedOut)
@@ -787,7 +789,7 @@ fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
         ix.disqualified("crashed").map(|f| f.kind),
         Some(FaultKind::Crashed)
     );
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     assert!(!md.contains("Per-shape dispatch is on"), "{md}");
     let section = never_a_champion(&md);
     assert!(
@@ -804,7 +806,7 @@ fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
     );
     assert!(!section.contains("`v0`"), "{section}");
     // The champion over the run follows only figures that could decide it: not the barred ones.
-    let (traces, _) = flashtune::findings::champion_traces(&ix);
+    let (traces, _) = flashtune::report::findings::champion_traces(&ix);
     let small = traces.iter().find(|t| t.shape == "small").unwrap();
     let medians: Vec<f64> = small.points.iter().map(|p| p.1).collect();
     assert_eq!(medians, [10.0]);
@@ -819,7 +821,7 @@ fn under_per_shape_dispatch_a_fault_bars_a_variant_from_its_own_shape_only() {
     assert_eq!(small.best.variant, "crashed");
     assert_eq!(small.runner_up.map(|r| r.variant), Some("hung"));
     assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "v0");
-    let md = flashtune::report::markdown(&ix);
+    let md = flashtune::report::markdown::markdown(&ix);
     let best = md
         .split("\n## Best per shape")
         .nth(1)
@@ -897,7 +899,7 @@ fn a_garbled_reply_bars_the_shape_it_answered_not_the_next() {
     assert_eq!(
         (fault.kind, fault.case, fault.line),
         (
-            flashtune::runindex::FaultKind::Crashed,
+            flashtune::log::runindex::FaultKind::Crashed,
             Some(("seed", F16)),
             line
         )
@@ -921,17 +923,17 @@ fn a_committed_champion_that_faulted_in_this_run_is_not_kept_on_a_tie() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let mine = flashtune::champions::from_index(&ix);
+    let mine = flashtune::report::champions::from_index(&ix);
     assert!(mine.iter().all(|c| c.variant == "v0"), "{mine:?}");
     let committed: Vec<_> = mine
         .iter()
-        .map(|c| flashtune::champions::Champion {
+        .map(|c| flashtune::report::champions::Champion {
             variant: "v1".into(),
             run: "an-earlier-run".into(),
             ..c.clone()
         })
         .collect();
-    let table = flashtune::champions::keep_committed_ties(&ix, &mine, &committed);
+    let table = flashtune::report::champions::keep_committed_ties(&ix, &mine, &committed);
     assert!(
         table.iter().all(|c| c.variant == "v0" && !c.kept),
         "{table:?}"
@@ -960,14 +962,15 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     let log = log.done();
     let ix = RunIndex::new(&log);
     let pick = ix.pick("small", F16).expect("a pick");
-    let (drift, placed_on) = flashtune::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
+    let (drift, placed_on) =
+        flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
     assert_eq!(drift, 0.0, "no sentinel in this log");
     assert_eq!(
         placed_on,
         Some(("gpu-a:gpu0".to_owned(), "gpu-b:gpu3".to_owned()))
     );
     let pick = ix.pick("seed", F16).expect("a pick");
-    assert!(flashtune::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
 
     let mut local = Log::new(false);
     local.plan("v0");
@@ -977,5 +980,5 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     let local = local.done();
     let ix = RunIndex::new(&local);
     let pick = ix.pick("small", F16).expect("a pick");
-    assert!(flashtune::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
 }

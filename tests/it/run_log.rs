@@ -1,6 +1,6 @@
 //! The run log: records round-trip, a torn tail is recovered, a log is never overwritten.
-use flashtune::config::Dtype;
-use flashtune::runlog::{self, Record, RunLog};
+use flashtune::log::runlog::{self, Record, RunLog};
+use flashtune::model::config::Dtype;
 
 #[test]
 fn round_trip_and_torn_tail() {

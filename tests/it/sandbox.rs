@@ -2,7 +2,7 @@
 use crate::common;
 use common::gitstate::*;
 use common::*;
-use flashtune::runlog::Record;
+use flashtune::log::runlog::Record;
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -67,7 +67,7 @@ fn a_proposer_that_writes_outside_kernels_or_reads_a_hidden_folder_fails_and_the
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
-    if !flashtune::sandbox::available() {
+    if !flashtune::run::sandbox::available() {
         assert!(t.contains("no sandbox: this kernel has no Landlock"), "{t}");
         eprintln!("SKIPPED: this kernel has no Landlock; the step said so");
         return;

@@ -3,8 +3,8 @@
 //! context pack, `history` and `resume` leave it out and name the file and its first bad line. A
 //! last line a crash left without its seal is dropped, and `resume` goes on.
 use crate::common::*;
-use flashtune::config::Dtype;
-use flashtune::runlog::{self, Record, RunLog};
+use flashtune::log::runlog::{self, Record, RunLog};
+use flashtune::model::config::Dtype;
 use std::path::{Path, PathBuf};
 
 /// `flashtune <args> --json`'s document and everything it said on stderr.

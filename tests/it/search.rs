@@ -1,10 +1,10 @@
 //! Search strategies on the fake GPU: guided proposals from profiled bottlenecks, a reproducible random sample, ablation one factor at a time.
 use crate::common;
 use common::*;
-use flashtune::config::Policies;
-use flashtune::plan::{Proposal, Strategy};
-use flashtune::runlog::Record;
-use flashtune::space::Space;
+use flashtune::log::runlog::Record;
+use flashtune::model::config::Policies;
+use flashtune::model::plan::{Proposal, Strategy};
+use flashtune::model::space::Space;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Output;
 
@@ -41,7 +41,7 @@ fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
             Record::Profiled {
                 variant,
                 shape,
-                profile: flashtune::profile::ProfileOutcome::Profiled { bottlenecks: b, .. },
+                profile: flashtune::gpu::profile::ProfileOutcome::Profiled { bottlenecks: b, .. },
                 ..
             } => {
                 bottlenecks.insert((variant.clone(), shape.clone()), b.clone());
@@ -99,8 +99,9 @@ fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
     // model (an extra stage is 5% faster), so some duels are won: a winner is a champion in the
     // rounds after, a loser never is.
     let mut won = 0;
-    let mut since_round: BTreeMap<(String, flashtune::config::Dtype), String> = BTreeMap::new();
-    let mut lost: Vec<(String, flashtune::config::Dtype, String)> = Vec::new();
+    let mut since_round: BTreeMap<(String, flashtune::model::config::Dtype), String> =
+        BTreeMap::new();
+    let mut lost: Vec<(String, flashtune::model::config::Dtype, String)> = Vec::new();
     for r in &recs {
         match r {
             Record::SearchDuel {

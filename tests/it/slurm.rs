@@ -8,9 +8,9 @@
 use crate::common;
 
 use common::*;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Record};
-use flashtune::slurm::StepLoss;
+use flashtune::gpu::slurm::StepLoss;
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Record};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};

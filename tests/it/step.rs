@@ -2,7 +2,7 @@
 use crate::common;
 use common::gitstate::{dirty, file_at, head, scratch_commits};
 use common::*;
-use flashtune::runlog::Record;
+use flashtune::log::runlog::Record;
 use std::path::Path;
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! Supervision on the fake GPU: the real worker protocol and process handling, with faults injected.
 use crate::common;
 use common::*;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runlog::{self, Record};
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,9 @@
 //! Verdicts that cannot be gamed and a tool that fails closed, on the CPU test double with real builds: every cheat rejected by name in `tune` and `step`, figures beyond the roofs called implausible, a NaN reference and a garbled reply ending as failed records, every planned case accounted for.
 use crate::common;
 use common::*;
-use flashtune::config::Dtype;
-use flashtune::runindex::RunIndex;
-use flashtune::runlog::{self, Record};
+use flashtune::log::runindex::RunIndex;
+use flashtune::log::runlog::{self, Record};
+use flashtune::model::config::Dtype;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -160,7 +160,7 @@ fn tune_rejects_every_cheat_by_name_and_none_is_ever_a_champion() {
     assert_eq!(
         ix.disqualified("write_outside-bm16-bn64-w4-ks1")
             .map(|f| f.kind),
-        Some(flashtune::runindex::FaultKind::WroteOutside)
+        Some(flashtune::log::runindex::FaultKind::WroteOutside)
     );
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(
@@ -535,11 +535,11 @@ fn the_oracle_reaches_only_its_own_folder() {
     let folder = root.join("kernels/oracle").canonicalize().unwrap();
     for space in std::fs::read_dir(root.join("variants")).unwrap() {
         let space = space.unwrap().path();
-        let Ok(loaded) = flashtune::space::Space::load(&space) else {
+        let Ok(loaded) = flashtune::model::space::Space::load(&space) else {
             continue;
         };
         let reference = root.join(&loaded.family.reference);
-        let closure = flashtune::build::include_closure(&reference).unwrap();
+        let closure = flashtune::gpu::build::include_closure(&reference).unwrap();
         assert!(closure.len() >= 2, "{}: {closure:?}", space.display());
         for file in closure {
             assert!(

@@ -13,7 +13,7 @@ pub fn head(dir: &Path) -> (String, String) {
 
 /// Paths changed against HEAD, untracked included, runs/ left out.
 pub fn dirty(dir: &Path) -> Vec<String> {
-    flashtune::vcs::changed_against_head(dir)
+    flashtune::os::vcs::changed_against_head(dir)
         .unwrap()
         .into_iter()
         .filter(|p| !p.starts_with("runs/"))

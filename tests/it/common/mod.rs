@@ -25,14 +25,14 @@ pub fn binary() -> PathBuf {
 pub fn seal_key_dir() -> PathBuf {
     static SET: std::sync::Once = std::sync::Once::new();
     let dir = repo().join("target/test-seal-key");
-    SET.call_once(|| std::env::set_var(flashtune::seal::KEY_DIR_ENV, &dir));
+    SET.call_once(|| std::env::set_var(flashtune::os::seal::KEY_DIR_ENV, &dir));
     dir
 }
 
 /// Seal a run log written by hand (a fixture standing for a log of flashtune's own), with the
 /// tests' key, as flashtune seals a log it writes.
 pub fn seal_log(log: &Path) {
-    use flashtune::seal::{lines_of, seal_file_of, Chain, SealKey};
+    use flashtune::os::seal::{lines_of, seal_file_of, Chain, SealKey};
     let key = SealKey::load_or_create_in(&seal_key_dir()).unwrap();
     let run_id = log.parent().unwrap().file_name().unwrap().to_string_lossy();
     let mut chain = Chain::start(&key, &run_id);
@@ -230,8 +230,8 @@ pub fn only_run_holding(root: &Path, file: &str) -> PathBuf {
 }
 
 /// A run's records with the log line each came from.
-pub fn numbered_records(run_dir: &Path) -> Vec<(usize, flashtune::runlog::Record)> {
-    flashtune::runlog::read(&run_dir.join("log.jsonl"))
+pub fn numbered_records(run_dir: &Path) -> Vec<(usize, flashtune::log::runlog::Record)> {
+    flashtune::log::runlog::read(&run_dir.join("log.jsonl"))
         .unwrap()
         .entries
         .into_iter()
@@ -240,7 +240,7 @@ pub fn numbered_records(run_dir: &Path) -> Vec<(usize, flashtune::runlog::Record
 }
 
 /// A run's records.
-pub fn records(run_dir: &Path) -> Vec<flashtune::runlog::Record> {
+pub fn records(run_dir: &Path) -> Vec<flashtune::log::runlog::Record> {
     numbered_records(run_dir)
         .into_iter()
         .map(|(_, r)| r)

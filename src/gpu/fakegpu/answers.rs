@@ -1,0 +1,346 @@
+//! The double's attention: what an honest kernel writes and what the reference computes, in f64 on
+//! the CPU, memoised by the content of the inputs.
+//!
+//! The double draws its inputs periodically ([`PERIOD`] elements, a multiple of every head dim's row
+//! length), so on its own draws every head's keys repeat with a short period and attention has a
+//! cheap exact form: the scores of each distinct (query row, key row) pair once, then per query row
+//! a weighted sum over one period of keys, counted by how often each appears among the keys the
+//! mask admits. The oracle's arithmetic, without its cost: a large shape takes milliseconds instead
+//! of minutes. Inputs that are not the double's own draws (a kernel wrote into them, a test uploaded
+//! them) take the plain f64 computation of `check::oracle_rows`.
+use crate::gpu::check;
+use crate::model::config::{Dtype, Shape};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Elements after which the double's draws repeat: 16 rows of 768, and 768 is a multiple of every
+/// head dim the family takes (64, 96, 128, 256) and of 32.
+pub const PERIOD: usize = 768 * 16;
+
+/// A draw of `generate`: the input mixture's values in `dtype` (one component for the whole tensor,
+/// `mixture::double_bits`), rows of `d`, that repeat every [`PERIOD`] elements.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    pub dtype: Dtype,
+    pub seed: u64,
+    pub tensor: u64,
+    pub d: u32,
+}
+
+impl Draw {
+    /// One period of the draw (or all of it, when shorter).
+    pub fn period(&self, len: usize) -> Vec<u16> {
+        crate::gpu::trial::mixture::double_bits(
+            self.dtype,
+            len.min(PERIOD),
+            self.seed,
+            self.tensor,
+            self.d,
+        )
+    }
+
+    /// Elements `start..start + len` of a draw of `total` elements.
+    pub fn range(&self, total: usize, start: usize, len: usize) -> Vec<u16> {
+        let period = self.period(total);
+        (start..start + len)
+            .map(|i| period[i % period.len()])
+            .collect()
+    }
+
+    /// What identifies the draw's content, beside its length.
+    pub fn identity(&self, len: usize) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"drawn");
+        h.update(format!("{}|{len}|{}|{}", self.dtype, self.seed, self.tensor).as_bytes());
+        h.update(&self.d.to_le_bytes());
+        *h.finalize().as_bytes()
+    }
+}
+
+/// One input of a launch as the launch read it.
+#[derive(Clone)]
+pub enum Input {
+    Drawn(Draw, usize),
+    Bits(Arc<Vec<u16>>),
+}
+
+impl Input {
+    fn values(&self, dtype: Dtype) -> Vec<f32> {
+        match self {
+            Input::Drawn(d, len) => check::values(dtype, &d.range(*len, 0, *len)),
+            Input::Bits(b) => check::values(dtype, b),
+        }
+    }
+}
+
+/// A launch whose outputs nobody has read yet: what it read and what it is asked.
+pub struct Launch {
+    pub key: [u8; 32],
+    pub shape: Shape,
+    pub dtype: Dtype,
+    /// Keys kept per head (a kernel that drops the last tile), when not all.
+    pub keys: Option<u32>,
+    pub inputs: [Input; 3],
+}
+
+/// Attention in fp32: O [b, h, sq, d] and LSE [b, h, sq], and O rounded to each dtype once asked:
+/// every buffer that holds this answer shares these arrays.
+pub struct AnswerData {
+    pub o: Arc<Vec<f32>>,
+    pub lse: Arc<Vec<f32>>,
+    rounded: [std::sync::OnceLock<Arc<Vec<u16>>>; 2],
+}
+
+impl AnswerData {
+    /// O rounded to `dtype`, as a kernel writing `dtype` stores it.
+    pub fn o_bits(&self, dtype: Dtype) -> Arc<Vec<u16>> {
+        self.rounded[dtype as usize]
+            .get_or_init(|| Arc::new(self.o.iter().map(|&x| check::to_bits(dtype, x)).collect()))
+            .clone()
+    }
+
+    fn bytes(&self) -> usize {
+        4 * (self.o.len() + self.lse.len()) + 2 * self.o.len()
+    }
+}
+
+pub type Answer = Arc<AnswerData>;
+
+/// Answers by launch key, the least recently used dropped beyond a byte budget.
+pub struct Answers {
+    map: HashMap<[u8; 32], (Answer, u64)>,
+    clock: u64,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Answers {
+    pub fn new(budget: usize) -> Self {
+        Answers {
+            map: HashMap::new(),
+            clock: 0,
+            bytes: 0,
+            budget,
+        }
+    }
+
+    pub fn get(&mut self, launch: &Launch) -> Answer {
+        self.clock += 1;
+        if let Some((a, used)) = self.map.get_mut(&launch.key) {
+            *used = self.clock;
+            return a.clone();
+        }
+        let (o, lse) = compute(launch);
+        let answer: Answer = Arc::new(AnswerData {
+            o: Arc::new(o),
+            lse: Arc::new(lse),
+            rounded: Default::default(),
+        });
+        let size = answer.bytes();
+        while self.bytes + size > self.budget && !self.map.is_empty() {
+            let oldest = *self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k)
+                .expect("non-empty");
+            let (gone, _) = self.map.remove(&oldest).expect("present");
+            self.bytes -= gone.bytes();
+        }
+        self.bytes += size;
+        self.map.insert(launch.key, (answer.clone(), self.clock));
+        answer
+    }
+}
+
+/// The key of a launch: its shape, dtype, kept keys and the identities of what it read.
+pub fn launch_key(
+    shape: &Shape,
+    dtype: Dtype,
+    keys: Option<u32>,
+    identities: [[u8; 32]; 3],
+) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(format!("{shape:?}|{dtype}|{keys:?}").as_bytes());
+    for id in identities {
+        h.update(&id);
+    }
+    *h.finalize().as_bytes()
+}
+
+/// O and LSE in fp32 (computed in f64).
+fn compute(launch: &Launch) -> (Vec<f32>, Vec<f32>) {
+    match &launch.inputs {
+        [Input::Drawn(q, _), Input::Drawn(k, _), Input::Drawn(v, _)]
+            if PERIOD.is_multiple_of(launch.shape.d as usize) =>
+        {
+            periodic(&launch.shape, launch.dtype, [q, k, v], launch.keys)
+        }
+        inputs => {
+            let (o, lse) = plain(&launch.shape, launch.dtype, inputs, launch.keys);
+            (
+                o.iter().map(|&x| x as f32).collect(),
+                lse.iter().map(|&x| x as f32).collect(),
+            )
+        }
+    }
+}
+
+/// The f64 oracle on every row, each head keeping its first `keys` keys when given.
+fn plain(
+    shape: &Shape,
+    dtype: Dtype,
+    inputs: &[Input; 3],
+    keys: Option<u32>,
+) -> (Vec<f64>, Vec<f64>) {
+    let [q, k, v] = [0, 1, 2].map(|t| inputs[t].values(dtype));
+    let rows: Vec<usize> = (0..q.len() / shape.d as usize).collect();
+    check::oracle_rows_keeping(shape, &q, &k, &v, &rows, keys.unwrap_or(shape.sk))
+}
+
+/// Attention on periodic draws (see the module's header), computed in f64 and stored in fp32. With
+/// p = PERIOD / d rows per period, query row g (over all heads) is row g mod p of Q's first period,
+/// and key j of head h is row (h·Sk + j) mod p of K's and V's: so head h walks the period's rows
+/// starting at (h·Sk) mod p.
+fn periodic(
+    shape: &Shape,
+    dtype: Dtype,
+    [q, k, v]: [&Draw; 3],
+    keys: Option<u32>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (sq, sk, d) = (shape.sq as usize, shape.sk as usize, shape.d as usize);
+    let heads = shape.b as usize * shape.h as usize;
+    let p = PERIOD / d;
+    let rows_of = |draw: &Draw, total_rows: usize| -> Vec<f64> {
+        check::values(dtype, &draw.period(total_rows * d))
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    let (qp, kp, vp) = (
+        rows_of(q, heads * sq),
+        rows_of(k, heads * sk),
+        rows_of(v, heads * sk),
+    );
+    let (q_rows, k_rows) = (qp.len() / d, kp.len() / d);
+    let scale = 1.0 / (d as f64).sqrt();
+    // Every distinct score: query class × key class.
+    let scores: Vec<f64> = (0..q_rows * k_rows)
+        .map(|x| {
+            let (a, b) = (x / k_rows, x % k_rows);
+            qp[a * d..][..d]
+                .iter()
+                .zip(&kp[b * d..][..d])
+                .map(|(x, y)| x * y)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let keep = keys.map_or(sk, |k| (k as usize).min(sk));
+    let mut o = vec![0.0f32; heads * sq * d];
+    let mut lse = vec![f32::NEG_INFINITY; heads * sq];
+    // Heads grouped by where their keys start in the period: each group shares its sums.
+    let mut by_start: HashMap<usize, Vec<usize>> = HashMap::new();
+    for h in 0..heads {
+        by_start.entry(h * sk % p).or_default().push(h);
+    }
+    // Prefix sums over one period of keys, in the order a head meets them: weights and weighted V.
+    let period_len = p.min(sk.max(1));
+    let mut weights = vec![0.0f64; period_len + 1];
+    let mut sums = vec![0.0f64; (period_len + 1) * d];
+    for (&start, group) in &by_start {
+        for class in 0..q_rows {
+            let key_class = |t: usize| (start + t) % p % k_rows;
+            let score = |t: usize| scores[class * k_rows + key_class(t)];
+            let m = (0..period_len).map(score).fold(f64::NEG_INFINITY, f64::max);
+            for t in 0..period_len {
+                let w = (score(t) - m).exp();
+                weights[t + 1] = weights[t] + w;
+                let vrow = &vp[key_class(t) * d..][..d];
+                let (done, next) = sums.split_at_mut((t + 1) * d);
+                for ((out, &prev), &x) in next[..d].iter_mut().zip(&done[t * d..]).zip(vrow) {
+                    *out = prev + w * x;
+                }
+            }
+            for &h in group {
+                // Rows i of head h whose query class is `class`: (h·sq + i) mod p == class.
+                let first = (class + p - h * sq % p) % p;
+                for i in (first..sq).step_by(p) {
+                    if (h * sq + i) % p % q_rows != class {
+                        continue;
+                    }
+                    let n = (shape.visible_keys(i as u32) as usize).min(keep);
+                    if n == 0 {
+                        continue;
+                    }
+                    let (full, rem) = ((n / period_len) as f64, n % period_len);
+                    let den = full * weights[period_len] + weights[rem];
+                    let row = h * sq + i;
+                    for (c, out) in o[row * d..][..d].iter_mut().enumerate() {
+                        *out = ((full * sums[period_len * d + c] + sums[rem * d + c]) / den) as f32;
+                    }
+                    lse[row] = (m + den.ln()) as f32;
+                }
+            }
+        }
+    }
+    (o, lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::config::Causal;
+
+    fn shape(sq: u32, sk: u32, d: u32, causal: Causal) -> Shape {
+        Shape {
+            name: "t".into(),
+            b: 2,
+            h: 3,
+            sq,
+            sk,
+            d,
+            causal,
+        }
+    }
+
+    /// The cheap form gives the oracle's figures on every row, for each mask and kept-key count.
+    #[test]
+    fn periodic_attention_is_the_oracle_on_periodic_draws() {
+        let cases = [
+            shape(100, 300, 64, Causal::None),
+            shape(77, 1000, 128, Causal::TopLeft),
+            shape(300, 77, 64, Causal::BottomRight),
+            shape(257, 257, 96, Causal::TopLeft),
+            shape(1, 700, 256, Causal::None),
+            shape(33, 500, 64, Causal::BottomRight),
+        ];
+        for s in cases {
+            for keys in [None, Some(s.sk / 2)] {
+                let heads = (s.b * s.h) as usize;
+                let draw = |tensor| Draw {
+                    dtype: Dtype::F16,
+                    seed: 7,
+                    tensor,
+                    d: s.d,
+                };
+                let lens = [
+                    heads * (s.sq * s.d) as usize,
+                    heads * (s.sk * s.d) as usize,
+                    heads * (s.sk * s.d) as usize,
+                ];
+                let inputs = [0, 1, 2].map(|t| Input::Drawn(draw(t as u64), lens[t]));
+                let (o1, l1) = periodic(&s, Dtype::F16, [&draw(0), &draw(1), &draw(2)], keys);
+                let (o2, l2) = plain(&s, Dtype::F16, &inputs, keys);
+                // Both in f64; the cheap form is stored in fp32: equal to the oracle rounded.
+                for (a, b) in o1.iter().zip(&o2).chain(l1.iter().zip(&l2)) {
+                    let b32 = *b as f32;
+                    assert!(
+                        *a == b32 || (a - b32).abs() <= 1e-6 * (1.0 + b32.abs()),
+                        "{s:?} keys {keys:?}: {a} against {b}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,461 @@
+//! Workers as Slurm job steps: the `srun` line that starts one, what a step's end says about who ended it, whether the run's allocation still stands, and whether the nodes see this host's files.
+//!
+//! A worker under Slurm is the same `flashtune worker` speaking the same protocol; `srun` carries its
+//! stdin, stdout and stderr, so its replies come back on stdout (see [`REPLY_ON_STDOUT`]). Inside an
+//! allocation (`salloc`, `sbatch`) each `srun` is a step of that job and uses its GPUs; outside one,
+//! each `srun` is a job of its own.
+use crate::model::config::SlurmPolicy;
+use crate::model::protocol::{Placement, REPLY_FD_ENV, REPLY_ON_STDOUT};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Why the cluster ended a worker's step: never the variant's fault, so never a quarantine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepLoss {
+    /// `scancel` of the step or of its job.
+    Cancelled,
+    /// The step's or the job's time limit.
+    TimeLimit,
+    /// A job of higher priority took the resources.
+    Preempted,
+    /// The node stopped answering.
+    NodeFailure,
+    /// The allocation the run's steps belong to is gone: the run stops as on a signal.
+    AllocationEnded,
+}
+
+impl StepLoss {
+    pub fn describe(self) -> &'static str {
+        match self {
+            StepLoss::Cancelled => "the step was cancelled (scancel)",
+            StepLoss::TimeLimit => "the step reached its time limit",
+            StepLoss::Preempted => "the step was preempted",
+            StepLoss::NodeFailure => "the node failed",
+            StepLoss::AllocationEnded => "the Slurm allocation ended",
+        }
+    }
+}
+
+/// What Slurm's own words at the end of a step say: `slurmstepd` writes
+/// `*** STEP 12.0 ON node CANCELLED AT <time> [DUE TO TIME LIMIT|PREEMPTION|NODE FAILURE] ***` (or
+/// `*** JOB 12 ...`) into the step's stderr, and srun `Node failure on node`; a worker that died by
+/// itself (a signal, an exit) has neither. `None`: the step was not ended by the cluster.
+pub fn step_loss(stderr: &str) -> Option<StepLoss> {
+    for line in stderr.lines() {
+        if line.contains("srun: error: Node failure on") {
+            return Some(StepLoss::NodeFailure);
+        }
+        let Some(start) = line.find("*** ") else {
+            continue;
+        };
+        let inner = line[start + 4..].trim_end().trim_end_matches('*').trim();
+        let mut words = inner.split_whitespace();
+        let scope = words.next();
+        let (_id, on, _node, cancelled) = (words.next(), words.next(), words.next(), words.next());
+        if !matches!(scope, Some("STEP" | "JOB"))
+            || on != Some("ON")
+            || cancelled != Some("CANCELLED")
+        {
+            continue;
+        }
+        let reason = inner.split_once(" DUE TO ").map(|(_, r)| r.trim());
+        return Some(match reason {
+            Some(r) if r.starts_with("TIME LIMIT") => StepLoss::TimeLimit,
+            Some(r) if r.starts_with("PREEMPTION") => StepLoss::Preempted,
+            Some(r) if r.starts_with("NODE FAIL") => StepLoss::NodeFailure,
+            _ => StepLoss::Cancelled,
+        });
+    }
+    None
+}
+
+/// How workers are started as job steps.
+#[derive(Debug, Clone)]
+pub struct Srun {
+    pub policy: SlurmPolicy,
+    /// Workers at once (`--tasks`, else `[slurm] tasks`).
+    pub tasks: u32,
+    /// Ask for `[slurm] gres` (not for the test double, which needs no GPU).
+    pub gres: bool,
+}
+
+/// The job name every worker step carries, so `squeue -n` finds them.
+pub const JOB_NAME: &str = "flashtune-worker";
+
+impl Srun {
+    /// srun's options for one worker: one task on one node, the policy's resources, the whole
+    /// environment (the worker reads `FLASHTUNE_*`), and only the resources asked for (`--exact`), so
+    /// the steps of one allocation run side by side.
+    pub fn options(&self) -> Vec<String> {
+        let p = &self.policy;
+        let mut args = vec![
+            "--ntasks=1".to_owned(),
+            "--nodes=1".to_owned(),
+            "--exact".to_owned(),
+            "--export=ALL".to_owned(),
+            format!("--job-name={JOB_NAME}"),
+        ];
+        if self.gres && !p.gres.is_empty() {
+            args.push(format!("--gres={}", p.gres));
+        }
+        for (flag, value) in [
+            ("partition", &p.partition),
+            ("account", &p.account),
+            ("time", &p.time),
+        ] {
+            if !value.is_empty() {
+                args.push(format!("--{flag}={value}"));
+            }
+        }
+        args.extend(p.extra_args.iter().cloned());
+        args
+    }
+
+    /// `srun ... <exe> worker --device 0 [--fake ARCH]`: the step's GPU is its device 0.
+    /// srun outlives nothing: it gets SIGTERM (and so cancels its step) when this process dies.
+    pub fn worker_command(&self, exe: &Path, fake: Option<&str>) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("srun");
+        crate::gpu::build::die_with_parent_by(&mut cmd, libc::SIGTERM);
+        cmd.args(self.options())
+            .arg(exe)
+            .arg("worker")
+            .arg("--device")
+            .arg("0")
+            .arg("--slurm-step");
+        if let Some(arch) = fake {
+            cmd.arg("--fake").arg(arch);
+        }
+        cmd.env(REPLY_FD_ENV, REPLY_ON_STDOUT);
+        cmd
+    }
+
+    /// How long a step may take to start before the session counts as not started.
+    pub fn start_timeout(&self) -> Duration {
+        Duration::from_secs(self.policy.start_timeout_s)
+    }
+
+    /// Whether a step started here sees this host's flashtune binary and build cache at the same
+    /// paths: the workers load the cubins the builds here wrote, by path. One step answers for the
+    /// cluster (every node should mount the same file systems). `Err` says what to change.
+    pub async fn check_shared(&self, exe: &Path, cache: &Path) -> Result<(), String> {
+        std::fs::create_dir_all(cache)
+            .map_err(|e| format!("cannot create the build cache {}: {e}", cache.display()))?;
+        let token = format!(
+            "flashtune {} {}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let probe = cache.join(format!(".slurm-visible-{}", std::process::id()));
+        std::fs::write(&probe, &token)
+            .map_err(|e| format!("cannot write {}: {e}", probe.display()))?;
+        let mut cmd = tokio::process::Command::new("srun");
+        cmd.args(self.options())
+            .args(["sh", "-c"])
+            .arg(r#"test -x "$1" || { echo "no-binary $(hostname)"; exit 0; }; cat "$2" 2>/dev/null || echo "no-cache $(hostname)""#)
+            .arg("sh")
+            .arg(exe)
+            .arg(&probe)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let limit = self.start_timeout() + Duration::from_secs(60);
+        let out = tokio::time::timeout(limit, cmd.output()).await;
+        let _ = std::fs::remove_file(&probe);
+        let out = match out {
+            Err(_) => {
+                return Err(format!(
+                    "no Slurm step started within {} s ([slurm] start_timeout_s)",
+                    limit.as_secs()
+                ))
+            }
+            Ok(Err(e)) => return Err(format!("cannot run srun: {e} (is Slurm installed here?)")),
+            Ok(Ok(out)) => out,
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        shared_verdict(&stdout, &stderr, &token, exe, cache)
+    }
+}
+
+/// The verdict of [`Srun::check_shared`] from what its step printed.
+pub fn shared_verdict(
+    stdout: &str,
+    stderr: &str,
+    token: &str,
+    exe: &Path,
+    cache: &Path,
+) -> Result<(), String> {
+    let answer = stdout.trim();
+    if answer == token {
+        return Ok(());
+    }
+    let node = answer.split_whitespace().nth(1).unwrap_or("the node");
+    let fix = "flashtune builds on this host and each worker loads the cubins by path, so every node must see the \
+               binary and the build cache at the same paths as here: put both on a file system the nodes share \
+               (set FLASHTUNE_CACHE_DIR to a folder there, and run a flashtune binary installed there)";
+    if answer.starts_with("no-binary") {
+        Err(format!("{node} cannot run {}: {fix}", exe.display()))
+    } else if answer.starts_with("no-cache") || !answer.is_empty() {
+        Err(format!(
+            "{node} does not see this host's build cache {}: {fix}",
+            cache.display()
+        ))
+    } else {
+        Err(format!(
+            "srun could not run a step: {}",
+            crate::gpu::build::log_tail(stderr, 3)
+        ))
+    }
+}
+
+/// An srun's process group, ended so that its job step ends too. srun killed outright leaves its
+/// step running on the node (a worker waiting on a stdin that never closes); on SIGTERM it cancels
+/// the step and exits within a fraction of a second. Dropped, it gives srun a second to finish by
+/// itself (its worker saw stdin close), then SIGTERM, then SIGKILL if it is still there 5 s later.
+pub struct SrunGroup(pub Option<u32>);
+
+impl SrunGroup {
+    /// Ask srun to end its step now.
+    pub fn terminate(&self) {
+        if let Some(pid) = self.0 {
+            // SAFETY: a signal to the group this process started; a group already gone is ESRCH.
+            unsafe { libc::killpg(pid as i32, libc::SIGTERM) };
+        }
+    }
+}
+
+impl Drop for SrunGroup {
+    fn drop(&mut self) {
+        let Some(pid) = self.0 else { return };
+        std::thread::spawn(move || {
+            for (wait, signal) in [(1, libc::SIGTERM), (5, libc::SIGKILL)] {
+                if gone_within(pid, Duration::from_secs(wait)) {
+                    return;
+                }
+                // SAFETY: as in `terminate`.
+                unsafe { libc::killpg(pid as i32, signal) };
+            }
+        });
+    }
+}
+
+/// Whether process `pid` exits (or is a zombie) within `limit`.
+pub fn gone_within(pid: u32, limit: Duration) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim_start().chars().next())
+            });
+        if matches!(state, None | Some('Z' | 'X')) {
+            return true;
+        }
+        if started.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The GPUs Slurm gave this job step, in the node's own numbering (`SLURM_STEP_GPUS`, `0,2`); none
+/// when the step asked for none or the cluster does not say (no gres plugin).
+pub fn step_gpus() -> Result<Vec<u32>, String> {
+    let Ok(list) = std::env::var("SLURM_STEP_GPUS") else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(|g| {
+            g.parse()
+                .map_err(|_| format!("SLURM_STEP_GPUS={list}: `{g}` is not a GPU number"))
+        })
+        .collect()
+}
+
+/// A worker started as a job step (`worker --slurm-step`) holds, on its node and for its whole life,
+/// the lock of each GPU the step was given: the same lock a local run on that node takes for that
+/// GPU, so a run started there by hand and a Slurm step never time on one GPU together.
+pub fn lock_step_gpus() -> Result<Vec<std::fs::File>, String> {
+    let node = std::env::var("SLURMD_NODENAME").unwrap_or_else(|_| host_name());
+    step_gpus()?
+        .into_iter()
+        .map(|g| crate::os::gpulock::try_lock_gpu(g, &format!("GPU {g} of node {node}")))
+        .collect()
+}
+
+/// Where this worker runs, when Slurm started it (`SLURM_JOB_ID` set); `None` for a local worker.
+pub fn placement_here() -> Option<Placement> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let job = var("SLURM_JOB_ID")?;
+    let node = var("SLURMD_NODENAME").unwrap_or_else(host_name);
+    Some(Placement {
+        node,
+        job,
+        step: var("SLURM_STEP_ID"),
+        gpus: var("SLURM_STEP_GPUS").or_else(|| var("CUDA_VISIBLE_DEVICES")),
+    })
+}
+
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into the buffer it is given.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The allocation this process runs in (`SLURM_JOB_ID`), if any: the job whose steps the workers are.
+pub fn allocation() -> Option<String> {
+    std::env::var("SLURM_JOB_ID")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+}
+
+/// Whether the allocation this run's steps belong to is over (cancelled, at its time limit): asked
+/// of `squeue` after a step was lost. `None` when there is no allocation, it still runs, or the
+/// controller cannot say (a run is not stopped on a controller's hiccup).
+pub async fn allocation_ended() -> Option<String> {
+    let job = allocation()?;
+    let out = tokio::process::Command::new("squeue")
+        .args(["-h", "-j", &job, "-o", "%T"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .ok()?
+        .ok()?;
+    let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match job_state(&state, &stderr) {
+        JobState::Running => None,
+        JobState::Ended(why) => Some(format!("Slurm job {job} {why}")),
+        JobState::Unknown => None,
+    }
+}
+
+/// A job's state as `squeue -h -j ID -o %T` reports it.
+#[derive(Debug, PartialEq)]
+pub enum JobState {
+    Running,
+    Ended(String),
+    Unknown,
+}
+
+pub fn job_state(state: &str, stderr: &str) -> JobState {
+    match state {
+        "RUNNING" | "CONFIGURING" | "SUSPENDED" | "PENDING" => JobState::Running,
+        "" if stderr.contains("Invalid job id") => JobState::Ended("is gone".into()),
+        "" => JobState::Unknown,
+        other => JobState::Ended(format!("is {}", other.to_lowercase())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurms_own_words_name_the_loss_and_a_crash_is_not_one() {
+        let cancelled = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\nslurmstepd-vm: error: *** STEP 6.0 ON vm CANCELLED AT 2026-11-24T14:46:53 ***\nsrun: error: vm: task 0: Killed";
+        assert_eq!(step_loss(cancelled), Some(StepLoss::Cancelled));
+        let limit = "slurmstepd-vm: error: *** STEP 8.0 ON vm CANCELLED AT 2026-11-24T14:48:06 DUE TO TIME LIMIT ***";
+        assert_eq!(step_loss(limit), Some(StepLoss::TimeLimit));
+        let job = "slurmstepd: error: *** JOB 12 ON gpu7 CANCELLED AT 2026-11-24T14:48:32 DUE TO PREEMPTION ***";
+        assert_eq!(step_loss(job), Some(StepLoss::Preempted));
+        assert_eq!(
+            step_loss("srun: error: Node failure on gpu3\nsrun: Job step aborted"),
+            Some(StepLoss::NodeFailure)
+        );
+        // The worker's own deaths: a signal, a kill of its own, an exit code.
+        for own in [
+            "srun: error: vm: task 0: Aborted",
+            "srun: error: vm: task 0: Segmentation fault",
+            "srun: error: vm: task 0: Killed\nsrun: Force Terminated StepId=5.0",
+            "srun: error: vm: task 0: Exited with exit code 3",
+            "the kernel printed *** something *** here",
+        ] {
+            assert_eq!(step_loss(own), None, "{own}");
+        }
+    }
+
+    #[test]
+    fn job_states_that_end_a_run_and_those_that_do_not() {
+        assert_eq!(job_state("RUNNING", ""), JobState::Running);
+        assert_eq!(
+            job_state("COMPLETING", ""),
+            JobState::Ended("is completing".into())
+        );
+        assert_eq!(
+            job_state("", "slurm_load_jobs error: Invalid job id specified"),
+            JobState::Ended("is gone".into())
+        );
+        assert_eq!(
+            job_state(
+                "",
+                "slurm_load_jobs error: Unable to contact slurm controller"
+            ),
+            JobState::Unknown
+        );
+    }
+
+    #[test]
+    fn a_node_that_sees_other_files_is_named_with_the_fix() {
+        let (exe, cache) = (Path::new("/home/a/flashtune"), Path::new("/tmp/cache"));
+        assert!(shared_verdict("tok\n", "", "tok", exe, cache).is_ok());
+        let e = shared_verdict("no-cache gpu7\n", "", "tok", exe, cache).unwrap_err();
+        assert!(
+            e.contains("gpu7") && e.contains("/tmp/cache") && e.contains("FLASHTUNE_CACHE_DIR"),
+            "{e}"
+        );
+        let e = shared_verdict("no-binary gpu7\n", "", "tok", exe, cache).unwrap_err();
+        assert!(e.contains("cannot run /home/a/flashtune"), "{e}");
+        let e = shared_verdict(
+            "",
+            "srun: error: Unable to allocate resources: Invalid partition name specified",
+            "tok",
+            exe,
+            cache,
+        )
+        .unwrap_err();
+        assert!(e.contains("Invalid partition"), "{e}");
+    }
+
+    #[test]
+    fn the_options_ask_for_the_policys_resources_and_no_gpu_for_the_double() {
+        let mut policy = SlurmPolicy {
+            partition: "gpu".into(),
+            extra_args: vec!["--constraint=h100".into()],
+            ..SlurmPolicy::default()
+        };
+        let srun = Srun {
+            policy: policy.clone(),
+            tasks: 4,
+            gres: true,
+        };
+        let o = srun.options();
+        assert!(o.contains(&"--gres=gpu:1".to_owned()), "{o:?}");
+        assert!(o.contains(&"--partition=gpu".to_owned()), "{o:?}");
+        assert!(o.contains(&"--constraint=h100".to_owned()), "{o:?}");
+        assert!(!o.iter().any(|a| a.starts_with("--account")), "{o:?}");
+        policy.gres = "gpu:h100:1".into();
+        let fake = Srun {
+            policy,
+            tasks: 4,
+            gres: false,
+        };
+        assert!(!fake.options().iter().any(|a| a.starts_with("--gres")));
+    }
+}

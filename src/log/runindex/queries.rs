@@ -1,0 +1,213 @@
+//! What the readers ask of a built index: a case, the ranking and pick per shape, disqualifying faults, the drift sentinels around a case, and how close two cases are.
+use super::{sentinel_gap, spread, Case, Closeness, Fault, Pick, RunIndex, SentinelPoint};
+use crate::model::config::Dtype;
+use crate::model::space::Params;
+use std::collections::BTreeMap;
+
+impl<'a> RunIndex<'a> {
+    pub fn case(&self, variant: &str, shape: &str, dtype: Dtype) -> Option<&Case<'a>> {
+        self.by_key
+            .get(&(variant, shape, dtype))
+            .map(|&i| &self.cases[i])
+    }
+
+    /// The parameters a variant was planned with (its last `planned` record).
+    pub fn params_of(&self, variant: &str) -> Option<&'a Params> {
+        self.planned
+            .iter()
+            .rev()
+            .find(|p| p.variant == variant)
+            .map(|p| p.params)
+    }
+
+    /// The run's last word is not a `finished` record: interrupted, killed, or still going.
+    pub fn unfinished(&self) -> bool {
+        match (self.finished, self.interrupted) {
+            (None, _) => true,
+            (Some(f), Some((line, _))) => line > f.line,
+            (Some(_), None) => false,
+        }
+    }
+
+    pub fn fake(&self) -> bool {
+        self.header.is_some_and(|h| h.device.fake)
+    }
+
+    /// The measured cases of one (shape, dtype), fastest median first (plan order among equals).
+    pub fn ranked(&self, shape: &str, dtype: Dtype) -> Vec<&Case<'a>> {
+        let mut ranked: Vec<&Case<'a>> = self
+            .cases
+            .iter()
+            .filter(|c| c.shape.name == shape && c.dtype == dtype && c.measured().is_some())
+            .filter(|c| self.disqualified_on(c.variant, shape).is_none())
+            .collect();
+        ranked.sort_by(|a, b| {
+            let median = |c: &Case| c.measured().map_or(f64::INFINITY, |t| t.median_us);
+            median(a).total_cmp(&median(b))
+        });
+        ranked
+    }
+
+    /// Why a variant may not be anyone's champion anywhere: its first runtime fault (a wrong answer,
+    /// a crash, a hang, a write outside its outputs, a quarantine, a figure beyond the roofs) on any
+    /// case, even one a retry later measured. A kernel that faults on one shape is a faulty kernel;
+    /// its clean runs elsewhere are luck of the shape.
+    pub fn disqualified(&self, variant: &str) -> Option<&Fault<'a>> {
+        self.faults.iter().find(|f| f.variant == variant)
+    }
+
+    /// Why a variant may not be the champion of `shape`: as [`RunIndex::disqualified`], except that
+    /// under per-shape dispatch only a fault on that shape (or on no named case) counts.
+    pub fn disqualified_on(&self, variant: &str, shape: &str) -> Option<&Fault<'a>> {
+        self.faults
+            .iter()
+            .find(|f| f.variant == variant && f.bars(shape, self.per_shape_dispatch))
+    }
+
+    /// The champion of one (shape, dtype): the fastest measured case, and whether its runner-up ties it.
+    /// Cases measured under a condition (throttling, another process) are passed over when a clean
+    /// one exists; a drift duel of the two decides between them when the run re-timed them.
+    pub fn pick(&self, shape: &str, dtype: Dtype) -> Option<Pick<'_, 'a>> {
+        let ranked = self.ranked(shape, dtype);
+        let clean: Vec<&Case<'a>> = ranked
+            .iter()
+            .copied()
+            .filter(|c| c.conditions().is_empty())
+            .collect();
+        let pool = if clean.is_empty() { &ranked } else { &clean };
+        let mut best = *pool.first()?;
+        let mut runner_up = pool.get(1).copied();
+        if let Some(r) = runner_up {
+            if self.drift_duel_won(r, best) {
+                runner_up = Some(best);
+                best = r;
+            }
+        }
+        let tie = runner_up
+            .and_then(|r| self.closeness(best, r))
+            .filter(Closeness::tied);
+        let best_us = best.measured().map_or(f64::INFINITY, |t| t.median_us);
+        let passed_over = ranked
+            .iter()
+            .copied()
+            .filter(|c| {
+                !c.conditions().is_empty()
+                    && best.conditions().is_empty()
+                    && c.measured().is_some_and(|t| t.median_us < best_us)
+            })
+            .collect();
+        Some(Pick {
+            best,
+            runner_up,
+            tie,
+            passed_over,
+        })
+    }
+
+    /// Whether `challenger` beat `holder` in the last drift duel between the two.
+    fn drift_duel_won(&self, challenger: &Case, holder: &Case) -> bool {
+        self.drift_duels
+            .iter()
+            .rev()
+            .find(|d| {
+                d.shape == holder.shape.name
+                    && d.dtype == holder.dtype
+                    && ((d.champion == holder.variant && d.runner_up == challenger.variant)
+                        || (d.champion == challenger.variant && d.runner_up == holder.variant))
+            })
+            .and_then(|d| Some((d, d.verdict?)))
+            .is_some_and(|(d, v)| {
+                // The verdict judges the runner-up as the challenger.
+                if d.runner_up == challenger.variant {
+                    v.accept
+                } else {
+                    v.gain < 0.0 && -v.gain > v.noise
+                }
+            })
+    }
+
+    /// The sentinels of a measured case's GPU just before and after it was timed (its last timing).
+    pub fn sentinels_around(
+        &self,
+        case: &Case,
+    ) -> (Option<&SentinelPoint<'a>>, Option<&SentinelPoint<'a>>) {
+        let Some(line) = case.outcome.line() else {
+            return (None, None);
+        };
+        let Some(t) = self.timings.iter().find(|t| t.line == line) else {
+            return (None, None);
+        };
+        let at = |i: Option<usize>| i.and_then(|i| self.sentinels.get(i));
+        (at(t.sentinel_before), at(t.sentinel_after))
+    }
+
+    /// The Slurm GPU a measured case was timed on (its last timing, as `node:gpuN`).
+    pub fn placed_of(&self, case: &Case) -> Option<&'a str> {
+        let line = case.outcome.line()?;
+        self.timings.iter().find(|t| t.line == line)?.placed
+    }
+
+    /// How far apart the sentinel stood when two measured cases were timed: the larger gap of their
+    /// sentinels before, and of their sentinels after; `None` without sentinels around both.
+    pub fn drift_between(&self, a: &Case, b: &Case) -> Option<f64> {
+        let (a0, a1) = self.sentinels_around(a);
+        let (b0, b1) = self.sentinels_around(b);
+        let gap = |x: Option<&SentinelPoint>, y: Option<&SentinelPoint>| {
+            let (x, y) = (x?, y?);
+            if x.error.is_some() || y.error.is_some() {
+                return None;
+            }
+            sentinel_gap(x.figures, y.figures)
+        };
+        match (gap(a0, b0), gap(a1, b1)) {
+            (Some(g), Some(h)) => Some(g.max(h)),
+            (g, h) => g.or(h),
+        }
+    }
+
+    /// Each GPU's sentinels against its first good one: (point, drift from the first).
+    pub fn sentinel_drift(&self) -> Vec<(&SentinelPoint<'a>, f64)> {
+        let mut first: BTreeMap<u32, &SentinelPoint<'a>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for s in self.sentinels.iter().filter(|s| s.error.is_none()) {
+            let reference = *first.entry(s.device).or_insert(s);
+            if let Some(gap) = sentinel_gap(s.figures, reference.figures) {
+                out.push((s, gap));
+            }
+        }
+        out
+    }
+
+    /// How close two measured cases of one (shape, dtype) are: by the last interleaved duel of the
+    /// two where the log has one with a verdict, else by their medians against their spreads.
+    pub fn closeness(&self, a: &Case, b: &Case) -> Option<Closeness> {
+        let (ta, tb) = (a.measured()?, b.measured()?);
+        let duel = self.duels.iter().rev().find(|d| {
+            d.shape == a.shape.name
+                && d.dtype == a.dtype
+                && d.verdict.is_some()
+                && d.challenger.is_some_and(|c| {
+                    (d.champion == a.variant && c == b.variant)
+                        || (d.champion == b.variant && c == a.variant)
+                })
+        });
+        if let Some(d) = duel {
+            let v = d.verdict.expect("filtered on a verdict");
+            return Some(Closeness {
+                gap: v.gain.abs(),
+                noise: v.noise,
+                duel_line: Some(d.line),
+            });
+        }
+        let (fast, slow) = if ta.median_us <= tb.median_us {
+            (ta, tb)
+        } else {
+            (tb, ta)
+        };
+        Some(Closeness {
+            gap: slow.median_us / fast.median_us - 1.0,
+            noise: spread(ta).max(spread(tb)),
+            duel_line: None,
+        })
+    }
+}

@@ -1,0 +1,72 @@
+//! The report's Not measured section: what a budget left out.
+use crate::log::runindex::{Outcome, RunIndex};
+use std::fmt::Write;
+
+/// Under a budget: the variants it left out, in the order they would have come, each with the
+/// strategy's estimate of its promise (its rank and why) and what earlier runs measured of it.
+pub(super) fn not_measured(ix: &RunIndex) -> String {
+    let mut left: Vec<&str> = Vec::new();
+    let mut why: Option<&str> = None;
+    for c in &ix.cases {
+        if let Outcome::Skipped { reason, .. } = c.outcome {
+            if let Some(budget) = reason.strip_prefix("not measured: ") {
+                why.get_or_insert(budget);
+                if !left.contains(&c.variant) {
+                    left.push(c.variant);
+                }
+            }
+        }
+    }
+    let Some(why) = why else {
+        return String::new();
+    };
+    let order = ix.dispatch_order.map_or(&[][..], |(_, o)| o);
+    let ranked = |v: &str| order.iter().find(|r| r.variant == v);
+    left.sort_by_key(|v| ranked(v).map_or(usize::MAX, |r| r.rank));
+    let measured = ix
+        .dispatch_order
+        .map(|(line, o)| {
+            format!(
+                " The run dispatched variants best first (log line {line}); {} of {} were reached.",
+                o.len().saturating_sub(left.len()),
+                o.len()
+            )
+        })
+        .unwrap_or_default();
+    let mut md = format!(
+        "\n## Not measured ({why})\n\nThe budget ran out before these variants were reached.{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).\n\n| rank | variant | why it was there | earlier figures |\n|---:|---|---|---|\n"
+    );
+    for v in left {
+        let (rank, reason, earlier) = match ranked(v) {
+            Some(r) => {
+                let earlier: Vec<String> = r
+                    .earlier
+                    .iter()
+                    .map(|f| {
+                        format!(
+                            "{} {} {:.1} µs{} (run {} line {})",
+                            f.shape,
+                            f.dtype,
+                            f.median_us,
+                            if f.current { " ✓" } else { "" },
+                            f.run,
+                            f.line
+                        )
+                    })
+                    .collect();
+                (
+                    r.rank.to_string(),
+                    r.reason.replace('|', "/"),
+                    if earlier.is_empty() {
+                        "none".into()
+                    } else {
+                        earlier.join("; ")
+                    },
+                )
+            }
+            None => ("—".into(), "—".into(), "—".into()),
+        };
+        let _ = writeln!(md, "| {rank} | `{v}` | {reason} | {earlier} |");
+    }
+    md
+}

@@ -1,0 +1,52 @@
+//! Measuring a list of planned points: log each with the reason it was chosen, take what the results store may supply (`anytime`), and hand the rest to the scheduler.
+use crate::error::Result;
+use crate::log::runlog::Record;
+use crate::model::plan::Proposal;
+use crate::model::protocol::DeviceInfo;
+use crate::model::space::PlannedPoint;
+use crate::run::scheduler::{Ending, Scheduler};
+use crate::run::shared::{Budget, Events, Project, TuneOptions};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Log the points (with the search's reason for each), then build, check and time the valid ones not yet done.
+#[allow(clippy::too_many_arguments)]
+pub async fn measure_points(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+    done: &BTreeSet<String>,
+    planned: &[PlannedPoint],
+    reasons: &BTreeMap<String, Proposal>,
+    budget: &Budget,
+) -> Result<Ending> {
+    events.emit_all(
+        planned
+            .iter()
+            .filter(|p| !done.contains(&p.variant.id))
+            .map(|p| Record::Planned {
+                variant: p.variant.id.clone(),
+                step: p.variant.step.clone(),
+                params: p.variant.params.clone(),
+                head_dim: p.head_dim,
+                launch: p.launch.clone(),
+                invalid: p.invalid.clone(),
+                proposed_by: reasons.get(&p.variant.id).cloned(),
+            })
+            .collect(),
+    )?;
+    let prepared =
+        crate::run::anytime::prepare(project, device, opts, events, done, planned, budget)?;
+    let scheduler = Scheduler {
+        project,
+        executor: &opts.executor,
+        devices: &opts.devices,
+        arch: &device.arch,
+        budget,
+        done,
+        run_seed: opts.run.seed,
+        roofs: &opts.run.roofs,
+        reused: &prepared.reused,
+    };
+    scheduler.run(&prepared.planned, events).await
+}

@@ -1,0 +1,801 @@
+//! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined; a case timed on a throttled or shared GPU is timed again once; the drift sentinel is timed between variants.
+use crate::error::{Error, Result};
+use crate::gpu::build::{self, BuildFailure, BuildOutput, BuildSpec};
+use crate::gpu::executor::{Executor, Session, WorkerEnd, WorkerOutcome};
+use crate::log::runlog::Record;
+use crate::model::config::Dtype;
+use crate::model::protocol::*;
+use crate::model::space::{PlannedPoint, REFERENCE};
+use crate::run::shared::{input_seed, Budget, Events, Project, UnitKey};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Mutex};
+
+mod outcome;
+
+/// A (variant, shape, dtype): the cases `anytime` takes from the results store instead of measuring.
+pub type CaseKey = (String, String, Dtype);
+
+/// A finished build, as the build tasks report it.
+pub type BuildResult = (UnitKey, std::result::Result<BuildOutput, BuildFailure>);
+
+#[derive(Debug, Default, Clone)]
+pub struct Totals {
+    pub variants: usize,
+    pub measured: usize,
+    pub failed: usize,
+    /// The budget that stopped the run early, if one did.
+    pub budget_stop: Option<String>,
+}
+
+/// How the pipeline ended.
+pub enum Ending {
+    Finished(Totals),
+    /// First Ctrl-C: the measurement in flight finished, nothing new started.
+    Interrupted(Totals),
+}
+
+struct Job {
+    variant: String,
+    cases: Vec<CaseSpec>,
+    /// Tries so far, this one included.
+    attempt: u32,
+    /// Times its worker failed by the variant's own doing (the second quarantines it).
+    faults: u32,
+    /// Times the cluster ended its worker's step (never held against it).
+    lost: u32,
+}
+
+/// A job to queue again, after a pause when the failure was the infrastructure's.
+struct Retry {
+    job: Job,
+    after: Duration,
+}
+
+struct JobResult {
+    job: Job,
+    device: u32,
+    started: Instant,
+    seconds: f64,
+    outcome: WorkerOutcome,
+    /// First timings replaced by a re-timing (taken under a condition of `[gpu_state] retime_on`).
+    disturbed: Vec<CaseResult>,
+    /// Set when the GPU failed its health check after this job: that GPU takes no more work.
+    unhealthy: Option<String>,
+    /// Where the worker ran, when Slurm placed it.
+    placement: Option<Placement>,
+}
+
+/// What a GPU's queue reports: a finished job, or a drift sentinel timed between jobs.
+enum GpuEvent {
+    Job(JobResult),
+    Sentinel {
+        device: u32,
+        when: &'static str,
+        result: SentinelResult,
+    },
+}
+
+/// How a GPU's queue measures: the case policy, the sentinel's, and when a timing is taken again.
+struct LoopPolicy {
+    measure: MeasureSpec,
+    timeout: Duration,
+    sentinel_every: Duration,
+    sentinel_reps: usize,
+    retime_on: Vec<Condition>,
+}
+
+/// The GPU queues of one scheduler run: aborted (their workers killed) however the run returns.
+struct GpuTasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for GpuTasks {
+    fn drop(&mut self) {
+        self.0.iter().for_each(|t| t.abort());
+    }
+}
+
+/// The conditions of `[gpu_state] retime_on` a case was timed under.
+fn flagged(case: &CaseResult, retime_on: &[Condition]) -> Vec<Condition> {
+    case.gpu_state.as_ref().map_or_else(Vec::new, |s| {
+        s.conditions()
+            .into_iter()
+            .filter(|c| retime_on.contains(c))
+            .collect()
+    })
+}
+
+/// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
+const INFRA_RETRIES: u32 = 3;
+
+/// The best clean timing so far per (shape, dtype) in this run: the bars racing holds later cases to.
+#[derive(Default)]
+pub(super) struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
+
+impl Bests {
+    /// A timing a case may set the bar with: clean (no throttling, no other process) and in full.
+    pub(super) fn offer(
+        &mut self,
+        variant: &str,
+        case: &CaseResult,
+        timing: &TimingStats,
+        clean: bool,
+    ) {
+        if !clean || case.raced.is_some() {
+            return;
+        }
+        let key = (case.shape.clone(), case.dtype);
+        if self
+            .0
+            .get(&key)
+            .is_some_and(|(median, _)| *median <= timing.median_us)
+        {
+            return;
+        }
+        let bar = RaceBar {
+            samples: 0,
+            p90_us: timing.p90_us,
+            best: variant.to_owned(),
+        };
+        self.0.insert(key, (timing.median_us, bar));
+    }
+
+    /// The bar for a case, with `samples` before the decision (0: no racing).
+    fn bar(&self, case: &CaseSpec, samples: u32) -> Option<RaceBar> {
+        let (_, bar) = self.0.get(&(case.shape.name.clone(), case.dtype))?;
+        (samples > 0).then(|| RaceBar {
+            samples,
+            ..bar.clone()
+        })
+    }
+}
+
+pub struct Scheduler<'a> {
+    pub project: &'a Project,
+    pub executor: &'a Executor,
+    pub devices: &'a [u32],
+    pub arch: &'a str,
+    pub budget: &'a Budget,
+    /// Variants a resumed run already finished.
+    pub done: &'a BTreeSet<String>,
+    /// The run's input seed: every variant of the run is judged on the same input sets.
+    pub run_seed: u64,
+    /// The roofs figures are held to; a case beyond one is `implausible`, never `timed`.
+    pub roofs: &'a crate::report::roofs::Roofs,
+    /// Cases the results store supplied (`--reuse`): never measured, never skipped.
+    pub reused: &'a BTreeSet<crate::run::scheduler::CaseKey>,
+}
+
+impl Scheduler<'_> {
+    pub async fn run(&self, planned: &[PlannedPoint], events: &mut Events) -> Result<Ending> {
+        let started = Instant::now();
+        let project = self.project;
+        let dtypes = project.policies.dtypes.clone();
+
+        let specs = project.build_specs(planned, self.arch, self.done);
+        let mut units_left: BTreeMap<String, usize> = BTreeMap::new();
+        let mut variant_order: Vec<String> = Vec::new();
+        for ((variant, _, _), _) in specs.iter().filter(|((v, _, _), _)| v != REFERENCE) {
+            *units_left.entry(variant.clone()).or_default() += 1;
+            if !variant_order.contains(variant) {
+                variant_order.push(variant.clone());
+            }
+        }
+        let mut totals = Totals {
+            variants: variant_order.len(),
+            ..Default::default()
+        };
+        let mut builds_left = specs.len();
+        let (mut build_tasks, mut build_rx) = spawn_builds(project, specs);
+
+        // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
+        let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let (result_tx, mut result_rx) = mpsc::unbounded_channel::<GpuEvent>();
+        let mut gpu_tasks = GpuTasks(Vec::new());
+        let policies = &project.policies;
+        let loop_policy = Arc::new(LoopPolicy {
+            measure: MeasureSpec {
+                warmup_ms: policies.measure.warmup_ms,
+                samples: policies.measure.samples,
+                min_sample_us: policies.measure.min_sample_us,
+                verified_replays: policies.measure.verified_replays,
+            },
+            timeout: Duration::from_secs(project.timeouts.worker_s),
+            sentinel_every: Duration::from_secs(policies.sentinel.every_s),
+            sentinel_reps: policies.sentinel.reps,
+            retime_on: policies.gpu_state.retime_on.clone(),
+        });
+        let max_drift = policies.sentinel.max_drift;
+        let mut state_reported: BTreeSet<u32> = BTreeSet::new();
+        for &device in self.devices {
+            let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
+            gpu_tasks.0.push(tokio::spawn(gpu_loop(
+                executor,
+                device,
+                loop_policy.clone(),
+                rx,
+                tx,
+            )));
+        }
+        drop(result_tx);
+        let mut live_gpus = self.devices.len();
+
+        let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
+        let mut references_left = dtypes.len();
+        let mut ready: Vec<String> = Vec::new();
+        let mut in_flight = 0usize;
+        let mut dispatched = 0usize;
+        // SIGINT, SIGTERM and SIGHUP are kept process-wide: one that landed before this run started,
+        // or while the loop was busy, is not lost.
+        crate::os::stop::listen()
+            .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for signals: {e}")))?;
+        let mut stopping: Option<String> = None;
+        let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
+        let mut bests = Bests::default();
+        let race_samples = project.policies.measure.race_samples;
+        let mut interrupted = false;
+        loop {
+            // Counted before looking: a signal that lands after this wakes the select below at once.
+            let signals = crate::os::stop::count();
+            if signals >= 2 {
+                // Second signal: stop now; the tasks' drop kills the workers and nvcc.
+                build_tasks.abort_all();
+                return Ok(Ending::Interrupted(totals));
+            }
+            if !interrupted && signals >= 1 {
+                interrupted = true;
+                let signal = crate::os::stop::requested().map_or("a signal", crate::os::stop::name);
+                stopping = Some(signal.into());
+                build_tasks.abort_all();
+            }
+            // Dispatch what is ready, in the plan's order (best first under a budget), one job per
+            // free GPU: work stays in `ready` until a GPU takes it, so budgets and Ctrl-C apply to
+            // everything not started.
+            if references_left == 0 && stopping.is_none() {
+                ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
+                while in_flight < live_gpus && !ready.is_empty() {
+                    if let Some(reason) = self.budget_reached(dispatched, started) {
+                        let not_measured: Vec<String> = variant_order
+                            .iter()
+                            .filter(|v| !finished.contains(*v) && !running.contains(*v))
+                            .cloned()
+                            .collect();
+                        events.emit(Record::BudgetReached {
+                            reason: reason.clone(),
+                            variants_not_measured: not_measured.clone(),
+                        })?;
+                        for variant in &not_measured {
+                            for (shape, dtype) in self.case_names(planned, variant) {
+                                events.emit(Record::CaseSkipped {
+                                    variant: variant.clone(),
+                                    shape,
+                                    dtype,
+                                    reason: format!("not measured: {reason}"),
+                                })?;
+                            }
+                        }
+                        totals.budget_stop = Some(reason.clone());
+                        stopping = Some(reason);
+                        build_tasks.abort_all();
+                        break;
+                    }
+                    // --max-variants N measures exactly the first N of the order: the next one
+                    // waits for its own build rather than let a later one that built sooner in.
+                    let next = variant_order
+                        .iter()
+                        .find(|v| !finished.contains(*v) && !running.contains(*v));
+                    if self.budget.max_variants.is_some() && next != ready.first() {
+                        break;
+                    }
+                    let variant = ready.remove(0);
+                    dispatched += 1;
+                    let mut cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
+                    cases.retain(|c| {
+                        let case = (variant.clone(), c.shape.name.clone(), c.dtype);
+                        !self.reused.contains(&case)
+                    });
+                    for case in &mut cases {
+                        case.race = bests.bar(case, race_samples);
+                    }
+                    if cases.is_empty() {
+                        finished.insert(variant.clone());
+                        events.emit(Record::VariantDone {
+                            variant,
+                            measured_cases: 0,
+                        })?;
+                        continue;
+                    }
+                    in_flight += 1;
+                    running.insert(variant.clone());
+                    let _ = job_tx.send(Job {
+                        variant,
+                        cases,
+                        attempt: 1,
+                        faults: 0,
+                        lost: 0,
+                    });
+                }
+            }
+            let building = builds_left > 0 && stopping.is_none();
+            if !building && in_flight == 0 && (ready.is_empty() || stopping.is_some()) {
+                break;
+            }
+            tokio::select! {
+                Some((key, result)) = build_rx.recv(), if building => {
+                    builds_left -= 1;
+                    let (variant, dtype, head_dim) = key.clone();
+                    if let Err(failure) = &result {
+                        // Not the variant's fault: logged as a failed build, resume would skip it.
+                        if let Some(why) = out_of_space(failure) {
+                            return Err(Error::DiskFull(format!(
+                                "the build of {variant} ({dtype}, d={head_dim}) ran out of disk space: {why}\nFree space under {} and the run folder, then `flashtune resume` the run: nothing it logged is lost.",
+                                project.paths.build_cache().display()
+                            )));
+                        }
+                    }
+                    match record_build(project, events, key, result)? {
+                        Ok(cubin) => {
+                            cubins.insert((variant.clone(), dtype, head_dim), cubin);
+                        }
+                        Err(reason) if variant != REFERENCE => {
+                            self.skip_unit(events, &variant, dtype, head_dim, &reason)?;
+                        }
+                        Err(_) => {}
+                    }
+                    if variant == REFERENCE {
+                        references_left -= 1;
+                    } else if let Some(left) = units_left.get_mut(&variant) {
+                        *left -= 1;
+                        if *left == 0 {
+                            ready.push(variant);
+                        }
+                    }
+                    if references_left > 0 && builds_left == 0 {
+                        return Err(Error::Other(anyhow::anyhow!("the reference kernel did not build; see the build_failed record")));
+                    }
+                }
+                Some(event) = result_rx.recv(), if in_flight > 0 => {
+                    let result = match event {
+                        GpuEvent::Sentinel { device, when, result } => {
+                            record_sentinel(events, device, when, result, max_drift)?;
+                            continue;
+                        }
+                        GpuEvent::Job(result) => result,
+                    };
+                    in_flight -= 1;
+                    if let Some(reason) = &result.unhealthy {
+                        live_gpus -= 1;
+                        events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
+                    }
+                    let variant = result.job.variant.clone();
+                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals, &mut state_reported, &mut bests)? {
+                        in_flight += 1;
+                        let tx = job_tx.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(after).await;
+                            let _ = tx.send(job);
+                        });
+                    } else {
+                        running.remove(&variant);
+                        finished.insert(variant);
+                    }
+                    if live_gpus == 0 && in_flight > 0 {
+                        return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
+                    }
+                }
+                // The top of the loop acts on it.
+                _ = crate::os::stop::reached(signals + 1) => {}
+            }
+        }
+        // Each queue times its last sentinel once it sees the queue closed (not when stopping).
+        drop(job_tx);
+        let drain = async {
+            while let Some(event) = result_rx.recv().await {
+                if let GpuEvent::Sentinel {
+                    device,
+                    when,
+                    result,
+                } = event
+                {
+                    record_sentinel(events, device, when, result, max_drift)?;
+                }
+            }
+            Ok::<(), Error>(())
+        };
+        tokio::select! {
+            drained = drain => drained?,
+            _ = crate::os::stop::reached(2) => {}
+        }
+        drop(gpu_tasks);
+        Ok(if interrupted {
+            Ending::Interrupted(totals)
+        } else {
+            Ending::Finished(totals)
+        })
+    }
+
+    /// The (shape, dtype) cases a planned variant has.
+    fn case_names(&self, planned: &[PlannedPoint], variant: &str) -> Vec<(String, Dtype)> {
+        let mut names = Vec::new();
+        for shape in &self.project.shapes {
+            let valid = planned
+                .iter()
+                .any(|p| p.variant.id == variant && p.head_dim == shape.d && p.invalid.is_none());
+            if valid {
+                for &dtype in &self.project.policies.dtypes {
+                    let case = (variant.to_owned(), shape.name.clone(), dtype);
+                    if !self.reused.contains(&case) {
+                        names.push((shape.name.clone(), dtype));
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    /// Every case a failed or gated build leaves without a kernel.
+    fn skip_unit(
+        &self,
+        events: &mut Events,
+        variant: &str,
+        dtype: Dtype,
+        head_dim: u32,
+        reason: &str,
+    ) -> Result<()> {
+        for shape in self.project.shapes.iter().filter(|s| s.d == head_dim) {
+            events.emit(Record::CaseSkipped {
+                variant: variant.to_owned(),
+                shape: shape.name.clone(),
+                dtype,
+                reason: reason.to_owned(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn budget_reached(&self, dispatched: usize, started: Instant) -> Option<String> {
+        if let Some(max) = self.budget.max_variants {
+            if dispatched >= max {
+                return Some(format!("--max-variants {max}"));
+            }
+        }
+        if let Some(limit) = self.budget.time_limit {
+            if started.elapsed() >= limit {
+                return Some(format!("--time-limit {}s", limit.as_secs()));
+            }
+        }
+        None
+    }
+}
+
+/// Start every build, at most `jobs` nvcc at a time; results arrive in completion order.
+pub fn spawn_builds(
+    project: &Project,
+    specs: Vec<(UnitKey, BuildSpec)>,
+) -> (
+    tokio::task::JoinSet<()>,
+    mpsc::UnboundedReceiver<BuildResult>,
+) {
+    spawn_builds_with(project.builder(), project.jobs(), specs)
+}
+
+/// [`spawn_builds`] with another builder (another cache folder).
+pub fn spawn_builds_with(
+    builder: crate::gpu::build::Builder,
+    jobs: usize,
+    specs: Vec<(UnitKey, BuildSpec)>,
+) -> (
+    tokio::task::JoinSet<()>,
+    mpsc::UnboundedReceiver<BuildResult>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let slots = Arc::new(tokio::sync::Semaphore::new(jobs.max(1)));
+    let builder = Arc::new(builder);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (key, spec) in specs {
+        let (builder, slots, tx) = (builder.clone(), slots.clone(), tx.clone());
+        tasks.spawn(async move {
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            let result = builder.build(&spec).await;
+            let _ = tx.send((key, result));
+        });
+    }
+    (tasks, rx)
+}
+
+/// The session of a GPU's queue, opened if there is none or the last one ended badly.
+async fn live<'s>(
+    session: &'s mut Option<Session>,
+    executor: &Executor,
+    device: u32,
+) -> std::result::Result<&'s mut Session, WorkerEnd> {
+    if !session.as_ref().is_some_and(|s| s.alive) {
+        *session = None;
+        *session = Some(executor.open(device).await?);
+    }
+    Ok(session.as_mut().expect("just opened"))
+}
+
+/// Time the drift sentinel in the queue's session and report it.
+async fn run_sentinel(
+    executor: &Executor,
+    device: u32,
+    session: &mut Option<Session>,
+    policy: &LoopPolicy,
+    when: &'static str,
+    results: &mpsc::UnboundedSender<GpuEvent>,
+) {
+    let request = WorkerRequest::Sentinel {
+        reps: policy.sentinel_reps,
+    };
+    let outcome = match live(session, executor, device).await {
+        Ok(s) => s.request(&request, policy.timeout).await,
+        Err(end) => WorkerOutcome::ended(end),
+    };
+    if outcome.end != WorkerEnd::Clean {
+        *session = None;
+    }
+    let result = outcome.sentinel.clone().unwrap_or_else(|| SentinelResult {
+        error: Some(
+            outcome
+                .trouble()
+                .unwrap_or_else(|| "the worker did not answer".into()),
+        ),
+        ..Default::default()
+    });
+    let _ = results.send(GpuEvent::Sentinel {
+        device,
+        when,
+        result,
+    });
+}
+
+/// Take jobs from the shared queue and run them on one GPU in one worker session; a session that
+/// ends badly is dropped (its process group killed), the GPU health-checked when the end may be the
+/// GPU's, and the next job gets a fresh worker. The drift sentinel runs in the same session before
+/// the first job (and the first on each new GPU: a new Slurm step may land on another), then whenever
+/// `[sentinel] every_s` has passed, and once more when the queue closes (unless the run is stopping).
+async fn gpu_loop(
+    executor: Executor,
+    device: u32,
+    policy: Arc<LoopPolicy>,
+    jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
+    results: mpsc::UnboundedSender<GpuEvent>,
+) {
+    let mut session: Option<Session> = None;
+    let mut last_sentinel: Option<Instant> = None;
+    let mut last_placement: Option<Placement> = None;
+    loop {
+        let job = { jobs.lock().await.recv().await };
+        let Some(job) = job else {
+            if last_sentinel.is_some() && crate::os::stop::requested().is_none() {
+                run_sentinel(&executor, device, &mut session, &policy, "end", &results).await;
+            }
+            return;
+        };
+        let mut placement = None;
+        let opened = match live(&mut session, &executor, device).await {
+            Ok(s) => {
+                placement = s.device.as_ref().and_then(|d| d.placement.clone());
+                Ok(())
+            }
+            Err(end) => Err(end),
+        };
+        let gpu = |p: &Option<Placement>| p.as_ref().map(Placement::gpu_label);
+        if placement.is_some() && gpu(&placement) != gpu(&last_placement) {
+            last_placement = placement.clone();
+            last_sentinel = None;
+        }
+        if opened.is_ok() && last_sentinel.is_none_or(|t| t.elapsed() >= policy.sentinel_every) {
+            let when = if last_sentinel.is_none() {
+                "start"
+            } else {
+                "periodic"
+            };
+            run_sentinel(&executor, device, &mut session, &policy, when, &results).await;
+            last_sentinel = Some(Instant::now());
+        }
+        let request = WorkerRequest::Run(RunRequest {
+            measure: policy.measure.clone(),
+            cases: job.cases.clone(),
+        });
+        let started = Instant::now();
+        let mut outcome = match opened {
+            Err(end) => WorkerOutcome::ended(end),
+            Ok(()) => match live(&mut session, &executor, device).await {
+                Ok(s) => s.request(&request, policy.timeout).await,
+                Err(end) => WorkerOutcome::ended(end),
+            },
+        };
+        let mut disturbed = Vec::new();
+        if outcome.end == WorkerEnd::Clean && crate::os::stop::requested().is_none() {
+            disturbed = retime(&mut session, &policy, &job, &mut outcome).await;
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        if outcome.end != WorkerEnd::Clean {
+            session = None;
+        }
+        let unhealthy = match outcome.end.may_be_gpus() {
+            true => executor.probe(device).await.err(),
+            false => None,
+        };
+        let stop = unhealthy.is_some();
+        if results
+            .send(GpuEvent::Job(JobResult {
+                job,
+                device,
+                started,
+                seconds,
+                outcome,
+                disturbed,
+                unhealthy,
+                placement,
+            }))
+            .is_err()
+            || stop
+        {
+            return;
+        }
+    }
+}
+
+/// Time once more, in the same session, the cases timed under a condition of `[gpu_state]
+/// retime_on`; their second results replace the first, which are returned. A re-timing that goes
+/// wrong keeps the first results (flagged) and ends the session.
+async fn retime(
+    session: &mut Option<Session>,
+    policy: &LoopPolicy,
+    job: &Job,
+    outcome: &mut WorkerOutcome,
+) -> Vec<CaseResult> {
+    let again: Vec<CaseSpec> = outcome
+        .cases
+        .iter()
+        .filter(|c| c.failure().is_none() && !flagged(c, &policy.retime_on).is_empty())
+        .filter_map(|c| {
+            job.cases
+                .iter()
+                .find(|s| s.shape.name == c.shape && s.dtype == c.dtype)
+                .cloned()
+        })
+        .collect();
+    let Some(s) = session.as_mut().filter(|s| s.alive && !again.is_empty()) else {
+        return Vec::new();
+    };
+    let request = WorkerRequest::Run(RunRequest {
+        measure: policy.measure.clone(),
+        cases: again,
+    });
+    let second = s.request(&request, policy.timeout).await;
+    if second.end != WorkerEnd::Clean {
+        *session = None;
+        return Vec::new();
+    }
+    let mut replaced = Vec::new();
+    for r in second.cases {
+        if let Some(slot) = outcome
+            .cases
+            .iter_mut()
+            .find(|c| c.shape == r.shape && c.dtype == r.dtype)
+        {
+            replaced.push(std::mem::replace(slot, r));
+        }
+    }
+    replaced
+}
+
+/// A `sentinel` record from a queue's report.
+fn record_sentinel(
+    events: &mut Events,
+    device: u32,
+    when: &str,
+    result: SentinelResult,
+    max_drift: f64,
+) -> Result<()> {
+    events.emit(Record::Sentinel {
+        device,
+        when: when.to_owned(),
+        figures: result.figures,
+        gpu: result.gpu_state,
+        max_drift,
+        error: result.error,
+    })
+}
+
+/// Why a build failure is the disk's (no space, over quota) rather than the variant's.
+fn out_of_space(failure: &BuildFailure) -> Option<String> {
+    let text = format!("{failure}\n{}", failure.log());
+    let full = [
+        "No space left on device",
+        "os error 28",
+        "Disk quota exceeded",
+        "os error 122",
+    ];
+    full.iter()
+        .any(|m| text.contains(m))
+        .then(|| build::log_tail(&text, 3))
+}
+
+/// Log a build (and its gate); the cubin when it may run, else why not.
+fn record_build(
+    project: &Project,
+    events: &mut Events,
+    (variant, dtype, head_dim): UnitKey,
+    result: std::result::Result<BuildOutput, BuildFailure>,
+) -> Result<std::result::Result<PathBuf, String>> {
+    match result {
+        Ok(out) => {
+            let gate = project.gate(&out);
+            events.emit(Record::built(&variant, dtype, head_dim, &out))?;
+            match gate {
+                Some(reason) => {
+                    events.emit(Record::Rejected {
+                        variant,
+                        dtype,
+                        head_dim,
+                        reason: reason.clone(),
+                    })?;
+                    Ok(Err(format!("rejected by the gates: {reason}")))
+                }
+                None => Ok(Ok(out.cubin)),
+            }
+        }
+        Err(failure) => {
+            events.emit(Record::build_failed(&variant, dtype, head_dim, &failure))?;
+            Ok(Err(format!("build failed: {failure}")))
+        }
+    }
+}
+
+fn cases_for(
+    project: &Project,
+    planned: &[PlannedPoint],
+    cubins: &BTreeMap<UnitKey, PathBuf>,
+    variant_id: &str,
+    run_seed: u64,
+) -> Vec<CaseSpec> {
+    let family = &project.space.family;
+    let policy = &project.policies.measure;
+    let mut cases = Vec::new();
+    for shape in &project.shapes {
+        let Some(point) = planned
+            .iter()
+            .find(|p| p.variant.id == variant_id && p.head_dim == shape.d && p.invalid.is_none())
+        else {
+            continue;
+        };
+        for &dtype in &project.policies.dtypes {
+            let forward = cubins.get(&(variant_id.to_owned(), dtype, shape.d));
+            let reference = cubins.get(&(REFERENCE.to_owned(), dtype, 0));
+            let (Some(forward), Some(reference)) = (forward, reference) else {
+                continue;
+            };
+            cases.push(CaseSpec {
+                shape: shape.clone(),
+                dtype,
+                seed: input_seed(run_seed, shape, dtype),
+                tolerance: project.policies.tolerance_for(dtype),
+                cpu_oracle_max_macs: policy.cpu_reference_max_macs,
+                forward: ForwardKernel {
+                    cubin: forward.clone(),
+                    entry: family.forward_entry.clone(),
+                    combine_entry: family.combine_entry.clone(),
+                    launch: point.launch.clone().expect("valid points have a launch"),
+                    defines: project
+                        .space
+                        .forward_defines(&point.variant, dtype, shape.d),
+                },
+                reference: ReferenceKernel {
+                    cubin: reference.clone(),
+                    entry: family.reference_entry.clone(),
+                },
+                race: None,
+            });
+        }
+    }
+    cases
+}
