@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Do flashtune's two causal alignments mean what PyTorch means? (run on the GPU machine)
 
-flashtune's oracle (src/check.rs) lets query row i see keys j <= i + offset, with offset 0 for
+flashtune's oracle (src/gpu/check.rs) lets query row i see keys j <= i + offset, with offset 0 for
 "top-left" (PyTorch `is_causal=True`) and Sk - Sq for "bottom-right" (PyTorch `causal_lower_right`),
 and gives a row that sees no key O = 0. Every flashtune run checks its kernels against that oracle;
 this script checks the oracle's rule against PyTorch SDPA on the Sq != Sk causal shapes of

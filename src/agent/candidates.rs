@@ -82,7 +82,7 @@ impl Runner<'_> {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
-            // It writes its worktree, its .agent folder and a scratch folder (src/sandbox.rs).
+            // It writes its worktree, its .agent folder and a scratch folder (src/run/sandbox.rs).
             let scratch = crate::run::sandbox::confine(
                 &mut cmd,
                 project,

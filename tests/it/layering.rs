@@ -393,6 +393,57 @@ fn few_files_sit_directly_in_src() {
     );
 }
 
+/// Lines outside a file's `#[cfg(test)] mod … { … }` blocks (or `#[cfg(test)] mod …;` lines).
+fn shipped_lines(text: &str) -> usize {
+    let lines: Vec<&str> = text.lines().collect();
+    let (mut count, mut i) = (0, 0);
+    while i < lines.len() {
+        if lines[i].trim() == "#[cfg(test)]" {
+            let mut j = i + 1;
+            while j < lines.len() && lines[j].starts_with("#[") {
+                j += 1;
+            }
+            if let Some(decl) = lines.get(j).filter(|l| l.starts_with("mod ")) {
+                if decl.trim_end().ends_with(';') {
+                    i = j + 1;
+                    continue;
+                }
+                if decl.trim_end().ends_with('{') {
+                    // The block ends at the first closing brace in column 0 (rustfmt's layout).
+                    let end = (j + 1..lines.len()).find(|&k| lines[k] == "}").unwrap_or(lines.len());
+                    i = end + 1;
+                    continue;
+                }
+            }
+        }
+        count += 1;
+        i += 1;
+    }
+    count
+}
+
+/// Architecture Invariant: no file has more than 800 lines outside its tests; a bigger one is
+/// split along its seams into rooms of one job each.
+#[test]
+fn no_file_has_more_than_800_lines_outside_its_tests() {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let big: Vec<String> = files
+        .iter()
+        .map(|f| (shipped_lines(&std::fs::read_to_string(f).unwrap()), f))
+        .filter(|(n, _)| *n > 800)
+        .map(|(n, f)| format!("{} ({n} lines)", f.display()))
+        .collect();
+    assert!(big.is_empty(), "files over 800 lines outside their tests: {big:?}");
+}
+
+#[test]
+fn the_line_count_leaves_out_test_modules_only() {
+    let text = "fn a() {}\n#[cfg(test)]\nfn helper() {}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\nfn b() {}\n#[cfg(test)]\nmod more;\n";
+    // a, the attribute and helper (test-only code outside a test module still counts), b.
+    assert_eq!(shipped_lines(text), 4);
+}
+
 #[test]
 fn architecture_md_lists_the_current_graph() {
     let rooms = project_rooms();
