@@ -46,7 +46,7 @@ pub struct Policies {
     pub sandbox: SandboxPolicy,
 }
 
-/// `[sandbox]`: the confinement of proposers and agents (src/sandbox.rs). Like `[slurm]`, it
+/// `[sandbox]`: the confinement of proposers and agents (src/run/sandbox.rs). Like `[slurm]`, it
 /// never changes a figure, so a run's policies hash leaves it out.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
