@@ -16,6 +16,21 @@ use tokio::sync::watch;
 const FIRST_TERM_WAIT: Duration = Duration::from_secs(5);
 
 impl Workbench {
+    pub(super) fn busy(&self) -> Option<CallToolResult> {
+        let jobs = self.jobs.lock().expect("jobs lock");
+        let id = jobs.running.as_ref()?;
+        let job = &jobs.all[id];
+        Some(refusal(
+            "busy",
+            format!(
+                "{} job `{id}` is still running ({:.0} s); one judge or profile at a time holds the GPU. Poll it with judge_status.",
+                job.kind,
+                job.started.elapsed().as_secs_f64()
+            ),
+            json!({ "job": id }),
+        ))
+    }
+
     /// Run `flashtune <command>` (on the test double where the server is) as a job, and wait up to
     /// `wait` for its answer; a second job while one runs is refused as busy.
     pub(super) async fn run_job(

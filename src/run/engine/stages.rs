@@ -1,0 +1,323 @@
+//! The stages of a run once its GPUs are taken: the reference library timed while the plan builds, the points measured, the champions re-duelled and profiled, the log ended and the reports written.
+use super::TuneOutcome;
+use crate::error::{Error, Result};
+use crate::log::runlog::{self, Record};
+use crate::model::config::Dtype;
+use crate::model::plan::Strategy;
+use crate::model::protocol::DeviceInfo;
+use crate::model::space::{DeviceLimits, PlannedPoint};
+use crate::run::measure::measure_points;
+use crate::run::scheduler::Ending;
+use crate::run::shared::{profile_case, Events, Project, TuneOptions};
+use anyhow::Context;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Run a stage unless a stop is requested first; a stop requested while it runs abandons it (its
+/// future is dropped, and with it the process group of any tool it started).
+async fn unless_stopped<T>(
+    stage: impl std::future::Future<Output = Result<T>>,
+) -> Result<Option<T>> {
+    if crate::os::stop::requested().is_some() {
+        return Ok(None);
+    }
+    tokio::select! {
+        done = stage => done.map(Some),
+        _ = crate::os::stop::reached(1) => Ok(None),
+    }
+}
+
+/// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
+pub(super) async fn drive(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+    done: &BTreeSet<String>,
+    run_dir: PathBuf,
+) -> Result<TuneOutcome> {
+    let started = Instant::now();
+    let limits = DeviceLimits {
+        max_threads_per_block: device.max_threads_per_block,
+        max_smem_optin_bytes: device.max_smem_optin_bytes,
+        arch: device.arch.clone(),
+    };
+    let head_dims = project.head_dims();
+    // Guided chooses as it measures; the other strategies fix their points up front.
+    let planned = match &opts.strategy {
+        Strategy::Guided => None,
+        Strategy::Exhaustive => Some(project.space.plan(&head_dims, &limits)?),
+        Strategy::Random { count, seed } => Some(crate::run::search::random_sample(
+            &project.space.plan(&head_dims, &limits)?,
+            *count,
+            *seed,
+        )),
+        Strategy::Ablate { champion, .. } => {
+            let variants = crate::run::ablate::variants(&project.space, champion);
+            Some(project.space.plan_points(&variants, &head_dims, &limits)?)
+        }
+    };
+    // The GPU's first job is the reference library (and its roofs), while nvcc builds the plan's
+    // kernels into the cache on every core: the measurement then starts on built kernels.
+    unless_stopped(baseline_while_building(
+        project,
+        device,
+        events,
+        planned.as_deref(),
+        done,
+    ))
+    .await?;
+    let ending = match planned {
+        Some(planned) => {
+            let no_reasons = BTreeMap::new();
+            measure_points(
+                project,
+                device,
+                opts,
+                events,
+                done,
+                &planned,
+                &no_reasons,
+                &opts.budget,
+            )
+            .await?
+        }
+        None => {
+            let search = crate::run::search::Guided {
+                project,
+                device,
+                opts,
+                done,
+                run_dir: &run_dir,
+            };
+            search.run(events, &limits).await?
+        }
+    };
+    let mut interrupted = matches!(ending, Ending::Interrupted(_));
+    if let Ending::Finished(t) = ending {
+        // Each stage after the measurements is abandoned on a signal, as the one in flight.
+        unless_stopped(crate::run::duel::reduel_champions(
+            project, device, opts, events,
+        ))
+        .await?;
+        unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
+        interrupted = crate::os::stop::requested().is_some();
+        if !interrupted {
+            events.emit(Record::Finished {
+                seconds: started.elapsed().as_secs_f64(),
+                variants: t.variants,
+                measured_cases: t.measured,
+                failed_cases: t.failed,
+            })?;
+        }
+    }
+    if interrupted {
+        events.emit(Record::Interrupted {
+            reason: crate::os::stop::reason(),
+        })?;
+    }
+    if opts.commit && !interrupted {
+        let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
+        let champions = crate::report::champions::from_log(&loaded);
+        let path = project.champion_table();
+        let (branch, commit) =
+            crate::report::champions::commit(&project.paths.root, &path, &loaded, &champions)
+                .map_err(|e| {
+                    Error::Other(anyhow::anyhow!("cannot commit champions: {}", e.message()))
+                })?;
+        events.emit(Record::ChampionsCommitted {
+            branch,
+            commit,
+            path,
+        })?;
+    }
+    let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
+    crate::report::export::write_all(&run_dir, &loaded)
+        .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
+    let summary = crate::report::markdown::summary(&loaded);
+    Ok(TuneOutcome {
+        run_dir,
+        summary,
+        interrupted,
+    })
+}
+
+/// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain with `chain_steps`) under ncu, one at a time; cases already profiled in this run are not redone.
+async fn profile_stage(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    run_dir: &Path,
+) -> Result<()> {
+    let policy = &project.policies.profile;
+    if !policy.enabled || device.fake {
+        return Ok(());
+    }
+    let log = runlog::read(&events.log.path)?;
+    let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
+    for t in log.timed() {
+        timed
+            .entry((t.shape.to_owned(), t.dtype))
+            .or_default()
+            .push((t.variant.to_owned(), t.timing.median_us));
+    }
+    // A reused champion is still the champion: it is not profiled again here (this run did not
+    // build it), and no slower variant is profiled in its place.
+    for (_, e) in &log.entries {
+        if let Record::Reused {
+            variant,
+            shape,
+            dtype,
+            timing,
+            ..
+        } = &e.record
+        {
+            timed
+                .entry((shape.clone(), *dtype))
+                .or_default()
+                .push((variant.clone(), timing.median_us));
+        }
+    }
+    // An ablation explains each step only if each step has its own profile.
+    let every_step = policy.chain_steps && project.space.chain.is_some();
+    for shape in &project.shapes {
+        for &dtype in policy
+            .dtypes
+            .iter()
+            .filter(|d| project.policies.dtypes.contains(d))
+        {
+            let Some(results) = timed.get(&(shape.name.clone(), dtype)) else {
+                continue;
+            };
+            let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+            // A variant timed twice (a resumed run) is profiled once.
+            let chosen: BTreeSet<&String> = results
+                .iter()
+                .filter(|r| every_step || r.1 <= best * (1.0 + policy.within_pct / 100.0))
+                .map(|r| &r.0)
+                .collect();
+            for variant in chosen {
+                profile_case(
+                    project, device, events, &log, run_dir, variant, shape, dtype,
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Time the reference library before the variants (never beside them: one GPU, one job), while the
+/// planned kernels build into the cache on the CPU; builds still running when it ends are dropped
+/// and the scheduler builds them as usual. A resumed run that has its baseline skips it.
+async fn baseline_while_building(
+    project: &Project,
+    device: &DeviceInfo,
+    events: &mut Events,
+    planned: Option<&[PlannedPoint]>,
+    done: &BTreeSet<String>,
+) -> Result<()> {
+    let log = runlog::read(&events.log.path)?;
+    let measured = log.entries.iter().any(|(_, e)| {
+        matches!(
+            e.record,
+            Record::BaselineTimed { .. } | Record::BaselineUnavailable { .. }
+        )
+    });
+    if measured {
+        return Ok(());
+    }
+    let prebuild = planned.filter(|_| !device.fake).map(|p| {
+        crate::run::scheduler::spawn_builds(project, project.build_specs(p, &device.arch, done))
+    });
+    let result = baseline_stage(project, device, events).await;
+    // Dropping the set aborts the builds still running; the finished ones are in the cache, and
+    // their first request reports the compile they were (the run statistics count nvcc's time).
+    if let Some((tasks, mut results)) = prebuild {
+        drop(tasks);
+        let mut ahead = project.compiled_ahead.lock().expect("not poisoned");
+        while let Ok((_, built)) = results.try_recv() {
+            match built {
+                Ok(out) if !out.cached => {
+                    ahead.insert(out.key, out.seconds);
+                }
+                _ => {}
+            }
+        }
+    }
+    result
+}
+
+/// Time the reference library on every shape of the run.
+async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
+    let unavailable = |reason: String| Record::BaselineUnavailable {
+        backend: None,
+        shape: None,
+        dtype: None,
+        reason,
+    };
+    if device.fake {
+        return events.emit(unavailable(
+            "fake GPU: the reference library is not run".into(),
+        ));
+    }
+    if project.policies.baseline.command.is_empty() {
+        return events.emit(unavailable(
+            "baseline.command is empty in policies.toml".into(),
+        ));
+    }
+    // PyTorch's calls rotate over enough distinct input sets to fill twice the L2 cache, so it is
+    // not timed on inputs sitting in L2 (the variants' inputs are drawn anew and L2 flushed
+    // before each replay).
+    let sets: BTreeMap<String, u32> = project
+        .shapes
+        .iter()
+        .map(|s| {
+            (
+                s.name.clone(),
+                crate::gpu::baseline::rotating_sets(s, device.l2_bytes),
+            )
+        })
+        .collect();
+    let measured = crate::gpu::baseline::measure_rotating(
+        &project.paths.root,
+        &project.policies,
+        &project.shapes,
+        &sets,
+    );
+    match measured.await {
+        Err(reason) => events.emit(unavailable(reason)),
+        Ok((rows, ceilings)) => {
+            for row in rows {
+                let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
+                events.emit(match row.outcome {
+                    Ok(timing) => Record::BaselineTimed {
+                        backend,
+                        shape,
+                        dtype,
+                        timing,
+                        remeasured: row.remeasured,
+                        noisy: row.noisy,
+                    },
+                    Err(reason) => Record::BaselineUnavailable {
+                        backend: Some(backend),
+                        shape: Some(shape),
+                        dtype: Some(dtype),
+                        reason,
+                    },
+                })?;
+            }
+            for c in ceilings {
+                events.emit(Record::CeilingMeasured {
+                    name: c.name,
+                    dtype: c.dtype,
+                    value: c.value,
+                    unit: c.unit,
+                    source: Some("pytorch".into()),
+                })?;
+            }
+            Ok(())
+        }
+    }
+}
