@@ -129,7 +129,7 @@ impl Session<'_> {
             // Its own group (the guard's): the timeout, the end of the step, and flashtune's death
             // stop whatever it started.
             .kill_on_drop(true);
-        // It writes the edit scope and a scratch folder, nothing else (src/sandbox.rs).
+        // It writes the edit scope and a scratch folder, nothing else (src/run/sandbox.rs).
         let scope = self.root.join(EDIT_SCOPE);
         let _scratch = crate::run::sandbox::confine(
             &mut cmd,
