@@ -1,7 +1,8 @@
 //! How one worker's answer to one job is logged: each answered case under its one terminal record,
 //! then the job's end: done, retried (the variant's own crash once; a worker that did not start or
 //! that the cluster took away, up to their limits), or quarantined after its second own failure.
-use super::{flagged, Bests, Job, JobResult, Retry, Scheduler, Totals, INFRA_RETRIES};
+use super::gpu_queue::JobResult;
+use super::{flagged, Bests, Job, Retry, Scheduler, Totals, INFRA_RETRIES};
 use crate::error::{Error, Result};
 use crate::gpu::executor::WorkerEnd;
 use crate::log::runlog::Record;
