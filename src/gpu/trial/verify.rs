@@ -2,14 +2,13 @@
 //! the copies kept of their outputs (`Kept`), the references computed from their inputs drawn again
 //! where no kernel can reach them and the re-runs (`Verifier`), and the buffers no reference may
 //! read (`Exposure`). The threat model is at the top of `trial`.
+use super::checks::poison_outputs;
+use super::inputs::{generate_set, geometry, kv_elements, q_elements, rows};
 use super::mixture::LaunchDraw;
-use super::{
-    generate_set, geometry, kv_elements, poison_outputs, q_elements, rows, Buf, CaseSpec,
-    Comparison, Device, GraphId, Io, KernelId, MaskedReference,
-};
+use super::{Buf, Comparison, Device, GraphId, Io, KernelId, MaskedReference};
 use crate::gpu::check;
 use crate::model::config::Shape;
-use crate::model::protocol::{CheckStats, Stage, StageCheck};
+use crate::model::protocol::{CaseSpec, CheckStats, Stage, StageCheck};
 use anyhow::{bail, Result};
 use rand::Rng;
 
