@@ -756,9 +756,10 @@ struct MmaPath {
                 for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
-                const float m_use = mx == neg_inf() ? 0.0f : mx * ctx.scale_log2;
-                const float alpha = fast_exp2(m[mt][h] * ctx.scale_log2 - m_use);
+                // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0); the
+                // max is scaled once, the same way everywhere (common.cuh, scaled_max).
+                const float m_use = mx == neg_inf() ? 0.0f : scaled_max(mx, ctx.scale_log2);
+                const float alpha = fast_exp2(scaled_max(m[mt][h], ctx.scale_log2) - m_use);
                 m[mt][h] = mx;
                 float sum = 0.0f;
 #pragma unroll
@@ -845,7 +846,7 @@ struct MmaPath {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int r = rloc0 + mt * 16 + g + 8 * h;
-                        stats[(wn * kBlockM + r) * 2] = m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2;
+                        stats[(wn * kBlockM + r) * 2] = m[mt][h] == neg_inf() ? neg_inf() : scaled_max(m[mt][h], ctx.scale_log2);
                         stats[(wn * kBlockM + r) * 2 + 1] = l[mt][h];
                     }
             }
@@ -864,7 +865,7 @@ struct MmaPath {
 #pragma unroll
                     for (int w = 0; w < kWarpsN; ++w)
                         lsum += stats[(w * kBlockM + r) * 2 + 1] * fast_exp2(stats[(w * kBlockM + r) * 2] - m_use);
-                    const float mine = m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2;
+                    const float mine = m[mt][h] == neg_inf() ? neg_inf() : scaled_max(m[mt][h], ctx.scale_log2);
                     const float f = fast_exp2(mine - m_use) * inv_or_zero(lsum);
 #pragma unroll
                     for (int dt = 0; dt < kDT; ++dt) {
@@ -919,7 +920,7 @@ struct MmaPath {
 #pragma unroll
                     for (int dt = 0; dt < kDT; ++dt)
                         epi.store_o2(i, dt * 8 + 2 * t, o[mt][dt][2 * h] * inv_l, o[mt][dt][2 * h + 1] * inv_l);
-                    if (t == 0) epi.store_lse(i, m[mt][h] == neg_inf() ? neg_inf() : m[mt][h] * ctx.scale_log2, l[mt][h]);
+                    if (t == 0) epi.store_lse(i, m[mt][h] == neg_inf() ? neg_inf() : scaled_max(m[mt][h], ctx.scale_log2), l[mt][h]);
                 }
         }
     }

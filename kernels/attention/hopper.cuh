@@ -393,8 +393,8 @@ struct Consumer {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
-            const float m_use = mx == neg_inf() ? 0.0f : mx * ctx.scale_log2;
-            alpha[h] = fast_exp2(m[h] * ctx.scale_log2 - m_use);
+            const float m_use = mx == neg_inf() ? 0.0f : scaled_max(mx, ctx.scale_log2);
+            alpha[h] = fast_exp2(scaled_max(m[h], ctx.scale_log2) - m_use);
             m[h] = mx;
             float sum = 0.0f;
 #pragma unroll
@@ -468,7 +468,7 @@ struct Consumer {
 #pragma unroll
             for (int dt = 0; dt < kHeadDim / 8; ++dt)
                 epi.store_o2(i, dt * 8 + 2 * t, o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l);
-            if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : m[h] * ctx.scale_log2, l[h]);
+            if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
         }
     }
 };
