@@ -648,7 +648,11 @@ mod offline_targets {
     /// while the other paths stay; on sm_90a the same points are valid.
     #[test]
     fn the_wgmma_path_is_ruled_out_off_sm_90a_with_a_reason() {
-        for space in ["variants/hopper.toml", "variants/attention.toml"] {
+        for space in [
+            "variants/hopper.toml",
+            "variants/attention.toml",
+            "variants/quick.toml",
+        ] {
             let project = Project::load(ProjectPaths::new(repo()), Some(Path::new(space))).unwrap();
             let plan = |arch: &str| {
                 let limits = engine::offline_limits(&project, arch).unwrap();
@@ -719,6 +723,100 @@ mod offline_targets {
             t.contains("points ruled out before compiling") && t.contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a; the target is sm_89"),
             "{t}"
         );
+    }
+
+    /// Issue 51, item 1: the quick space (the default first run) fits the GPU it runs on. On
+    /// sm_90a it holds the Hopper path's champion of every quick shape (the H200 run of
+    /// 2026-11-28, "Best per shape") and 9 variants, 72 cases; on an L4 (sm_89) or an A100 (sm_80)
+    /// the plan rules every wgmma point out by the arch, before compiling, and keeps the scalar
+    /// baseline and the mma.sync points, whose counts are the quick space's before issue 51.
+    #[test]
+    fn the_quick_space_holds_hopper_points_on_sm_90a_and_mma_points_elsewhere() {
+        use flashtune::model::space::PlannedPoint;
+        let project = Project::load(
+            ProjectPaths::new(repo()),
+            Some(Path::new("variants/quick.toml")),
+        )
+        .unwrap();
+        let plan = |arch: &str| {
+            let limits = engine::offline_limits(&project, arch).unwrap();
+            project.space.plan(&project.head_dims(), &limits).unwrap()
+        };
+        let is_wgmma = |p: &PlannedPoint| p.variant.id.starts_with("wgmma-");
+        let dtypes = project.policies.dtypes.len();
+        // What `tune` measures: each valid point on every shape of its head dim, in every dtype.
+        let counts = |planned: &[PlannedPoint]| {
+            let valid: Vec<_> = planned.iter().filter(|p| p.invalid.is_none()).collect();
+            let variants: std::collections::BTreeSet<_> =
+                valid.iter().map(|p| p.variant.id.clone()).collect();
+            let cases: usize = valid
+                .iter()
+                .map(|p| project.shapes.iter().filter(|s| s.d == p.head_dim).count() * dtypes)
+                .sum();
+            (variants.len(), cases)
+        };
+        let mut names: Vec<&str> = project.shapes.iter().map(|s| s.name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["decode-128", "large-64", "odd-causal", "seed"]);
+
+        let hopper = plan("sm_90a");
+        assert!(hopper.iter().all(|p| p.invalid.is_none()), "{hopper:?}");
+        // The champion of each shape on an H200, valid at that shape's head dim.
+        for (shape, champion) in [
+            ("seed", "wgmma-bm64-bn128-w8-auto-s2-t1"),
+            ("large-64", "wgmma-bm64-bn128-w4-auto-s2"),
+            ("decode-128", "wgmma-bm64-bn128-w4-auto-s2"),
+            ("odd-causal", "wgmma-bm64-bn128-w8-auto-s3-t1"),
+        ] {
+            let d = project.shapes.iter().find(|s| s.name == shape).unwrap().d;
+            assert!(
+                hopper
+                    .iter()
+                    .any(|p| p.variant.id == champion && p.head_dim == d && p.invalid.is_none()),
+                "{shape}: {champion} is not a valid sm_90a point at d = {d}"
+            );
+        }
+        let wgmma_ids: std::collections::BTreeSet<_> = hopper
+            .iter()
+            .filter(|p| is_wgmma(p))
+            .map(|p| p.variant.id.as_str())
+            .collect();
+        assert_eq!(
+            wgmma_ids.into_iter().collect::<Vec<_>>(),
+            [
+                "wgmma-bm64-bn128-w4-auto-s2",
+                "wgmma-bm64-bn128-w8-auto-s2-t1",
+                "wgmma-bm64-bn128-w8-auto-s3-t1"
+            ]
+        );
+        // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps).
+        for p in &hopper {
+            let tma = p.variant.id.ends_with("-t1");
+            assert_eq!(p.launch.as_ref().unwrap().tensor_maps, tma, "{}", p.variant.id);
+        }
+        assert_eq!(counts(&hopper), (9, 72), "sm_90a");
+
+        // On an L4, mma-bm128-bn64-w4-ks1-s2 at d = 128 needs 104,448 bytes of shared memory,
+        // more than its 101,376: 4 of the 48 cases go, as before issue 51.
+        for (arch, expected) in [("sm_89", (6, 44)), ("sm_80", (6, 48))] {
+            let planned = plan(arch);
+            for p in planned.iter().filter(|p| is_wgmma(p)) {
+                let why = p.invalid.as_deref().unwrap_or("valid");
+                assert!(
+                    why.contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a")
+                        && why.contains(&format!("the target is {arch}")),
+                    "{arch} {} d={}: {why}",
+                    p.variant.id,
+                    p.head_dim
+                );
+            }
+            assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 3 * 2);
+            for p in planned.iter().filter(|p| !is_wgmma(p)) {
+                let why = p.invalid.as_deref().unwrap_or("");
+                assert!(!why.contains("wgmma"), "{arch} {}: {why}", p.variant.id);
+            }
+            assert_eq!(counts(&planned), expected, "{arch}");
+        }
     }
 
     /// "Tensor pipe idle" and "register-limited" propose the Hopper path from the mma.sync

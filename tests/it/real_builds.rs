@@ -34,6 +34,60 @@ fn smoke_space_builds_without_spills() {
     }
 }
 
+/// Issue 51, item 1: the quick space holds Hopper points on sm_90a and they build in CI. Its
+/// wgmma points alone (a copy of variants/quick.toml without the scalar and mma.sync points,
+/// which the smoke and gated spaces build), for sm_90a offline, at both of its head dims in both
+/// dtypes: 12 real nvcc builds, every one with zero spills, admitted by the gates.
+#[test]
+fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
+    let dir = scratch_project();
+    let quick = std::fs::read_to_string(dir.path().join("variants/quick.toml")).unwrap();
+    let kept: Vec<&str> = quick
+        .lines()
+        .filter(|l| {
+            let l = l.trim_start();
+            !l.starts_with("{ MMA = \"mma\"") && !l.starts_with("{ MMA = \"scalar\"")
+        })
+        .collect();
+    let baseline = "baseline = { MMA = \"scalar\", BLOCK_M = 64, BLOCK_N = 64, WARPS = 4, KV_SPLIT = 1, STAGES = 1,";
+    let hopper_only = kept.join("\n").replace(
+        baseline,
+        "baseline = { MMA = \"wgmma\", BLOCK_M = 64, BLOCK_N = 128, WARPS = 4, KV_SPLIT = \"auto\", STAGES = 2,",
+    );
+    assert!(quick.contains(baseline) && !hopper_only.contains(baseline), "the quick space's baseline moved");
+    std::fs::write(dir.path().join("variants/quick-hopper.toml"), &hopper_only).unwrap();
+    let out = flashtune(
+        dir.path(),
+        &["build", "--space", "variants/quick-hopper.toml", "--arch", "sm_90a"],
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    for l in table.lines().filter(|l| l.contains("| attn_")) {
+        assert!(
+            l.contains("| 0/0 |") && l.ends_with("| ok |"),
+            "spilling or rejected: {l}"
+        );
+    }
+    for id in [
+        "wgmma-bm64-bn128-w4-auto-s2",
+        "wgmma-bm64-bn128-w8-auto-s2-t1",
+        "wgmma-bm64-bn128-w8-auto-s3-t1",
+    ] {
+        for dtype in ["f16", "bf16"] {
+            for d in [64, 128] {
+                let row = format!("| `{id}` | {dtype} | {d} | attn_fwd |");
+                assert!(table.contains(&row), "{row} not built: {table}");
+            }
+        }
+    }
+    assert_eq!(
+        table.lines().filter(|l| l.contains("| attn_fwd |")).count(),
+        3 * 2 * 2,
+        "{table}"
+    );
+}
+
 /// Every space the repository ships; the build gate covers them all.
 const GATED_SPACES: [&str; 7] = [
     "variants/attention.toml",
