@@ -13,7 +13,8 @@ out=${OUT:-runs}/lse-draws; mkdir -p "$out"
 shapes=$(seq -f 'decode-long-draw-%02g' 1 "$draws" | sed 's/.*/"&"/' | paste -sd, -)
 run_tree() { # name kernels-folder
   local name=$1 tree; tree=$(mktemp -d)/$name; mkdir -p "$tree"
-  git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tree"
+  # The tree as it is (a device copy's git index may be stale): everything but builds, runs and tools.
+  tar --exclude=./target --exclude=./runs --exclude=./.git --exclude=./.tools -cf - . | tar -xf - -C "$tree"
   [ -z "$2" ] || cp "$2"/* "$tree/kernels/attention/"
   sed -i -e '/^\[baseline\]/,/^\[/ s/^command = .*/command = []/' -e '/^\[profile\]/,/^\[/ s/^enabled = true/enabled = false/' "$tree/policies.toml"
   for i in $(seq -f '%02g' 1 "$draws"); do
