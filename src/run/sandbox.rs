@@ -168,10 +168,8 @@ impl Confinement {
                 .add_rule(beneath(&path, handled)?)
                 .map_err(|e| fail(&e))?;
         }
-        for path in hide_rules(&hidden) {
-            rules = rules
-                .add_rule(beneath(&path, read_access())?)
-                .map_err(|e| fail(&e))?;
+        for rule in read_grants(&hide_rules(&hidden))? {
+            rules = rules.add_rule(rule).map_err(|e| fail(&e))?;
         }
         let Some(fd) = Option::<OwnedFd>::from(rules) else {
             say_unconfined("Landlock refused to make a ruleset");
@@ -207,6 +205,21 @@ fn beneath(
         access & AccessFs::from_file(ABI::V4)
     };
     Ok(PathBeneath::new(fd, access))
+}
+
+/// Read rules for `paths`, listed a moment before: one that is gone since (another program's temp
+/// file in /tmp, a sibling of a hidden folder's parent) needs no grant and is skipped; anything
+/// else that cannot be opened is an error.
+fn read_grants(paths: &[PathBuf]) -> std::result::Result<Vec<PathBeneath<PathFd>>, String> {
+    let mut grants = Vec::new();
+    for path in paths {
+        match beneath(path, read_access()) {
+            Ok(rule) => grants.push(rule),
+            Err(_) if std::fs::symlink_metadata(path).is_err() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(grants)
 }
 
 /// Whether this kernel offers Landlock, so that [`confine`] confines.
@@ -393,6 +406,18 @@ mod tests {
             c.granted().unwrap(),
             vec![project.join("kernels").canonicalize().unwrap()]
         );
+    }
+
+    /// A temp file another program removes between the listing and the rule (it happened to
+    /// nvcc's files in /tmp while a step confined its proposer) costs no error.
+    #[test]
+    fn a_sibling_gone_since_the_listing_needs_no_grant() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = dir.path().join("kept");
+        std::fs::write(&kept, "").unwrap();
+        let gone = dir.path().join("tmpxft_gone.bc");
+        assert_eq!(read_grants(&[kept.clone(), gone]).unwrap().len(), 1);
+        assert_eq!(read_grants(&[kept]).unwrap().len(), 1);
     }
 
     #[test]

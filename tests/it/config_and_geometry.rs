@@ -792,7 +792,12 @@ mod offline_targets {
         // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps).
         for p in &hopper {
             let tma = p.variant.id.ends_with("-t1");
-            assert_eq!(p.launch.as_ref().unwrap().tensor_maps, tma, "{}", p.variant.id);
+            assert_eq!(
+                p.launch.as_ref().unwrap().tensor_maps,
+                tma,
+                "{}",
+                p.variant.id
+            );
         }
         assert_eq!(counts(&hopper), (9, 72), "sm_90a");
 

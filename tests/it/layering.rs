@@ -410,7 +410,9 @@ fn shipped_lines(text: &str) -> usize {
                 }
                 if decl.trim_end().ends_with('{') {
                     // The block ends at the first closing brace in column 0 (rustfmt's layout).
-                    let end = (j + 1..lines.len()).find(|&k| lines[k] == "}").unwrap_or(lines.len());
+                    let end = (j + 1..lines.len())
+                        .find(|&k| lines[k] == "}")
+                        .unwrap_or(lines.len());
                     i = end + 1;
                     continue;
                 }
@@ -434,7 +436,10 @@ fn no_file_has_more_than_800_lines_outside_its_tests() {
         .filter(|(n, _)| *n > 800)
         .map(|(n, f)| format!("{} ({n} lines)", f.display()))
         .collect();
-    assert!(big.is_empty(), "files over 800 lines outside their tests: {big:?}");
+    assert!(
+        big.is_empty(),
+        "files over 800 lines outside their tests: {big:?}"
+    );
 }
 
 #[test]

@@ -54,11 +54,20 @@ fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
         baseline,
         "baseline = { MMA = \"wgmma\", BLOCK_M = 64, BLOCK_N = 128, WARPS = 4, KV_SPLIT = \"auto\", STAGES = 2,",
     );
-    assert!(quick.contains(baseline) && !hopper_only.contains(baseline), "the quick space's baseline moved");
+    assert!(
+        quick.contains(baseline) && !hopper_only.contains(baseline),
+        "the quick space's baseline moved"
+    );
     std::fs::write(dir.path().join("variants/quick-hopper.toml"), &hopper_only).unwrap();
     let out = flashtune(
         dir.path(),
-        &["build", "--space", "variants/quick-hopper.toml", "--arch", "sm_90a"],
+        &[
+            "build",
+            "--space",
+            "variants/quick-hopper.toml",
+            "--arch",
+            "sm_90a",
+        ],
     );
     let t = text(&out);
     assert!(out.status.success(), "{t}");
