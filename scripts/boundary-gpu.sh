@@ -17,7 +17,8 @@ timed() { local name=$1 t0; shift; t0=$(date +%s.%N); "$@"; local rc=$?; echo "$
 OUT=$out timed step-cheats bash scripts/step-cheats.sh "$bin" > "$out/step-cheats.txt" 2>&1
 tail -60 "$out/step-cheats.txt"
 tree=$(mktemp -d)/tree; mkdir -p "$tree"
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$tree"
+# The tree as it is (a device copy's git index may be stale): everything but builds, runs and tools.
+tar --exclude=./target --exclude=./runs --exclude=./.git --exclude=./.tools -cf - . | tar -xf - -C "$tree"
 sed -i -e '/^\[baseline\]/,/^\[/ s/^command = .*/command = []/' -e '/^\[profile\]/,/^\[/ s/^enabled = true/enabled = false/' "$tree/policies.toml"
 for space in cheats hopper; do
   (cd "$tree" && timed "tune-$space" "$bin" tune --space "variants/$space.toml" > "$out/$space.txt" 2> "$out/$space.err")
