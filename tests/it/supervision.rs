@@ -22,6 +22,21 @@ fn fault_project(build_s: u64, worker_s: u64) -> tempfile::TempDir {
         .replace("build_s = 20", &format!("build_s = {build_s}"))
         .replace("worker_s = 20", &format!("worker_s = {worker_s}"));
     std::fs::write(&space, s).unwrap();
+    // The compile that never ends waits on a pipe instead of burning a core (faults.cu), and one
+    // dtype halves the builds: the faults do not depend on it.
+    let fifo = std::ffi::CString::new(
+        dir.path()
+            .join("kernels/attention/faults/slow-compile.fifo")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+    let policies = dir.path().join("policies.toml");
+    let text = std::fs::read_to_string(&policies).unwrap();
+    let one_dtype = text.replacen(r#"dtypes = ["f16", "bf16"]"#, r#"dtypes = ["f16"]"#, 1);
+    assert_ne!(text, one_dtype, "policies.toml's dtypes moved");
+    std::fs::write(&policies, one_dtype).unwrap();
     dir
 }
 
@@ -46,7 +61,7 @@ fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured()
                 &recs,
                 |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, fault) && reason.contains("nvcc failed"))
             ),
-            4,
+            2,
             "{fault}"
         );
     }
@@ -55,7 +70,7 @@ fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured()
             &recs,
             |r| matches!(r, Record::BuildFailed { variant, reason, .. } if is(variant, "slow_compile-") && reason.contains("timed out"))
         ),
-        4
+        2
     );
     // A hang and a crash are each tried twice, then quarantined.
     assert_eq!(
@@ -80,22 +95,22 @@ fn every_fault_is_logged_under_its_own_kind_and_the_good_variants_are_measured()
                 &recs,
                 |r| matches!(r, Record::CheckFailed { variant, .. } if is(variant, fault))
             ),
-            4,
+            2,
             "{fault}"
         );
     }
     assert!(recs
         .iter()
         .any(|(_, r)| matches!(r, Record::CheckFailed { reason, .. } if reason.contains("NaN"))));
-    // The good variants: 2 variants x 2 shapes x 2 dtypes, all measured.
+    // The good variants: 2 variants x 2 shapes x 1 dtype, all measured.
     assert_eq!(
         count(
             &recs,
             |r| matches!(r, Record::Timed { variant, .. } if is(variant, "none-"))
         ),
-        8
+        4
     );
-    assert_eq!(count(&recs, |r| matches!(r, Record::Timed { .. })), 8);
+    assert_eq!(count(&recs, |r| matches!(r, Record::Timed { .. })), 4);
     assert!(matches!(recs.last(), Some((_, Record::Finished { .. }))));
     assert_eq!(count(&recs, |r| matches!(r, Record::VariantDone { .. })), 9);
 }

@@ -2,173 +2,32 @@
 //!
 //! Every figure here fails closed: a NaN anywhere propagates into the statistic it touches, and
 //! every limit is tested so that NaN fails it.
-use crate::model::config::Dtype;
-use rand::{rngs::SmallRng, Rng, SeedableRng};
-use rand_distr::StandardNormal;
-
 mod compare;
 mod oracle;
 mod timing;
 
-pub use compare::{compare, differing_bits, judge, within, ComparePartial};
+pub use compare::{compare, differing_bits, judge, within, ComparePartial, PartialStats};
 pub use oracle::{
-    cpu_attention, oracle_rows, oracle_rows_keeping, reference_vs_oracle, sample_rows,
+    cpu_attention, geometry, oracle_rows, oracle_rows_keeping, reference_vs_oracle, sample_rows,
 };
 pub use timing::{percentile, summarize};
-
-/// NaN in both f16 and bf16, and not a pattern arithmetic produces (canonical NaNs are 0x7E00 / 0x7FC0).
-pub const POISON_16: u16 = 0xFFFF;
-pub const POISON_F32_BITS: u32 = 0xFFFF_FFFF;
+// The arithmetic itself builds optimised in its own crate (crates/numerics).
+pub use flashtune_numerics::compare::{POISON_16, POISON_F32_BITS};
+pub use flashtune_numerics::dtype::{from_bits, random_bits, repeated, rounded, to_bits, values};
+pub use flashtune_numerics::mask::{apply_mask, mask_word, splitmix64};
+pub use flashtune_numerics::max_nan;
+pub use flashtune_numerics::parallel::parallel_map;
 
 /// The fp32 reference kernel must agree with the f64 oracle this closely (it is plain fp32 math).
 pub const REFERENCE_VS_CPU_LIMIT: f64 = 1e-5;
 /// Its LSE, in absolute terms, for N(0, 1) inputs; both limits widen with the score scale.
 pub const REFERENCE_LSE_LIMIT: f64 = 1e-5;
 
-pub fn to_bits(dtype: Dtype, x: f32) -> u16 {
-    match dtype {
-        Dtype::F16 => half::f16::from_f32(x).to_bits(),
-        Dtype::Bf16 => half::bf16::from_f32(x).to_bits(),
-    }
-}
-
-pub fn from_bits(dtype: Dtype, bits: u16) -> f32 {
-    match dtype {
-        Dtype::F16 => f16_table()[bits as usize],
-        // bf16 is the top half of an f32: widening is exact and needs no table.
-        Dtype::Bf16 => f32::from_bits((bits as u32) << 16),
-    }
-}
-
-/// Every f16 value as f32, once per process: verification reads hundreds of millions of outputs
-/// per run, and a 256 KiB table (it stays in L2) is several times faster than the software conversion.
-fn f16_table() -> &'static [f32] {
-    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| {
-        (0..=u16::MAX)
-            .map(|b| half::f16::from_bits(b).to_f32())
-            .collect()
-    })
-}
-
-/// Normal values N(0, sigma²) rounded to `dtype`, as the bits to upload. Generated in fixed-size
-/// chunks with their own seeds, on every core: the same `(seed, tensor)` gives the same bits anywhere.
-pub fn random_bits(dtype: Dtype, len: usize, seed: u64, tensor: u64, sigma: f32) -> Vec<u16> {
-    const CHUNK: usize = 1 << 18;
-    let mut bits = vec![0u16; len];
-    let chunks: Vec<(usize, &mut [u16])> = bits.chunks_mut(CHUNK).enumerate().collect();
-    parallel_chunks(chunks, |(index, chunk)| {
-        let mut rng = SmallRng::seed_from_u64(
-            seed ^ tensor.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ (index as u64).wrapping_mul(0xD1B5_4A32_D192_ED03),
-        );
-        for x in chunk.iter_mut() {
-            *x = to_bits(dtype, sigma * rng.sample::<f32, _>(StandardNormal));
-        }
-    });
-    bits
-}
-
-/// Run `work` on every item, the items spread over the machine's cores.
-pub(super) fn parallel_chunks<T: Send>(items: Vec<T>, work: impl Fn(T) + Sync) {
-    // Asked once: on Linux the answer reads the cgroup's quota, and a verification calls this for
-    // every launch it checks.
-    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let threads =
-        *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    if items.len() <= 1 {
-        items.into_iter().for_each(work);
-        return;
-    }
-    let per_thread = items.len().div_ceil(threads).max(1);
-    let mut groups: Vec<Vec<T>> = Vec::new();
-    let mut items = items.into_iter().peekable();
-    while items.peek().is_some() {
-        groups.push(items.by_ref().take(per_thread).collect());
-    }
-    let work = &work;
-    std::thread::scope(|scope| {
-        for group in groups {
-            scope.spawn(move || group.into_iter().for_each(work));
-        }
-    });
-}
-
-/// `work` on every item, spread over the cores; results in the items' order.
-pub fn parallel_map<T: Sync, R: Send>(items: &[T], work: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let mut results: Vec<Option<R>> = items.iter().map(|_| None).collect();
-    let jobs: Vec<(&T, &mut Option<R>)> = items.iter().zip(results.iter_mut()).collect();
-    parallel_chunks(jobs, |(item, slot)| *slot = Some(work(item)));
-    results
-        .into_iter()
-        .map(|r| r.expect("every item was worked on"))
-        .collect()
-}
-
-/// The exact values a bit pattern holds.
-pub fn values(dtype: Dtype, bits: &[u16]) -> Vec<f32> {
-    bits.iter().map(|&b| from_bits(dtype, b)).collect()
-}
-
-/// The larger of two figures, NaN if either is (`f64::max` would drop the NaN).
-pub fn max_nan(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() {
-        f64::NAN
-    } else {
-        a.max(b)
-    }
-}
-
-/// The word that masks 32-bit element `index` of a reference buffer under `key`. The worker keeps
-/// every reference on the GPU XORed with such words under a key drawn per set from the OS, so a
-/// kernel under test that finds the reference in device memory finds noise; only the comparison
-/// (`ft_compare`, or the host path) is given the key. Same function as `ft_mask` in tools.cu.
-pub fn mask_word(key: u64, index: u64) -> u32 {
-    splitmix64(key ^ splitmix64(index)) as u32
-}
-
-/// XOR every element of a reference buffer with its mask word: masks plain values, unmasks masked
-/// ones. On every core: a large shape's reference is tens of millions of elements.
-pub fn apply_mask(values: &mut [f32], key: u64, first_index: u64) {
-    const CHUNK: usize = 1 << 18;
-    let chunks: Vec<(usize, &mut [f32])> = values.chunks_mut(CHUNK).enumerate().collect();
-    parallel_chunks(chunks, |(c, chunk)| {
-        let first = first_index + (c * CHUNK) as u64;
-        for (i, v) in chunk.iter_mut().enumerate() {
-            *v = f32::from_bits(v.to_bits() ^ mask_word(key, first + i as u64));
-        }
-    });
-}
-
-/// SplitMix64's finaliser, as in tools.cu.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::config::{Causal, Shape, Tolerance};
+    use crate::model::config::{Causal, Dtype, Shape, Tolerance};
     use crate::model::protocol::CheckStats;
-
-    #[test]
-    fn the_f16_table_and_the_bf16_shift_are_the_exact_conversions() {
-        for b in 0..=u16::MAX {
-            let (f, g) = (from_bits(Dtype::F16, b), half::f16::from_bits(b).to_f32());
-            assert!(
-                f.to_bits() == g.to_bits() || (f.is_nan() && g.is_nan()),
-                "f16 {b:#06x}"
-            );
-            let (f, g) = (from_bits(Dtype::Bf16, b), half::bf16::from_bits(b).to_f32());
-            assert!(
-                f.to_bits() == g.to_bits() || (f.is_nan() && g.is_nan()),
-                "bf16 {b:#06x}"
-            );
-        }
-    }
 
     #[test]
     fn the_fast_row_path_gives_the_careful_paths_figures() {

@@ -41,10 +41,7 @@ impl Draw {
 
     /// Elements `start..start + len` of a draw of `total` elements.
     pub fn range(&self, total: usize, start: usize, len: usize) -> Vec<u16> {
-        let period = self.period(total);
-        (start..start + len)
-            .map(|i| period[i % period.len()])
-            .collect()
+        check::repeated(&self.period(total), start, len)
     }
 
     /// What identifies the draw's content, beside its length.
@@ -95,7 +92,7 @@ impl AnswerData {
     /// O rounded to `dtype`, as a kernel writing `dtype` stores it.
     pub fn o_bits(&self, dtype: Dtype) -> Arc<Vec<u16>> {
         self.rounded[dtype as usize]
-            .get_or_init(|| Arc::new(self.o.iter().map(|&x| check::to_bits(dtype, x)).collect()))
+            .get_or_init(|| Arc::new(check::rounded(dtype, &self.o)))
             .clone()
     }
 
@@ -198,10 +195,8 @@ fn plain(
     check::oracle_rows_keeping(shape, &q, &k, &v, &rows, keys.unwrap_or(shape.sk))
 }
 
-/// Attention on periodic draws (see the module's header), computed in f64 and stored in fp32. With
-/// p = PERIOD / d rows per period, query row g (over all heads) is row g mod p of Q's first period,
-/// and key j of head h is row (h·Sk + j) mod p of K's and V's: so head h walks the period's rows
-/// starting at (h·Sk) mod p.
+/// Attention on periodic draws (see the module's header), computed in f64 and stored in fp32, by
+/// `flashtune_numerics::periodic`.
 fn periodic(
     shape: &Shape,
     dtype: Dtype,
@@ -210,7 +205,6 @@ fn periodic(
 ) -> (Vec<f32>, Vec<f32>) {
     let (sq, sk, d) = (shape.sq as usize, shape.sk as usize, shape.d as usize);
     let heads = shape.b as usize * shape.h as usize;
-    let p = PERIOD / d;
     let rows_of = |draw: &Draw, total_rows: usize| -> Vec<f64> {
         check::values(dtype, &draw.period(total_rows * d))
             .into_iter()
@@ -222,69 +216,13 @@ fn periodic(
         rows_of(k, heads * sk),
         rows_of(v, heads * sk),
     );
-    let (q_rows, k_rows) = (qp.len() / d, kp.len() / d);
-    let scale = 1.0 / (d as f64).sqrt();
-    // Every distinct score: query class × key class.
-    let scores: Vec<f64> = (0..q_rows * k_rows)
-        .map(|x| {
-            let (a, b) = (x / k_rows, x % k_rows);
-            qp[a * d..][..d]
-                .iter()
-                .zip(&kp[b * d..][..d])
-                .map(|(x, y)| x * y)
-                .sum::<f64>()
-                * scale
-        })
-        .collect();
-    let keep = keys.map_or(sk, |k| (k as usize).min(sk));
-    let mut o = vec![0.0f32; heads * sq * d];
-    let mut lse = vec![f32::NEG_INFINITY; heads * sq];
-    // Heads grouped by where their keys start in the period: each group shares its sums.
-    let mut by_start: HashMap<usize, Vec<usize>> = HashMap::new();
-    for h in 0..heads {
-        by_start.entry(h * sk % p).or_default().push(h);
-    }
-    // Prefix sums over one period of keys, in the order a head meets them: weights and weighted V.
-    let period_len = p.min(sk.max(1));
-    let mut weights = vec![0.0f64; period_len + 1];
-    let mut sums = vec![0.0f64; (period_len + 1) * d];
-    for (&start, group) in &by_start {
-        for class in 0..q_rows {
-            let key_class = |t: usize| (start + t) % p % k_rows;
-            let score = |t: usize| scores[class * k_rows + key_class(t)];
-            let m = (0..period_len).map(score).fold(f64::NEG_INFINITY, f64::max);
-            for t in 0..period_len {
-                let w = (score(t) - m).exp();
-                weights[t + 1] = weights[t] + w;
-                let vrow = &vp[key_class(t) * d..][..d];
-                let (done, next) = sums.split_at_mut((t + 1) * d);
-                for ((out, &prev), &x) in next[..d].iter_mut().zip(&done[t * d..]).zip(vrow) {
-                    *out = prev + w * x;
-                }
-            }
-            for &h in group {
-                // Rows i of head h whose query class is `class`: (h·sq + i) mod p == class.
-                let first = (class + p - h * sq % p) % p;
-                for i in (first..sq).step_by(p) {
-                    if (h * sq + i) % p % q_rows != class {
-                        continue;
-                    }
-                    let n = (shape.visible_keys(i as u32) as usize).min(keep);
-                    if n == 0 {
-                        continue;
-                    }
-                    let (full, rem) = ((n / period_len) as f64, n % period_len);
-                    let den = full * weights[period_len] + weights[rem];
-                    let row = h * sq + i;
-                    for (c, out) in o[row * d..][..d].iter_mut().enumerate() {
-                        *out = ((full * sums[period_len * d + c] + sums[rem * d + c]) / den) as f32;
-                    }
-                    lse[row] = (m + den.ln()) as f32;
-                }
-            }
-        }
-    }
-    (o, lse)
+    flashtune_numerics::periodic::periodic_attention(
+        check::geometry(shape),
+        heads,
+        PERIOD,
+        [&qp, &kp, &vp],
+        keys.map_or(sk, |k| k as usize),
+    )
 }
 
 #[cfg(test)]

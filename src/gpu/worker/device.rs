@@ -1,5 +1,6 @@
 //! The trials' `Device` on a real GPU: each request of `trial` as CUDA work on the worker's stream.
 use super::gpu::{cuda, read_into, read_range, upload, Gpu, Loaded, Memory};
+use crate::gpu::check::PartialStats;
 use crate::gpu::check::{POISON_16, POISON_F32_BITS};
 use crate::gpu::trial::mixture::Geometry;
 use crate::gpu::trial::{Buf, Comparison, Device, GraphId, Io, KernelId};

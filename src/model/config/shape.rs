@@ -1,37 +1,8 @@
 //! The problem a kernel solves: element types, causal masks and attention shapes, with their sizes and FLOPs.
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Dtype {
-    F16,
-    Bf16,
-}
-
-impl Dtype {
-    pub fn name(self) -> &'static str {
-        match self {
-            Dtype::F16 => "f16",
-            Dtype::Bf16 => "bf16",
-        }
-    }
-    /// The token the kernels expect in `-DDTYPE=...`.
-    pub fn define(self) -> &'static str {
-        match self {
-            Dtype::F16 => "DTYPE_F16",
-            Dtype::Bf16 => "DTYPE_BF16",
-        }
-    }
-    pub fn bytes(self) -> u64 {
-        2
-    }
-}
-
-impl std::fmt::Display for Dtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Element types live with the arithmetic that converts them.
+pub use flashtune_numerics::Dtype;
 
 /// Which keys a query row sees. Rows are numbered from 0 in Q, keys from 0 in K.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
