@@ -4,6 +4,7 @@ use super::{git, AgentRun, Judged, Proposal, Runner};
 use crate::error::{Error, Result};
 use crate::log::runlog::{Idea, Record};
 use crate::model::usage::{Usage, UsageFormat};
+use crate::model::vocab::ProcessEnd;
 use crate::pack;
 use crate::run::shared::Events;
 use crate::step::{self, Pairing, EDIT_SCOPE};
@@ -101,22 +102,22 @@ impl Runner<'_> {
                 let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
                 // Nothing it left running may edit its worktree while it is judged.
                 drop(group);
-                let (status, timed_out, stdout, stderr) = match waited {
+                let (status, end, stdout, stderr) = match waited {
                     Err(_) => (
                         format!("killed after {} s", timeout.as_secs()),
-                        true,
+                        ProcessEnd::TimedOut,
                         String::new(),
                         String::new(),
                     ),
                     Ok(Err(e)) => (
                         format!("wait failed: {e}"),
-                        false,
+                        ProcessEnd::WaitFailed,
                         String::new(),
                         String::new(),
                     ),
                     Ok(Ok(out)) => (
                         out.status.to_string(),
-                        false,
+                        ProcessEnd::of(&out.status),
                         String::from_utf8_lossy(&out.stdout).into_owned(),
                         String::from_utf8_lossy(&out.stderr).into_owned(),
                     ),
@@ -125,7 +126,7 @@ impl Runner<'_> {
                     candidate: k,
                     seconds: started.elapsed().as_secs_f64(),
                     status,
-                    timed_out,
+                    end,
                     output: format!("{stdout}{stderr}"),
                     stdout,
                     usage_file: std::fs::read_to_string(&usage_file).ok(),
@@ -205,7 +206,7 @@ impl Runner<'_> {
             pack::is_pack_path,
         )?;
         let touched = !diff.inside.is_empty() || !diff.outside.is_empty();
-        let finished = !run.timed_out && run.status == "exit status: 0";
+        let finished = run.end.succeeded();
         let unjudged = if !finished {
             let refused = crate::run::sandbox::refusal_note(&run.output, "its worktree")
                 .map_or(String::new(), |note| format!("; {note}"));
@@ -279,8 +280,9 @@ impl Runner<'_> {
             candidate: run.candidate,
             seconds: run.seconds,
             status: run.status.clone(),
-            timed_out: run.timed_out,
+            timed_out: run.end == ProcessEnd::TimedOut,
             output_tail: crate::gpu::build::log_tail(&run.output, 40),
+            end: Some(run.end),
             changed_files: diff.inside.clone(),
             outside_scope: diff.outside.clone(),
             diff_stat: diff.stat.clone(),

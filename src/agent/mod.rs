@@ -103,13 +103,53 @@ impl AgentOptions {
     }
 }
 
+/// The rule that ends an agent session early: decided on by type, written as its sentence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StopRule {
+    /// `--time-limit` reached.
+    TimeLimit { limit: std::time::Duration },
+    /// `--max-cost-usd` spent.
+    CostLimit { spent_usd: f64, max_usd: f64 },
+    /// `--patience` steps in a row with nothing accepted.
+    Patience { dry_steps: u32, patience: u32 },
+    /// `--stop-at-roof`: every case's champion at this fraction of its binding roof or more.
+    Roof { lowest: f64, fraction: f64 },
+}
+
+impl std::fmt::Display for StopRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopRule::TimeLimit { limit } => {
+                write!(f, "time limit: {} reached", humantime::format_duration(*limit))
+            }
+            StopRule::CostLimit { spent_usd, max_usd } => write!(
+                f,
+                "cost limit: ${spent_usd:.2} spent of --max-cost-usd {max_usd:.2}"
+            ),
+            StopRule::Patience {
+                dry_steps,
+                patience,
+            } => write!(
+                f,
+                "patience: {dry_steps} steps in a row with nothing accepted (--patience {patience})"
+            ),
+            StopRule::Roof { lowest, fraction } => write!(
+                f,
+                "roof: every case's champion is at {:.1}% or more of its binding measured roof (--stop-at-roof {fraction} = {:.1}%)",
+                lowest * 100.0,
+                fraction * 100.0
+            ),
+        }
+    }
+}
+
 /// How an agent session ended.
 pub struct SessionOutcome {
     pub run_dir: PathBuf,
     pub steps: u32,
     pub committed: u32,
     /// The stop rule that ended it early, if one did.
-    pub stopped: Option<String>,
+    pub stopped: Option<StopRule>,
     /// The morning summary (also `summary.md` in the run folder).
     pub summary: String,
 }
@@ -267,8 +307,9 @@ struct Runner<'a> {
 struct AgentRun {
     candidate: u32,
     seconds: f64,
+    /// `std`'s words for how it ended, for people.
     status: String,
-    timed_out: bool,
+    end: crate::model::vocab::ProcessEnd,
     stdout: String,
     output: String,
     usage_file: Option<String>,
@@ -307,7 +348,7 @@ impl Runner<'_> {
         for n in first..=self.opts.steps {
             if let Some(why) = self.stop_rule(events)? {
                 events.emit(Record::SessionStopped {
-                    reason: why.clone(),
+                    reason: why.to_string(),
                 })?;
                 stopped = Some(why);
                 break;
@@ -319,14 +360,15 @@ impl Runner<'_> {
         }
         if stopped.is_none() {
             // A rule may end the session after its last step too: say so, for the summary.
+            // The time limit is no news after the last step: the session ran its steps.
             if let Some(why) = self.stop_rule(events)? {
-                if !why.starts_with("time limit") {
+                if !matches!(why, StopRule::TimeLimit { .. }) {
                     stopped = Some(why);
                 }
             }
         }
         let ledger = Ledger::read(&run_dir)?;
-        let summary = ledger.summary_markdown(stopped.as_deref());
+        let summary = ledger.summary_markdown(stopped.as_ref().map(|r| r.to_string()).as_deref());
         write(&run_dir.join("summary.md"), summary.as_bytes())?;
         write(
             &run_dir.join("ledger.json"),
@@ -350,41 +392,39 @@ impl Runner<'_> {
     }
 
     /// Why the session must not start another step, if it must not.
-    fn stop_rule(&self, events: &Events) -> Result<Option<String>> {
+    fn stop_rule(&self, events: &Events) -> Result<Option<StopRule>> {
         let ledger = Ledger::read(&self.bench.run_dir)?;
         let _ = events;
         if let Some(limit) = self.opts.time_limit {
             if self.started.elapsed() >= limit {
-                return Ok(Some(format!(
-                    "time limit: {} reached",
-                    humantime::format_duration(limit)
-                )));
+                return Ok(Some(StopRule::TimeLimit { limit }));
             }
         }
         if let Some(max) = self.agent.max_cost_usd {
             let spent = ledger.known_usd();
             if spent >= max {
-                return Ok(Some(format!(
-                    "cost limit: ${spent:.2} spent of --max-cost-usd {max:.2}"
-                )));
+                return Ok(Some(StopRule::CostLimit {
+                    spent_usd: spent,
+                    max_usd: max,
+                }));
             }
         }
         if let Some(k) = self.agent.patience {
             let dry = ledger.steps_since_commit();
             if k > 0 && dry >= k {
-                return Ok(Some(format!(
-                    "patience: {dry} steps in a row with nothing accepted (--patience {k})"
-                )));
+                return Ok(Some(StopRule::Patience {
+                    dry_steps: dry,
+                    patience: k,
+                }));
             }
         }
         if let Some(f) = self.agent.stop_at_roof {
             if let Some(lowest) = self.lowest_roof_fraction()? {
                 if lowest >= f {
-                    return Ok(Some(format!(
-                        "roof: every case's champion is at {:.1}% or more of its binding measured roof (--stop-at-roof {f} = {:.1}%)",
-                        lowest * 100.0,
-                        f * 100.0
-                    )));
+                    return Ok(Some(StopRule::Roof {
+                        lowest,
+                        fraction: f,
+                    }));
                 }
             }
         }

@@ -3,6 +3,7 @@ use super::worktree::{remove_worktree, worktree_name};
 use super::{git, Proposal, Runner};
 use crate::error::Result;
 use crate::log::runlog::Record;
+use crate::model::vocab::ProcessEnd;
 use crate::run::shared::Events;
 use crate::step;
 use std::collections::BTreeMap;
@@ -69,9 +70,11 @@ impl Runner<'_> {
                     outside_scope,
                     status,
                     timed_out,
+                    end,
                     ..
                 } if *step == n => {
-                    let ok = !timed_out && status == "exit status: 0" && outside_scope.is_empty();
+                    let ended = end.unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out));
+                    let ok = ended.succeeded() && outside_scope.is_empty();
                     proposed.insert(*candidate, (changed_files.clone(), ok));
                 }
                 Record::CandidateJudged {

@@ -125,7 +125,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             )
             .await?;
             let text = session_finished_text(&outcome);
-            return Ok((outcome.run_dir, outcome.stopped, text));
+            return Ok((outcome.run_dir, outcome.stopped.map(|r| r.to_string()), text));
         }
         let outcome = crate::step::step(opts).await?;
         let text = format!(

@@ -49,3 +49,80 @@ impl std::fmt::Display for ParamValue {
         }
     }
 }
+
+/// How a child process (a proposer, an agent) ended: success is decided on this type, never on
+/// the words a status prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessEnd {
+    Exited {
+        code: i32,
+    },
+    Signalled {
+        signal: i32,
+    },
+    /// Killed by flashtune when its time limit ran out.
+    TimedOut,
+    /// Its end could not be waited for.
+    WaitFailed,
+}
+
+impl ProcessEnd {
+    pub fn of(status: &std::process::ExitStatus) -> ProcessEnd {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ProcessEnd::Exited { code },
+            (None, Some(signal)) => ProcessEnd::Signalled { signal },
+            (None, None) => ProcessEnd::WaitFailed,
+        }
+    }
+
+    /// It ran to its end and said it succeeded.
+    pub fn succeeded(self) -> bool {
+        self == ProcessEnd::Exited { code: 0 }
+    }
+
+    /// The end of a process as logs before the `end` field recorded it: `std`'s words for its exit
+    /// status (`exit status: 0`, `signal: 9 (SIGKILL)`) and whether flashtune's time limit killed it.
+    pub fn legacy(status: &str, timed_out: bool) -> ProcessEnd {
+        let number = |prefix: &str| {
+            status
+                .strip_prefix(prefix)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        };
+        if timed_out {
+            ProcessEnd::TimedOut
+        } else if let Some(code) = number("exit status: ") {
+            ProcessEnd::Exited { code }
+        } else if let Some(signal) = number("signal: ") {
+            ProcessEnd::Signalled { signal }
+        } else {
+            ProcessEnd::WaitFailed
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProcessEnd;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// The legacy reading agrees with `of` on the words `std` prints for the same status.
+    #[test]
+    fn legacy_statuses_read_as_the_typed_end_they_were() {
+        for raw in [0, 1 << 8, 42 << 8, 9, 15] {
+            let status = std::process::ExitStatus::from_raw(raw);
+            assert_eq!(
+                ProcessEnd::legacy(&status.to_string(), false),
+                ProcessEnd::of(&status),
+                "{status}"
+            );
+        }
+        assert!(ProcessEnd::legacy("exit status: 0", false).succeeded());
+        assert!(!ProcessEnd::legacy("exit status: 0", true).succeeded());
+        assert!(!ProcessEnd::legacy("killed after 30 s", false).succeeded());
+    }
+}

@@ -31,6 +31,9 @@ pub struct BestRow {
     /// Faster figures passed over because they were measured under a condition while a clean case
     /// exists: (variant, median µs, conditions, log line).
     pub passed_over: Vec<(String, f64, Vec<Condition>, usize)>,
+    /// Faster figures that lost their last duel with a case ranked above them: (variant, median
+    /// µs, log line of its figure).
+    pub outdueled: Vec<(String, f64, usize)>,
     /// The runner-up when it is within the noise of the best: the two are tied.
     pub tie: Option<TiedRow>,
     /// The best's figures came from the results store: the run and log line that measured them.
@@ -136,6 +139,14 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                     })
                     .collect()
             });
+            let outdueled = pick.as_ref().map_or_else(Vec::new, |p| {
+                p.outdueled
+                    .iter()
+                    .filter_map(|c| {
+                        Some((c.variant.to_owned(), c.measured()?.median_us, c.log_line()))
+                    })
+                    .collect()
+            });
             let tie = pick.as_ref().and_then(|p| {
                 let runner_up = p.runner_up?;
                 Some(TiedRow {
@@ -176,6 +187,7 @@ pub fn best_per_shape(ix: &RunIndex) -> BestPerShape {
                 best,
                 under,
                 passed_over,
+                outdueled,
                 tie,
                 reused,
                 baseline_us,

@@ -1,9 +1,7 @@
 //! `flashtune ablate`: one factor at a time around a champion — each parameter set back to the baseline's value — and the factors ranked by what removing them costs.
-use crate::log::runlog::{LoadedLog, Record};
-use crate::model::config::Dtype;
+use crate::log::runlog::LoadedLog;
 use crate::model::plan::CHAMPION_STEP;
 use crate::model::space::{Params, Space, Variant};
-use std::collections::BTreeMap;
 
 /// The champion, then one variant per parameter where it differs from the baseline, with that parameter reset.
 pub fn variants(space: &Space, champion: &Params) -> Vec<Variant> {
@@ -30,45 +28,22 @@ pub fn variants(space: &Space, champion: &Params) -> Vec<Variant> {
     out
 }
 
-/// The variant to ablate around: `wanted`, or the one with the best geometric-mean time over every
-/// (shape, dtype) the run timed (only variants timed on all of them, with no runtime fault on any
-/// case, qualify: a retry that timed a case does not undo its crash).
+/// The variant to ablate around: `wanted`, or the run's champion by the read model's one rule
+/// (`RunIndex::run_champion`: champion of the most (shape, dtype) cases; a variant with a runtime
+/// fault is nobody's champion).
 pub fn choose_champion(log: &LoadedLog, wanted: Option<&str>) -> Result<(String, Params), String> {
-    let mut params: BTreeMap<String, Params> = BTreeMap::new();
-    for (_, e) in &log.entries {
-        if let Record::Planned {
-            variant, params: p, ..
-        } = &e.record
-        {
-            params.insert(variant.clone(), p.clone());
-        }
-    }
-    let mut times: BTreeMap<String, BTreeMap<(String, Dtype), f64>> = BTreeMap::new();
-    for t in log.timed() {
-        times
-            .entry(t.variant.to_owned())
-            .or_default()
-            .insert((t.shape.to_owned(), t.dtype), t.timing.median_us);
-    }
+    let index = crate::log::runindex::RunIndex::new(log);
     if let Some(id) = wanted {
-        return params
-            .get(id)
+        return index
+            .params_of(id)
             .map(|p| (id.to_owned(), p.clone()))
             .ok_or_else(|| format!("variant `{id}` was not planned in this run"));
     }
-    let cases: std::collections::BTreeSet<&(String, Dtype)> =
-        times.values().flat_map(|t| t.keys()).collect();
-    let index = crate::log::runindex::RunIndex::new(log);
-    let geomean = |t: &BTreeMap<(String, Dtype), f64>| {
-        (t.values().map(|v| v.ln()).sum::<f64>() / t.len() as f64).exp()
-    };
-    times
-        .iter()
-        .filter(|(id, t)| t.len() == cases.len() && index.disqualified(id).is_none())
-        .min_by(|a, b| geomean(a.1).total_cmp(&geomean(b.1)))
-        .and_then(|(id, _)| params.get(id).map(|p| (id.clone(), p.clone())))
+    index
+        .run_champion()
+        .and_then(|id| index.params_of(id).map(|p| (id.to_owned(), p.clone())))
         .ok_or_else(|| {
-            "no variant of this run was timed on every shape and dtype without a fault on any case; name one with --variant"
+            "no variant of this run was measured without a runtime fault; name one with --variant"
                 .into()
         })
 }

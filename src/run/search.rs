@@ -37,13 +37,6 @@ struct Holder {
     timing: TimingStats,
 }
 
-/// Noise-aware: the challenger must be faster by more than `min_gain` and by more than either one's p10..p90 spread.
-pub fn beats(challenger: &TimingStats, champion: &TimingStats, min_gain: f64) -> bool {
-    let spread = |t: &TimingStats| (t.p90_us - t.p10_us) / t.median_us;
-    let gain = champion.median_us / challenger.median_us - 1.0;
-    gain > min_gain && gain > spread(challenger).max(spread(champion))
-}
-
 /// Interleaved re-timings the search already ran: (shape, dtype, challenger) → accepted.
 fn duel_verdicts(log: &LoadedLog) -> BTreeMap<(String, Dtype, String), bool> {
     log.entries
@@ -64,39 +57,23 @@ fn duel_verdicts(log: &LoadedLog) -> BTreeMap<(String, Dtype, String), bool> {
         .collect()
 }
 
-/// Champions per (shape, dtype) over the log's timed records, in the order they were measured;
-/// a challenger that lost its interleaved re-timing on a case never becomes champion there.
-fn champions(log: &LoadedLog, min_gain: f64) -> BTreeMap<(String, Dtype), Holder> {
-    let lost: BTreeSet<(String, Dtype, String)> = duel_verdicts(log)
-        .into_iter()
-        .filter(|(_, accepted)| !accepted)
-        .map(|(k, _)| k)
-        .collect();
-    // A variant that faulted (wrong, implausible, crashed, hung, ...) is no champion, as in the
-    // reports: anywhere, or on that shape only under per-shape dispatch.
+/// The champion of every (shape, dtype), by the read model's one rule (`RunIndex::pick`): a
+/// challenger that lost its interleaved re-timing on a case is never champion there.
+fn champions(log: &LoadedLog) -> BTreeMap<(String, Dtype), Holder> {
     let index = crate::log::runindex::RunIndex::new(log);
-    let mut out: BTreeMap<(String, Dtype), Holder> = BTreeMap::new();
-    for t in log.timed() {
-        let key = (t.shape.to_owned(), t.dtype);
-        if lost.contains(&(t.shape.to_owned(), t.dtype, t.variant.to_owned()))
-            || index.disqualified_on(t.variant, t.shape).is_some()
-        {
-            continue;
-        }
-        let replace = out
-            .get(&key)
-            .is_none_or(|h| beats(t.timing, &h.timing, min_gain));
-        if replace {
-            out.insert(
-                key,
+    index
+        .champions()
+        .into_iter()
+        .filter_map(|((shape, dtype), case)| {
+            Some((
+                (shape.to_owned(), dtype),
                 Holder {
-                    variant: t.variant.to_owned(),
-                    timing: t.timing.clone(),
+                    variant: case.variant.to_owned(),
+                    timing: case.measured()?.clone(),
                 },
-            );
-        }
-    }
-    out
+            ))
+        })
+        .collect()
 }
 
 fn params_of(log: &LoadedLog) -> BTreeMap<String, Params> {
@@ -166,7 +143,7 @@ impl Guided<'_> {
         }
         for round in 1..=policy.max_rounds {
             let log = crate::log::runlog::read(&events.log.path)?;
-            let before = champions(&log, policy.min_gain);
+            let before = champions(&log);
             let params = params_of(&log);
             let mut proposals: BTreeMap<String, (Variant, Proposal)> = BTreeMap::new();
             let profiled_dtypes: Vec<Dtype> = project.policies.profile.dtypes.clone();
@@ -298,7 +275,7 @@ impl Guided<'_> {
         // Each pass settles every unconfirmed change; a rejection can expose the runner-up, hence the loop.
         loop {
             let log = crate::log::runlog::read(&events.log.path)?;
-            let after = champions(&log, policy.min_gain);
+            let after = champions(&log);
             let judged = duel_verdicts(&log);
             let mut pairs = Vec::new();
             let mut names = Vec::new();

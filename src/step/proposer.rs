@@ -7,6 +7,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::log::runlog::Record;
+use crate::model::vocab::ProcessEnd;
 use crate::run::shared::{Events, UnitKey};
 use anyhow::{anyhow, Context};
 use std::collections::BTreeMap;
@@ -54,9 +55,12 @@ impl Session<'_> {
                 status,
                 timed_out,
                 output_tail,
+                end,
                 ..
             } => Proposed {
-                finished: !timed_out && status == "exit status: 0",
+                finished: end
+                    .unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out))
+                    .succeeded(),
                 output: output_tail.clone(),
             },
             _ => unreachable!("run_proposer returns proposer_ran"),
@@ -146,16 +150,20 @@ impl Session<'_> {
         let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
         // Nothing it left running in the background may edit files while the step is judged.
         drop(group);
-        let (status, timed_out, output) = match waited {
+        let (status, end, output) = match waited {
             Err(_) => (
                 format!("killed after {} s", timeout.as_secs()),
-                true,
+                ProcessEnd::TimedOut,
                 String::new(),
             ),
-            Ok(Err(e)) => (format!("wait failed: {e}"), false, String::new()),
+            Ok(Err(e)) => (
+                format!("wait failed: {e}"),
+                ProcessEnd::WaitFailed,
+                String::new(),
+            ),
             Ok(Ok(out)) => (
                 out.status.to_string(),
-                false,
+                ProcessEnd::of(&out.status),
                 format!(
                     "{}{}",
                     String::from_utf8_lossy(&out.stdout),
@@ -168,8 +176,9 @@ impl Session<'_> {
             command: command.to_owned(),
             seconds: started.elapsed().as_secs_f64(),
             status,
-            timed_out,
+            timed_out: end == ProcessEnd::TimedOut,
             output_tail: crate::gpu::build::log_tail(&output, 40),
+            end: Some(end),
         })
     }
 }

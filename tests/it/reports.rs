@@ -982,3 +982,68 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     let pick = ix.pick("small", F16).expect("a pick");
     assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
 }
+
+/// Issue 49, item 3: one champion rule. On this log the four rules the code once had each named
+/// another champion of `small`: the report's pick (drift duels only) v2, the guided search's
+/// (first measured, replaced by a gain beyond `min_gain`, conditions ignored) v3, the profile
+/// stage's (fastest timed, faults and conditions ignored) v4, and the ablation's (best geometric
+/// mean over the variants timed on every case) v1. Now every reader asks `RunIndex::pick`: v2 lost
+/// its search duel to v1, v3 was measured under thermal throttling while clean cases exist, and
+/// v4 computed wrong answers on `seed`; so v1 is the champion everywhere.
+#[test]
+fn one_champion_rule_on_a_log_where_the_four_old_rules_disagreed() {
+    let mut log = Log::new(false);
+    for v in ["v1", "v2", "v3", "v4"] {
+        log.plan(v);
+    }
+    log.timed("v1", "small", 10.0, 0.01);
+    log.timed("v1", "seed", 5.0, 0.01);
+    log.timed("v2", "small", 9.8, 0.01);
+    log.timed("v2", "seed", 12.0, 0.01);
+    log.record(
+        json!({"event": "search_duel", "round": 1, "shape": "small", "dtype": "f16",
+        "champion": "v1", "challenger": "v2", "champion_us": 10.0, "challenger_us": 9.9,
+        "verdict": {"accept": false, "gain": 0.01, "noise": 0.01, "threshold": 0.05,
+                    "reason": "gain below min_gain"},
+        "failure": null}),
+    );
+    log.record(
+        json!({"event": "timed", "variant": "v3", "shape": "small", "dtype": "f16",
+        "kv_splits": 1, "timing": timing(8.0, 0.01), "conditions": ["thermal"]}),
+    );
+    log.record(
+        json!({"event": "timed", "variant": "v3", "shape": "seed", "dtype": "f16",
+        "kv_splits": 1, "timing": timing(30.0, 0.01), "conditions": ["thermal"]}),
+    );
+    log.timed("v4", "small", 7.0, 0.01);
+    log.record(
+        json!({"event": "check_failed", "variant": "v4", "shape": "seed", "dtype": "f16",
+        "check": null, "reason": "relative L2 error 3.1e-1 > 2.0e-2"}),
+    );
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    for shape in ["small", "seed"] {
+        assert_eq!(
+            ix.pick(shape, F16).map(|p| p.best.variant),
+            Some("v1"),
+            "{shape}"
+        );
+    }
+    assert!(ix.champions().values().all(|c| c.variant == "v1"));
+    assert_eq!(ix.run_champion(), Some("v1"));
+    let (ablated, _) = flashtune::run::ablate::choose_champion(&log, None).unwrap();
+    assert_eq!(ablated, "v1");
+    let table = flashtune::report::findings::best_per_shape(&ix);
+    for row in &table.rows {
+        assert_eq!(
+            row.best.as_ref().map(|b| b.0.as_str()),
+            Some("v1"),
+            "{}",
+            row.shape.name
+        );
+    }
+    // The throttled figure is named as passed over, not silently dropped.
+    let small = table.rows.iter().find(|r| r.shape.name == "small").unwrap();
+    assert!(small.passed_over.iter().any(|p| p.0 == "v3"));
+}

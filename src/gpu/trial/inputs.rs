@@ -385,14 +385,22 @@ pub(super) fn set_checksum<D: Device>(dev: &mut D, bufs: [Buf; 3]) -> Result<u64
     Ok(sum)
 }
 
-/// The check, held-out and stress sets as they were drawn? A kernel that wrote outside its outputs
-/// changes one.
+/// The check, held-out and stress sets, and their masked references, as they were drawn? A kernel
+/// that wrote outside its outputs changes one. The references count as much as the inputs: the
+/// pool outlives the case, and a reference rewritten by one variant would be blamed on the next
+/// variant the worker session checks against it.
 fn intact<D: Device>(dev: &mut D, pools: &Pools, pool: usize) -> Result<Option<String>> {
     let p = &pools.pools[pool];
     for set in p.sets() {
         if set_checksum(dev, set.buffers())? != set.checksum {
             return Ok(Some(format!(
                 "input set {} of {} changed during the case",
+                set.index, p.key.shape.name
+            )));
+        }
+        if dev.checksum_all(&[set.reference.o, set.reference.lse])? != set.reference_checksum {
+            return Ok(Some(format!(
+                "the reference of input set {} of {} changed during the case",
                 set.index, p.key.shape.name
             )));
         }

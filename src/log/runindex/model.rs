@@ -553,6 +553,9 @@ pub struct Pick<'i, 'a> {
     /// Faster cases passed over because they were measured under a condition (throttling, another
     /// process) and a clean case exists.
     pub passed_over: Vec<&'i Case<'a>>,
+    /// Faster cases that rank below the champion because they lost their last duel with a case
+    /// ranked above them (a search round's interleaved re-timing, a drift duel).
+    pub outdueled: Vec<&'i Case<'a>>,
 }
 
 /// (p90 - p10) / median of one timed case.

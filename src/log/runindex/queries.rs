@@ -1,5 +1,6 @@
 //! What the readers ask of a built index: a case, the ranking and pick per shape, disqualifying faults, the drift sentinels around a case, and how close two cases are.
 use super::{sentinel_gap, spread, Case, Closeness, Fault, Pick, RunIndex, SentinelPoint};
+use crate::log::runlog::Record;
 use crate::model::config::Dtype;
 use crate::model::space::Params;
 use std::collections::BTreeMap;
@@ -64,9 +65,13 @@ impl<'a> RunIndex<'a> {
             .find(|f| f.variant == variant && f.bars(shape, self.per_shape_dispatch))
     }
 
-    /// The champion of one (shape, dtype): the fastest measured case, and whether its runner-up ties it.
-    /// Cases measured under a condition (throttling, another process) are passed over when a clean
-    /// one exists; a drift duel of the two decides between them when the run re-timed them.
+    /// **The champion rule**, the only one: every report, stage, search round, ablation, pack and
+    /// console line that names a champion asks here. Of one (shape, dtype): the fastest measured
+    /// case by median, passing over a variant with a runtime fault ([`RunIndex::disqualified_on`]);
+    /// cases measured under a condition (throttling, another process) are passed over when a clean
+    /// one exists; and a case that lost its last duel with another candidate (a search round's
+    /// interleaved re-timing, or a drift duel) ranks below that one. Also says whether the
+    /// runner-up ties the champion.
     pub fn pick(&self, shape: &str, dtype: Dtype) -> Option<Pick<'_, 'a>> {
         let ranked = self.ranked(shape, dtype);
         let clean: Vec<&Case<'a>> = ranked
@@ -75,14 +80,17 @@ impl<'a> RunIndex<'a> {
             .filter(|c| c.conditions().is_empty())
             .collect();
         let pool = if clean.is_empty() { &ranked } else { &clean };
-        let mut best = *pool.first()?;
-        let mut runner_up = pool.get(1).copied();
-        if let Some(r) = runner_up {
-            if self.drift_duel_won(r, best) {
-                runner_up = Some(best);
-                best = r;
-            }
-        }
+        let losses = self.duel_losses(shape, dtype);
+        let lost_to_one_of_the_pool = |c: &Case| {
+            pool.iter()
+                .any(|o| losses.contains(&(c.variant, o.variant)))
+        };
+        let best = pool
+            .iter()
+            .copied()
+            .find(|c| !lost_to_one_of_the_pool(c))
+            .or_else(|| pool.first().copied())?;
+        let runner_up = pool.iter().copied().find(|c| !std::ptr::eq(*c, best));
         let tie = runner_up
             .and_then(|r| self.closeness(best, r))
             .filter(Closeness::tied);
@@ -96,34 +104,112 @@ impl<'a> RunIndex<'a> {
                     && c.measured().is_some_and(|t| t.median_us < best_us)
             })
             .collect();
+        let outdueled = pool
+            .iter()
+            .copied()
+            .take_while(|c| !std::ptr::eq(*c, best))
+            .collect();
         Some(Pick {
             best,
             runner_up,
             tie,
             passed_over,
+            outdueled,
         })
     }
 
-    /// Whether `challenger` beat `holder` in the last drift duel between the two.
-    fn drift_duel_won(&self, challenger: &Case, holder: &Case) -> bool {
-        self.drift_duels
-            .iter()
-            .rev()
-            .find(|d| {
-                d.shape == holder.shape.name
-                    && d.dtype == holder.dtype
-                    && ((d.champion == holder.variant && d.runner_up == challenger.variant)
-                        || (d.champion == challenger.variant && d.runner_up == holder.variant))
-            })
-            .and_then(|d| Some((d, d.verdict?)))
-            .is_some_and(|(d, v)| {
-                // The verdict judges the runner-up as the challenger.
-                if d.runner_up == challenger.variant {
-                    v.accept
-                } else {
-                    v.gain < 0.0 && -v.gain > v.noise
+    /// The champion of every (shape, dtype) the run measured, by [`RunIndex::pick`].
+    pub fn champions(&self) -> BTreeMap<(&'a str, Dtype), &Case<'a>> {
+        let mut out = BTreeMap::new();
+        for c in self.cases.iter().filter(|c| c.measured().is_some()) {
+            let key = (c.shape.name.as_str(), c.dtype);
+            if !out.contains_key(&key) {
+                if let Some(p) = self.pick(key.0, key.1) {
+                    out.insert(key, p.best);
                 }
+            }
+        }
+        out
+    }
+
+    /// The run's champion, the variant an ablation explains: the one [`RunIndex::pick`] makes
+    /// champion of the most (shape, dtype) cases, ties broken by the geometric mean of its medians
+    /// over the cases it was measured on, then by name.
+    pub fn run_champion(&self) -> Option<&'a str> {
+        let mut wins: BTreeMap<&'a str, usize> = BTreeMap::new();
+        for c in self.champions().values() {
+            *wins.entry(c.variant).or_default() += 1;
+        }
+        let geomean = |variant: &str| {
+            let logs: Vec<f64> = self
+                .cases
+                .iter()
+                .filter(|c| c.variant == variant)
+                .filter_map(|c| c.measured())
+                .map(|t| t.median_us.ln())
+                .collect();
+            (logs.iter().sum::<f64>() / logs.len().max(1) as f64).exp()
+        };
+        wins.into_iter()
+            .max_by(|(a, na), (b, nb)| {
+                na.cmp(nb)
+                    .then_with(|| geomean(b).total_cmp(&geomean(a)))
+                    .then_with(|| b.cmp(a))
             })
+            .map(|(v, _)| v)
+    }
+
+    /// (loser, winner) of the last duel between each pair of variants on one (shape, dtype). A
+    /// search round's duel keeps the holder unless the challenger was accepted (a duel that failed
+    /// to run accepts nobody); a drift duel moves the title only on a verdict beyond its noise.
+    fn duel_losses(&self, shape: &str, dtype: Dtype) -> Vec<(&'a str, &'a str)> {
+        let mut last: BTreeMap<(&'a str, &'a str), (usize, Option<(&'a str, &'a str)>)> =
+            BTreeMap::new();
+        let mut settle = |line: usize, a: &'a str, b: &'a str, loss: Option<(&'a str, &'a str)>| {
+            let pair = if a < b { (a, b) } else { (b, a) };
+            if last.get(&pair).is_none_or(|(at, _)| *at < line) {
+                last.insert(pair, (line, loss));
+            }
+        };
+        for (line, record) in &self.search {
+            if let Record::SearchDuel {
+                shape: s,
+                dtype: d,
+                champion,
+                challenger,
+                verdict,
+                ..
+            } = record
+            {
+                if s == shape && *d == dtype {
+                    let accepted = verdict.as_ref().is_some_and(|v| v.accept);
+                    let loss = if accepted {
+                        (champion.as_str(), challenger.as_str())
+                    } else {
+                        (challenger.as_str(), champion.as_str())
+                    };
+                    settle(*line, champion, challenger, Some(loss));
+                }
+            }
+        }
+        for d in self
+            .drift_duels
+            .iter()
+            .filter(|d| d.shape == shape && d.dtype == dtype)
+        {
+            // The verdict judges the runner-up as the challenger.
+            let loss = d.verdict.and_then(|v| {
+                if v.accept {
+                    Some((d.champion, d.runner_up))
+                } else if v.gain < 0.0 && -v.gain > v.noise {
+                    Some((d.runner_up, d.champion))
+                } else {
+                    None
+                }
+            });
+            settle(d.line, d.champion, d.runner_up, loss);
+        }
+        last.into_values().filter_map(|(_, loss)| loss).collect()
     }
 
     /// The sentinels of a measured case's GPU just before and after it was timed (its last timing).

@@ -385,9 +385,13 @@ pub enum Record {
         step: u32,
         command: String,
         seconds: f64,
+        /// `std`'s words for how it ended, for people; `end` is what decides.
         status: String,
         timed_out: bool,
         output_tail: String,
+        /// How it ended (logs before it have only `status`: `ProcessEnd::legacy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end: Option<crate::model::vocab::ProcessEnd>,
     },
     /// `flashtune step`: the uncommitted edits under kernels/ about to be judged against HEAD.
     StepStarted {
@@ -459,9 +463,13 @@ pub enum Record {
         candidate: u32,
         /// Wall-clock seconds the agent ran.
         seconds: f64,
+        /// `std`'s words for how it ended, for people; `end` is what decides.
         status: String,
         timed_out: bool,
         output_tail: String,
+        /// How it ended (logs before it have only `status`: `ProcessEnd::legacy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        end: Option<crate::model::vocab::ProcessEnd>,
         /// Changed paths in the edit scope (what would be judged and committed).
         changed_files: Vec<String>,
         /// Changed paths outside the edit scope: any one rejects the candidate.

@@ -138,6 +138,26 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
             passed.join("\n")
         );
     }
+    let outdueled: Vec<String> = found
+        .rows
+        .iter()
+        .flat_map(|row| {
+            let best = row.best.as_ref().map_or("", |b| b.0.as_str());
+            row.outdueled.iter().map(move |(variant, us, line)| {
+                format!(
+                    "- {} {}: `{variant}` {us:.1} µs (log line {line}) was faster in its own timing but lost its interleaved re-timing: `{best}` stays the champion.",
+                    row.shape.name, row.dtype,
+                )
+            })
+        })
+        .collect();
+    if !outdueled.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nKept by a duel: a faster first figure that did not beat the champion when the two were timed interleaved.\n\n{}",
+            outdueled.join("\n")
+        );
+    }
     if !ties.is_empty() {
         let _ = writeln!(
             md,

@@ -2,7 +2,6 @@
 use super::TuneOutcome;
 use crate::error::{Error, Result};
 use crate::log::runlog::{self, Record};
-use crate::model::config::Dtype;
 use crate::model::plan::Strategy;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::{DeviceLimits, PlannedPoint};
@@ -155,30 +154,9 @@ async fn profile_stage(
         return Ok(());
     }
     let log = runlog::read(&events.log.path)?;
-    let mut timed: BTreeMap<(String, Dtype), Vec<(String, f64)>> = BTreeMap::new();
-    for t in log.timed() {
-        timed
-            .entry((t.shape.to_owned(), t.dtype))
-            .or_default()
-            .push((t.variant.to_owned(), t.timing.median_us));
-    }
-    // A reused champion is still the champion: it is not profiled again here (this run did not
-    // build it), and no slower variant is profiled in its place.
-    for (_, e) in &log.entries {
-        if let Record::Reused {
-            variant,
-            shape,
-            dtype,
-            timing,
-            ..
-        } = &e.record
-        {
-            timed
-                .entry((shape.clone(), *dtype))
-                .or_default()
-                .push((variant.clone(), timing.median_us));
-        }
-    }
+    // The champion by the read model's rule; a reused champion is still the champion: it is not
+    // profiled again here (this run did not build it), and no slower variant is profiled in its place.
+    let index = crate::log::runindex::RunIndex::new(&log);
     // An ablation explains each step only if each step has its own profile.
     let every_step = policy.chain_steps && project.space.chain.is_some();
     for shape in &project.shapes {
@@ -187,16 +165,25 @@ async fn profile_stage(
             .iter()
             .filter(|d| project.policies.dtypes.contains(d))
         {
-            let Some(results) = timed.get(&(shape.name.clone(), dtype)) else {
+            let Some(pick) = index.pick(&shape.name, dtype) else {
                 continue;
             };
-            let best = results.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
-            // A variant timed twice (a resumed run) is profiled once.
-            let chosen: BTreeSet<&String> = results
-                .iter()
-                .filter(|r| every_step || r.1 <= best * (1.0 + policy.within_pct / 100.0))
-                .map(|r| &r.0)
-                .collect();
+            let best = pick.best.measured().map_or(f64::INFINITY, |t| t.median_us);
+            // The champion first, then the others within `within_pct` of it (or every step).
+            let mut chosen: Vec<&str> = vec![pick.best.variant];
+            chosen.extend(
+                index
+                    .ranked(&shape.name, dtype)
+                    .into_iter()
+                    .filter(|c| c.variant != pick.best.variant)
+                    .filter(|c| {
+                        every_step
+                            || c.measured().is_some_and(|t| {
+                                t.median_us <= best * (1.0 + policy.within_pct / 100.0)
+                            })
+                    })
+                    .map(|c| c.variant),
+            );
             for variant in chosen {
                 profile_case(
                     project, device, events, &log, run_dir, variant, shape, dtype,
