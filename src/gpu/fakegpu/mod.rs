@@ -568,6 +568,85 @@ mod tests {
         );
     }
 
+    /// `ForgeReference` in a worker session that checks another variant next against the same
+    /// input pool: the forger is named for its own case, and the next variant is judged on
+    /// references drawn anew, never failed for the forger's write (the pool once kept only its
+    /// inputs guarded, so the honest variant after a forger was rejected as having written them).
+    #[test]
+    fn a_forged_reference_is_blamed_on_the_forger_and_never_on_the_next_variant() {
+        use crate::model::config::Tolerance;
+        use crate::model::protocol::{CaseSpec, MeasureSpec};
+        let mut gpu = FakeGpu::new(device("sm_90a", 0));
+        let mut pools = crate::gpu::trial::Pools::new(1 << 30);
+        let dir = tempfile::tempdir().unwrap();
+        let reference = dir.path().join("reference.cubin");
+        std::fs::write(&reference, "reference").unwrap();
+        let case = |cheat: &str| {
+            let cubin = dir.path().join(format!("{cheat}.cubin"));
+            std::fs::write(&cubin, cheat).unwrap();
+            CaseSpec {
+                shape: Shape {
+                    name: "tiny".into(),
+                    b: 1,
+                    h: 2,
+                    sq: 64,
+                    sk: 64,
+                    d: 64,
+                    causal: Default::default(),
+                },
+                dtype: Dtype::F16,
+                seed: 7,
+                tolerance: Tolerance {
+                    max_abs: 2e-2,
+                    rel_l2: 2e-2,
+                    row_rel_l2: 5e-2,
+                    lse_max_abs: 1e-3,
+                },
+                cpu_oracle_max_macs: 1e9,
+                forward: ForwardKernel {
+                    cubin,
+                    entry: "attn_fwd".into(),
+                    combine_entry: "attn_combine".into(),
+                    launch: serde_json::from_value(serde_json::json!({
+                        "threads": 128, "smem_bytes": 0, "rows_per_cta": 64,
+                        "kv_rows_per_block": 64, "kv_splits": 1
+                    }))
+                    .unwrap(),
+                    defines: vec![
+                        ("DTYPE".into(), "DTYPE_F16".into()),
+                        ("CHEAT".into(), cheat.into()),
+                    ],
+                },
+                reference: ReferenceKernel {
+                    cubin: reference.clone(),
+                    entry: "attn_reference".into(),
+                },
+                race: None,
+            }
+        };
+        let measure = MeasureSpec {
+            warmup_ms: 0.0,
+            samples: 5,
+            min_sample_us: 0.0,
+            verified_replays: 2,
+        };
+        let run = crate::gpu::trial::run_case;
+        let forged = run(
+            &mut gpu,
+            &mut pools,
+            &case("CHEAT_FORGE_REFERENCE"),
+            &measure,
+        );
+        let why = forged.failure().expect("the forger is rejected");
+        assert!(
+            why.contains("the reference of input set 0 changed while the kernel ran"),
+            "{why}"
+        );
+        let honest = run(&mut gpu, &mut pools, &case("CHEAT_NONE"), &measure);
+        assert_eq!(honest.failure(), None);
+        assert!(honest.timing.is_some());
+    }
+
     /// `KeptCopyRepair` against both ways of keeping a timed round's outputs: a copy kept in device
     /// memory is found by the next launch and gets the honest answer written over it (what made the
     /// old harness crown it), while a copy read back to the host keeps the zeros it wrote.
