@@ -10,52 +10,49 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}tr:
 code{font-size:12px}td code{white-space:nowrap}figcaption{font-size:13px;margin-left:80px}blockquote{border-left:4px solid #d62728;margin:0;padding:4px 12px;background:#fff4f4}\
 table.variants td:nth-child(2){white-space:nowrap;font-size:11px}figure{margin:12px 0}svg{max-width:100%;height:auto}.missing{color:#666;font-style:italic}";
 
-/// The whole page: the report's sections as HTML, with the plots after the main table and its note.
+/// The whole page: the report's sections as HTML, with the best per shape and the plots first, above
+/// the table of every variant.
 pub fn page(ix: &RunIndex) -> String {
-    let md = crate::report::markdown::markdown(ix);
-    let title = md
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("# "))
-        .unwrap_or("flashtune report");
-    let mut blocks = blocks(&md);
+    use crate::report::markdown::SectionId;
+    let doc = crate::report::markdown::document(ix);
+    let html_of = |id: SectionId| {
+        doc.section(id)
+            .map_or_else(Vec::new, |s| blocks(&s.markdown))
+    };
     // The morning reader wants the answer first: best per shape and the plots go above the table
     // of every variant, which in a big run is hundreds of rows long.
-    let first_table = blocks
-        .iter()
-        .position(|b| b.starts_with("<div class=\"wide\"><table>"));
-    let first_h2 = blocks
-        .iter()
-        .position(|b| b.starts_with("<h2>"))
-        .unwrap_or(blocks.len());
-    let best = blocks
-        .iter()
-        .position(|b| b.starts_with("<h2>Best per shape"));
-    let mut lead: Vec<String> = Vec::new();
-    if let Some(best) = best {
-        let end = blocks[best + 1..]
-            .iter()
-            .position(|b| b.starts_with("<h2>"))
-            .map_or(blocks.len(), |i| best + 1 + i);
-        lead.extend(blocks.drain(best..end));
-    }
+    let mut lead = html_of(SectionId::BestPerShape);
     lead.push(plots(ix));
-    match first_table.filter(|&t| t < first_h2) {
+    let mut page: Vec<String> = html_of(SectionId::Header);
+    let mut variants = html_of(SectionId::Variants);
+    match variants
+        .iter()
+        .position(|b| b.starts_with("<div class=\"wide\"><table>"))
+    {
         Some(t) => {
             // One line per variant: its id already names the parameters, so that cell need not wrap.
-            blocks[t] = blocks[t].replacen("<table>", "<table class=\"variants\">", 1);
-            blocks.insert(t, "<h2>Every variant</h2>".into());
-            blocks.splice(t..t, lead);
+            variants[t] = variants[t].replacen("<table>", "<table class=\"variants\">", 1);
+            variants.insert(t, "<h2>Every variant</h2>".into());
+            variants.splice(t..t, lead);
+            page.extend(variants);
         }
         None => {
-            let at = first_h2.min(blocks.len());
-            blocks.splice(at..at, lead);
+            page.extend(variants);
+            page.extend(lead);
         }
+    }
+    for s in doc.sections.iter().filter(|s| {
+        !matches!(
+            s.id,
+            SectionId::Header | SectionId::Variants | SectionId::BestPerShape
+        )
+    }) {
+        page.extend(blocks(&s.markdown));
     }
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{}\n</body>\n</html>\n",
-        escape(title),
-        blocks.join("\n")
+        escape(&doc.title),
+        page.join("\n")
     )
 }
 

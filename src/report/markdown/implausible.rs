@@ -4,15 +4,17 @@ use crate::log::runindex::{Outcome, RunIndex};
 use std::fmt::Write;
 
 /// Cases timed beyond a measured roof: their figures, the roofs, and by how much they passed them.
-pub(super) fn implausible(ix: &RunIndex) -> String {
+/// The section, and how many cases it lists.
+pub(super) fn implausible(ix: &RunIndex) -> (String, usize) {
     let cases: Vec<_> = ix
         .cases
         .iter()
         .filter(|c| matches!(c.outcome, Outcome::Implausible { .. }))
         .collect();
     if cases.is_empty() {
-        return String::new();
+        return (String::new(), 0);
     }
+    let listed = cases.len();
     let c = &ix.ceilings;
     let mut md = String::from("\n## Implausible figures\n\nTimed beyond a roof the run measured, by more than `[gates] plausibility_margin`: above the dtype's dense matmul TFLOP/s, or moving the least traffic (Q, K, V read once, O written once) faster than the faster of copy and read-only bandwidth. A kernel that skips work or a timing that is wrong; never a champion, never committed. µs: the median; × ceiling: the figure ÷ the highest roof this log holds (the gate held it to the roofs measured before the case).\n\n");
     md.push_str("| variant | shape | dtype | µs | TF/s | × matmul ceiling | least-traffic GB/s | × bandwidth ceiling | why | log line |\n");
@@ -46,5 +48,5 @@ pub(super) fn implausible(ix: &RunIndex) -> String {
             reason.replace('|', "/"),
         );
     }
-    md
+    (md, listed)
 }

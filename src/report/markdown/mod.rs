@@ -2,6 +2,7 @@
 mod ablation;
 mod accounting;
 mod best_per_shape;
+mod document;
 mod drift;
 mod gpu_state;
 mod implausible;
@@ -20,6 +21,7 @@ use ablation::ablation_chain;
 pub use ablation::factors_section;
 use accounting::accounting;
 use best_per_shape::best_per_shape;
+pub use document::{Document, Section, SectionId};
 use drift::drift;
 use gpu_state::gpu_state;
 use implausible::implausible;
@@ -61,60 +63,68 @@ struct Row {
 /// What `tune` prints when it ends: the run line, the best per shape (and an ablation's factor ranking), failures
 /// in one line, and how the run ended. The whole report is in the run folder.
 pub fn summary(log: &LoadedLog) -> String {
-    let md = markdown(&RunIndex::new(log));
-    let mut parts = md.split("\n## ");
-    let preamble = parts.next().unwrap_or("");
-    let mut out: String = preamble
-        .lines()
-        .take_while(|l| !l.starts_with('|'))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    for section in parts {
-        let title = section.lines().next().unwrap_or("");
-        let keep = [
-            "Best per shape",
-            "Factor ablation",
-            "GPU state",
-            "Drift sentinel",
-            "Run statistics",
-        ];
-        if keep.iter().any(|k| title.starts_with(k)) {
-            out.push_str("\n## ");
-            out.push_str(section.trim_end());
-            out.push('\n');
-        } else if title.starts_with("Implausible") {
-            let count = section.lines().filter(|l| l.starts_with("| `")).count();
-            let _ = writeln!(
-                out,
-                "\n{count} implausible figure(s), beyond a measured roof: see the Implausible figures section of report.md."
-            );
-        } else if title.starts_with("Not measured") {
-            let count = section
-                .lines()
-                .filter(|l| l.starts_with("| "))
-                .count()
-                .saturating_sub(1);
-            let _ = writeln!(
-                out,
-                "\n{count} variant(s) not reached under the budget: see the Not measured section of report.md."
-            );
-        } else if title.starts_with("Failures") {
-            let count = section.lines().filter(|l| l.starts_with("- ")).count();
-            let _ = writeln!(
-                out,
-                "\n{count} failure(s): see the Failures section of report.md."
-            );
+    let doc = document(&RunIndex::new(log));
+    let mut out = String::new();
+    for s in &doc.sections {
+        match s.id {
+            SectionId::Header => out.push_str(&s.markdown),
+            SectionId::BestPerShape
+            | SectionId::Factors
+            | SectionId::GpuState
+            | SectionId::Drift => {
+                let _ = writeln!(out, "{}", s.markdown.trim_end());
+            }
+            SectionId::RunStatistics => {
+                let ending = doc.section(SectionId::Ending).map_or("", |e| &e.markdown);
+                let _ = writeln!(out, "{}", format!("{}{ending}", s.markdown).trim_end());
+            }
+            SectionId::Implausible => {
+                let _ = writeln!(
+                    out,
+                    "\n{} implausible figure(s), beyond a measured roof: see the Implausible figures section of report.md.",
+                    s.items
+                );
+            }
+            SectionId::NotMeasured => {
+                let _ = writeln!(
+                    out,
+                    "\n{} variant(s) not reached under the budget: see the Not measured section of report.md.",
+                    s.items
+                );
+            }
+            SectionId::Failures => {
+                let _ = writeln!(
+                    out,
+                    "\n{} failure(s): see the Failures section of report.md.",
+                    s.items
+                );
+            }
+            _ => {}
         }
     }
     out
 }
 
+/// `report.md`.
 pub fn markdown(ix: &RunIndex) -> String {
+    document(ix).markdown()
+}
+
+/// The report of a run, section by section.
+pub fn document(ix: &RunIndex) -> Document {
+    let mut doc = Document::default();
     let mut md = String::new();
     let Some(header) = ix.header else {
-        return "No header record: this is not a flashtune run log.\n".into();
+        doc.title = "flashtune report".into();
+        doc.push(
+            SectionId::Header,
+            "No header record: this is not a flashtune run log.\n".into(),
+            0,
+        );
+        return doc;
     };
-    let _ = writeln!(md, "# flashtune run {}\n", header.run_id);
+    doc.title = format!("flashtune run {}", header.run_id);
+    let _ = writeln!(md, "# {}\n", doc.title);
     let d = &header.device;
     let _ = writeln!(
         md,
@@ -133,6 +143,7 @@ pub fn markdown(ix: &RunIndex) -> String {
         md.push_str("> **Fake GPU.** These figures come from the test double, not from a GPU. Nothing here was measured.\n\n");
     }
     md.push_str(&accounting(ix));
+    doc.push(SectionId::Header, std::mem::take(&mut md), 0);
 
     let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
     let mut order: Vec<(String, Dtype)> = Vec::new();
@@ -385,30 +396,34 @@ pub fn markdown(ix: &RunIndex) -> String {
             first.samples
         );
     }
-    md.push_str(&best_per_shape(
-        &crate::report::findings::best_per_shape(ix),
-        is_fake(ix),
-    ));
-    md.push_str(&reused(ix));
-    md.push_str(&not_measured(ix));
-    md.push_str(&implausible(ix));
-    md.push_str(&gpu_state(ix));
-    md.push_str(&drift(ix));
+    doc.push(SectionId::Variants, std::mem::take(&mut md), 0);
+    doc.push(
+        SectionId::BestPerShape,
+        best_per_shape(&crate::report::findings::best_per_shape(ix), is_fake(ix)),
+        0,
+    );
+    doc.push(SectionId::Reused, reused(ix), 0);
+    let (text, left) = not_measured(ix);
+    doc.push(SectionId::NotMeasured, text, left);
+    let (text, count) = implausible(ix);
+    doc.push(SectionId::Implausible, text, count);
+    doc.push(SectionId::GpuState, gpu_state(ix), 0);
+    doc.push(SectionId::Drift, drift(ix), 0);
     if let Some(chain) = crate::report::findings::chain(ix) {
-        md.push_str(&ablation_chain(&chain));
+        doc.push(SectionId::AblationChain, ablation_chain(&chain), 0);
     }
-    for section in [factors_section(ix.log), proposals_section(ix.log)]
-        .into_iter()
-        .flatten()
-    {
-        md.push('\n');
-        md.push_str(&section);
+    if let Some(section) = factors_section(ix.log) {
+        doc.push(SectionId::Factors, format!("\n{section}"), 0);
+    }
+    if let Some(section) = proposals_section(ix.log) {
+        doc.push(SectionId::Proposals, format!("\n{section}"), 0);
     }
     if !profiles.is_empty() {
         md.push_str("\n## Profiles (Nsight Compute)\n\n| variant | shape | dtype | what limits it |\n|---|---|---|---|\n");
         for ((v, shape, dtype), summary) in &profiles {
             let _ = writeln!(md, "| `{v}` | {shape} | {dtype} | {summary} |");
         }
+        doc.push(SectionId::Profiles, std::mem::take(&mut md), 0);
     }
     let problems: Vec<String> = order
         .iter()
@@ -421,9 +436,11 @@ pub fn markdown(ix: &RunIndex) -> String {
         .chain(worker_problems.iter().map(|p| format!("- {}", p.1)))
         .collect();
     if !problems.is_empty() {
-        md.push_str("\n## Failures\n\n");
-        md.push_str(&problems.join("\n"));
-        md.push('\n');
+        doc.push(
+            SectionId::Failures,
+            format!("\n## Failures\n\n{}\n", problems.join("\n")),
+            problems.len(),
+        );
     }
     let measured_variants: BTreeSet<&str> = order
         .iter()
@@ -434,7 +451,11 @@ pub fn markdown(ix: &RunIndex) -> String {
                 .any(|c| c.variant == *v && c.measured().is_some())
         })
         .collect();
-    md.push_str(&never_a_champion(ix, &measured_variants));
+    doc.push(
+        SectionId::NeverAChampion,
+        never_a_champion(ix, &measured_variants),
+        0,
+    );
     if !invalid.is_empty() {
         let total: usize = invalid.values().map(|v| v.0).sum();
         let _ = writeln!(
@@ -444,8 +465,9 @@ pub fn markdown(ix: &RunIndex) -> String {
         for (why, (count, examples)) in &invalid {
             let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
         }
+        doc.push(SectionId::NotBuilt, std::mem::take(&mut md), 0);
     }
-    md.push_str(&run_statistics(ix));
+    doc.push(SectionId::RunStatistics, run_statistics(ix), 0);
     md.push('\n');
     if let Some((_, reason)) = ix.interrupted {
         let _ = writeln!(md, "Run interrupted: {reason}.");
@@ -473,7 +495,8 @@ pub fn markdown(ix: &RunIndex) -> String {
     if ix.log.torn_tail {
         md.push_str("The log's last line was cut short (a crash while writing) and was ignored.\n");
     }
-    md
+    doc.push(SectionId::Ending, md, 0);
+    doc
 }
 
 fn geomean_speedup<'a>(

@@ -4,7 +4,8 @@ use std::fmt::Write;
 
 /// Under a budget: the variants it left out, in the order they would have come, each with the
 /// strategy's estimate of its promise (its rank and why) and what earlier runs measured of it.
-pub(super) fn not_measured(ix: &RunIndex) -> String {
+/// The section, and how many variants it lists.
+pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
     let mut left: Vec<&str> = Vec::new();
     let mut why: Option<&str> = None;
     for c in &ix.cases {
@@ -18,8 +19,9 @@ pub(super) fn not_measured(ix: &RunIndex) -> String {
         }
     }
     let Some(why) = why else {
-        return String::new();
+        return (String::new(), 0);
     };
+    let listed = left.len();
     let order = ix.dispatch_order.map_or(&[][..], |(_, o)| o);
     let ranked = |v: &str| order.iter().find(|r| r.variant == v);
     left.sort_by_key(|v| ranked(v).map_or(usize::MAX, |r| r.rank));
@@ -68,5 +70,5 @@ pub(super) fn not_measured(ix: &RunIndex) -> String {
         };
         let _ = writeln!(md, "| {rank} | `{v}` | {reason} | {earlier} |");
     }
-    md
+    (md, listed)
 }
