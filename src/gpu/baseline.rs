@@ -24,7 +24,7 @@ pub struct BaselineRow {
 
 /// A roof of the GPU the adapter measured in the same session (dense matmul, device copy).
 pub struct Ceiling {
-    pub name: String,
+    pub name: crate::model::vocab::Roof,
     pub dtype: Option<Dtype>,
     pub value: f64,
     pub unit: String,
@@ -112,16 +112,25 @@ pub async fn measure_rotating(
     let ceilings = reply
         .ceilings
         .into_iter()
-        .filter_map(|c| match (c.value, c.unit, c.error) {
-            (Some(value), Some(unit), None) if value.is_finite() && value > 0.0 => Some(Ceiling {
-                name: c.name,
-                dtype: c.dtype,
-                value,
-                unit,
-            }),
-            (_, _, error) => {
-                tracing::warn!(ceiling = %c.name, ?error, "ceiling not measured");
-                None
+        .filter_map(|c| {
+            match (
+                crate::model::vocab::Roof::named(&c.name),
+                c.value,
+                c.unit,
+                c.error,
+            ) {
+                (Some(name), Some(value), Some(unit), None) if value.is_finite() && value > 0.0 => {
+                    Some(Ceiling {
+                        name,
+                        dtype: c.dtype,
+                        value,
+                        unit,
+                    })
+                }
+                (_, _, _, error) => {
+                    tracing::warn!(ceiling = %c.name, ?error, "ceiling not measured");
+                    None
+                }
             }
         })
         .collect();

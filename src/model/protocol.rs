@@ -230,7 +230,7 @@ impl Placement {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RoofMeasured {
     /// `matmul` (TFLOP/s, per dtype), `copy` or `read` (GB/s).
-    pub name: String,
+    pub name: crate::model::vocab::Roof,
     pub dtype: Option<Dtype>,
     pub value: Option<f64>,
     pub unit: String,

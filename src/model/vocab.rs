@@ -50,6 +50,45 @@ impl std::fmt::Display for ParamValue {
     }
 }
 
+/// A roof of the GPU, measured beside the kernels: what a figure beyond it is judged against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Roof {
+    /// Dense matmul throughput, per dtype (TFLOP/s).
+    Matmul,
+    /// Device copy bandwidth, bytes read + written (GB/s).
+    Copy,
+    /// Read-only stream bandwidth (GB/s).
+    Read,
+}
+
+impl Roof {
+    pub fn unit(self) -> &'static str {
+        match self {
+            Roof::Matmul => "TFLOP/s",
+            Roof::Copy | Roof::Read => "GB/s",
+        }
+    }
+
+    /// The roof an external adapter names (PyTorch's `baselines/` script); none for a name it
+    /// does not know.
+    pub fn named(name: &str) -> Option<Roof> {
+        [Roof::Matmul, Roof::Copy, Roof::Read]
+            .into_iter()
+            .find(|r| serde_json::to_value(r).is_ok_and(|v| v == name))
+    }
+}
+
+/// Who measured a roof.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoofSource {
+    /// flashtune's worker, with its own kernels and cuBLAS, before any variant.
+    Worker,
+    /// The PyTorch baseline adapter.
+    Pytorch,
+}
+
 /// How a child process (a proposer, an agent) ended: success is decided on this type, never on
 /// the words a status prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

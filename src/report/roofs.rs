@@ -2,6 +2,7 @@
 use crate::log::runlog::{LoadedLog, Record};
 use crate::model::config::{Dtype, Shape};
 use crate::model::protocol::TimingStats;
+use crate::model::vocab::Roof;
 use std::collections::BTreeMap;
 
 /// The highest figure measured for each roof in one run.
@@ -15,16 +16,16 @@ pub struct Roofs {
 
 impl Roofs {
     /// Add one measured ceiling (`matmul` per dtype, `copy` or `read`); the higher figure wins.
-    pub fn add(&mut self, name: &str, dtype: Option<Dtype>, value: f64) {
+    pub fn add(&mut self, name: Roof, dtype: Option<Dtype>, value: f64) {
         if !(value.is_finite() && value > 0.0) {
             return;
         }
         match (name, dtype) {
-            ("matmul", Some(d)) => {
+            (Roof::Matmul, Some(d)) => {
                 let e = self.matmul.entry(d).or_insert(value);
                 *e = e.max(value);
             }
-            ("copy" | "read", _) => {
+            (Roof::Copy | Roof::Read, _) => {
                 self.bandwidth_gbps = Some(self.bandwidth_gbps.map_or(value, |b| b.max(value)));
             }
             _ => {}
@@ -39,7 +40,7 @@ impl Roofs {
                 name, dtype, value, ..
             } = &e.record
             {
-                roofs.add(name, *dtype, *value);
+                roofs.add(*name, *dtype, *value);
             }
         }
         roofs
@@ -110,9 +111,9 @@ mod tests {
     #[test]
     fn figures_beyond_a_measured_roof_are_implausible_and_others_are_not() {
         let mut roofs = Roofs::default();
-        roofs.add("matmul", Some(Dtype::F16), 700.0);
-        roofs.add("copy", None, 2400.0);
-        roofs.add("read", None, 3000.0);
+        roofs.add(Roof::Matmul, Some(Dtype::F16), 700.0);
+        roofs.add(Roof::Copy, None, 2400.0);
+        roofs.add(Roof::Read, None, 3000.0);
         // 4·2·16·8192²·128 = 1.1e15 FLOP: 3.2 ms is 344 TFLOP/s, 1.4 ms is 786 (112%).
         assert_eq!(
             roofs.beyond(&shape(), Dtype::F16, &timing(3200.0), 0.05),

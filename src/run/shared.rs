@@ -419,7 +419,13 @@ pub async fn measure_roofs(
 ) -> Result<crate::report::roofs::Roofs> {
     let worker_roofs = |log: &runlog::LoadedLog| {
         log.entries.iter().any(|(_, e)| {
-            matches!(&e.record, Record::CeilingMeasured { source: Some(s), .. } if s == "worker")
+            matches!(
+                &e.record,
+                Record::CeilingMeasured {
+                    source: Some(crate::model::vocab::RoofSource::Worker),
+                    ..
+                }
+            )
         })
     };
     if let Some(log) = logged.filter(|l| worker_roofs(l)) {
@@ -435,17 +441,20 @@ pub async fn measure_roofs(
             for r in measured {
                 match (r.value, r.error) {
                     (Some(value), None) => {
-                        roofs.add(&r.name, r.dtype, value);
+                        roofs.add(r.name, r.dtype, value);
                         events.emit(Record::CeilingMeasured {
                             name: r.name,
                             dtype: r.dtype,
                             value,
                             unit: r.unit,
-                            source: Some("worker".into()),
+                            source: Some(crate::model::vocab::RoofSource::Worker),
                         })?;
                     }
                     (_, error) => events.emit(Record::RoofUnavailable {
-                        name: r.name,
+                        name: serde_json::to_value(r.name)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
                         dtype: r.dtype,
                         reason: error.unwrap_or_else(|| "no value".into()),
                     })?,

@@ -127,7 +127,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
     let ceiling = |name: &str, dtype: Option<Dtype>, value: f64, unit: &str| Entry {
         t,
         record: Record::CeilingMeasured {
-            name: name.into(),
+            name: flashtune::model::vocab::Roof::named(name).unwrap(),
             dtype,
             value,
             unit: unit.into(),
@@ -222,15 +222,19 @@ print(json.dumps({"torch": "x", "gpu": "y", "rows": [], "ceilings": [
         .await
         .unwrap();
     assert!(rows.is_empty());
-    let got: Vec<(String, Option<Dtype>, f64)> = ceilings
+    let got: Vec<(flashtune::model::vocab::Roof, Option<Dtype>, f64)> = ceilings
         .into_iter()
         .map(|c| (c.name, c.dtype, c.value))
         .collect();
     assert_eq!(
         got,
         vec![
-            ("matmul".into(), Some(Dtype::F16), 650.5),
-            ("copy".into(), None, 4100.0)
+            (
+                flashtune::model::vocab::Roof::Matmul,
+                Some(Dtype::F16),
+                650.5
+            ),
+            (flashtune::model::vocab::Roof::Copy, None, 4100.0)
         ]
     );
 }

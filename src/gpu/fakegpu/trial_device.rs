@@ -331,21 +331,22 @@ impl Device for FakeGpu {
     }
 
     fn roofs(&mut self, dtypes: &[Dtype]) -> Vec<RoofMeasured> {
-        let roof = |name: &str, dtype, value, unit: &str| RoofMeasured {
-            name: name.into(),
+        use crate::model::vocab::Roof;
+        let roof = |name: Roof, dtype, value| RoofMeasured {
+            name,
             dtype,
             value: Some(value),
-            unit: unit.into(),
+            unit: name.unit().into(),
             error: None,
         };
         let mut r = vec![
-            roof("copy", None, FAKE_COPY_GBPS, "GB/s"),
-            roof("read", None, FAKE_READ_GBPS, "GB/s"),
+            roof(Roof::Copy, None, FAKE_COPY_GBPS),
+            roof(Roof::Read, None, FAKE_READ_GBPS),
         ];
         r.extend(
             dtypes
                 .iter()
-                .map(|&d| roof("matmul", Some(d), FAKE_MATMUL_TFLOPS, "TFLOP/s")),
+                .map(|&d| roof(Roof::Matmul, Some(d), FAKE_MATMUL_TFLOPS)),
         );
         r
     }

@@ -514,18 +514,19 @@ impl Device for Gpu {
     }
 
     fn roofs(&mut self, dtypes: &[Dtype]) -> Vec<RoofMeasured> {
+        use crate::model::vocab::Roof;
         let gbps =
-            |name: &str, r: &Result<(f64, f64)>, pick: fn(&(f64, f64)) -> f64| RoofMeasured {
-                name: name.into(),
+            |name: Roof, r: &Result<(f64, f64)>, pick: fn(&(f64, f64)) -> f64| RoofMeasured {
+                name,
                 dtype: None,
                 value: r.as_ref().ok().map(pick),
-                unit: "GB/s".into(),
+                unit: name.unit().into(),
                 error: r.as_ref().err().map(|e| format!("{e:#}")),
             };
         let bandwidth = self.roof_bandwidth();
         let mut roofs = vec![
-            gbps("copy", &bandwidth, |r| r.0),
-            gbps("read", &bandwidth, |r| r.1),
+            gbps(Roof::Copy, &bandwidth, |r| r.0),
+            gbps(Roof::Read, &bandwidth, |r| r.1),
         ];
         for &dtype in dtypes {
             // cuBLAS panics inside cudarc when a symbol is missing; that must not end the worker.
@@ -533,10 +534,10 @@ impl Device for Gpu {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.roof_matmul(dtype)))
                     .unwrap_or_else(|_| Err(anyhow!("cuBLAS panicked while loading")));
             roofs.push(RoofMeasured {
-                name: "matmul".into(),
+                name: Roof::Matmul,
                 dtype: Some(dtype),
                 value: measured.as_ref().ok().copied(),
-                unit: "TFLOP/s".into(),
+                unit: Roof::Matmul.unit().into(),
                 error: measured.err().map(|e| format!("{e:#}")),
             });
         }

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::log::runlog::{LoadedLog, Record};
 use crate::model::config::{Dtype, Shape};
+use crate::model::vocab::Roof;
 use std::collections::BTreeMap;
 
 impl<'a> RunIndex<'a> {
@@ -493,11 +494,7 @@ impl<'a> RunIndex<'a> {
                         .push((line, format!("{what}: {reason}")));
                 }
                 Record::CeilingMeasured {
-                    name,
-                    dtype,
-                    value,
-                    unit,
-                    ..
+                    name, dtype, value, ..
                 } => {
                     let m = Measured {
                         value: *value,
@@ -509,14 +506,14 @@ impl<'a> RunIndex<'a> {
                         _ => Some(m),
                     };
                     let c = &mut ix.ceilings;
-                    match (name.as_str(), dtype, unit.as_str()) {
-                        ("matmul", Some(d), "TFLOP/s") => {
+                    match (name, dtype) {
+                        (Roof::Matmul, Some(d)) => {
                             let best = higher(c.matmul_tflops.get(d).copied());
                             c.matmul_tflops.insert(*d, best.expect("some"));
                         }
-                        ("copy", _, "GB/s") => c.copy_gbs = higher(c.copy_gbs),
-                        ("read", _, "GB/s") => c.read_gbs = higher(c.read_gbs),
-                        _ => {}
+                        (Roof::Matmul, None) => {}
+                        (Roof::Copy, _) => c.copy_gbs = higher(c.copy_gbs),
+                        (Roof::Read, _) => c.read_gbs = higher(c.read_gbs),
                     }
                 }
                 Record::SearchDuel {

@@ -365,17 +365,18 @@ pub enum Record {
     /// A roof of the GPU measured beside the reference library: dense matmul TFLOP/s per dtype, copy GB/s.
     CeilingMeasured {
         /// `matmul` (per dtype), `copy` or `read`.
-        name: String,
+        name: crate::model::vocab::Roof,
         dtype: Option<Dtype>,
         value: f64,
         unit: String,
         /// Who measured it: `worker` (flashtune's own kernels and cuBLAS, before any variant) or
         /// `pytorch` (the baseline adapter). Logs before the worker measured roofs have none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        source: Option<String>,
+        source: Option<crate::model::vocab::RoofSource>,
     },
     /// A roof the worker could not measure: figures are not gated against it, and the report says so.
     RoofUnavailable {
+        /// The roof's name, or `all` when the worker measured none.
         name: String,
         dtype: Option<Dtype>,
         reason: String,

@@ -301,7 +301,7 @@ async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Eve
                     dtype: c.dtype,
                     value: c.value,
                     unit: c.unit,
-                    source: Some("pytorch".into()),
+                    source: Some(crate::model::vocab::RoofSource::Pytorch),
                 })?;
             }
             Ok(())
