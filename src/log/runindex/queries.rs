@@ -65,8 +65,8 @@ impl<'a> RunIndex<'a> {
             .find(|f| f.variant == variant && f.bars(shape, self.per_shape_dispatch))
     }
 
-    /// **The champion rule**, the only one: every report, stage, search round, ablation, pack and
-    /// console line that names a champion asks here. Of one (shape, dtype): the fastest measured
+    /// **The champion rule**, the only one: every report, export, stage, search round, duel and
+    /// ablation that names a run's champion asks here. Of one (shape, dtype): the fastest measured
     /// case by median, passing over a variant with a runtime fault ([`RunIndex::disqualified_on`]);
     /// cases measured under a condition (throttling, another process) are passed over when a clean
     /// one exists; and a case that lost its last duel with another candidate (a search round's
