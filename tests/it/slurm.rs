@@ -250,7 +250,18 @@ fn workers_as_slurm_steps_survive_a_lost_step_and_a_cancelled_job() {
     let t1 = Instant::now();
     let mut child = spawn(root, SLURM_TUNE, true);
     let steps = wait_for_busy_steps(4, &mut child);
-    let victim = &steps[0];
+    // The newest step: the oldest may already have finished its one job by now (the run then loses
+    // nothing, and the test would prove nothing).
+    let victim = steps
+        .iter()
+        .max_by_key(|s| {
+            let (job, step) = s.split_once('.').unwrap_or((s, "0"));
+            (
+                job.parse::<u64>().unwrap_or(0),
+                step.parse::<u64>().unwrap_or(0),
+            )
+        })
+        .expect("four steps");
     let cancel = Command::new("scancel").arg(victim).status().unwrap();
     assert!(cancel.success(), "scancel {victim}");
     let out = child.wait_with_output().unwrap();
