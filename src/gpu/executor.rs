@@ -634,17 +634,20 @@ impl Session {
             Some(end) => end,
             // The reply channel closed: the worker is gone; its exit status and output say how.
             None => {
-                let status =
-                    match tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await {
-                        Ok(Ok(s)) => s.to_string(),
-                        Ok(Err(e)) => e.to_string(),
-                        Err(_) => "reply channel closed".into(),
-                    };
-                // The readers reach end of file once the worker is gone; a busy machine may take a
-                // while to get there, and the last words are the crash's cause. A process the
-                // worker left behind may hold the pipes open, hence the limit.
+                // srun outlives its step's task: on scancel it waits for the step to end (up to the
+                // cluster's KillWait, 30 s by default) and only then prints slurmstepd's "*** STEP
+                // .. CANCELLED" line, the one that says the step was lost and not crashed.
+                let patience = Duration::from_secs(if self.slurm { 90 } else { 5 });
+                let status = match tokio::time::timeout(patience, self.child.wait()).await {
+                    Ok(Ok(s)) => s.to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "reply channel closed".into(),
+                };
+                // The readers reach end of file once the worker (or srun) is gone; a busy machine
+                // may take a while to get there, and the last words are the crash's cause. A
+                // process the worker left behind may hold the pipes open, hence the limit.
                 for reader in std::mem::take(&mut self.readers) {
-                    let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
                 }
                 let tail = self.output.lock().expect("not poisoned").clone();
                 let stderr_tail = crate::gpu::build::log_tail(&tail, 20);

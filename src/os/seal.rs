@@ -170,14 +170,16 @@ impl Chain {
     }
 }
 
-/// A chain that holds: how many lines it covers, and whether one last line has no seal.
+/// A chain that holds: how many lines it covers, and how many lines after them have no seal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainHolds {
     /// Lines 1..=sealed match their seals.
     pub sealed: usize,
-    /// The last line has no seal yet: the process stopped between writing it and sealing it (or
-    /// someone else appended it). It is not trusted: readers drop it, as they drop a torn line.
-    pub unsealed_last: bool,
+    /// Lines at the end with no seal yet: the process stopped between writing them and sealing
+    /// them (a batch from `append_all` is several lines, sealed together), or someone else appended
+    /// them. They are never trusted: readers drop them, as they drop a torn line, and a resumed
+    /// run cuts them off.
+    pub unsealed_tail: usize,
 }
 
 /// Where a chain breaks and what was found there.
@@ -201,19 +203,9 @@ pub fn check_chain(
     for (i, line) in lines.iter().enumerate() {
         let n = i + 1;
         let Some(seal) = seals.get(i) else {
-            if n == lines.len() {
-                return Ok(ChainHolds {
-                    sealed: i,
-                    unsealed_last: true,
-                });
-            }
-            return Err(ChainBreak {
-                line: n,
-                what: format!(
-                    "lines {n} to {} have no seal (the seal file holds {}): they were not written by flashtune",
-                    lines.len(),
-                    seals.len()
-                ),
+            return Ok(ChainHolds {
+                sealed: i,
+                unsealed_tail: lines.len() - i,
             });
         };
         if chain.next_is(line, seal) {
@@ -237,7 +229,7 @@ pub fn check_chain(
     }
     Ok(ChainHolds {
         sealed: lines.len(),
-        unsealed_last: false,
+        unsealed_tail: 0,
     })
 }
 
@@ -316,7 +308,7 @@ mod tests {
             check(LOG, &seals),
             Ok(ChainHolds {
                 sealed: 4,
-                unsealed_last: false
+                unsealed_tail: 0
             })
         );
     }
@@ -356,24 +348,24 @@ mod tests {
         assert!(e.what.contains("removed from its end"), "{}", e.what);
     }
 
+    /// A crash between writing lines and sealing them leaves lines without seals at the end (one,
+    /// whole or torn, or a batch of several): the chain holds up to them, and readers drop them as
+    /// they drop a torn line. Lines someone appended read the same way, and are dropped the same.
     #[test]
-    fn lines_appended_without_seals_are_named() {
-        let seals = sealed(&LOG[..2]);
-        let e = check(LOG, &seals).unwrap_err();
-        assert_eq!(e.line, 3);
-        assert!(e.what.contains("no seal"), "{}", e.what);
-    }
-
-    /// A crash between writing a line and sealing it leaves one last line without a seal (whole or
-    /// torn): the chain holds up to it, and readers drop it as they drop a torn line.
-    #[test]
-    fn one_unsealed_last_line_is_a_crash_not_a_break() {
+    fn an_unsealed_tail_is_a_crash_not_a_break() {
         let seals = sealed(&LOG[..3]);
         assert_eq!(
             check(LOG, &seals),
             Ok(ChainHolds {
                 sealed: 3,
-                unsealed_last: true
+                unsealed_tail: 1
+            })
+        );
+        assert_eq!(
+            check(LOG, &seals[..1]),
+            Ok(ChainHolds {
+                sealed: 1,
+                unsealed_tail: 3
             })
         );
         let torn = ["header", "timed 71.1", "timed 80.0", "fini"];

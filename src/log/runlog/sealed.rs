@@ -12,8 +12,8 @@ use anyhow::{Context, Result};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-/// A log whose every line the seal chain proves flashtune wrote (a last line without its seal, left
-/// by a crash, is dropped and read as a torn tail).
+/// A log whose every line the seal chain proves flashtune wrote (last lines without their seals,
+/// left by a crash, are dropped and read as a torn tail).
 #[derive(Debug, Clone)]
 pub struct SealedLog(LoadedLog);
 
@@ -79,7 +79,7 @@ pub fn read_sealed_with(path: &Path, key: &SealKey) -> Result<SealedLog> {
         Ok(holds) => holds,
         Err(unsealed) => return Err(unsealed.into()),
     };
-    if holds.unsealed_last {
+    if holds.unsealed_tail > 0 {
         log.entries.retain(|(line, _)| *line <= holds.sealed);
         log.torn_tail = true;
     }
@@ -130,7 +130,7 @@ pub(super) struct SealFile {
 pub(super) struct Reopened {
     /// The seals to go on with; none for a log that is unsealed (it stays so).
     pub seals: Option<SealFile>,
-    /// The length of the sealed lines, when a last line after them has no seal: cut like a torn line.
+    /// The length of the sealed lines, when lines after them have no seal: cut like a torn line.
     pub keep: Option<u64>,
 }
 
@@ -182,7 +182,7 @@ impl SealFile {
         file.set_len(seals.len() as u64)
             .and_then(|()| file.sync_data())
             .map_err(|e| WriteError::new("cut the torn last seal of", &path, e))?;
-        let keep = holds.unsealed_last.then(|| {
+        let keep = (holds.unsealed_tail > 0).then(|| {
             lines[..holds.sealed]
                 .iter()
                 .map(|l| l.len() as u64 + 1)

@@ -37,8 +37,8 @@ impl RunLog {
         })
     }
 
-    /// Continue an existing log: a torn last line, or a whole one whose seal was never written (the
-    /// run stopped between the two), is cut off first, so every line stays whole and sealed. The
+    /// Continue an existing log: a torn last line, or whole ones whose seals were never written (the
+    /// run stopped between the two), are cut off first, so every line stays whole and sealed. The
     /// file is repaired in place (cut, or one newline appended), never rewritten: on a full disk a
     /// rewrite could lose the very log it was repairing.
     pub fn reopen(path: &Path, loaded: &LoadedLog) -> Result<Self> {
@@ -51,7 +51,7 @@ impl RunLog {
         let reopened = sealed::SealFile::reopen(path, &bytes)?;
         if let Some(keep) = reopened.keep {
             file.set_len(keep)
-                .map_err(|e| WriteError::new("cut the unsealed last line of", path, e))?;
+                .map_err(|e| WriteError::new("cut the unsealed last lines of", path, e))?;
         } else if loaded.torn_tail {
             let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             file.set_len(keep as u64)
