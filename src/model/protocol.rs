@@ -267,6 +267,29 @@ pub struct CaseResult {
 }
 
 impl CaseResult {
+    /// What went wrong, from what failed (the same check or stage [`CaseResult::failure`] words);
+    /// none when the case passed.
+    pub fn fault(&self) -> Option<CaseFault> {
+        self.failure()?;
+        if self.error.is_some() {
+            return Some(CaseFault::Crashed);
+        }
+        let wrote = match &self.check {
+            Some(c) if !c.passed() => c.wrote_outside,
+            Some(_) => self
+                .stages
+                .iter()
+                .find(|s| !s.stats.passed())
+                .is_some_and(|s| s.stage == Stage::Inputs),
+            None => false,
+        };
+        Some(if wrote {
+            CaseFault::WroteOutside
+        } else {
+            CaseFault::Wrong
+        })
+    }
+
     pub fn empty(shape: &str, dtype: Dtype, kv_splits: u32) -> Self {
         CaseResult {
             shape: shape.to_owned(),
@@ -304,9 +327,10 @@ pub const GARBLED_REPLY: &str = "the worker sent a reply that is not protocol";
 /// `worker_crashed` detail begins with it): a failure of the machine, never of the variant.
 pub const WORKER_NOT_STARTED: &str = "not started";
 
-/// What went wrong in a failed case, read back from its logged reason: a `check_failed` record
-/// carries only the reason, which begins with one of the prefixes above when it is not a wrong answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What went wrong in a failed case: [`CaseResult::fault`] says it from what failed, and the
+/// `check_failed` record carries it (logs before it carry only the reason: [`CaseFault::legacy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CaseFault {
     /// A CUDA error, or a reply the worker garbled: the process did not survive the kernel intact.
     Crashed,
@@ -317,7 +341,9 @@ pub enum CaseFault {
 }
 
 impl CaseFault {
-    pub fn of_reason(reason: &str) -> CaseFault {
+    /// The fault of a `check_failed` record written before the record carried it, read from the
+    /// prefix its reason begins with.
+    pub fn legacy(reason: &str) -> CaseFault {
         if reason.starts_with(CUDA_ERROR) || reason.starts_with(GARBLED_REPLY) {
             CaseFault::Crashed
         } else if reason.starts_with(WROTE_OUTSIDE) {
@@ -532,6 +558,10 @@ pub struct CheckStats {
     #[serde(default)]
     pub reference_rows_checked: Option<u64>,
     pub failures: Vec<String>,
+    /// One of `failures` is the kernel writing outside its outputs (an input set, a reference or
+    /// an earlier run's outputs changed under it): the case's fault is that, whatever else failed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wrote_outside: bool,
 }
 
 impl CheckStats {
@@ -695,12 +725,33 @@ mod tests {
             failures: vec!["12 NaN outputs".into()],
             ..Default::default()
         });
-        let of = |c: &CaseResult| CaseFault::of_reason(&c.failure().expect("it failed"));
-        assert_eq!(of(&crashed), CaseFault::Crashed);
-        assert_eq!(of(&wrote), CaseFault::WroteOutside);
-        assert_eq!(of(&wrong), CaseFault::Wrong);
+        let mut reference = CaseResult::empty("small", dtype, 1);
+        reference.check = Some(CheckStats {
+            failures: vec![format!(
+                "{WROTE_OUTSIDE}: the reference of input set 0 changed"
+            )],
+            wrote_outside: true,
+            ..Default::default()
+        });
+        // The typed fault, and the legacy reading of the reason it is written with, agree.
+        for (case, fault) in [
+            (&crashed, CaseFault::Crashed),
+            (&wrote, CaseFault::WroteOutside),
+            (&reference, CaseFault::WroteOutside),
+            (&wrong, CaseFault::Wrong),
+        ] {
+            assert_eq!(case.fault(), Some(fault));
+            assert_eq!(
+                CaseFault::legacy(&case.failure().expect("it failed")),
+                fault
+            );
+        }
+        assert_eq!(
+            CaseResult::empty("small", dtype, 1).fault(),
+            Some(CaseFault::Wrong)
+        );
         let garbled = format!("{GARBLED_REPLY}: `oops`");
-        assert_eq!(CaseFault::of_reason(&garbled), CaseFault::Crashed);
+        assert_eq!(CaseFault::legacy(&garbled), CaseFault::Crashed);
     }
 
     #[test]

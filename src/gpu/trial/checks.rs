@@ -119,6 +119,7 @@ fn verify<D: Device>(
             "{WROTE_OUTSIDE}: the reference of input set {} changed while the kernel ran",
             set.index
         ));
+        stats.wrote_outside = true;
         return Ok(stats);
     }
     let mut stats = dev.compare(&Comparison {
@@ -185,6 +186,7 @@ pub(super) fn enter<D: Device>(
             0,
             format!("{WROTE_OUTSIDE}: the first check run's outputs changed while the second ran"),
         );
+        stats.wrote_outside = true;
     }
     // Named first when it happens: a kernel that writes into its inputs also changes what its
     // second run reads, and would otherwise pass for a race.
@@ -193,6 +195,7 @@ pub(super) fn enter<D: Device>(
             0,
             format!("{WROTE_OUTSIDE}: input set 0 changed during the check"),
         );
+        stats.wrote_outside = true;
     }
     result.check = Some(stats);
     Ok(Contender {
@@ -234,6 +237,7 @@ pub(super) fn recheck<D: Device>(
                 0,
                 format!("{WROTE_OUTSIDE}: the fresh set changed while it ran"),
             );
+            stats.wrote_outside = true;
         }
         Ok::<_, anyhow::Error>(stats)
     })();
@@ -249,6 +253,7 @@ pub(super) fn recheck<D: Device>(
             0,
             format!("{WROTE_OUTSIDE}: the stress set changed while it ran"),
         );
+        stressed.wrote_outside = true;
     }
     Ok(vec![
         StageCheck {

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::log::runlog::{LoadedLog, Record};
 use crate::model::config::{Dtype, Shape};
+use crate::model::protocol::CaseFault;
 use crate::model::vocab::Roof;
 use std::collections::BTreeMap;
 
@@ -196,6 +197,7 @@ impl<'a> RunIndex<'a> {
                     dtype,
                     check,
                     reason,
+                    fault: logged_fault,
                 } => {
                     ix.check_failures.push(CheckFailure {
                         line,
@@ -204,7 +206,9 @@ impl<'a> RunIndex<'a> {
                         dtype: *dtype,
                         reason,
                     });
-                    let fault = FaultKind::of_check_failure(reason);
+                    let fault = FaultKind::of_case_fault(
+                        logged_fault.unwrap_or_else(|| CaseFault::legacy(reason)),
+                    );
                     ix.faults.push(Fault {
                         line,
                         variant,

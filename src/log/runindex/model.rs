@@ -146,8 +146,8 @@ impl FaultKind {
         }
     }
 
-    pub(super) fn of_check_failure(reason: &str) -> FaultKind {
-        match CaseFault::of_reason(reason) {
+    pub(super) fn of_case_fault(fault: CaseFault) -> FaultKind {
+        match fault {
             CaseFault::Crashed => FaultKind::Crashed,
             CaseFault::WroteOutside => FaultKind::WroteOutside,
             CaseFault::Wrong => FaultKind::Wrong,

@@ -106,6 +106,9 @@ pub enum Record {
         dtype: Dtype,
         check: Option<CheckStats>,
         reason: String,
+        /// What went wrong (logs before it have only `reason`: `CaseFault::legacy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        fault: Option<crate::model::protocol::CaseFault>,
     },
     /// A case whose timed figure is beyond a measured roof of the GPU: never a champion, never committed.
     Implausible {

@@ -36,6 +36,10 @@ impl Scheduler<'_> {
                 dtype,
                 check: case.check.clone(),
                 reason,
+                fault: Some(
+                    case.fault()
+                        .unwrap_or(crate::model::protocol::CaseFault::Wrong),
+                ),
             })?;
             return Ok(false);
         }
@@ -159,6 +163,7 @@ impl Scheduler<'_> {
                     dtype: case.dtype,
                     check: None,
                     reason: crate::gpu::executor::garbled_reason(line),
+                    fault: Some(crate::model::protocol::CaseFault::Crashed),
                 })?;
                 answered += 1;
             }
