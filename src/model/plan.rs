@@ -56,15 +56,32 @@ pub struct RoundChampion {
 /// The step name the champion itself carries in an ablation run.
 pub const CHAMPION_STEP: &str = "champion";
 
+/// Why a point is in the covering sample, and so in which dtypes it is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoverRole {
+    /// At an extreme of registers or shared memory: built in every dtype, whose element widths and
+    /// conversions move both.
+    Extreme,
+    /// Brings a parameter value no other sampled point of its group has: built in one dtype, the
+    /// dtypes taking turns over these points (the switch's code path is the same in each; the full
+    /// build gate's manifest certifies every dtype of every point).
+    Value,
+}
+
+/// A point of the covering sample and why it is there.
+#[derive(Debug, Clone)]
+pub struct Covering {
+    pub point: crate::model::space::PlannedPoint,
+    pub role: CoverRole,
+}
+
 /// A sample of a plan's valid points that a build gate can afford on every commit, where the whole
 /// plan takes many minutes of nvcc: per (MMA path, head dim), the points at the extremes of what
 /// drives registers and shared memory (the most shared memory, the most accumulator rows and score
 /// tiles per thread, the least shared memory), then, greedily, points until every value of every
 /// parameter that the group holds appears at least once (every code path a switch selects is
 /// compiled). Deterministic: the same plan gives the same sample, in plan order.
-pub fn covering_sample(
-    planned: &[crate::model::space::PlannedPoint],
-) -> Vec<crate::model::space::PlannedPoint> {
+pub fn covering_sample(planned: &[crate::model::space::PlannedPoint]) -> Vec<Covering> {
     use crate::model::space::{LaunchShape, PlannedPoint};
     use std::collections::{BTreeMap, BTreeSet};
     let valid: Vec<(usize, &PlannedPoint, &LaunchShape)> = planned
@@ -92,7 +109,7 @@ pub fn covering_sample(
             .map(|(k, v)| (k.clone(), v.to_string()))
             .collect()
     };
-    let mut chosen: BTreeSet<usize> = BTreeSet::new();
+    let mut chosen: BTreeMap<usize, CoverRole> = BTreeMap::new();
     for members in groups.values() {
         let at = |n: &usize| valid[*n];
         let extremes = [
@@ -105,9 +122,10 @@ pub fn covering_sample(
                 .max_by_key(|n| per_thread(at(n).2, at(n).2.kv_rows_per_block)),
             members.iter().min_by_key(|n| at(n).2.smem_bytes),
         ];
-        let mut picked: BTreeSet<usize> = extremes.into_iter().flatten().copied().collect();
+        let picked: BTreeSet<usize> = extremes.into_iter().flatten().copied().collect();
         let mut covered: BTreeSet<(String, String)> =
             picked.iter().flat_map(|n| pairs(at(n).1)).collect();
+        chosen.extend(picked.iter().map(|n| (valid[*n].0, CoverRole::Extreme)));
         while let Some(n) = members
             .iter()
             .filter(|n| pairs(at(n).1).difference(&covered).count() > 0)
@@ -119,9 +137,14 @@ pub fn covering_sample(
             })
         {
             covered.extend(pairs(at(n).1));
-            picked.insert(*n);
+            chosen.insert(valid[*n].0, CoverRole::Value);
         }
-        chosen.extend(picked.into_iter().map(|n| valid[n].0));
     }
-    chosen.into_iter().map(|i| planned[i].clone()).collect()
+    chosen
+        .into_iter()
+        .map(|(i, role)| Covering {
+            point: planned[i].clone(),
+            role,
+        })
+        .collect()
 }

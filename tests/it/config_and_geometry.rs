@@ -595,7 +595,10 @@ mod offline_targets {
             let project = Project::load(ProjectPaths::new(repo()), Some(Path::new(space))).unwrap();
             let limits = engine::offline_limits(&project, "sm_90a").unwrap();
             let planned = project.space.plan(&project.head_dims(), &limits).unwrap();
-            let sample = flashtune::model::plan::covering_sample(&planned);
+            let sample: Vec<_> = flashtune::model::plan::covering_sample(&planned)
+                .into_iter()
+                .map(|c| c.point)
+                .collect();
             let valid: Vec<_> = planned.iter().filter(|p| p.invalid.is_none()).collect();
             assert!(sample.iter().all(|p| p.invalid.is_none()), "{space}");
             assert!(
@@ -665,6 +668,12 @@ mod offline_targets {
                 hopper.iter().any(|p| is_wgmma(p) && p.invalid.is_none()),
                 "{space}: no valid wgmma point on sm_90a"
             );
+            // A set, not a scan per point: attention.toml plans 82,944 points.
+            let valid_on_hopper: std::collections::HashSet<(&str, u32)> = hopper
+                .iter()
+                .filter(|h| h.invalid.is_none())
+                .map(|h| (h.variant.id.as_str(), h.head_dim))
+                .collect();
             for arch in ["sm_89", "sm_80"] {
                 let planned = plan(arch);
                 let wgmma: Vec<_> = planned.iter().filter(|p| is_wgmma(p)).collect();
@@ -673,11 +682,7 @@ mod offline_targets {
                     let why = p.invalid.as_deref().unwrap_or("valid");
                     // A point a constraint already rules out keeps that reason; every other one
                     // is ruled out by the arch, not by a build failure.
-                    if hopper.iter().any(|h| {
-                        h.variant.id == p.variant.id
-                            && h.head_dim == p.head_dim
-                            && h.invalid.is_none()
-                    }) {
+                    if valid_on_hopper.contains(&(p.variant.id.as_str(), p.head_dim)) {
                         assert!(
                             why.contains("the wgmma path")
                                 && why.contains("needs sm_90a")

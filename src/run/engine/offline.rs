@@ -43,12 +43,11 @@ pub async fn build_space(
         .to_owned();
     let limits = offline_limits(project, &arch)?;
     let planned = project.space.plan(&project.head_dims(), &limits)?;
-    let to_build = if covering {
-        crate::model::plan::covering_sample(&planned)
+    let specs = if covering {
+        covering_specs(project, &planned, &arch)
     } else {
-        planned.clone()
+        project.build_specs(&planned, &arch, &BTreeSet::new())
     };
-    let specs = project.build_specs(&to_build, &arch, &BTreeSet::new());
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
     let mut done: BTreeMap<UnitKey, BuiltRow> = BTreeMap::new();
     let (_tasks, mut results) = crate::run::scheduler::spawn_builds(project, specs);
@@ -68,6 +67,39 @@ pub async fn build_space(
     }
     let rows = order.into_iter().filter_map(|k| done.remove(&k)).collect();
     Ok((planned, rows))
+}
+
+/// The builds of the covering sample: its extremes in every dtype, each other point in one, the
+/// dtypes taking turns (`CoverRole`).
+fn covering_specs(
+    project: &Project,
+    planned: &[PlannedPoint],
+    arch: &str,
+) -> Vec<(UnitKey, build::BuildSpec)> {
+    use crate::model::plan::{covering_sample, CoverRole};
+    let dtypes = &project.policies.dtypes;
+    let sample = covering_sample(planned);
+    let mut turn = 0;
+    let mut wanted: BTreeSet<(String, Dtype, u32)> = BTreeSet::new();
+    for c in &sample {
+        let key = |d: Dtype| (c.point.variant.id.clone(), d, c.point.head_dim);
+        match c.role {
+            CoverRole::Extreme => wanted.extend(dtypes.iter().map(|&d| key(d))),
+            CoverRole::Value => {
+                wanted.extend(dtypes.get(turn % dtypes.len().max(1)).map(|&d| key(d)));
+                turn += 1;
+            }
+        }
+    }
+    let points: Vec<PlannedPoint> = sample.into_iter().map(|c| c.point).collect();
+    project
+        .build_specs(&points, arch, &BTreeSet::new())
+        .into_iter()
+        .filter(|((variant, dtype, head_dim), _)| {
+            *variant == crate::model::space::REFERENCE
+                || wanted.contains(&(variant.clone(), *dtype, *head_dim))
+        })
+        .collect()
 }
 
 /// The spec keys (`build::spec_key`) of every build the whole plan of the project's space needs
