@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 mod candidates;
 mod context;
 mod ledger;
-mod preflight;
+pub mod preflight;
 mod recover;
 mod round;
 mod workbench;

@@ -35,7 +35,7 @@ pub fn preflight(agent: &AgentOptions) -> Result<Vec<String>> {
 }
 
 /// The program a command line starts: its first word after `VAR=value` assignments and `env`/`exec`.
-fn program_of(command: &str) -> Option<String> {
+pub fn program_of(command: &str) -> Option<String> {
     command
         .split_whitespace()
         .map(|w| w.trim_matches(|c| c == '\'' || c == '"'))
@@ -44,7 +44,7 @@ fn program_of(command: &str) -> Option<String> {
 }
 
 /// Where `program` is: itself if it names a path, else the first match on PATH.
-fn find_program(program: &str) -> Option<PathBuf> {
+pub fn find_program(program: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let runnable = |p: &Path| {
         std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
@@ -56,23 +56,4 @@ fn find_program(program: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(program))
         .find(|p| runnable(p))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_program_is_the_first_word_after_assignments() {
-        assert_eq!(
-            program_of(r#"claude -p "$(cat {prompt_file})""#).as_deref(),
-            Some("claude")
-        );
-        assert_eq!(
-            program_of("FOO=1 env BAR=2 codex exec").as_deref(),
-            Some("codex")
-        );
-        assert!(find_program("sh").is_some());
-        assert!(find_program("no-such-agent-cli-here").is_none());
-    }
 }

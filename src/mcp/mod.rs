@@ -36,7 +36,7 @@ mod jobs;
 mod lookup;
 mod stray;
 mod tools;
-mod wire;
+pub mod wire;
 
 use args::check_call;
 pub use args::{AttemptArgs, ContextArgs, HistoryArgs, JudgeArgs, ProfileArgs, StatusArgs};

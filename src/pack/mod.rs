@@ -10,9 +10,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod figures;
-mod history;
-mod ideas;
-mod render;
+pub mod history;
+pub mod ideas;
+pub mod render;
 
 pub use figures::{has_profile, SpeedOfLight};
 use history::logs_where;
@@ -35,7 +35,7 @@ pub const PACK_MAX_BYTES: u64 = 512 * 1024;
 /// A candidate's patch is kept in the log up to this length.
 pub const PATCH_MAX_BYTES: usize = 16 * 1024;
 /// Entries of history.md (all of them go to history.json, patches only for the last few).
-const HISTORY_MD_ENTRIES: usize = 40;
+pub const HISTORY_MD_ENTRIES: usize = 40;
 const HISTORY_PATCHES: usize = 8;
 
 /// A figure with the log line it came from.

@@ -190,7 +190,7 @@ impl Candidate {
 /// file outside the edit scope, a file outside the project; or an absolute path. Each is named
 /// with the file that includes it. (nvcc's own list of what it read is the backstop for includes
 /// no text scan sees, such as a name built by a macro.)
-pub(crate) fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Vec<String> {
+pub fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Vec<String> {
     let tree = tree.canonicalize().unwrap_or_else(|_| tree.to_path_buf());
     let start = tree.join(source);
     let search_dir = start.parent().unwrap_or(&tree).to_path_buf();
@@ -238,48 +238,4 @@ pub(crate) fn includes_outside(tree: &Path, workdir: &Path, source: &Path) -> Ve
         seen.push(file);
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_include_the_export_lacks_but_the_working_tree_has_is_named() {
-        let work = tempfile::tempdir().unwrap();
-        let export = tempfile::tempdir().unwrap();
-        let forward = "#include \"common.cuh\"\n#if __has_include(\"../../scratch/x.cuh\")\n#include \"../../scratch/x.cuh\"\n#endif\n";
-        for root in [work.path(), export.path()] {
-            std::fs::create_dir_all(root.join("kernels/fa")).unwrap();
-            std::fs::write(root.join("kernels/fa/forward.cu"), forward).unwrap();
-            std::fs::write(
-                root.join("kernels/fa/common.cuh"),
-                "#include \"/etc/hostname\"\n",
-            )
-            .unwrap();
-        }
-        std::fs::create_dir_all(work.path().join("scratch")).unwrap();
-        std::fs::write(work.path().join("scratch/x.cuh"), "").unwrap();
-        let found = includes_outside(
-            export.path(),
-            work.path(),
-            Path::new("kernels/fa/forward.cu"),
-        );
-        assert_eq!(found.len(), 3, "{found:?}");
-        assert!(found
-            .iter()
-            .any(|f| f.contains("/etc/hostname") && f.contains("absolute")));
-        assert!(found.iter().filter(|f| f.contains("scratch/x.cuh")).count() == 2);
-        std::fs::remove_file(work.path().join("scratch/x.cuh")).unwrap();
-        let found = includes_outside(
-            export.path(),
-            work.path(),
-            Path::new("kernels/fa/forward.cu"),
-        );
-        assert_eq!(
-            found.len(),
-            1,
-            "a file nobody has is nvcc's to report: {found:?}"
-        );
-    }
 }

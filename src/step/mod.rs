@@ -15,7 +15,7 @@ use std::time::Duration;
 
 mod attempt;
 mod bench;
-mod candidate;
+pub mod candidate;
 mod champions;
 mod judge;
 mod profile;

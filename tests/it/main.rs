@@ -32,3 +32,4 @@ mod slurm;
 mod step;
 mod supervision;
 mod trust;
+mod unit;

@@ -199,7 +199,11 @@ fn a_line_left_unsealed_by_a_crash_is_dropped_and_the_log_goes_on_sealed() {
     appended.extend_from_slice(&first);
     std::fs::write(&path, &appended).unwrap();
     let sealed = runlog::read_sealed(&path).unwrap();
-    assert_eq!(sealed.entries.len(), 4, "the two unsealed lines are not read");
+    assert_eq!(
+        sealed.entries.len(),
+        4,
+        "the two unsealed lines are not read"
+    );
     assert!(sealed.torn_tail);
     let mut log = RunLog::reopen(&path, &sealed).unwrap();
     log.append(rejected("e")).unwrap();

@@ -15,7 +15,7 @@ pub(super) const READS_FILE: &str = "reads.txt";
 const SYSTEM_PREFIXES: [&str; 1] = ["/usr/"];
 
 /// The files a make-style dependency list names after its target, unescaped.
-pub(super) fn parse_dependencies(text: &str) -> Vec<PathBuf> {
+pub fn parse_dependencies(text: &str) -> Vec<PathBuf> {
     let joined = text.replace("\\\n", " ");
     let mut out = Vec::new();
     for line in joined.lines() {
@@ -55,7 +55,7 @@ fn split_target(line: &str) -> Option<(&str, &str)> {
 
 /// Of `dependencies`, those worth keeping (not the compiler's, not the system's), relative to
 /// `source_dir`, one per line.
-pub(super) fn record(dependencies: &[PathBuf], source_dir: &Path, toolchain_root: &Path) -> String {
+pub fn record(dependencies: &[PathBuf], source_dir: &Path, toolchain_root: &Path) -> String {
     let base = canonical(source_dir);
     let toolchain = canonical(toolchain_root);
     let mut out = String::new();
@@ -74,7 +74,7 @@ pub(super) fn record(dependencies: &[PathBuf], source_dir: &Path, toolchain_root
 }
 
 /// Of a kept record, the reads that, anchored at `source_dir`, fall outside `tree`.
-pub(super) fn outside(record: &str, source_dir: &Path, tree: &Path) -> Vec<String> {
+pub fn outside(record: &str, source_dir: &Path, tree: &Path) -> Vec<String> {
     let base = canonical(source_dir);
     let tree = canonical(tree);
     record
@@ -126,55 +126,4 @@ fn relative(path: &Path, base: &Path) -> PathBuf {
         out.push(c);
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_dependency_list_is_read_as_nvcc_writes_it() {
-        let text = "k.cubin : k.cu \\\n    /usr/include/stdc-predef.h \\\n    /t/cuda/bin/..//include/cuda_runtime.h \\\n    /p/my\\ dir/x.cuh\n";
-        assert_eq!(
-            parse_dependencies(text),
-            [
-                "k.cu",
-                "/usr/include/stdc-predef.h",
-                "/t/cuda/bin/..//include/cuda_runtime.h",
-                "/p/my dir/x.cuh"
-            ]
-            .map(PathBuf::from)
-        );
-    }
-
-    /// A read kept relative to the source is judged where the cubin is served: the same include
-    /// stays inside a copy of the tree, and one that climbed out of the tree lands outside it again.
-    #[test]
-    fn reads_are_judged_against_the_tree_they_are_served_to() {
-        let deps = [
-            "/a/tree/kernels/fa/forward.cu",
-            "/a/tree/kernels/fa/common.cuh",
-            "/a/scratch/x.cuh",
-            "/usr/include/stdio.h",
-            "/t/cuda/include/cuda.h",
-        ]
-        .map(PathBuf::from);
-        let kept = record(&deps, Path::new("/a/tree/kernels/fa"), Path::new("/t/cuda"));
-        assert_eq!(kept, "forward.cu\ncommon.cuh\n../../../scratch/x.cuh\n");
-        assert_eq!(
-            outside(&kept, Path::new("/b/copy/kernels/fa"), Path::new("/b/copy")),
-            ["/b/scratch/x.cuh"]
-        );
-        let clean = record(
-            &deps[..2],
-            Path::new("/a/tree/kernels/fa"),
-            Path::new("/t/cuda"),
-        );
-        assert!(outside(
-            &clean,
-            Path::new("/b/copy/kernels/fa"),
-            Path::new("/b/copy")
-        )
-        .is_empty());
-    }
 }

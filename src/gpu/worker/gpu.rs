@@ -43,7 +43,7 @@ pub(super) struct Tools {
     pub(super) compare: CudaFunction,
 }
 
-pub(super) struct Gpu {
+pub struct Gpu {
     pub(super) ctx: Arc<CudaContext>,
     pub(super) stream: Arc<CudaStream>,
     pub(super) info: DeviceInfo,

@@ -1,9 +1,9 @@
 //! Loads `policies.toml` (and any TOML file) strictly, with errors that name file, line, column and key.
-mod errors;
+pub mod errors;
 mod load;
 mod paths;
-mod policies;
-mod shape;
+pub mod policies;
+pub mod shape;
 
 pub use errors::{
     config_error_at_key, config_error_at_text, config_error_in_shape, line_column, parse_toml,

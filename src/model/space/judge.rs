@@ -18,7 +18,7 @@ impl ParamValue {
         }
     }
     /// The preprocessor token: integers as they are, names as `PARAM_NAME` (e.g. `MMA_WMMA`).
-    fn define(&self, param: &str) -> String {
+    pub fn define(&self, param: &str) -> String {
         match self {
             ParamValue::Int(v) => v.to_string(),
             ParamValue::Name(s) => format!("{param}_{}", s.to_uppercase()),
@@ -222,15 +222,4 @@ pub(super) fn expr_context(
             .map_err(|e| format!("cannot set `{name}` in the expression context: {e}"))?;
     }
     Ok(ctx)
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::model::space::ParamValue;
-
-    #[test]
-    fn names_become_prefixed_tokens() {
-        assert_eq!(ParamValue::Name("wmma".into()).define("MMA"), "MMA_WMMA");
-        assert_eq!(ParamValue::Int(3).define("STAGES"), "3");
-    }
 }

@@ -1,5 +1,5 @@
 //! Variant spaces: parse `variants/*.toml`, expand the parameter grid, and judge each point before anything compiles.
-mod expand;
+pub mod expand;
 mod judge;
 mod load;
 
@@ -72,7 +72,7 @@ struct ArchRule {
 }
 
 #[derive(Debug, Clone)]
-struct Expr {
+pub struct Expr {
     text: String,
     tree: Node,
 }

@@ -1,0 +1,31 @@
+//! The library's unit tests, a module per source file, against its public items: the library builds
+//! once for the tests, not a second time with `cfg(test)` (issue 48, item 5: about 40 s of a cold build).
+mod agent_preflight;
+mod gpu_build;
+mod gpu_build_reads;
+mod gpu_check;
+mod gpu_decide;
+mod gpu_fakegpu;
+mod gpu_fakegpu_answers;
+mod gpu_ptxas;
+mod gpu_slurm;
+mod gpu_trial;
+mod gpu_trial_mixture;
+mod gpu_trial_unpredictable;
+mod gpu_worker;
+mod mcp_wire;
+mod model_config_errors;
+mod model_config_policies;
+mod model_config_shape;
+mod model_protocol;
+mod model_space_expand;
+mod model_space_judge;
+mod model_vocab;
+mod os_seal;
+mod os_toolchain;
+mod os_trusted;
+mod pack_render;
+mod report_roofs;
+mod run_anytime;
+mod run_sandbox;
+mod step_candidate;
