@@ -32,8 +32,7 @@ pub struct LedgerRow {
     pub idea: Option<String>,
     /// The near miss its work directory started from.
     pub start_from: Option<String>,
-    /// `committed`, `accepted`, `rejected`, `dropped` or `unfinished`.
-    pub verdict: String,
+    pub verdict: crate::model::vocab::AttemptVerdict,
     pub reason: String,
     pub geomean_gain: Option<f64>,
     pub agent_seconds: Option<f64>,
@@ -81,7 +80,7 @@ impl Ledger {
                             attempt: pack::attempt_id(&run_id, *step, Some(*candidate)),
                             idea: None,
                             start_from: start_from.clone(),
-                            verdict: "unfinished".into(),
+                            verdict: crate::model::vocab::AttemptVerdict::Unfinished,
                             reason: String::new(),
                             geomean_gain: None,
                             agent_seconds: None,
@@ -130,7 +129,7 @@ impl Ledger {
                     gpu_seconds,
                 } => {
                     if let Some(r) = rows.get_mut(&(*step, *candidate)) {
-                        r.verdict = if *accepted { "accepted" } else { "rejected" }.into();
+                        r.verdict = crate::model::vocab::AttemptVerdict::judged(*accepted);
                         r.reason = reason.clone();
                         r.geomean_gain = *geomean_gain;
                         r.gpu_seconds = Some(*gpu_seconds);
@@ -142,7 +141,7 @@ impl Ledger {
                     reason,
                 } => {
                     if let Some(r) = rows.get_mut(&(*step, *candidate)) {
-                        r.verdict = "dropped".into();
+                        r.verdict = crate::model::vocab::AttemptVerdict::Dropped;
                         r.reason = reason.clone();
                     }
                 }
@@ -156,7 +155,7 @@ impl Ledger {
                     steps.push((*step, *accepted, *geomean_gain));
                     if let (true, Some(k)) = (*accepted, candidate) {
                         if let Some(r) = rows.get_mut(&(*step, *k)) {
-                            r.verdict = "committed".into();
+                            r.verdict = crate::model::vocab::AttemptVerdict::Committed;
                         }
                     }
                 }
@@ -380,7 +379,7 @@ pub(super) fn step_markdown(
             row.and_then(|r| r.start_from.as_ref())
                 .map_or(String::new(), |s| format!(" (from near miss `{s}`)")),
             row.and_then(|r| r.diff_stat.clone()).unwrap_or_default(),
-            row.map_or("—".into(), |r| r.verdict.clone()),
+            row.map_or("—".into(), |r| r.verdict.to_string()),
             j.and_then(|j| j.gain)
                 .map_or("—".into(), |g| format!("{:+.1}%", g * 100.0)),
             row.and_then(|r| r.agent_seconds)

@@ -37,7 +37,7 @@ pub struct JudgeVerdict {
     /// `done`: the verdict is in (the MCP tool answers `running` with a job id before that).
     pub status: String,
     /// `accepted` or `rejected`.
-    pub verdict: String,
+    pub verdict: crate::model::vocab::AttemptVerdict,
     pub accepted: bool,
     pub reason: String,
     pub geomean_gain: Option<f64>,
@@ -105,12 +105,12 @@ pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
         .into_iter()
         .next_back()
         .ok_or_else(|| Error::Other(anyhow!("{} holds no step", run_dir.display())))?;
-    let accepted = entry.verdict == "committed";
+    let accepted = entry.verdict == crate::model::vocab::AttemptVerdict::Committed;
     let report = run_dir.join("step-1.md");
     Ok(JudgeVerdict {
         schema_version: pack::JSON_SCHEMA_VERSION,
         status: "done".into(),
-        verdict: if accepted { "accepted" } else { "rejected" }.into(),
+        verdict: crate::model::vocab::AttemptVerdict::judged(accepted),
         accepted,
         reason: entry.reason,
         geomean_gain: entry.geomean_gain,
@@ -159,7 +159,7 @@ pub struct StepRunDoc {
 pub struct StepVerdict {
     pub step: u32,
     /// `accepted` or `rejected`.
-    pub verdict: String,
+    pub verdict: crate::model::vocab::AttemptVerdict,
     pub accepted: bool,
     pub reason: String,
     pub geomean_gain: Option<f64>,
@@ -220,7 +220,7 @@ pub fn step_run_from_log(run_dir: &Path, stopped: Option<String>) -> Result<Step
             .unwrap_or_default();
         let verdict = StepVerdict {
             step: *step,
-            verdict: if *accepted { "accepted" } else { "rejected" }.into(),
+            verdict: crate::model::vocab::AttemptVerdict::judged(*accepted),
             accepted: *accepted,
             reason: reason.clone(),
             geomean_gain: *geomean_gain,

@@ -143,3 +143,41 @@ impl ProcessEnd {
         }
     }
 }
+
+/// What became of an attempted edit, as history, the ledger, the context pack and `judge --json`
+/// say it (the words are the serialised names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttemptVerdict {
+    /// Judged better than HEAD and committed.
+    Committed,
+    /// Beat HEAD, but another candidate of its step was better (or, for a judge, the verdict before the commit).
+    Accepted,
+    Rejected,
+    /// Never judged.
+    Dropped,
+    /// The log ends before a verdict.
+    Unfinished,
+}
+
+impl AttemptVerdict {
+    /// A judged edit's verdict.
+    pub fn judged(accepted: bool) -> AttemptVerdict {
+        match accepted {
+            true => AttemptVerdict::Accepted,
+            false => AttemptVerdict::Rejected,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AttemptVerdict::Committed => "committed",
+            AttemptVerdict::Accepted => "accepted",
+            AttemptVerdict::Rejected => "rejected",
+            AttemptVerdict::Dropped => "dropped",
+            AttemptVerdict::Unfinished => "unfinished",
+        })
+    }
+}

@@ -34,7 +34,7 @@ pub struct HistoryEntry {
     pub start_from: Option<String>,
     /// `committed`, `accepted` (beat HEAD but another candidate was better), `rejected`,
     /// `dropped` (never judged), or `unfinished` (the log ends before a verdict).
-    pub verdict: String,
+    pub verdict: crate::model::vocab::AttemptVerdict,
     pub reason: String,
     pub geomean_gain: Option<f64>,
     /// The log line (record number in its run's log) of the verdict, which holds the gain.
@@ -285,7 +285,7 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
         patch_file: None,
         idea: None,
         start_from: None,
-        verdict: "unfinished".into(),
+        verdict: crate::model::vocab::AttemptVerdict::Unfinished,
         reason: "the log ends before a verdict".into(),
         geomean_gain: None,
         verdict_line: None,
@@ -418,7 +418,7 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
                 gpu_seconds,
             } => {
                 if let Some(entry) = entries.get_mut(&(*step, Some(*candidate))) {
-                    entry.verdict = if *accepted { "accepted" } else { "rejected" }.into();
+                    entry.verdict = crate::model::vocab::AttemptVerdict::judged(*accepted);
                     entry.reason = reason.clone();
                     entry.geomean_gain = *geomean_gain;
                     entry.verdict_line = Some(line);
@@ -431,7 +431,7 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
                 reason,
             } => {
                 if let Some(entry) = entries.get_mut(&(*step, Some(*candidate))) {
-                    entry.verdict = "dropped".into();
+                    entry.verdict = crate::model::vocab::AttemptVerdict::Dropped;
                     entry.reason = reason.clone();
                 }
             }
@@ -446,7 +446,10 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
                 ..
             } => {
                 if let Some(entry) = entries.get_mut(&(*step, None)) {
-                    entry.verdict = if *accepted { "committed" } else { "rejected" }.into();
+                    entry.verdict = match *accepted {
+                        true => crate::model::vocab::AttemptVerdict::Committed,
+                        false => crate::model::vocab::AttemptVerdict::Rejected,
+                    };
                     entry.reason = reason.clone();
                     entry.geomean_gain = *geomean_gain;
                     entry.verdict_line = Some(line);
@@ -455,7 +458,7 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
                 }
                 if let (Some(k), true) = (candidate, *accepted) {
                     if let Some(entry) = entries.get_mut(&(*step, Some(*k))) {
-                        entry.verdict = "committed".into();
+                        entry.verdict = crate::model::vocab::AttemptVerdict::Committed;
                         entry.commit = commit.clone();
                         entry.scratch_ref = scratch_ref.clone();
                     }

@@ -18,7 +18,7 @@ pub struct IdeaNote {
     pub idea: Option<String>,
     /// Who wrote `idea`: `agent`, `commit message`, `caller` or `diff`.
     pub idea_from: Option<String>,
-    pub verdict: String,
+    pub verdict: crate::model::vocab::AttemptVerdict,
     /// Why it was turned away (first line).
     pub reason: String,
     pub geomean_gain: Option<f64>,
@@ -37,7 +37,7 @@ impl IdeaNote {
             attempt: h.attempt.clone(),
             idea: h.idea.as_ref().map(|i| i.summary.clone()),
             idea_from: h.idea.as_ref().map(|i| i.from.clone()),
-            verdict: h.verdict.clone(),
+            verdict: h.verdict,
             reason: h.reason.lines().next().unwrap_or("").to_owned(),
             geomean_gain: h.geomean_gain,
             from: h
@@ -61,13 +61,14 @@ impl IdeaNote {
 /// A near miss: correct on every case it was timed on, and either beat HEAD but lost to another
 /// candidate, or fell short of HEAD by less than the threshold. Committed attempts are HEAD's already.
 pub fn is_near_miss(h: &HistoryEntry, threshold: f64) -> bool {
-    if h.files.is_empty() || h.verdict == "committed" {
+    if h.files.is_empty() || h.verdict == crate::model::vocab::AttemptVerdict::Committed {
         return false;
     }
     let correct = !h.cases.is_empty() && h.cases.iter().all(|c| c.failure.is_none());
     correct
-        && (h.verdict == "accepted"
-            || (h.verdict == "rejected" && h.geomean_gain.is_some_and(|g| g > -threshold)))
+        && (h.verdict == crate::model::vocab::AttemptVerdict::Accepted
+            || (h.verdict == crate::model::vocab::AttemptVerdict::Rejected
+                && h.geomean_gain.is_some_and(|g| g > -threshold)))
 }
 
 /// The near-miss archive, best first: across every session and step on this GPU (`gpu`, where known).
@@ -100,7 +101,7 @@ pub(super) fn to_avoid(
         .filter(|h| {
             // A refusal before any GPU work (outside the scope) holds for every GPU.
             (h.cases.is_empty() || gpu.is_none_or(|g| g == h.gpu))
-                && h.verdict == "rejected"
+                && h.verdict == crate::model::vocab::AttemptVerdict::Rejected
                 && !h.files.is_empty()
                 && !is_near_miss(h, threshold)
         })

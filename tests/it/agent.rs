@@ -1036,7 +1036,10 @@ fn step_json_prints_one_document_naming_its_run_and_each_steps_verdict() {
     assert_eq!((d.accepted, d.rejected), (1, 1), "{doc}");
     assert_eq!(d.steps.len(), 2, "{doc}");
     let (one, two) = (&d.steps[0], &d.steps[1]);
-    assert!(one.accepted && one.verdict == "accepted", "{doc}");
+    assert!(
+        one.accepted && one.verdict == flashtune::model::vocab::AttemptVerdict::Accepted,
+        "{doc}"
+    );
     assert_eq!(one.changed_files, [FORWARD]);
     assert_eq!(
         one.restored,
@@ -1053,7 +1056,10 @@ fn step_json_prints_one_document_naming_its_run_and_each_steps_verdict() {
     assert_eq!(one.attempts.len(), 1, "{doc}");
     assert_eq!(one.attempts[0].attempt, format!("{run_id}/1"));
     assert!(one.attempts[0].cases[0].gain.unwrap() > 0.2, "{doc}");
-    assert!(!two.accepted && two.verdict == "rejected", "{doc}");
+    assert!(
+        !two.accepted && two.verdict == flashtune::model::vocab::AttemptVerdict::Rejected,
+        "{doc}"
+    );
     assert_eq!(two.changed_files, ["kernels/attention/seen.txt"], "{doc}");
     assert!(one.report.is_file() && two.report.is_file(), "{doc}");
     assert_eq!(head(dir.path()).0, before);
@@ -1098,17 +1104,18 @@ fn step_json_of_an_agent_session_prints_one_document_with_every_candidate() {
     let step = &d.steps[0];
     assert!(step.accepted && step.candidate == Some(1), "{doc}");
     assert_eq!(step.changed_files, [FORWARD], "{doc}");
-    let verdicts: Vec<(Option<u32>, &str)> = step
+    use flashtune::model::vocab::AttemptVerdict::{Committed, Rejected};
+    let verdicts: Vec<(Option<u32>, _)> = step
         .attempts
         .iter()
-        .map(|a| (a.candidate, a.verdict.as_str()))
+        .map(|a| (a.candidate, a.verdict))
         .collect();
     assert_eq!(
         verdicts,
         [
-            (Some(1), "committed"),
-            (Some(2), "rejected"),
-            (Some(3), "rejected")
+            (Some(1), Committed),
+            (Some(2), Rejected),
+            (Some(3), Rejected)
         ],
         "{doc}"
     );
