@@ -174,10 +174,19 @@ impl Builder {
             .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
         let mut cmd = tokio::process::Command::from(self.toolchain.command());
         cmd.args(nvcc_args(spec, &staging.join("kernel.cubin")));
-        // nvcc's own list of every file the compile read: what the reads check judges.
-        cmd.arg("-MD")
-            .arg("-MF")
-            .arg(staging.join(reads::DEPENDENCY_FILE));
+        // The list of every file the compile read, what the reads check judges, written by the
+        // device pass's own preprocessing (gcc -E with -MD): nvcc's -MD runs a second preprocessing
+        // of its own for it, about a tenth of a build's CPU. -Xcompiler splits its value at commas.
+        let dependencies = staging.join(reads::DEPENDENCY_FILE);
+        let Some(dependencies) = dependencies.to_str().filter(|p| !p.contains(',')) else {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(BuildFailure::Io(format!(
+                "{}: nvcc passes this path to gcc through -Xcompiler, which splits at commas (and \
+                 takes UTF-8 only); set FLASHTUNE_CACHE_DIR to a folder without one",
+                dependencies.display()
+            )));
+        };
+        cmd.arg("-Xcompiler").arg(format!("-MD,-MF,{dependencies}"));
         // nvcc runs cicc and ptxas as children: its own process group lets a timeout stop them all.
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

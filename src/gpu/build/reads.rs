@@ -4,7 +4,7 @@
 //! not the kernel that gets committed.
 use std::path::{Component, Path, PathBuf};
 
-/// The dependency list nvcc writes (`-MD -MF`) beside the cubin.
+/// The dependency list the device pass's preprocessor writes (`-Xcompiler -MD,-MF,…`) beside the cubin.
 pub(super) const DEPENDENCY_FILE: &str = "deps.d";
 /// What a cache entry keeps of it: the reads that are neither the compiler's nor the system's,
 /// each relative to the source's folder, so that a hit from another copy of the same tree is
