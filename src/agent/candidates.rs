@@ -351,7 +351,7 @@ impl Runner<'_> {
                 session.spawn_edit_build(
                     pairings,
                     &tree,
-                    &format!("cand{}", p.candidate),
+                    crate::model::vocab::BuildRole::Candidate(p.candidate),
                     step_dir.join(format!("cand-{}.build", p.candidate)),
                     jobs,
                 )
@@ -367,7 +367,7 @@ impl Runner<'_> {
         }
         // The GPU judges one candidate at a time (the session holds its lock).
         for (p, cubins) in built {
-            let tag = format!("cand{}", p.candidate);
+            let role = crate::model::vocab::BuildRole::Candidate(p.candidate);
             let mut duels = Vec::new();
             let started = Instant::now();
             let verdict = match cubins {
@@ -380,7 +380,7 @@ impl Runner<'_> {
                             pairings,
                             head_cubins,
                             &cubins,
-                            &tag,
+                            role,
                             events,
                             &mut duels,
                         )

@@ -181,3 +181,39 @@ impl std::fmt::Display for AttemptVerdict {
         })
     }
 }
+
+/// Which tree a step's build was of: HEAD's, the working tree's edit (`judge`, `step`), or an agent
+/// session's candidate N. Its builds' variant ids carry it as a suffix (`@head`, `@edit`, `@candN`),
+/// which keeps them apart in a log; what reads the log takes the role from the `built` record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildRole {
+    Head,
+    Edit,
+    Candidate(u32),
+}
+
+impl BuildRole {
+    /// The role of a build logged before `built` records carried one, from its variant id's suffix.
+    pub fn legacy(variant: &str) -> Option<BuildRole> {
+        match variant.rsplit_once('@')?.1 {
+            "head" => Some(BuildRole::Head),
+            "edit" => Some(BuildRole::Edit),
+            tag => tag
+                .strip_prefix("cand")
+                .and_then(|k| k.parse().ok())
+                .map(BuildRole::Candidate),
+        }
+    }
+}
+
+impl std::fmt::Display for BuildRole {
+    /// The suffix its builds' variant ids carry.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildRole::Head => f.write_str("head"),
+            BuildRole::Edit => f.write_str("edit"),
+            BuildRole::Candidate(k) => write!(f, "cand{k}"),
+        }
+    }
+}

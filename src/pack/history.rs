@@ -4,6 +4,7 @@ use super::HISTORY_PATCHES;
 use crate::log::runlog::{self, Record};
 use crate::log::runlog::{Idea, SealedLog};
 use crate::model::config::Dtype;
+use crate::model::vocab::BuildRole;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -309,20 +310,19 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
                 in_place_seconds.insert(*step, *seconds);
             }
             Record::Built {
-                variant, entries, ..
+                variant,
+                entries,
+                role,
+                ..
             } => {
-                let Some((_, tag)) = variant.rsplit_once('@') else {
-                    continue;
-                };
-                let key = if tag == "head" {
-                    head.take(entries);
-                    continue;
-                } else if tag == "edit" {
-                    (in_place_step, None)
-                } else if let Some(k) = tag.strip_prefix("cand").and_then(|k| k.parse().ok()) {
-                    (agent_step, Some(k))
-                } else {
-                    continue;
+                let key = match role.or_else(|| BuildRole::legacy(variant)) {
+                    None => continue,
+                    Some(BuildRole::Head) => {
+                        head.take(entries);
+                        continue;
+                    }
+                    Some(BuildRole::Edit) => (in_place_step, None),
+                    Some(BuildRole::Candidate(k)) => (agent_step, Some(k)),
                 };
                 let r = resources.entry(key).or_insert((head, Resources::default()));
                 r.1.take(entries);

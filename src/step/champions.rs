@@ -25,7 +25,7 @@ impl Session<'_> {
         &self,
         pairings: &[Pairing],
         tree: &Path,
-        tag: &str,
+        role: crate::model::vocab::BuildRole,
     ) -> Vec<(UnitKey, BuildSpec)> {
         let project = self.project;
         let arch = &self.device.arch;
@@ -35,7 +35,7 @@ impl Session<'_> {
             spec.source = tree.join(&project.space.family.forward);
             specs.insert(
                 (
-                    format!("{}@{tag}", p.point.variant.id),
+                    format!("{}@{role}", p.point.variant.id),
                     p.dtype,
                     p.point.head_dim,
                 ),
@@ -53,7 +53,11 @@ impl Session<'_> {
         events: &mut Events,
     ) -> Result<BTreeMap<UnitKey, PathBuf>> {
         let project = self.project;
-        let mut specs = self.specs(pairings, head_tree, "head");
+        let mut specs = self.specs(pairings, head_tree, crate::model::vocab::BuildRole::Head);
+        let roles = specs
+            .iter()
+            .map(|(k, _)| (k.clone(), crate::model::vocab::BuildRole::Head))
+            .collect();
         for &d in &project.policies.dtypes {
             let mut spec = project.reference_spec(d, &self.device.arch);
             spec.source = head_tree.join(&project.space.family.reference);
@@ -63,7 +67,7 @@ impl Session<'_> {
             confine: Some(head_tree.to_path_buf()),
             ..project.builder()
         };
-        let built = build_logged(builder, project.jobs(), specs, events).await?;
+        let built = build_logged(builder, project.jobs(), specs, &roles, events).await?;
         let mut cubins = BTreeMap::new();
         for (key, result) in built {
             match result {

@@ -38,7 +38,7 @@ impl Session<'_> {
         let pending = self.spawn_edit_build(
             pairings,
             &tree,
-            "edit",
+            crate::model::vocab::BuildRole::Edit,
             step_dir.join("build"),
             self.project.jobs(),
         );
@@ -52,7 +52,7 @@ impl Session<'_> {
             pairings,
             head_cubins,
             &edit_cubins,
-            "edit",
+            crate::model::vocab::BuildRole::Edit,
             events,
             duels,
         )
@@ -88,7 +88,7 @@ impl Session<'_> {
         &self,
         pairings: &[Pairing],
         tree: &Path,
-        tag: &str,
+        role: crate::model::vocab::BuildRole,
         cache: PathBuf,
         jobs: usize,
     ) -> PendingBuild {
@@ -97,10 +97,15 @@ impl Session<'_> {
             confine: Some(tree.to_path_buf()),
             ..self.project.builder()
         };
-        let specs = self.specs(pairings, tree, tag);
+        let specs = self.specs(pairings, tree, role);
         let order = specs.iter().map(|(k, _)| k.clone()).collect();
         let (tasks, rx) = crate::run::scheduler::spawn_builds_with(builder, jobs, specs);
-        PendingBuild { tasks, rx, order }
+        PendingBuild {
+            tasks,
+            rx,
+            order,
+            role,
+        }
     }
 
     /// One side of a duel (or a profile) on a pairing's case: `cubin` checked against HEAD's reference.
@@ -149,7 +154,7 @@ impl Session<'_> {
         pairings: &[Pairing],
         head_cubins: &BTreeMap<UnitKey, PathBuf>,
         edit_cubins: &BTreeMap<UnitKey, PathBuf>,
-        tag: &str,
+        role: crate::model::vocab::BuildRole,
         events: &mut Events,
         duels: &mut Vec<DuelRow>,
     ) -> Result<std::result::Result<decide::Overall, String>> {
@@ -166,10 +171,17 @@ impl Session<'_> {
                 p.dtype,
             );
             seeds.push(seed);
-            let key = |tag: &str| (format!("{id}@{tag}"), p.dtype, p.point.head_dim);
+            let key = |role: crate::model::vocab::BuildRole| {
+                (format!("{id}@{role}"), p.dtype, p.point.head_dim)
+            };
             pairs.push(DuelPair {
-                champion: self.case_spec(p, &head_cubins[&key("head")], head_cubins, seed),
-                challenger: self.case_spec(p, &edit_cubins[&key(tag)], head_cubins, seed),
+                champion: self.case_spec(
+                    p,
+                    &head_cubins[&key(crate::model::vocab::BuildRole::Head)],
+                    head_cubins,
+                    seed,
+                ),
+                challenger: self.case_spec(p, &edit_cubins[&key(role)], head_cubins, seed),
             });
         }
         let request = DuelRequest {
@@ -343,18 +355,24 @@ struct Tally {
     logged: Result<()>,
 }
 
-/// Build every spec, logging each result as `tune` does; returns them in spec order.
+/// Build every spec, logging each result as `tune` does (with its role, where `roles` gives one);
+/// returns them in spec order.
 pub(super) async fn build_logged(
     builder: Builder,
     jobs: usize,
     specs: Vec<(UnitKey, BuildSpec)>,
+    roles: &BTreeMap<UnitKey, crate::model::vocab::BuildRole>,
     events: &mut Events,
 ) -> Result<Vec<(UnitKey, std::result::Result<BuildOutput, String>)>> {
     let order: Vec<UnitKey> = specs.iter().map(|(k, _)| k.clone()).collect();
     let (_tasks, mut rx) = crate::run::scheduler::spawn_builds_with(builder, jobs, specs);
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        events.emit(Record::build_outcome(&variant, dtype, head_dim, &result))?;
+        let record = Record::build_outcome(&variant, dtype, head_dim, &result);
+        events.emit(match roles.get(&(variant.clone(), dtype, head_dim)) {
+            Some(&role) => record.of_role(role),
+            None => record,
+        })?;
         let result =
             result.map_err(|f| format!("{f}\n{}", crate::gpu::build::log_tail(f.log(), 12)));
         done.insert((variant, dtype, head_dim), result);
@@ -370,6 +388,8 @@ pub(crate) struct PendingBuild {
     tasks: tokio::task::JoinSet<()>,
     rx: tokio::sync::mpsc::UnboundedReceiver<crate::run::scheduler::BuildResult>,
     order: Vec<UnitKey>,
+    /// Which tree they are of, as their records say.
+    role: crate::model::vocab::BuildRole,
 }
 
 /// Wait for an edit's builds, logging each; `Err` inside says why the edit is turned away.
@@ -382,10 +402,11 @@ pub(crate) async fn collect_builds(
         tasks: _tasks,
         mut rx,
         order,
+        role,
     } = pending;
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
-        events.emit(Record::build_outcome(&variant, dtype, head_dim, &result))?;
+        events.emit(Record::build_outcome(&variant, dtype, head_dim, &result).of_role(role))?;
         done.insert((variant, dtype, head_dim), result);
     }
     let mut cubins = BTreeMap::new();

@@ -119,6 +119,12 @@ fn a_rejected_edits_patch_comes_back_from_show_attempt_and_applies() {
         .as_str()
         .unwrap()
         .contains("geomean -2"));
+    // ptxas's registers of HEAD's build and of the edit's, told apart by the roles on their records.
+    let registers = v["metrics"]["registers"].as_array().expect("registers");
+    assert!(
+        registers.len() == 2 && registers.iter().all(|r| r.as_u64().unwrap_or(0) > 0),
+        "{v}"
+    );
     // Restored to HEAD, and not lost: the history has it, with its patch.
     assert_eq!(
         std::fs::read_to_string(dir.path().join(FORWARD)).unwrap(),

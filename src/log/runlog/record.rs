@@ -78,6 +78,10 @@ pub enum Record {
         cached: bool,
         seconds: f64,
         entries: Vec<EntryResources>,
+        /// A step's build: of which tree (none in a tune; logs before it carry the role only in the
+        /// variant id, read through `BuildRole::legacy`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        role: Option<crate::model::vocab::BuildRole>,
     },
     BuildFailed {
         variant: String,
@@ -609,6 +613,7 @@ impl Record {
             cached: out.cached,
             seconds: out.seconds,
             entries: out.entries.clone(),
+            role: None,
         }
     }
 
@@ -626,6 +631,14 @@ impl Record {
             reason: failure.to_string(),
             log_tail: crate::gpu::build::log_tail(failure.log(), 30),
         }
+    }
+
+    /// This record, a step's build of `role`'s tree (a `built` record only).
+    pub fn of_role(mut self, role: crate::model::vocab::BuildRole) -> Record {
+        if let Record::Built { role: r, .. } = &mut self {
+            *r = Some(role);
+        }
+        self
     }
 
     /// The record of one finished build, whichever way it ended.
