@@ -196,10 +196,7 @@ impl Reporter for ProgressReporter {
                 ..
             } => self.say(
                 &self.cases,
-                format!(
-                    "{stage} timed out on {variant}: {}",
-                    crate::log::runlog::timed_out_limit(stage, *seconds)
-                ),
+                format!("{stage} timed out on {variant}: {}", stage.limit(*seconds)),
             ),
             Record::Finished { .. } => {
                 self.builds.finish();

@@ -143,13 +143,7 @@ fn worker_fault<'a>(line: usize, record: &'a Record, dtypes: &[Dtype]) -> Option
         } => (
             variant,
             FaultKind::TimedOut,
-            match stage.as_str() {
-                "worker" => crate::log::runlog::timed_out_limit(stage, *seconds),
-                _ => format!(
-                    "{stage} {}",
-                    crate::log::runlog::timed_out_limit(stage, *seconds)
-                ),
-            },
+            stage.limit(*seconds),
             cases_not_run,
         ),
         Record::WorkerCrashed {

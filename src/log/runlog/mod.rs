@@ -6,7 +6,7 @@ mod writer;
 
 pub use reader::{path_in, read, sort_by_start, LoadedLog, TimedCase};
 pub use record::{
-    timed_out_limit, AgentSettings, EarlierFigure, Entry, Header, Idea, RankReason, Ranked, Record,
+    AgentSettings, EarlierFigure, Entry, Header, Idea, RankReason, Ranked, Record, TimedOutStage,
     SCHEMA_VERSION,
 };
 pub use sealed::{read_sealed, read_sealed_with, SealedLog, Unsealed};

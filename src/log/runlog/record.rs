@@ -250,7 +250,7 @@ pub enum Record {
     },
     TimedOut {
         variant: String,
-        stage: String,
+        stage: TimedOutStage,
         seconds: u64,
         cases_not_run: Vec<String>,
     },
@@ -658,12 +658,27 @@ impl Record {
     }
 }
 
-/// How a `timed_out` record's limit reads: a worker's is on silence (no case finished for that
-/// long), a build's on the whole nvcc run.
-pub fn timed_out_limit(stage: &str, seconds: u64) -> String {
-    if stage == "worker" {
-        format!("no case finished in {seconds} s")
-    } else {
-        format!("after {seconds} s")
+/// What timed out, in a `timed_out` record. Only a worker has such a record: a build that times
+/// out is a `build_failed` one ("nvcc timed out after N s"), and no flashtune wrote another stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimedOutStage {
+    Worker,
+}
+
+impl TimedOutStage {
+    /// How its limit reads: a worker's is on silence (no case finished for that long).
+    pub fn limit(self, seconds: u64) -> String {
+        match self {
+            TimedOutStage::Worker => format!("no case finished in {seconds} s"),
+        }
+    }
+}
+
+impl std::fmt::Display for TimedOutStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TimedOutStage::Worker => "worker",
+        })
     }
 }

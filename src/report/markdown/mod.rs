@@ -243,7 +243,7 @@ pub fn document(ix: &RunIndex) -> Document {
                 cases_not_run,
             } => format!(
                 "`{variant}`: {stage} timed out, {}; not run: {} (log line {line})",
-                crate::log::runlog::timed_out_limit(stage, *seconds),
+                stage.limit(*seconds),
                 cases_not_run.join(", ")
             ),
             Record::BudgetReached { reason, variants_not_measured } => {

@@ -202,13 +202,13 @@ impl Scheduler<'_> {
             WorkerEnd::TimedOut { seconds } => {
                 events.emit(Record::TimedOut {
                     variant: variant.clone(),
-                    stage: "worker".into(),
+                    stage: crate::log::runlog::TimedOutStage::Worker,
                     seconds,
                     cases_not_run: not_run.clone(),
                 })?;
                 Fault::Own(format!(
                     "worker timed out: {}",
-                    crate::log::runlog::timed_out_limit("worker", seconds)
+                    crate::log::runlog::TimedOutStage::Worker.limit(seconds)
                 ))
             }
             WorkerEnd::Fatal(detail) => {
