@@ -38,6 +38,11 @@ pub enum WorkerEnd {
         loss: StepLoss,
         detail: String,
     },
+    /// The worker never started, or never got its GPU (no process, a replaced binary, a failed
+    /// probe): the machine's failure, not the variant's.
+    NotStarted {
+        why: String,
+    },
 }
 
 impl WorkerEnd {
@@ -45,9 +50,11 @@ impl WorkerEnd {
     /// not a clean end, nor a worker that never started or whose step the cluster took away.
     pub fn may_be_gpus(&self) -> bool {
         match self {
-            WorkerEnd::Clean | WorkerEnd::Lost { .. } => false,
-            WorkerEnd::Crashed { status, .. } => status != WORKER_NOT_STARTED,
-            WorkerEnd::Fatal(_) | WorkerEnd::TimedOut { .. } | WorkerEnd::Garbled { .. } => true,
+            WorkerEnd::Clean | WorkerEnd::Lost { .. } | WorkerEnd::NotStarted { .. } => false,
+            WorkerEnd::Fatal(_)
+            | WorkerEnd::Crashed { .. }
+            | WorkerEnd::TimedOut { .. }
+            | WorkerEnd::Garbled { .. } => true,
         }
     }
 }
@@ -100,6 +107,7 @@ impl WorkerOutcome {
             WorkerEnd::Lost { loss, detail } => {
                 Some(format!("worker lost: {}: {detail}", loss.describe()))
             }
+            WorkerEnd::NotStarted { why } => Some(format!("worker {WORKER_NOT_STARTED}: {why}")),
         }
     }
 }
@@ -255,17 +263,13 @@ impl Executor {
 
     /// Start a worker for `device`; `Err` holds why it did not start.
     pub fn start(&self, device: u32) -> Result<Session, WorkerEnd> {
-        let not_started = |e: std::io::Error| WorkerEnd::Crashed {
-            status: WORKER_NOT_STARTED.into(),
-            stderr_tail: e.to_string(),
-        };
+        let not_started = |e: std::io::Error| WorkerEnd::NotStarted { why: e.to_string() };
         // A replaced worker would judge every case from here on: the run stops (as on SIGTERM,
         // with this reason in its `interrupted` record), and this worker does not start.
         if let Err(tampered) = self.check_untouched() {
             crate::os::stop::request_because(libc::SIGTERM, tampered.to_string());
-            return Err(WorkerEnd::Crashed {
-                status: WORKER_NOT_STARTED.into(),
-                stderr_tail: tampered.to_string(),
+            return Err(WorkerEnd::NotStarted {
+                why: tampered.to_string(),
             });
         }
         let (mut cmd, pipe) = match &self.launcher {
@@ -352,10 +356,7 @@ impl Executor {
         let outcome = session
             .request(&WorkerRequest::Probe, self.probe_timeout)
             .await;
-        let not_started = |why: String| WorkerEnd::Crashed {
-            status: WORKER_NOT_STARTED.into(),
-            stderr_tail: why,
-        };
+        let not_started = |why: String| WorkerEnd::NotStarted { why };
         let info = match (outcome.end, outcome.device) {
             (WorkerEnd::Clean, Some(info)) => info,
             // The cluster ended the step before it served: that is still the cluster's doing.
@@ -669,7 +670,9 @@ impl Session {
         };
         // A step that died in an allocation that is over died of it (scancel of the job, its time limit).
         let end = match end {
-            WorkerEnd::Lost { .. } | WorkerEnd::Crashed { .. } if self.slurm => {
+            WorkerEnd::Lost { .. } | WorkerEnd::Crashed { .. } | WorkerEnd::NotStarted { .. }
+                if self.slurm =>
+            {
                 match crate::gpu::slurm::allocation_ended().await {
                     Some(why) => WorkerEnd::Lost {
                         loss: StepLoss::AllocationEnded,

@@ -866,6 +866,37 @@ fn a_worker_that_never_started_is_not_the_variants_fault() {
     assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "late");
 }
 
+/// Whether a worker started is the record's own field: a detail that merely begins with the old
+/// words is a crash like any other, and a worker the field says never started is no fault whatever
+/// its detail says.
+#[test]
+fn a_worker_not_started_is_read_from_its_field_not_its_words() {
+    for (not_started, detail, fault) in [
+        (
+            true,
+            "Resource temporarily unavailable (os error 11)",
+            false,
+        ),
+        (false, "not started: words a crashing worker printed", true),
+    ] {
+        let mut log = Log::new(false);
+        log.plan("v0");
+        log.plan("late");
+        log.timed("v0", "small", 10.0, 0.01);
+        log.timed("v0", "seed", 20.0, 0.01);
+        log.record(
+            json!({"event": "worker_crashed", "variant": "late", "detail": detail,
+            "cases_not_run": ["small/f16", "seed/f16"], "not_started": not_started}),
+        );
+        log.timed("late", "small", 5.0, 0.01);
+        log.timed("late", "seed", 15.0, 0.01);
+        log.finished();
+        let log = log.done();
+        let ix = RunIndex::new(&log);
+        assert_eq!(ix.disqualified("late").is_some(), fault, "{detail}");
+    }
+}
+
 /// A garbled reply fails the case it answered (`check_failed`); the `worker_crashed` after it names
 /// the cases still to run, which the retry measures: under per-shape dispatch only the garbled
 /// case's shape is barred.

@@ -125,9 +125,21 @@ fn named_case<'r>(case: &'r str, dtypes: &[Dtype]) -> Option<(&'r str, Dtype)> {
     Some((shape, dtype))
 }
 
-/// A `worker_crashed` record of a worker that could not be started: the machine's failure.
+/// A `worker_crashed` record of a worker that could not be started: the machine's failure. A log
+/// written before the record said so reads it from its detail's first words.
 fn worker_never_started(record: &Record) -> bool {
-    matches!(record, Record::WorkerCrashed { detail, .. } if detail.starts_with(WORKER_NOT_STARTED))
+    match record {
+        Record::WorkerCrashed {
+            not_started: Some(not_started),
+            ..
+        } => *not_started,
+        Record::WorkerCrashed {
+            not_started: None,
+            detail,
+            ..
+        } => detail.starts_with(WORKER_NOT_STARTED),
+        _ => false,
+    }
 }
 
 /// The fault a `timed_out` or `worker_crashed` record shows, on the case that was in flight (the
@@ -150,6 +162,7 @@ fn worker_fault<'a>(line: usize, record: &'a Record, dtypes: &[Dtype]) -> Option
             variant,
             detail,
             cases_not_run,
+            ..
         } if !detail.starts_with(GARBLED_REPLY) => (
             variant,
             FaultKind::Crashed,

@@ -247,6 +247,10 @@ pub enum Record {
         variant: String,
         detail: String,
         cases_not_run: Vec<String>,
+        /// The worker never started (the machine's failure, not the variant's). Logs before it
+        /// said so only in `detail`'s first words, read by `runindex::worker_never_started`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        not_started: Option<bool>,
     },
     TimedOut {
         variant: String,

@@ -232,6 +232,7 @@ pub fn document(ix: &RunIndex) -> Document {
                 variant,
                 detail,
                 cases_not_run,
+                ..
             } => format!(
                 "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
                 cases_not_run.join(", ")

@@ -194,6 +194,7 @@ impl Scheduler<'_> {
                 variant: variant.clone(),
                 detail: detail.to_owned(),
                 cases_not_run: not_run.clone(),
+                not_started: Some(false),
             })
         };
         let fault = match end {
@@ -226,11 +227,17 @@ impl Scheduler<'_> {
             } => {
                 let detail = format!("{status}: {stderr_tail}");
                 crashed(events, &detail)?;
-                if status == crate::model::protocol::WORKER_NOT_STARTED {
-                    Fault::NotStarted(detail)
-                } else {
-                    Fault::Own(detail)
-                }
+                Fault::Own(detail)
+            }
+            WorkerEnd::NotStarted { why } => {
+                let detail = format!("{}: {why}", crate::model::protocol::WORKER_NOT_STARTED);
+                events.emit(Record::WorkerCrashed {
+                    variant: variant.clone(),
+                    detail: detail.clone(),
+                    cases_not_run: not_run.clone(),
+                    not_started: Some(true),
+                })?;
+                Fault::NotStarted(detail)
             }
         };
         if ended.remaining.is_empty() {
