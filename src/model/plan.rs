@@ -59,9 +59,12 @@ pub const CHAMPION_STEP: &str = "champion";
 /// Why a point is in the covering sample, and so in which dtypes it is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CoverRole {
-    /// At an extreme of registers or shared memory: built in every dtype, whose element widths and
-    /// conversions move both.
-    Extreme,
+    /// At an extreme of what a thread holds (accumulator rows, score tiles): built in every dtype,
+    /// whose conversions move the registers.
+    Registers,
+    /// At an extreme of shared memory, which is the element size's doing alone: built in one dtype
+    /// of each element size (f16 and bf16 share one).
+    SharedMemory,
     /// Brings a parameter value no other sampled point of its group has: built in one dtype, the
     /// dtypes taking turns over these points (the switch's code path is the same in each; the full
     /// build gate's manifest certifies every dtype of every point).
@@ -112,20 +115,29 @@ pub fn covering_sample(planned: &[crate::model::space::PlannedPoint]) -> Vec<Cov
     let mut chosen: BTreeMap<usize, CoverRole> = BTreeMap::new();
     for members in groups.values() {
         let at = |n: &usize| valid[*n];
-        let extremes = [
-            members.iter().max_by_key(|n| at(n).2.smem_bytes),
+        let registers = [
             members
                 .iter()
                 .max_by_key(|n| per_thread(at(n).2, at(n).1.head_dim)),
             members
                 .iter()
                 .max_by_key(|n| per_thread(at(n).2, at(n).2.kv_rows_per_block)),
+        ];
+        let shared_memory = [
+            members.iter().max_by_key(|n| at(n).2.smem_bytes),
             members.iter().min_by_key(|n| at(n).2.smem_bytes),
         ];
-        let picked: BTreeSet<usize> = extremes.into_iter().flatten().copied().collect();
+        let mut picked: BTreeMap<usize, CoverRole> = BTreeMap::new();
+        for n in shared_memory.into_iter().flatten() {
+            picked.insert(*n, CoverRole::SharedMemory);
+        }
+        // A point at both kinds of extreme is built as the registers' one: in every dtype.
+        for n in registers.into_iter().flatten() {
+            picked.insert(*n, CoverRole::Registers);
+        }
         let mut covered: BTreeSet<(String, String)> =
-            picked.iter().flat_map(|n| pairs(at(n).1)).collect();
-        chosen.extend(picked.iter().map(|n| (valid[*n].0, CoverRole::Extreme)));
+            picked.keys().flat_map(|n| pairs(at(n).1)).collect();
+        chosen.extend(picked.iter().map(|(n, role)| (valid[*n].0, *role)));
         while let Some(n) = members
             .iter()
             .filter(|n| pairs(at(n).1).difference(&covered).count() > 0)

@@ -69,8 +69,9 @@ pub async fn build_space(
     Ok((planned, rows))
 }
 
-/// The builds of the covering sample: its extremes in every dtype, each other point in one, the
-/// dtypes taking turns (`CoverRole`).
+/// The builds of the covering sample (`CoverRole`): its register extremes in every dtype, its
+/// shared-memory extremes in one dtype of each element size, each other point in one dtype, the
+/// dtypes taking turns.
 fn covering_specs(
     project: &Project,
     planned: &[PlannedPoint],
@@ -84,7 +85,16 @@ fn covering_specs(
     for c in &sample {
         let key = |d: Dtype| (c.point.variant.id.clone(), d, c.point.head_dim);
         match c.role {
-            CoverRole::Extreme => wanted.extend(dtypes.iter().map(|&d| key(d))),
+            CoverRole::Registers => wanted.extend(dtypes.iter().map(|&d| key(d))),
+            CoverRole::SharedMemory => {
+                let mut sizes = BTreeSet::new();
+                wanted.extend(
+                    dtypes
+                        .iter()
+                        .filter(|d| sizes.insert(d.bytes()))
+                        .map(|&d| key(d)),
+                );
+            }
             CoverRole::Value => {
                 wanted.extend(dtypes.get(turn % dtypes.len().max(1)).map(|&d| key(d)));
                 turn += 1;
