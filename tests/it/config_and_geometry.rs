@@ -912,7 +912,7 @@ mod offline_targets {
 
 mod geometry {
     use flashtune::gpu::check;
-    use flashtune::model::config::{Causal, Dtype, Shape};
+    use flashtune::model::config::{Causal, Dtype};
 
     #[test]
     fn a_row_that_sees_no_key_matches_only_when_both_sides_say_so() {
@@ -949,15 +949,7 @@ mod geometry {
     fn the_oracle_and_the_flop_count_agree_on_what_each_alignment_admits() {
         for causal in [Causal::None, Causal::TopLeft, Causal::BottomRight] {
             for (sq, sk) in [(5, 9), (9, 5), (6, 6)] {
-                let shape = Shape {
-                    name: "t".into(),
-                    b: 1,
-                    h: 1,
-                    sq,
-                    sk,
-                    d: 64,
-                    causal,
-                };
+                let shape = crate::common::shape(1, 1, sq, sk, 64, causal);
                 let visible: u64 = (0..sq).map(|i| u64::from(shape.visible_keys(i))).sum();
                 assert_eq!(visible, shape.pairs_per_head(), "{causal:?} {sq}x{sk}");
                 assert_eq!(shape.flops(), 4.0 * 64.0 * visible as f64);

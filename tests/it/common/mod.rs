@@ -368,3 +368,24 @@ pub fn regression_on(reason: &str, shape: &str) -> bool {
     reason.contains(&format!("unstable on {shape}"))
         || reason.contains(&format!("slower beyond noise on {shape}"))
 }
+
+/// A shape named "t" of `b` batches and `h` heads: what the unit tests of shapes, the oracle and the
+/// double build their cases from.
+pub fn shape(
+    b: u32,
+    h: u32,
+    sq: u32,
+    sk: u32,
+    d: u32,
+    causal: flashtune::model::config::Causal,
+) -> flashtune::model::config::Shape {
+    flashtune::model::config::Shape {
+        name: "t".into(),
+        b,
+        h,
+        sq,
+        sk,
+        d,
+        causal,
+    }
+}

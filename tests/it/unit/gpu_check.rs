@@ -62,15 +62,7 @@ fn tol() -> Tolerance {
 }
 
 fn shape(sq: u32, sk: u32, causal: Causal) -> Shape {
-    Shape {
-        name: "t".into(),
-        b: 1,
-        h: 1,
-        sq,
-        sk,
-        d: 64,
-        causal,
-    }
+    crate::common::shape(1, 1, sq, sk, 64, causal)
 }
 
 fn two_heads(sq: u32, sk: u32, causal: Causal) -> Shape {

@@ -4,15 +4,7 @@ use flashtune::model::config::Causal;
 use flashtune::model::config::{Dtype, Shape};
 
 fn shape(sq: u32, sk: u32, d: u32, causal: Causal) -> Shape {
-    Shape {
-        name: "t".into(),
-        b: 2,
-        h: 3,
-        sq,
-        sk,
-        d,
-        causal,
-    }
+    crate::common::shape(2, 3, sq, sk, d, causal)
 }
 
 /// The cheap form gives the oracle's figures on every row, for each mask and kept-key count.

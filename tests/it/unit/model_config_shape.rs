@@ -3,15 +3,7 @@ use flashtune::model::config::shape::{Causal, Shape, MAX_SEQ_LEN};
 use serde::{Deserialize, Serialize};
 
 fn shape(sq: u32, sk: u32, causal: Causal) -> Shape {
-    Shape {
-        name: "t".into(),
-        b: 2,
-        h: 3,
-        sq,
-        sk,
-        d: 64,
-        causal,
-    }
+    crate::common::shape(2, 3, sq, sk, 64, causal)
 }
 
 /// The definition, one (query, key) pair at a time.
