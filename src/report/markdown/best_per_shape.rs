@@ -131,13 +131,11 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
             })
         })
         .collect();
-    if !passed.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nPassed over: figures measured on a throttled or shared GPU.\n\n{}",
-            passed.join("\n")
-        );
-    }
+    listed(
+        &mut md,
+        "Passed over: figures measured on a throttled or shared GPU.",
+        &passed,
+    );
     let outdueled: Vec<String> = found
         .rows
         .iter()
@@ -151,20 +149,16 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
             })
         })
         .collect();
-    if !outdueled.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nKept by a duel: a faster first figure that did not beat the champion when the two were timed interleaved.\n\n{}",
-            outdueled.join("\n")
-        );
-    }
-    if !ties.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nTied: the runner-up is within the measured noise of the best (the larger p10..p90 spread of the two, or their interleaved duel's).\n\n{}",
-            ties.join("\n")
-        );
-    }
+    listed(
+        &mut md,
+        "Kept by a duel: a faster first figure that did not beat the champion when the two were timed interleaved.",
+        &outdueled,
+    );
+    listed(
+        &mut md,
+        "Tied: the runner-up is within the measured noise of the best (the larger p10..p90 spread of the two, or their interleaved duel's).",
+        &ties,
+    );
     if found
         .rows
         .iter()
@@ -230,4 +224,11 @@ fn ceilings_note(c: &crate::report::findings::Ceilings, fake: bool) -> String {
         "Measured ceilings"
     };
     format!("\n{title}: {}. % of matmul ceiling: the best's TF/s ÷ its dtype's dense matmul TFLOP/s. % of bandwidth ceiling: the least traffic (Q, K, V read once, O written once) per second at the best's median ÷ the faster measured stream. Where the worker and the PyTorch adapter both measured a roof, the higher figure is the ceiling.\n{missing}", parts.join(", "))
+}
+
+/// A note under the table: its heading, then one line per item; nothing when there are none.
+fn listed(md: &mut String, heading: &str, items: &[String]) {
+    if !items.is_empty() {
+        let _ = writeln!(md, "\n{heading}\n\n{}", items.join("\n"));
+    }
 }
