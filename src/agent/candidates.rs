@@ -27,12 +27,12 @@ impl Runner<'_> {
     ) -> Result<Vec<Proposal>> {
         let bench = self.bench;
         let project = &bench.project;
-        let last = last_decided(&bench.run_dir, n)?;
+        let last = last_decided(events.records(), &bench.run_dir, n);
         let run_dir = std::path::absolute(&bench.run_dir)
             .with_context(|| format!("cannot resolve {}", bench.run_dir.display()))?;
         let timeout = Duration::from_secs(project.policies.step.proposer_timeout_s);
         let budget = self.agent.max_cost_usd.map_or(1_000_000.0, |max| {
-            let spent = Ledger::read(&bench.run_dir).map_or(0.0, |l| l.known_usd());
+            let spent = Ledger::of(events.records()).known_usd();
             ((max - spent) / f64::from(self.agent.candidates)).max(0.0)
         });
         let mut log_hash = step::file_hash(&events.log.path);
@@ -439,8 +439,11 @@ pub(super) fn shell_quote(s: &str) -> String {
 
 /// The verdict, reason and report of the last step before `n` (`none` before the first), as
 /// `FLASHTUNE_LAST_VERDICT`, `_LAST_REASON` and `_LAST_REPORT` give them to every proposer.
-fn last_decided(run_dir: &Path, n: u32) -> Result<(String, String, PathBuf)> {
-    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
+fn last_decided(
+    log: &crate::log::runlog::LoadedLog,
+    run_dir: &Path,
+    n: u32,
+) -> (String, String, PathBuf) {
     let last = log.entries.iter().rev().find_map(|(_, e)| match &e.record {
         Record::StepDecided {
             step,
@@ -450,7 +453,7 @@ fn last_decided(run_dir: &Path, n: u32) -> Result<(String, String, PathBuf)> {
         } if *step < n => Some((*step, *accepted, reason.clone())),
         _ => None,
     });
-    Ok(match last {
+    match last {
         None => ("none".into(), String::new(), PathBuf::new()),
         Some((step, accepted, reason)) => (
             if accepted { "accepted" } else { "rejected" }.into(),
@@ -458,7 +461,7 @@ fn last_decided(run_dir: &Path, n: u32) -> Result<(String, String, PathBuf)> {
             std::path::absolute(run_dir.join(format!("step-{step}.md")))
                 .unwrap_or_else(|_| run_dir.join(format!("step-{step}.md"))),
         ),
-    })
+    }
 }
 
 /// What a candidate tried, in its own words: an `IDEA:` line (in its last message, else anywhere in

@@ -1,13 +1,11 @@
 //! The cost ledger of an agent session, read from its log: one row per candidate, the step reports and the morning summary.
 use super::round::Decided;
 use super::{Judged, Proposal};
-use crate::error::Result;
 use crate::log::runlog::Record;
 use crate::{pack, step};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// `ledger.json`: the session's candidates and what each cost.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -58,8 +56,7 @@ pub(super) struct Ledger {
 }
 
 impl Ledger {
-    pub(super) fn read(run_dir: &Path) -> Result<Ledger> {
-        let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
+    pub(super) fn of(log: &crate::log::runlog::LoadedLog) -> Ledger {
         let mut rows: BTreeMap<(u32, u32), LedgerRow> = BTreeMap::new();
         let mut steps = Vec::new();
         let header = log.header();
@@ -162,13 +159,13 @@ impl Ledger {
                 _ => {}
             }
         }
-        Ok(Ledger {
+        Ledger {
             gpu: header.map_or(String::new(), |h| h.device.name.clone()),
             synthetic: header.is_some_and(|h| h.device.fake),
             run_id,
             rows: rows.into_values().collect(),
             steps,
-        })
+        }
     }
 
     /// `ledger.json`'s document.

@@ -146,6 +146,8 @@ impl std::fmt::Display for StopRule {
 /// How an agent session ended.
 pub struct SessionOutcome {
     pub run_dir: PathBuf,
+    /// The run's records, as its log holds them.
+    pub log: crate::log::runlog::LoadedLog,
     pub steps: u32,
     pub committed: u32,
     /// The stop rule that ended it early, if one did.
@@ -211,7 +213,7 @@ pub fn is_agent_session(run_dir: &Path) -> bool {
 /// agent had finished are judged again, the others dropped with a record, an edit applied but not
 /// committed is restored, a commit made but not logged is recorded), then the steps left run.
 pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome> {
-    let loaded = crate::log::runlog::read_sealed(&run_dir.join("log.jsonl"))?; // resume reads only a sealed log
+    let (loaded, _) = crate::run::engine::read_sealed_run(run_dir)?;
     let settings = loaded
         .entries
         .iter()
@@ -244,7 +246,7 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
         auth_env: Vec::new(),
     };
     preflight(&agent)?;
-    let (bench, mut events) = Bench::open(&opts, true, Some(run_dir)).await?;
+    let (bench, mut events) = Bench::open(&opts, true, Some((run_dir, &loaded))).await?;
     let decided: Vec<u32> = loaded
         .entries
         .iter()
@@ -367,7 +369,7 @@ impl Runner<'_> {
                 }
             }
         }
-        let ledger = Ledger::read(&run_dir)?;
+        let ledger = Ledger::of(events.records());
         let summary = ledger.summary_markdown(stopped.as_ref().map(|r| r.to_string()).as_deref());
         write(&run_dir.join("summary.md"), summary.as_bytes())?;
         write(
@@ -384,6 +386,7 @@ impl Runner<'_> {
         )?;
         Ok(SessionOutcome {
             run_dir,
+            log: events.records().clone(),
             steps: ledger.steps(),
             committed: ledger.committed(),
             stopped,
@@ -393,8 +396,7 @@ impl Runner<'_> {
 
     /// Why the session must not start another step, if it must not.
     fn stop_rule(&self, events: &Events) -> Result<Option<StopRule>> {
-        let ledger = Ledger::read(&self.bench.run_dir)?;
-        let _ = events;
+        let ledger = Ledger::of(events.records());
         if let Some(limit) = self.opts.time_limit {
             if self.started.elapsed() >= limit {
                 return Ok(Some(StopRule::TimeLimit { limit }));
@@ -419,7 +421,7 @@ impl Runner<'_> {
             }
         }
         if let Some(f) = self.agent.stop_at_roof {
-            if let Some(lowest) = self.lowest_roof_fraction()? {
+            if let Some(lowest) = self.lowest_roof_fraction(events.records())? {
                 if lowest >= f {
                     return Ok(Some(StopRule::Roof {
                         lowest,
@@ -434,12 +436,12 @@ impl Runner<'_> {
     /// The lowest binding-roof fraction over the cases of the base the next step would build on,
     /// from the best figures any log holds for it (a `tune`, a duel of this or an earlier session);
     /// none while a case has no figure.
-    fn lowest_roof_fraction(&self) -> Result<Option<f64>> {
+    fn lowest_roof_fraction(&self, log: &crate::log::runlog::LoadedLog) -> Result<Option<f64>> {
         let repo = git2::Repository::open(&self.bench.root).map_err(git)?;
         let (head, _) = step::head_of(&repo)?;
         let base = self.base_commit(&head);
         let pairings = self.session().champions(&repo)?;
-        let pack = self.pack(1, &base, &pairings, &repo)?;
+        let pack = self.pack(1, &base, &pairings, &repo, log)?;
         let fractions: Option<Vec<f64>> = pack.cases.iter().map(|c| c.roof_fraction()).collect();
         Ok(fractions.and_then(|f| f.into_iter().reduce(f64::min)))
     }

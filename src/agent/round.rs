@@ -94,7 +94,7 @@ impl Runner<'_> {
             &judged,
             &proposals,
             &decided,
-            &Ledger::read(&bench.run_dir)?,
+            &Ledger::of(events.records()),
         );
         write(
             &bench.run_dir.join(format!("step-{n}.md")),
@@ -133,12 +133,12 @@ impl Runner<'_> {
         events: &mut Events,
     ) -> Result<Vec<(u32, PathBuf)>> {
         let bench = self.bench;
-        let pack = self.pack(n, base, pairings, repo)?;
+        let pack = self.pack(n, base, pairings, repo, events.records())?;
         let sources = sources_at(repo, base, &pack.sources)?;
         pack::write(&pack, &sources, &step_dir.join("pack"))
             .map_err(|e| Error::Other(e.context("cannot write the context pack")))?;
         let islands = if self.agent.candidates >= 2 {
-            self.islands(&pack)?
+            self.islands(&pack, events.records())
         } else {
             Vec::new()
         };
@@ -178,8 +178,11 @@ impl Runner<'_> {
     }
 
     /// The near misses with a patch that no candidate of this session started from yet, best first.
-    fn islands(&self, pack: &ContextPack) -> Result<Vec<pack::IdeaNote>> {
-        let log = crate::log::runlog::read(&self.bench.run_dir.join("log.jsonl"))?;
+    fn islands(
+        &self,
+        pack: &ContextPack,
+        log: &crate::log::runlog::LoadedLog,
+    ) -> Vec<pack::IdeaNote> {
         let tried: Vec<String> = log
             .entries
             .iter()
@@ -191,12 +194,11 @@ impl Runner<'_> {
                 _ => None,
             })
             .collect();
-        Ok(pack
-            .worth_retrying
+        pack.worth_retrying
             .iter()
             .filter(|n| n.patch_file.is_some() && !tried.contains(&n.attempt))
             .cloned()
-            .collect())
+            .collect()
     }
 
     /// The best accepted candidate, committed: onto the branch on a GPU (copied into the main tree
@@ -284,8 +286,9 @@ impl Runner<'_> {
         base: &str,
         pairings: &[Pairing],
         repo: &git2::Repository,
+        log: &crate::log::runlog::LoadedLog,
     ) -> Result<ContextPack> {
-        let ledger = Ledger::read(&self.bench.run_dir)?;
+        let ledger = Ledger::of(log);
         let budget = BudgetLeft {
             steps_left: self.opts.steps.saturating_sub(n),
             candidates: self.agent.candidates,

@@ -5,7 +5,7 @@
 use super::write;
 use crate::error::{Error, Result};
 use crate::gpu::executor::Executor;
-use crate::log::runlog::{Idea, Record};
+use crate::log::runlog::{Idea, LoadedLog, Record};
 use crate::model::config::ProjectPaths;
 use crate::pack::{self, HistoryEntry};
 use crate::run::shared::{Events, WhenBusy};
@@ -83,12 +83,11 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
         idea: opts.idea,
     })
     .await?;
-    verdict_from_log(&outcome.run_dir)
+    verdict_from_log(&outcome.run_dir, &outcome.log)
 }
 
 /// The verdict of a one-step run, read from its log.
-pub fn verdict_from_log(run_dir: &Path) -> Result<JudgeVerdict> {
-    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
+pub fn verdict_from_log(run_dir: &Path, log: &LoadedLog) -> Result<JudgeVerdict> {
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
@@ -182,8 +181,11 @@ pub struct StepVerdict {
 
 /// The document of a finished `step` run, read from its log; `stopped`: the stop rule that ended
 /// an agent session early.
-pub fn step_run_from_log(run_dir: &Path, stopped: Option<String>) -> Result<StepRunDoc> {
-    let log = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
+pub fn step_run_from_log(
+    run_dir: &Path,
+    log: &LoadedLog,
+    stopped: Option<String>,
+) -> Result<StepRunDoc> {
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
@@ -390,7 +392,7 @@ pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
         r.reason
     );
     write(&run_dir.join("step-1.md"), markdown.as_bytes())?;
-    verdict_from_log(&run_dir)
+    verdict_from_log(&run_dir, events.records())
 }
 
 /// The workbench's error document: `{"schema_version", "error": {"code", "message", ...}}`, what

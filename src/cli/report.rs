@@ -15,15 +15,14 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     let Args { run } = args;
     let run = engine::resolve_run_dir(&paths, &run)?;
     // Refused before anything is written: a bad log must not replace good reports.
-    let (log, _) = engine::read_run(&run)?;
+    let (log, _, sealed) = engine::read_run_and_seals(&run)?;
     // A run from before the store joins it here, if its log is sealed: reports read any
     // log, the store (what --reuse and the best-first order take) only what flashtune wrote.
     let store_path = crate::log::store::path(&paths);
-    let stored =
-        crate::log::runlog::read_sealed(&crate::log::runlog::path_in(&run)).and_then(|sealed| {
-            crate::log::store::Store::open(&store_path)
-                .and_then(|mut store| crate::log::store::backfill(&mut store, &sealed))
-        });
+    let stored = sealed.map_err(|e| anyhow::anyhow!(e)).and_then(|sealed| {
+        crate::log::store::Store::open(&store_path)
+            .and_then(|mut store| crate::log::store::backfill(&mut store, &sealed))
+    });
     if let Err(e) = stored {
         eprintln!("warning: run not added to the results store: {e:#}");
     }

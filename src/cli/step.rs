@@ -125,7 +125,12 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             )
             .await?;
             let text = session_finished_text(&outcome);
-            return Ok((outcome.run_dir, outcome.stopped.map(|r| r.to_string()), text));
+            return Ok((
+                outcome.run_dir,
+                outcome.log,
+                outcome.stopped.map(|r| r.to_string()),
+                text,
+            ));
         }
         let outcome = crate::step::step(opts).await?;
         let text = format!(
@@ -134,16 +139,16 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             outcome.rejected,
             outcome.run_dir.join("log.jsonl").display()
         );
-        Ok((outcome.run_dir, None, text))
+        Ok((outcome.run_dir, outcome.log, None, text))
     }
     .await;
     if json {
         return answer_json(
-            ran.and_then(|(run_dir, stopped, _)| {
-                crate::agent::step_run_from_log(&run_dir, stopped)
+            ran.and_then(|(run_dir, log, stopped, _)| {
+                crate::agent::step_run_from_log(&run_dir, &log, stopped)
             }),
         );
     }
-    print!("{}", ran?.2);
+    print!("{}", ran?.3);
     Ok(ExitCode::SUCCESS)
 }

@@ -202,7 +202,7 @@ impl Workbench {
             return;
         };
         let path = run_dir.join("log.jsonl");
-        let log = match crate::log::runlog::read(&path) {
+        let log = match super::lookup::run_log(&run_dir) {
             Ok(log) => log,
             Err(e) => {
                 eprintln!("flashtune mcp: cannot read the judge's run log: {e}");
@@ -254,7 +254,7 @@ impl Workbench {
             .runs_newest_first()
             .into_iter()
             .find(|d| !before.contains(d))?;
-        let log = crate::log::runlog::read(&dir.join("log.jsonl")).ok()?;
+        let log = super::lookup::run_log(&dir).ok()?;
         let (_, last) = log.entries.last()?;
         let value = serde_json::to_value(&last.record).ok()?;
         let event = value.get("event")?.as_str()?.to_owned();

@@ -96,8 +96,7 @@ impl Workbench {
 
     pub(super) fn newest_run_timing(&self, variant: &str) -> Option<PathBuf> {
         self.runs_newest_first().into_iter().find(|dir| {
-            crate::log::runlog::read(&dir.join("log.jsonl"))
-                .is_ok_and(|log| timed_variants(&log).iter().any(|v| v == variant))
+            run_log(dir).is_ok_and(|log| timed_variants(&log).iter().any(|v| v == variant))
         })
     }
 
@@ -126,13 +125,19 @@ impl Workbench {
         let mut all: Vec<String> = self
             .runs_newest_first()
             .iter()
-            .filter_map(|dir| crate::log::runlog::read(&dir.join("log.jsonl")).ok())
+            .filter_map(|dir| run_log(dir).ok())
             .flat_map(|log| timed_variants(&log))
             .collect();
         all.sort();
         all.dedup();
         all
     }
+}
+
+/// The log of a run under runs/, as the server's lookups read it: another process's run, finished
+/// or still running (its last line may be torn), never the server's own.
+pub(super) fn run_log(dir: &Path) -> anyhow::Result<crate::log::runlog::LoadedLog> {
+    crate::log::runlog::read(&dir.join("log.jsonl"))
 }
 
 pub(super) fn timed_variants(log: &crate::log::runlog::LoadedLog) -> Vec<String> {

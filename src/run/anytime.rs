@@ -197,10 +197,9 @@ fn reuse(
     keys: &mut Keys,
 ) -> Result<BTreeSet<CaseKey>> {
     // A resumed run keeps what it already took from the store, and what it chose to confirm.
-    let log = crate::log::runlog::read(&events.log.path)?;
     let mut reused: BTreeSet<CaseKey> = BTreeSet::new();
     let mut confirming: BTreeSet<CaseKey> = BTreeSet::new();
-    for (_, e) in &log.entries {
+    for (_, e) in &events.records().entries {
         match &e.record {
             Record::Reused {
                 variant,

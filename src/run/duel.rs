@@ -1,7 +1,7 @@
 //! Judging one interleaved duel as the worker returned it: both sides must pass their checks and the challenger's figure must be plausible before the timing decides. Shared by `flashtune step` and the guided search; and the re-duel at the end of a run of champions timed across a drift or on two GPUs of a cluster.
 use crate::error::Result;
 use crate::gpu::decide::{self, Duel, Verdict};
-use crate::log::runlog::{self, Record};
+use crate::log::runlog::Record;
 use crate::model::config::Shape;
 use crate::model::protocol::{
     CheckStats, DeviceInfo, DuelPair, DuelRequest, DuelResult, MeasureSpec, TimingStats,
@@ -87,8 +87,8 @@ pub async fn reduel_champions(
     opts: &TuneOptions,
     events: &mut Events,
 ) -> Result<()> {
-    let log = runlog::read(&events.log.path)?;
-    let ix = crate::log::runindex::RunIndex::new(&log);
+    let log = events.records();
+    let ix = crate::log::runindex::RunIndex::new(log);
     let max_drift = project.policies.sentinel.max_drift;
     let mut pairs = Vec::new();
     let mut names = Vec::new();
@@ -112,8 +112,8 @@ pub async fn reduel_champions(
                 continue;
             };
             let (Some(a), Some(b)) = (
-                logged_case(project, &log, best, shape, dtype),
-                logged_case(project, &log, runner_up, shape, dtype),
+                logged_case(project, log, best, shape, dtype),
+                logged_case(project, log, runner_up, shape, dtype),
             ) else {
                 continue;
             };

@@ -1,10 +1,10 @@
 //! Measuring a list of planned points: log each with the reason it was chosen, take what the results store may supply (`anytime`), and hand the rest to the scheduler.
 use crate::error::Result;
-use crate::log::runlog::Record;
+use crate::log::runlog::{LoadedLog, Record};
 use crate::model::plan::Proposal;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::PlannedPoint;
-use crate::run::scheduler::{Ending, Scheduler};
+use crate::run::scheduler::{CaseKey, Ending, Scheduler};
 use crate::run::shared::{Budget, Events, Project, TuneOptions};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -37,6 +37,8 @@ pub async fn measure_points(
     )?;
     let prepared =
         crate::run::anytime::prepare(project, device, opts, events, done, planned, budget)?;
+    let mut settled = prepared.reused.clone();
+    settled.extend(answered_before(events.records()));
     let scheduler = Scheduler {
         project,
         executor: &opts.executor,
@@ -46,7 +48,37 @@ pub async fn measure_points(
         done,
         run_seed: opts.run.seed,
         roofs: &opts.run.roofs,
-        reused: &prepared.reused,
+        settled: &settled,
     };
     scheduler.run(&prepared.planned, events).await
+}
+
+/// Every case this run's log already gives a terminal record from a worker's answer (timed,
+/// implausible, or failed its check): a run killed in the middle of a variant keeps the cases that
+/// variant finished, and `resume` measures only the rest.
+pub fn answered_before(log: &LoadedLog) -> BTreeSet<CaseKey> {
+    log.entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                ..
+            }
+            | Record::Implausible {
+                variant,
+                shape,
+                dtype,
+                ..
+            }
+            | Record::CheckFailed {
+                variant,
+                shape,
+                dtype,
+                ..
+            } => Some((variant.clone(), shape.clone(), *dtype)),
+            _ => None,
+        })
+        .collect()
 }

@@ -142,7 +142,8 @@ impl Guided<'_> {
             return Ok(stop);
         }
         for round in 1..=policy.max_rounds {
-            let log = crate::log::runlog::read(&events.log.path)?;
+            // A snapshot: this round's profiles are logged while it is read.
+            let log = events.records().clone();
             let before = champions(&log);
             let params = params_of(&log);
             let mut proposals: BTreeMap<String, (Variant, Proposal)> = BTreeMap::new();
@@ -274,8 +275,8 @@ impl Guided<'_> {
         let policy = &project.policies.guided;
         // Each pass settles every unconfirmed change; a rejection can expose the runner-up, hence the loop.
         loop {
-            let log = crate::log::runlog::read(&events.log.path)?;
-            let after = champions(&log);
+            let log = events.records();
+            let after = champions(log);
             let judged = duel_verdicts(&log);
             let mut pairs = Vec::new();
             let mut names = Vec::new();

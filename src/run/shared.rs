@@ -56,9 +56,7 @@ impl Events {
     /// what flashtune wrote; without it, records appended to the log reach no row either). A store
     /// that cannot be opened is warned about and left out: it is a cache of the logs, never the record.
     pub fn record_into_store(&mut self, paths: &ProjectPaths, earlier: Option<&runlog::SealedLog>) {
-        let lines =
-            std::fs::read(&self.log.path).map_or(0, |b| b.iter().filter(|&&c| c == b'\n').count());
-        self.open_store(paths, earlier, lines);
+        self.open_store(paths, earlier, self.log.lines());
     }
 
     fn open_store(
@@ -76,6 +74,11 @@ impl Events {
                 "warning: results store left out: {e:#}; this run's measurements stay in its log (`flashtune report <run>` adds them to the store later)"
             ),
         }
+    }
+
+    /// The run so far, as its log holds it: what every stage reads instead of the file.
+    pub fn records(&self) -> &runlog::LoadedLog {
+        self.log.records()
     }
 
     /// Seconds on the run log's clock now.

@@ -27,7 +27,7 @@ impl Bench {
     pub(crate) async fn open(
         opts: &StepOptions,
         proposer: bool,
-        resume: Option<&Path>,
+        resume: Option<(&Path, &crate::log::runlog::LoadedLog)>,
     ) -> Result<(Bench, Events)> {
         let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
         let root = repository_root(&project.paths.root)?;
@@ -51,16 +51,15 @@ impl Bench {
             roofs: crate::report::roofs::Roofs::default(),
             _locks: locks,
         };
-        if let Some(run_dir) = resume {
-            let loaded = crate::log::runlog::read(&run_dir.join("log.jsonl"))?;
+        if let Some((run_dir, loaded)) = resume {
             let header = loaded
                 .header()
                 .ok_or_else(|| Error::BadInput(format!("{} has no header", run_dir.display())))?;
             bench.run_id = header.run_id.clone();
             bench.seed = header.run_seed.unwrap_or(0);
             bench.run_dir = run_dir.to_path_buf();
-            bench.roofs = crate::report::roofs::Roofs::from_log(&loaded);
-            let log = RunLog::reopen(&run_dir.join("log.jsonl"), &loaded)?;
+            bench.roofs = crate::report::roofs::Roofs::from_log(loaded);
+            let log = RunLog::reopen(&run_dir.join("log.jsonl"), loaded)?;
             return Ok((bench, Events::new(log, Vec::new())));
         }
         bench.run_id = shared::new_run_id();

@@ -65,6 +65,8 @@ pub struct StepOptions {
 
 pub struct StepOutcome {
     pub run_dir: PathBuf,
+    /// The run's records, as its log holds them: what its verdict is read from.
+    pub log: crate::log::runlog::LoadedLog,
     pub report_markdown: String,
     pub accepted: u32,
     pub rejected: u32,

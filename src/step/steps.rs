@@ -53,6 +53,7 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         .with_context(|| format!("cannot write {}", run_dir.join("report.md").display()))?;
     Ok(StepOutcome {
         run_dir,
+        log: events.records().clone(),
         report_markdown: report,
         accepted,
         rejected,

@@ -12,7 +12,7 @@ use std::process::Output;
 #[test]
 fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
     let dir = f16_project("guided.toml", r#"["seed", "decode"]"#);
-    let out = flashtune(
+    let out = flashtune_with_env(
         dir.path(),
         &[
             "tune",
@@ -22,9 +22,22 @@ fn guided_search_proposes_from_profiled_bottlenecks_and_stops() {
             "--strategy",
             "guided",
         ],
+        &[LOG_READS],
     );
     assert!(out.status.success(), "{}", text(&out));
     let run = run_dir_from(&out);
+    // The search, its duels, the reports and the summary all read the run in memory: the guided
+    // search used to parse its own log once per round and per duel pass.
+    assert_eq!(
+        log_reads_of(&out, &run),
+        0,
+        "a tune read its own log back from disk:\n{}",
+        text(&out)
+    );
+    // The count is live: `report` opens the finished run, once.
+    let report = flashtune_with_env(dir.path(), &["report", run.to_str().unwrap()], &[LOG_READS]);
+    assert!(report.status.success(), "{}", text(&report));
+    assert_eq!(log_reads_of(&report, &run), 1, "{}", text(&report));
     let recs = records(&run);
     let Record::Header(h) = &recs[0] else {
         panic!()

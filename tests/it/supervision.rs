@@ -380,3 +380,123 @@ fn kill_9_of_step_leaves_no_proposer_process_3_s_later() {
         "the proposer's sleep (pid {pid}) outlived a SIGKILLed step"
     );
 }
+
+/// Issue 49, item 2: each case is logged and shown the moment its worker answers it. On the paced
+/// double (each case 250 ms), the console says the first variant's cases one by one while its worker
+/// is still running; `kill -9` then, and `resume` measures only the cases that variant had not
+/// answered: each case of the run is answered once.
+#[test]
+fn a_kill_in_the_middle_of_a_variant_keeps_the_cases_it_answered() {
+    use std::io::BufRead;
+    let dir = scratch_project();
+    let mut child = flashtune_child(
+        dir.path(),
+        &["tune", "--fake-gpu"],
+        &[("FLASHTUNE_FAKE_PACE_MS", "250")],
+    );
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut per_case_lines = 0;
+    let mut lines = stderr.lines();
+    let run = loop {
+        let line = lines
+            .next()
+            .expect("the run ended before it timed three cases")
+            .unwrap();
+        if !line.starts_with("fastest so far") {
+            continue;
+        }
+        per_case_lines += 1;
+        if per_case_lines < 3 {
+            continue;
+        }
+        // Three cases said on the console: the log holds them, and the worker is still on them.
+        let run = only_run(dir.path());
+        let recs = records(&run);
+        let timed = count(&recs, |r| matches!(r, Record::Timed { .. }));
+        let worker_ended = count(&recs, |r| {
+            matches!(r, Record::WorkerRan { .. } | Record::VariantDone { .. })
+        });
+        assert!(timed >= 3, "{timed} timed records for three cases shown");
+        assert_eq!(
+            worker_ended, 0,
+            "the cases were shown only once their worker ended"
+        );
+        break run;
+    };
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let before = records(&run);
+    let answered_before: Vec<(String, String, flashtune::model::config::Dtype)> = before
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                device,
+                ..
+            } => {
+                assert_eq!(*device, Some(0), "a streamed case names its GPU");
+                Some((variant.clone(), shape.clone(), *dtype))
+            }
+            _ => None,
+        })
+        .collect();
+    let in_flight = answered_before[0].0.clone();
+    assert!(answered_before.iter().all(|(v, _, _)| *v == in_flight));
+
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "{} case(s) of the variants in flight were answered and are kept",
+            answered_before.len()
+        )),
+        "{}",
+        text(&out)
+    );
+    let after = records(&run);
+    let resumed_at = after
+        .iter()
+        .position(|(_, r)| matches!(r, Record::Resumed { .. }))
+        .unwrap();
+    let mut answered_after: Vec<(String, String, flashtune::model::config::Dtype)> = Vec::new();
+    for (_, r) in &after[resumed_at..] {
+        if let Record::Timed {
+            variant,
+            shape,
+            dtype,
+            ..
+        }
+        | Record::CheckFailed {
+            variant,
+            shape,
+            dtype,
+            ..
+        } = r
+        {
+            let case = (variant.clone(), shape.clone(), *dtype);
+            assert!(
+                !answered_before.contains(&case),
+                "{case:?} was answered before the kill and measured again"
+            );
+            answered_after.push(case);
+        }
+    }
+    // The variant in flight finished its other cases, and every case of the run was answered once.
+    let rest_of_in_flight = answered_after
+        .iter()
+        .filter(|(v, _, _)| *v == in_flight)
+        .count();
+    assert_eq!(
+        rest_of_in_flight + answered_before.len(),
+        14,
+        "smoke: 7 shapes x 2 dtypes"
+    );
+    let mut all: Vec<_> = answered_before.iter().chain(&answered_after).collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "a case was answered twice");
+    assert!(matches!(after.last(), Some((_, Record::Finished { .. }))));
+}

@@ -92,6 +92,8 @@ pub fn path_in(run_dir: &Path) -> PathBuf {
 /// Read a log (gzip-compressed when its name ends in `.gz`), tolerating a torn last line; a bad
 /// line elsewhere is corruption and an error.
 pub fn read(path: &Path) -> Result<LoadedLog> {
+    // Said at debug level so a test can count how often a command reads logs back from disk.
+    tracing::debug!(target: "flashtune::log_read", path = %path.display(), "reading a run log from disk");
     let file =
         File::open(path).with_context(|| format!("cannot open run log {}", path.display()))?;
     let reader: Box<dyn std::io::Read> = if path.extension().is_some_and(|e| e == "gz") {

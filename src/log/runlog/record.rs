@@ -161,6 +161,11 @@ pub enum Record {
         /// double), when a Slurm step timed it: figures from two chips are never compared as they stand.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         placed: Option<String>,
+        /// The GPU queue that timed it. A case is logged as its worker answers it, before the
+        /// worker's `worker_ran`; a log written before that names no device here, and its cases
+        /// follow their `worker_ran`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<u32>,
     },
     /// A timing taken under a condition (throttling, another process on the GPU): not kept; the
     /// case is timed again once, in the same worker, and its terminal record follows.
@@ -338,6 +343,10 @@ pub enum Record {
     Resumed {
         after_line: usize,
         finished_variants: usize,
+        /// Cases of the unfinished variants answered before the stop: kept, not measured again
+        /// (none in a log written before cases were kept one by one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kept_cases: Option<usize>,
         /// Header differences the user overrode with --force.
         overridden: Vec<String>,
     },

@@ -17,6 +17,11 @@ pub struct RunLog {
     /// `log.jsonl.seal`, one seal per line, written with each record; none for a reopened log that
     /// was unsealed already (it stays unsealed).
     seals: Option<sealed::SealFile>,
+    /// Every record in the file, with its line: the run's own readers query this, never the file
+    /// (a run reads its own log from disk only to resume it).
+    kept: LoadedLog,
+    /// Lines in the file, the last whole one included.
+    lines: usize,
 }
 
 impl RunLog {
@@ -34,6 +39,11 @@ impl RunLog {
             started: std::time::Instant::now(),
             offset: 0.0,
             seals: Some(seals),
+            kept: LoadedLog {
+                entries: Vec::new(),
+                torn_tail: false,
+            },
+            lines: 0,
         })
     }
 
@@ -49,17 +59,23 @@ impl RunLog {
             .open(path)
             .map_err(|e| WriteError::new("append to", path, e))?;
         let reopened = sealed::SealFile::reopen(path, &bytes)?;
-        if let Some(keep) = reopened.keep {
+        let newlines = |b: &[u8]| b.iter().filter(|&&c| c == b'\n').count();
+        let lines = if let Some(keep) = reopened.keep {
             file.set_len(keep)
                 .map_err(|e| WriteError::new("cut the unsealed last lines of", path, e))?;
+            newlines(&bytes[..keep as usize])
         } else if loaded.torn_tail {
             let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             file.set_len(keep as u64)
                 .map_err(|e| WriteError::new("cut the torn last line of", path, e))?;
+            newlines(&bytes[..keep])
         } else if !bytes.is_empty() && !bytes.ends_with(b"\n") {
             file.write_all(b"\n")
                 .map_err(|e| WriteError::new("append to", path, e))?;
-        }
+            newlines(&bytes) + 1
+        } else {
+            newlines(&bytes)
+        };
         file.sync_data()
             .map_err(|e| WriteError::new("flush", path, e))?;
         let offset = loaded.entries.last().map_or(0.0, |(_, e)| e.t);
@@ -69,7 +85,31 @@ impl RunLog {
             started: std::time::Instant::now(),
             offset,
             seals: reopened.seals,
+            // What was cut is not kept either.
+            kept: LoadedLog {
+                entries: (loaded.entries.iter())
+                    .filter(|(line, _)| *line <= lines)
+                    .cloned()
+                    .collect(),
+                torn_tail: false,
+            },
+            lines,
         })
+    }
+
+    /// Every record this log holds, with its line, as a read of the file would give them.
+    pub fn records(&self) -> &LoadedLog {
+        &self.kept
+    }
+
+    /// Lines in the file.
+    pub fn lines(&self) -> usize {
+        self.lines
+    }
+
+    fn keep(&mut self, entry: &Entry) {
+        self.lines += 1;
+        self.kept.entries.push((self.lines, entry.clone()));
     }
 
     /// Seal lines just appended; a seal that cannot be written undoes them (the log keeps only
@@ -125,6 +165,7 @@ impl RunLog {
             return Err(e.into());
         }
         self.seal_appended(&line, before)?;
+        self.keep(&entry);
         Ok(entry)
     }
 
@@ -144,6 +185,9 @@ impl RunLog {
         let before = self.file.metadata().map(|m| m.len()).ok();
         append_whole(&mut self.file, &self.path, &bytes)?;
         self.seal_appended(&bytes, before)?;
+        for entry in &entries {
+            self.keep(entry);
+        }
         Ok(entries)
     }
 }

@@ -33,9 +33,15 @@ pub fn resolve_run_dir(paths: &ProjectPaths, given: &Path) -> Result<PathBuf> {
 /// A run's log and its header: a log that is empty, has no header, or was written by a newer
 /// flashtune is refused (exit 2) before anything reads, resumes or rewrites it.
 pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
+    let loaded =
+        runlog::read(&runlog::path_in(run_dir)).map_err(|e| Error::BadInput(format!("{e:#}")))?;
+    let header = header_of(&loaded, run_dir)?;
+    Ok((loaded, header))
+}
+
+fn header_of(loaded: &runlog::LoadedLog, run_dir: &Path) -> Result<Header> {
     let log_path = runlog::path_in(run_dir);
-    let loaded = runlog::read(&log_path).map_err(|e| Error::BadInput(format!("{e:#}")))?;
-    let header = loaded.header().cloned().ok_or_else(|| {
+    loaded.header().cloned().ok_or_else(|| {
         let what = if loaded.entries.is_empty() && loaded.torn_tail {
             "holds only a header cut mid-line (the run was killed while writing its first record)"
         } else if loaded.entries.is_empty() {
@@ -47,18 +53,39 @@ pub fn read_run(run_dir: &Path) -> Result<(runlog::LoadedLog, Header)> {
             "{} {what}: not a flashtune run log (a run writes its header first), so there is nothing to rebuild or continue",
             log_path.display()
         ))
-    })?;
-    Ok((loaded, header))
+    })
 }
 
-/// A run's log for `resume`, which goes on from what the log says was done and so reads only a
-/// sealed log: a `variant_done` written by another hand would skip work, a `timed` one crown a
-/// figure never measured. Refusals of empty, headerless or newer logs come first, as for any reader.
-pub(super) fn read_sealed_run(run_dir: &Path) -> Result<(runlog::SealedLog, Header)> {
-    let (_, header) = read_run(run_dir)?;
-    let log = runlog::read_sealed(&runlog::path_in(run_dir)).map_err(|e| {
+/// A past run read once for readers of any log (reports) that also feed what only a sealed log may
+/// reach (the results store): its log, its header, and its sealed reading or why the seals do not
+/// hold. Refusals of empty, headerless or newer logs come first, as for any reader.
+pub fn read_run_and_seals(
+    run_dir: &Path,
+) -> Result<(
+    runlog::LoadedLog,
+    Header,
+    std::result::Result<runlog::SealedLog, String>,
+)> {
+    match runlog::read_sealed(&runlog::path_in(run_dir)) {
+        Ok(sealed) => {
+            let (log, header) = (sealed.clone().into_log(), header_of(&sealed, run_dir)?);
+            Ok((log, header, Ok(sealed)))
+        }
+        Err(e) => {
+            let (log, header) = read_run(run_dir)?;
+            Ok((log, header, Err(format!("{e:#}"))))
+        }
+    }
+}
+
+/// A run's log for `resume` (of a tune or an agent session), which goes on from what the log says
+/// was done and so reads only a sealed log: a `variant_done` written by another hand would skip
+/// work, a `timed` one crown a figure never measured.
+pub fn read_sealed_run(run_dir: &Path) -> Result<(runlog::SealedLog, Header)> {
+    let (_, header, sealed) = read_run_and_seals(run_dir)?;
+    let log = sealed.map_err(|e| {
         Error::BadInput(format!(
-            "cannot resume: {e:#}. resume continues only a log whose every line flashtune sealed; start a new run (`flashtune report` still reads this one)"
+            "cannot resume: {e}. resume continues only a log whose every line flashtune sealed; start a new run (`flashtune report` still reads this one)"
         ))
     })?;
     Ok((log, header))

@@ -1,6 +1,6 @@
 //! The commands that run a tuning session end to end (`tune`, `resume`, `build`, `ablate`, `profile`): probe and lock the GPUs, choose points by the run's strategy, measure them, profile the champions, time the reference library, write the reports. Every step becomes a run-log record first, then reaches the reporters.
 use crate::error::{Error, Result};
-use crate::log::runlog::{self, Record, RunLog};
+use crate::log::runlog::{Record, RunLog};
 use crate::model::config::Dtype;
 use crate::model::plan::Strategy;
 use crate::run::shared::{
@@ -16,8 +16,9 @@ mod offline;
 mod preflight;
 mod stages;
 
-use folder::read_sealed_run;
-pub use folder::{header_mismatches, read_run, resolve_run_dir};
+pub use folder::{
+    header_mismatches, read_run, read_run_and_seals, read_sealed_run, resolve_run_dir,
+};
 pub use offline::{build_space, gate_spec_keys, offline_limits, BuiltRow};
 use preflight::{
     check_free_space, listen_for_stop, probe, refuse_dirty_table, refuse_fake_commit, take_gpus,
@@ -115,12 +116,21 @@ pub async fn resume(
         })
         .collect();
     let after_line = loaded.entries.last().map_or(0, |(l, _)| *l);
+    let kept_cases = crate::run::measure::answered_before(&loaded)
+        .iter()
+        .filter(|(variant, _, _)| !done.contains(variant))
+        .count();
+    eprintln!(
+        "resume: {} variant(s) finished; {kept_cases} case(s) of the variants in flight were answered and are kept",
+        done.len()
+    );
     let log = RunLog::reopen(&log_path, &loaded)?;
     let mut events = Events::new(log, reporters);
     events.record_into_store(&project.paths, Some(&loaded));
     events.emit(Record::Resumed {
         after_line,
         finished_variants: done.len(),
+        kept_cases: Some(kept_cases),
         overridden: mismatches,
     })?;
     // Logs from before run seeds keep their old inputs' seed; nothing after depends on which.
@@ -173,7 +183,7 @@ pub async fn profile_on_demand(
     dtypes: &[Dtype],
 ) -> Result<Vec<(String, Dtype, Option<crate::gpu::profile::ProfileOutcome>)>> {
     let log_path = run_dir.join("log.jsonl");
-    let (loaded, header) = read_run(run_dir)?;
+    let (loaded, header, sealed) = read_run_and_seals(run_dir)?;
     let project = Project::load(opts.paths.clone(), Some(&header.space_path))?;
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
     let _locks = lock_gpus(&devices[..1], !opts.executor.local_gpus(), opts.when_busy)?;
@@ -201,8 +211,7 @@ pub async fn profile_on_demand(
     }
     let mut events = Events::new(RunLog::reopen(&log_path, &loaded)?, Vec::new());
     // Its measurements reach the store only from a sealed log.
-    let sealed = runlog::read_sealed(&log_path).ok();
-    events.record_into_store(&project.paths, sealed.as_ref());
+    events.record_into_store(&project.paths, sealed.ok().as_ref());
     let mut out = Vec::new();
     for shape in project
         .shapes

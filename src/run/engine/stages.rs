@@ -1,7 +1,7 @@
 //! The stages of a run once its GPUs are taken: the reference library timed while the plan builds, the points measured, the champions re-duelled and profiled, the log ended and the reports written.
 use super::TuneOutcome;
 use crate::error::{Error, Result};
-use crate::log::runlog::{self, Record};
+use crate::log::runlog::Record;
 use crate::model::plan::Strategy;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::{DeviceLimits, PlannedPoint};
@@ -117,8 +117,8 @@ pub(super) async fn drive(
         })?;
     }
     if opts.commit && !interrupted {
-        let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
-        let champions = crate::report::champions::from_log(&loaded);
+        let loaded = events.records();
+        let champions = crate::report::champions::from_log(loaded);
         let path = project.champion_table();
         let (branch, commit) =
             crate::report::champions::commit(&project.paths.root, &path, &loaded, &champions)
@@ -131,8 +131,8 @@ pub(super) async fn drive(
             path,
         })?;
     }
-    let loaded = runlog::read(&run_dir.join("log.jsonl"))?;
-    crate::report::export::write_all(&run_dir, &loaded)
+    let loaded = events.records();
+    crate::report::export::write_all(&run_dir, loaded)
         .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
     let summary = crate::report::markdown::summary(&loaded);
     Ok(TuneOutcome {
@@ -153,7 +153,8 @@ async fn profile_stage(
     if !policy.enabled || device.fake {
         return Ok(());
     }
-    let log = runlog::read(&events.log.path)?;
+    // A snapshot: the profiles of this stage are logged while it is read.
+    let log = events.records().clone();
     // The champion by the read model's rule; a reused champion is still the champion: it is not
     // profiled again here (this run did not build it), and no slower variant is profiled in its place.
     let index = crate::log::runindex::RunIndex::new(&log);
@@ -205,7 +206,7 @@ async fn baseline_while_building(
     planned: Option<&[PlannedPoint]>,
     done: &BTreeSet<String>,
 ) -> Result<()> {
-    let log = runlog::read(&events.log.path)?;
+    let log = events.records();
     let measured = log.entries.iter().any(|(_, e)| {
         matches!(
             e.record,

@@ -1,9 +1,10 @@
-//! One GPU's measurement queue: a worker session that takes jobs, times the drift sentinel between them, and re-times cases a disturbed GPU timed.
-use super::{flagged, Job};
+//! One GPU's measurement queue: a worker session that takes jobs, hands on each case as the worker answers it, times the drift sentinel between jobs, and re-times cases a disturbed GPU timed.
+use super::{held_for_retime, Job};
 use crate::gpu::executor::{Executor, Session, WorkerEnd, WorkerOutcome};
+use crate::model::config::Shape;
 use crate::model::protocol::{
     CaseResult, CaseSpec, Condition, MeasureSpec, Placement, RunRequest, SentinelResult,
-    WorkerRequest,
+    WorkerMessage, WorkerRequest,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,12 +26,25 @@ pub(super) struct JobResult {
 
 /// What a GPU's queue reports: a finished job, or a drift sentinel timed between jobs.
 pub(super) enum GpuEvent {
+    /// A case the worker answered, the moment it answered: logged at once, so a run killed in the
+    /// middle of a variant keeps it. A case to be re-timed is not sent (its job's end decides it).
+    Case(StreamedCase),
     Job(JobResult),
     Sentinel {
         device: u32,
         when: &'static str,
         result: SentinelResult,
     },
+}
+
+pub(super) struct StreamedCase {
+    pub(super) variant: String,
+    pub(super) device: u32,
+    /// The node and GPU of the Slurm step, when Slurm placed the worker.
+    pub(super) placed: Option<String>,
+    /// The shape the job asked this case on.
+    pub(super) shape: Shape,
+    pub(super) case: Box<CaseResult>,
 }
 
 /// How a GPU's queue measures: the case policy, the sentinel's, and when a timing is taken again.
@@ -151,7 +165,28 @@ pub(super) async fn gpu_loop(
         let mut outcome = match opened {
             Err(end) => WorkerOutcome::ended(end),
             Ok(()) => match live(&mut session, &executor, device).await {
-                Ok(s) => s.request(&request, policy.timeout).await,
+                Ok(s) => {
+                    let placed = placement.as_ref().map(Placement::gpu_label);
+                    let stream = |m: &WorkerMessage| {
+                        let WorkerMessage::Case(case) = m else {
+                            return;
+                        };
+                        // An answer for a case the job did not ask is the job's end's to refuse.
+                        let asked = job.cases.iter().find(|s| {
+                            s.shape.name == case.shape && s.dtype == case.dtype
+                        });
+                        if let Some(spec) = asked.filter(|_| !held_for_retime(case, &policy.retime_on)) {
+                            let _ = results.send(GpuEvent::Case(StreamedCase {
+                                variant: job.variant.clone(),
+                                device,
+                                placed: placed.clone(),
+                                shape: spec.shape.clone(),
+                                case: case.clone(),
+                            }));
+                        }
+                    };
+                    s.request_each(&request, policy.timeout, stream).await
+                }
                 Err(end) => WorkerOutcome::ended(end),
             },
         };
@@ -199,7 +234,7 @@ async fn retime(
     let again: Vec<CaseSpec> = outcome
         .cases
         .iter()
-        .filter(|c| c.failure().is_none() && !flagged(c, &policy.retime_on).is_empty())
+        .filter(|c| held_for_retime(c, &policy.retime_on))
         .filter_map(|c| {
             job.cases
                 .iter()

@@ -11,6 +11,7 @@ use crate::model::protocol::{
 use crate::model::space::{PlannedPoint, REFERENCE};
 use crate::run::shared::{input_seed, Budget, Events, Project, UnitKey};
 use gpu_queue::{gpu_loop, GpuEvent, GpuTasks, LoopPolicy};
+use outcome::{Streamed, Tally};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -67,6 +68,12 @@ fn flagged(case: &CaseResult, retime_on: &[Condition]) -> Vec<Condition> {
             .filter(|c| retime_on.contains(c))
             .collect()
     })
+}
+
+/// A case that passed but was timed under a condition of `[gpu_state] retime_on`: its queue times
+/// it again in the same session, and the second timing is the one logged.
+fn held_for_retime(case: &CaseResult, retime_on: &[Condition]) -> bool {
+    case.failure().is_none() && !flagged(case, retime_on).is_empty()
 }
 
 /// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
@@ -126,8 +133,9 @@ pub struct Scheduler<'a> {
     pub run_seed: u64,
     /// The roofs figures are held to; a case beyond one is `implausible`, never `timed`.
     pub roofs: &'a crate::report::roofs::Roofs,
-    /// Cases the results store supplied (`--reuse`): never measured, never skipped.
-    pub reused: &'a BTreeSet<crate::run::scheduler::CaseKey>,
+    /// Cases with a result already: supplied by the results store (`--reuse`), or answered before
+    /// a resumed run stopped. Never measured again, never skipped.
+    pub settled: &'a BTreeSet<crate::run::scheduler::CaseKey>,
 }
 
 impl Scheduler<'_> {
@@ -197,6 +205,7 @@ impl Scheduler<'_> {
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut bests = Bests::default();
+        let mut streamed: BTreeMap<String, Streamed> = BTreeMap::new();
         let race_samples = project.policies.measure.race_samples;
         let mut interrupted = false;
         loop {
@@ -257,7 +266,7 @@ impl Scheduler<'_> {
                     let mut cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
                     cases.retain(|c| {
                         let case = (variant.clone(), c.shape.name.clone(), c.dtype);
-                        !self.reused.contains(&case)
+                        !self.settled.contains(&case)
                     });
                     for case in &mut cases {
                         case.race = bests.bar(case, race_samples);
@@ -325,6 +334,11 @@ impl Scheduler<'_> {
                             record_sentinel(events, device, when, result, max_drift)?;
                             continue;
                         }
+                        GpuEvent::Case(case) => {
+                            let mut tally = Tally { totals: &mut totals, state_reported: &mut state_reported, bests: &mut bests, streamed: &mut streamed };
+                            self.record_streamed(events, case, &mut tally)?;
+                            continue;
+                        }
                         GpuEvent::Job(result) => result,
                     };
                     in_flight -= 1;
@@ -333,7 +347,8 @@ impl Scheduler<'_> {
                         events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
                     }
                     let variant = result.job.variant.clone();
-                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut totals, &mut state_reported, &mut bests)? {
+                    let mut tally = Tally { totals: &mut totals, state_reported: &mut state_reported, bests: &mut bests, streamed: &mut streamed };
+                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut tally)? {
                         in_flight += 1;
                         let tx = job_tx.clone();
                         tokio::spawn(async move {
@@ -389,7 +404,7 @@ impl Scheduler<'_> {
             if valid {
                 for &dtype in &self.project.policies.dtypes {
                     let case = (variant.to_owned(), shape.name.clone(), dtype);
-                    if !self.reused.contains(&case) {
+                    if !self.settled.contains(&case) {
                         names.push((shape.name.clone(), dtype));
                     }
                 }

@@ -1,24 +1,72 @@
-//! How one worker's answer to one job is logged: each answered case under its one terminal record,
-//! then the job's end: done, retried (the variant's own crash once; a worker that did not start or
+//! How one worker's answer to one job is logged: each answered case under its one terminal record
+//! (as the worker answers it, or at the job's end for a case re-timed), then the job's end: done, retried (the variant's own crash once; a worker that did not start or
 //! that the cluster took away, up to their limits), or quarantined after its second own failure.
-use super::gpu_queue::JobResult;
+use super::gpu_queue::{JobResult, StreamedCase};
 use super::{flagged, Bests, Job, Retry, Scheduler, Totals, INFRA_RETRIES};
 use crate::error::{Error, Result};
 use crate::gpu::executor::WorkerEnd;
 use crate::log::runlog::Record;
+use crate::model::config::{Dtype, Shape};
 use crate::model::protocol::{CaseResult, CaseSpec, Placement};
 use crate::run::shared::Events;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+/// The cases of a variant's job logged as its worker answered them, before the job ended.
+#[derive(Default)]
+pub(super) struct Streamed {
+    cases: BTreeSet<(String, Dtype)>,
+    measured: usize,
+}
+
+/// What the scheduler keeps between a job's streamed cases and its end.
+pub(super) struct Tally<'t> {
+    pub(super) totals: &'t mut Totals,
+    /// GPUs whose missing state was logged already (once each).
+    pub(super) state_reported: &'t mut BTreeSet<u32>,
+    pub(super) bests: &'t mut Bests,
+    /// Per variant in flight, what its job logged so far.
+    pub(super) streamed: &'t mut BTreeMap<String, Streamed>,
+}
+
 impl Scheduler<'_> {
+    /// Log a case its worker just answered; its job's end will not log it again.
+    pub(super) fn record_streamed(
+        &self,
+        events: &mut Events,
+        s: StreamedCase,
+        tally: &mut Tally,
+    ) -> Result<()> {
+        note_state_missing(events, s.device, &s.case, tally.state_reported)?;
+        let measured = self.record_case(
+            events,
+            &s.variant,
+            s.device,
+            &s.case,
+            &s.shape,
+            s.placed.as_deref(),
+            tally.bests,
+        )?;
+        let so_far = tally.streamed.entry(s.variant).or_default();
+        so_far.cases.insert((s.case.shape.clone(), s.case.dtype));
+        if measured {
+            tally.totals.measured += 1;
+            so_far.measured += 1;
+        } else {
+            tally.totals.failed += 1;
+        }
+        Ok(())
+    }
+
     /// Log one answered case under its one terminal record; true when it was measured.
+    #[allow(clippy::too_many_arguments)]
     fn record_case(
         &self,
         events: &mut Events,
         variant: &str,
+        device: u32,
         case: &CaseResult,
-        specs: &[CaseSpec],
+        asked: &Shape,
         placed: Option<&str>,
         bests: &mut Bests,
     ) -> Result<bool> {
@@ -53,16 +101,8 @@ impl Scheduler<'_> {
             check,
             function: case.function.clone(),
         })?;
-        let spec = specs
-            .iter()
-            .find(|s| s.shape.name == shape && s.dtype == dtype)
-            .ok_or_else(|| {
-                Error::Other(anyhow::anyhow!(
-                    "the worker answered for {shape}/{dtype}, which {variant} was not asked"
-                ))
-            })?;
         let margin = self.project.policies.gates.plausibility_margin;
-        if let Some(reason) = self.roofs.beyond(&spec.shape, dtype, &timing, margin) {
+        if let Some(reason) = self.roofs.beyond(asked, dtype, &timing, margin) {
             events.emit(Record::Implausible {
                 variant: variant.to_owned(),
                 shape,
@@ -87,6 +127,7 @@ impl Scheduler<'_> {
             conditions,
             raced: case.raced.clone(),
             placed: placed.map(str::to_owned),
+            device: Some(device),
         })?;
         Ok(true)
     }
@@ -96,9 +137,7 @@ impl Scheduler<'_> {
         &self,
         events: &mut Events,
         result: JobResult,
-        totals: &mut Totals,
-        state_reported: &mut BTreeSet<u32>,
-        bests: &mut Bests,
+        tally: &mut Tally,
     ) -> Result<Option<Retry>> {
         let JobResult {
             job,
@@ -121,17 +160,26 @@ impl Scheduler<'_> {
             seconds,
             placed: placed.clone(),
         })?;
-        let mut measured = 0;
+        let earlier = tally.streamed.remove(&variant).unwrap_or_default();
+        let mut measured = earlier.measured;
         let retime_on = &self.project.policies.gpu_state.retime_on;
+        let totals = &mut *tally.totals;
         for case in &outcome.cases {
-            if let Some(why) = &case.gpu_state_missing {
-                if state_reported.insert(device) {
-                    events.emit(Record::GpuStateUnavailable {
-                        device,
-                        reason: why.clone(),
-                    })?;
-                }
+            if earlier.cases.contains(&(case.shape.clone(), case.dtype)) {
+                continue;
             }
+            let asked = job
+                .cases
+                .iter()
+                .find(|s| s.shape.name == case.shape && s.dtype == case.dtype)
+                .ok_or_else(|| {
+                    Error::Other(anyhow::anyhow!(
+                        "the worker answered for {}/{}, which {variant} was not asked",
+                        case.shape,
+                        case.dtype
+                    ))
+                })?;
+            note_state_missing(events, device, case, tally.state_reported)?;
             let first = disturbed
                 .iter()
                 .find(|d| d.shape == case.shape && d.dtype == case.dtype);
@@ -145,7 +193,16 @@ impl Scheduler<'_> {
                     gpu: first.gpu_state.clone(),
                 })?;
             }
-            if self.record_case(events, &variant, case, &job.cases, placed.as_deref(), bests)? {
+            let logged = self.record_case(
+                events,
+                &variant,
+                device,
+                case,
+                &asked.shape,
+                placed.as_deref(),
+                tally.bests,
+            )?;
+            if logged {
                 totals.measured += 1;
                 measured += 1;
             } else {
@@ -361,6 +418,22 @@ impl Scheduler<'_> {
             measured_cases: measured,
         })?;
         Ok(None)
+    }
+}
+
+/// The first case a GPU answers without its state (no NVML) says why, once per GPU.
+fn note_state_missing(
+    events: &mut Events,
+    device: u32,
+    case: &CaseResult,
+    reported: &mut BTreeSet<u32>,
+) -> Result<()> {
+    match &case.gpu_state_missing {
+        Some(why) if reported.insert(device) => events.emit(Record::GpuStateUnavailable {
+            device,
+            reason: why.clone(),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -105,6 +105,10 @@ pub fn fake_step(root: &Path, extra: &[&str]) -> Output {
 }
 
 pub fn flashtune(root: &Path, args: &[&str]) -> Output {
+    flashtune_with_env(root, args, &[])
+}
+
+pub fn flashtune_with_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(binary())
         .arg("--root")
         .arg(root)
@@ -113,9 +117,23 @@ pub fn flashtune(root: &Path, args: &[&str]) -> Output {
             "FLASHTUNE_CACHE_DIR",
             repo().join("target/test-build-cache"),
         )
+        .envs(env.iter().copied())
         .output()
         .expect("flashtune runs")
 }
+
+/// Each time the command read `run_dir`'s log back from disk, from its debug log (`FLASHTUNE_LOG`
+/// set to [`LOG_READS`]).
+pub fn log_reads_of(out: &Output, run_dir: &Path) -> usize {
+    let id = run_dir.file_name().unwrap().to_string_lossy().into_owned();
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.contains("reading a run log from disk") && l.contains(&id))
+        .count()
+}
+
+/// `FLASHTUNE_LOG` that makes a command say every run log it reads from disk.
+pub const LOG_READS: (&str, &str) = ("FLASHTUNE_LOG", "warn,flashtune::log_read=debug");
 
 /// [`flashtune`] started with extra environment, its output piped, for a test that acts on it
 /// while it runs (a signal, a cancelled Slurm step).
