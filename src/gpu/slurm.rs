@@ -42,9 +42,14 @@ impl StepLoss {
 /// What Slurm's own words at the end of a step say: `slurmstepd` writes
 /// `*** STEP 12.0 ON node CANCELLED AT <time> [DUE TO TIME LIMIT|PREEMPTION|NODE FAILURE] ***` (or
 /// `*** JOB 12 ...`) into the step's stderr, and srun `Node failure on node`; a worker that died by
-/// itself (a signal, an exit) has neither. `None`: the step was not ended by the cluster.
+/// itself (a signal, an exit) has neither. srun's own `Job step aborted` says the controller ended
+/// the step: slurmstepd's line, which says why, can be lost with the step's output under load, and
+/// then the step reads as cancelled (flashtune never aborts a step through srun: it kills srun).
+/// `None`: the step was not ended by the cluster.
 pub fn step_loss(stderr: &str) -> Option<StepLoss> {
+    let mut aborted = false;
     for line in stderr.lines() {
+        aborted |= line.starts_with("srun: Job step aborted");
         if line.contains("srun: error: Node failure on") {
             return Some(StepLoss::NodeFailure);
         }
@@ -69,7 +74,7 @@ pub fn step_loss(stderr: &str) -> Option<StepLoss> {
             _ => StepLoss::Cancelled,
         });
     }
-    None
+    aborted.then_some(StepLoss::Cancelled)
 }
 
 /// How workers are started as job steps.

@@ -2,7 +2,7 @@
 //! with its idea, its patch (whole, in the run folder) and how the key metrics moved.
 use super::HISTORY_PATCHES;
 use crate::log::runlog::{self, Record};
-use crate::log::runlog::{Idea, SealedLog};
+use crate::log::runlog::{Entry, Idea, SealedLog};
 use crate::model::config::Dtype;
 use crate::model::vocab::BuildRole;
 use serde::{Deserialize, Serialize};
@@ -270,10 +270,278 @@ impl Resources {
 }
 
 fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
-    // Keyed by (step, candidate); an in-place step is candidate None.
-    let mut entries: BTreeMap<(u32, Option<u32>), HistoryEntry> = BTreeMap::new();
-    let mut base: BTreeMap<u32, String> = BTreeMap::new();
-    let blank = |step: u32, candidate: Option<u32>, base: &str| HistoryEntry {
+    let mut fold = AttemptFold {
+        meta,
+        entries: BTreeMap::new(),
+        base: BTreeMap::new(),
+        in_place_seconds: BTreeMap::new(),
+        head: Resources::default(),
+        resources: BTreeMap::new(),
+        in_place_step: 0,
+        agent_step: 0,
+    };
+    for (line, e) in &log.entries {
+        fold.apply(*line, e);
+    }
+    let AttemptFold {
+        entries, resources, ..
+    } = fold;
+    let mut out: Vec<HistoryEntry> = entries.into_values().collect();
+    for e in &mut out {
+        let file = attempt_patch_path(&meta.dir, e.step, e.candidate);
+        e.patch_file = file.is_file().then_some(file);
+        e.metrics = metrics_moved(e, resources.get(&(e.step, e.candidate)).copied());
+    }
+    out
+}
+
+/// The attempts of one log, folded record by record.
+struct AttemptFold<'a> {
+    meta: &'a LogMeta,
+    /// Keyed by (step, candidate); an in-place step is candidate None.
+    entries: BTreeMap<(u32, Option<u32>), HistoryEntry>,
+    /// Each step's base commit.
+    base: BTreeMap<u32, String>,
+    in_place_seconds: BTreeMap<u32, f64>,
+    /// ptxas's figures: HEAD's side as last built, and each attempt's edit.
+    head: Resources,
+    resources: BTreeMap<(u32, Option<u32>), (Resources, Resources)>,
+    in_place_step: u32,
+    agent_step: u32,
+}
+
+impl AttemptFold<'_> {
+    fn apply(&mut self, line: usize, e: &Entry) {
+        match &e.record {
+            Record::ProposerRan { step, seconds, .. } => {
+                self.in_place_seconds.insert(*step, *seconds);
+            }
+            Record::Built { .. } => self.built(e),
+            Record::CandidateStarted { .. } => self.candidate_started(e),
+            Record::StepStarted { .. } => self.step_started(e),
+            Record::CandidateProposed { .. } => self.candidate_proposed(e),
+            Record::Duel { .. } => self.duel(line, e),
+            Record::CandidateJudged { .. } => self.candidate_judged(line, e),
+            Record::CandidateDropped { .. } => self.candidate_dropped(e),
+            Record::StepDecided { .. } => self.step_decided(line, e),
+            _ => {}
+        }
+    }
+
+    fn built(&mut self, e: &Entry) {
+        let Record::Built {
+            variant,
+            entries,
+            role,
+            ..
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+
+        let key = match role.or_else(|| BuildRole::legacy(variant)) {
+            None => return,
+            Some(BuildRole::Head) => {
+                self.head.take(entries);
+                return;
+            }
+            Some(BuildRole::Edit) => (self.in_place_step, None),
+            Some(BuildRole::Candidate(k)) => (self.agent_step, Some(k)),
+        };
+        let r = self
+            .resources
+            .entry(key)
+            .or_insert((self.head, Resources::default()));
+        r.1.take(entries);
+    }
+
+    fn candidate_started(&mut self, e: &Entry) {
+        let Record::CandidateStarted {
+            step,
+            candidate,
+            base_commit,
+            start_from,
+            ..
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+        let meta = self.meta;
+
+        self.agent_step = *step;
+        self.base.insert(*step, base_commit.clone());
+        let mut entry = blank(meta, *step, Some(*candidate), base_commit);
+        entry.start_from = start_from.clone();
+        self.entries.insert((*step, Some(*candidate)), entry);
+    }
+
+    fn step_started(&mut self, e: &Entry) {
+        let Record::StepStarted {
+            step,
+            base_commit,
+            changed_files,
+            diff_stat,
+            patch,
+            idea,
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+        let meta = self.meta;
+
+        self.in_place_step = *step;
+        self.base.insert(*step, base_commit.clone());
+        let mut entry = blank(meta, *step, None, base_commit);
+        entry.files = changed_files.clone();
+        entry.diff_stat = diff_stat.clone();
+        entry.patch = patch.clone().filter(|p| !p.is_empty());
+        entry.idea = idea.clone();
+        entry.cost.agent_seconds = self.in_place_seconds.get(step).copied();
+        self.entries.insert((*step, None), entry);
+    }
+
+    fn candidate_proposed(&mut self, e: &Entry) {
+        let Record::CandidateProposed {
+            step,
+            candidate,
+            seconds,
+            changed_files,
+            outside_scope,
+            diff_stat,
+            patch,
+            usage,
+            idea,
+            ..
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+        let meta = self.meta;
+
+        let b = self.base.get(step).cloned().unwrap_or_default();
+        let entry = self
+            .entries
+            .entry((*step, Some(*candidate)))
+            .or_insert_with(|| blank(meta, *step, Some(*candidate), &b));
+        entry.files = changed_files.iter().chain(outside_scope).cloned().collect();
+        entry.diff_stat = Some(diff_stat.clone());
+        entry.patch = (!patch.is_empty()).then(|| patch.clone());
+        entry.idea = idea.clone();
+        entry.cost.agent_seconds = Some(*seconds);
+        if let Some(u) = usage {
+            entry.cost.input_tokens = Some(u.input_tokens + u.cached_input_tokens);
+            entry.cost.output_tokens = Some(u.output_tokens);
+            entry.cost.usd = u.usd;
+        }
+    }
+
+    fn duel(&mut self, line: usize, e: &Entry) {
+        let Record::Duel {
+            step,
+            shape,
+            dtype,
+            champion,
+            challenger,
+            verdict,
+            failure,
+            candidate,
+            ..
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+
+        if let Some(entry) = self.entries.get_mut(&(*step, *candidate)) {
+            entry.cases.push(DuelFigure {
+                line,
+                shape: shape.clone(),
+                dtype: *dtype,
+                champion_us: champion.as_ref().map(|t| t.median_us),
+                challenger_us: challenger.as_ref().map(|t| t.median_us),
+                gain: verdict.as_ref().map(|v| v.gain),
+                noise: verdict.as_ref().map(|v| v.noise),
+                failure: failure.clone(),
+            });
+        }
+    }
+
+    fn candidate_judged(&mut self, line: usize, e: &Entry) {
+        let Record::CandidateJudged {
+            step,
+            candidate,
+            accepted,
+            reason,
+            geomean_gain,
+            gpu_seconds,
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+
+        if let Some(entry) = self.entries.get_mut(&(*step, Some(*candidate))) {
+            entry.verdict = crate::model::vocab::AttemptVerdict::judged(*accepted);
+            entry.reason = reason.clone();
+            entry.geomean_gain = *geomean_gain;
+            entry.verdict_line = Some(line);
+            entry.cost.gpu_seconds = Some(*gpu_seconds);
+        }
+    }
+
+    fn candidate_dropped(&mut self, e: &Entry) {
+        let Record::CandidateDropped {
+            step,
+            candidate,
+            reason,
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+
+        if let Some(entry) = self.entries.get_mut(&(*step, Some(*candidate))) {
+            entry.verdict = crate::model::vocab::AttemptVerdict::Dropped;
+            entry.reason = reason.clone();
+        }
+    }
+
+    fn step_decided(&mut self, line: usize, e: &Entry) {
+        let Record::StepDecided {
+            step,
+            accepted,
+            reason,
+            geomean_gain,
+            commit,
+            candidate,
+            scratch_ref,
+            ..
+        } = &e.record
+        else {
+            unreachable!("apply dispatches by kind")
+        };
+
+        if let Some(entry) = self.entries.get_mut(&(*step, None)) {
+            entry.verdict = match *accepted {
+                true => crate::model::vocab::AttemptVerdict::Committed,
+                false => crate::model::vocab::AttemptVerdict::Rejected,
+            };
+            entry.reason = reason.clone();
+            entry.geomean_gain = *geomean_gain;
+            entry.verdict_line = Some(line);
+            entry.commit = commit.clone();
+            entry.scratch_ref = scratch_ref.clone();
+        }
+        if let (Some(k), true) = (candidate, *accepted) {
+            if let Some(entry) = self.entries.get_mut(&(*step, Some(*k))) {
+                entry.verdict = crate::model::vocab::AttemptVerdict::Committed;
+                entry.commit = commit.clone();
+                entry.scratch_ref = scratch_ref.clone();
+            }
+        }
+    }
+}
+
+/// An attempt as its first record shows it, before the log says more.
+fn blank(meta: &LogMeta, step: u32, candidate: Option<u32>, base: &str) -> HistoryEntry {
+    HistoryEntry {
         attempt: attempt_id(&meta.run_id, step, candidate),
         run_id: meta.run_id.clone(),
         started_at: meta.started_at.clone(),
@@ -297,183 +565,7 @@ fn history_of(meta: &LogMeta, log: &SealedLog) -> Vec<HistoryEntry> {
         cost: Cost::default(),
         gpu: meta.gpu.clone(),
         synthetic: meta.fake,
-    };
-    let mut in_place_seconds: BTreeMap<u32, f64> = BTreeMap::new();
-    // ptxas's figures: HEAD's side as last built, and each attempt's edit.
-    let mut head = Resources::default();
-    let mut resources: BTreeMap<(u32, Option<u32>), (Resources, Resources)> = BTreeMap::new();
-    let (mut in_place_step, mut agent_step) = (0u32, 0u32);
-    for (line, e) in &log.entries {
-        let line = *line;
-        match &e.record {
-            Record::ProposerRan { step, seconds, .. } => {
-                in_place_seconds.insert(*step, *seconds);
-            }
-            Record::Built {
-                variant,
-                entries,
-                role,
-                ..
-            } => {
-                let key = match role.or_else(|| BuildRole::legacy(variant)) {
-                    None => continue,
-                    Some(BuildRole::Head) => {
-                        head.take(entries);
-                        continue;
-                    }
-                    Some(BuildRole::Edit) => (in_place_step, None),
-                    Some(BuildRole::Candidate(k)) => (agent_step, Some(k)),
-                };
-                let r = resources.entry(key).or_insert((head, Resources::default()));
-                r.1.take(entries);
-            }
-            Record::CandidateStarted {
-                step,
-                candidate,
-                base_commit,
-                start_from,
-                ..
-            } => {
-                agent_step = *step;
-                base.insert(*step, base_commit.clone());
-                let mut entry = blank(*step, Some(*candidate), base_commit);
-                entry.start_from = start_from.clone();
-                entries.insert((*step, Some(*candidate)), entry);
-            }
-            Record::StepStarted {
-                step,
-                base_commit,
-                changed_files,
-                diff_stat,
-                patch,
-                idea,
-            } => {
-                in_place_step = *step;
-                base.insert(*step, base_commit.clone());
-                let mut entry = blank(*step, None, base_commit);
-                entry.files = changed_files.clone();
-                entry.diff_stat = diff_stat.clone();
-                entry.patch = patch.clone().filter(|p| !p.is_empty());
-                entry.idea = idea.clone();
-                entry.cost.agent_seconds = in_place_seconds.get(step).copied();
-                entries.insert((*step, None), entry);
-            }
-            Record::CandidateProposed {
-                step,
-                candidate,
-                seconds,
-                changed_files,
-                outside_scope,
-                diff_stat,
-                patch,
-                usage,
-                idea,
-                ..
-            } => {
-                let b = base.get(step).cloned().unwrap_or_default();
-                let entry = entries
-                    .entry((*step, Some(*candidate)))
-                    .or_insert_with(|| blank(*step, Some(*candidate), &b));
-                entry.files = changed_files.iter().chain(outside_scope).cloned().collect();
-                entry.diff_stat = Some(diff_stat.clone());
-                entry.patch = (!patch.is_empty()).then(|| patch.clone());
-                entry.idea = idea.clone();
-                entry.cost.agent_seconds = Some(*seconds);
-                if let Some(u) = usage {
-                    entry.cost.input_tokens = Some(u.input_tokens + u.cached_input_tokens);
-                    entry.cost.output_tokens = Some(u.output_tokens);
-                    entry.cost.usd = u.usd;
-                }
-            }
-            Record::Duel {
-                step,
-                shape,
-                dtype,
-                champion,
-                challenger,
-                verdict,
-                failure,
-                candidate,
-                ..
-            } => {
-                if let Some(entry) = entries.get_mut(&(*step, *candidate)) {
-                    entry.cases.push(DuelFigure {
-                        line,
-                        shape: shape.clone(),
-                        dtype: *dtype,
-                        champion_us: champion.as_ref().map(|t| t.median_us),
-                        challenger_us: challenger.as_ref().map(|t| t.median_us),
-                        gain: verdict.as_ref().map(|v| v.gain),
-                        noise: verdict.as_ref().map(|v| v.noise),
-                        failure: failure.clone(),
-                    });
-                }
-            }
-            Record::CandidateJudged {
-                step,
-                candidate,
-                accepted,
-                reason,
-                geomean_gain,
-                gpu_seconds,
-            } => {
-                if let Some(entry) = entries.get_mut(&(*step, Some(*candidate))) {
-                    entry.verdict = crate::model::vocab::AttemptVerdict::judged(*accepted);
-                    entry.reason = reason.clone();
-                    entry.geomean_gain = *geomean_gain;
-                    entry.verdict_line = Some(line);
-                    entry.cost.gpu_seconds = Some(*gpu_seconds);
-                }
-            }
-            Record::CandidateDropped {
-                step,
-                candidate,
-                reason,
-            } => {
-                if let Some(entry) = entries.get_mut(&(*step, Some(*candidate))) {
-                    entry.verdict = crate::model::vocab::AttemptVerdict::Dropped;
-                    entry.reason = reason.clone();
-                }
-            }
-            Record::StepDecided {
-                step,
-                accepted,
-                reason,
-                geomean_gain,
-                commit,
-                candidate,
-                scratch_ref,
-                ..
-            } => {
-                if let Some(entry) = entries.get_mut(&(*step, None)) {
-                    entry.verdict = match *accepted {
-                        true => crate::model::vocab::AttemptVerdict::Committed,
-                        false => crate::model::vocab::AttemptVerdict::Rejected,
-                    };
-                    entry.reason = reason.clone();
-                    entry.geomean_gain = *geomean_gain;
-                    entry.verdict_line = Some(line);
-                    entry.commit = commit.clone();
-                    entry.scratch_ref = scratch_ref.clone();
-                }
-                if let (Some(k), true) = (candidate, *accepted) {
-                    if let Some(entry) = entries.get_mut(&(*step, Some(*k))) {
-                        entry.verdict = crate::model::vocab::AttemptVerdict::Committed;
-                        entry.commit = commit.clone();
-                        entry.scratch_ref = scratch_ref.clone();
-                    }
-                }
-            }
-            _ => {}
-        }
     }
-    let mut out: Vec<HistoryEntry> = entries.into_values().collect();
-    for e in &mut out {
-        let file = attempt_patch_path(&meta.dir, e.step, e.candidate);
-        e.patch_file = file.is_file().then_some(file);
-        e.metrics = metrics_moved(e, resources.get(&(e.step, e.candidate)).copied());
-    }
-    out
 }
 
 /// How an attempt moved the metrics; none for an attempt that was never built or timed.

@@ -76,6 +76,16 @@ fn champions(log: &LoadedLog) -> BTreeMap<(String, Dtype), Holder> {
         .collect()
 }
 
+/// Where the search starts: the space's `start`, else its baseline.
+fn start_variant(space: &crate::model::space::Space) -> Variant {
+    let params = space.start.as_ref().unwrap_or(&space.baseline);
+    Variant {
+        id: crate::model::space::variant_id(params),
+        params: params.clone(),
+        step: None,
+    }
+}
+
 fn params_of(log: &LoadedLog) -> BTreeMap<String, Params> {
     log.entries
         .iter()
@@ -110,21 +120,7 @@ impl Guided<'_> {
         let head_dims = project.head_dims();
         let started = Instant::now();
         let mut totals = Totals::default();
-        let start = Variant {
-            id: crate::model::space::variant_id(
-                project
-                    .space
-                    .start
-                    .as_ref()
-                    .unwrap_or(&project.space.baseline),
-            ),
-            params: project
-                .space
-                .start
-                .clone()
-                .unwrap_or_else(|| project.space.baseline.clone()),
-            step: None,
-        };
+        let start = start_variant(&project.space);
         let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
         let points = project.space.plan_points(&[start], &head_dims, limits)?;
         let ending = crate::run::measure::measure_points(
@@ -145,58 +141,9 @@ impl Guided<'_> {
             // A snapshot: this round's profiles are logged while it is read.
             let log = events.records().clone();
             let before = champions(&log);
-            let params = params_of(&log);
-            let mut proposals: BTreeMap<String, (Variant, Proposal)> = BTreeMap::new();
-            let profiled_dtypes: Vec<Dtype> = project.policies.profile.dtypes.clone();
-            for ((shape_name, dtype), holder) in &before {
-                if !profiled_dtypes.contains(dtype) {
-                    continue;
-                }
-                let Some(shape) = shape_named(&project.shapes, shape_name) else {
-                    continue;
-                };
-                let outcome = shared::profile_case(
-                    project,
-                    self.device,
-                    events,
-                    &log,
-                    self.run_dir,
-                    &holder.variant,
-                    shape,
-                    *dtype,
-                )
+            let proposals = self
+                .propose(events, round, &log, &before, &proposed_ever)
                 .await?;
-                let bottlenecks = match outcome {
-                    Some(crate::gpu::profile::ProfileOutcome::Profiled { bottlenecks, .. }) => {
-                        bottlenecks
-                    }
-                    _ => continue,
-                };
-                let Some(champion_params) = params.get(&holder.variant) else {
-                    continue;
-                };
-                for rule in policy
-                    .rules
-                    .iter()
-                    .filter(|r| bottlenecks.contains(&r.bottleneck))
-                {
-                    let Some(next) = project.space.neighbour(champion_params, &rule.change) else {
-                        continue;
-                    };
-                    if proposed_ever.contains(&next.id) || proposals.contains_key(&next.id) {
-                        continue;
-                    }
-                    let why = Proposal {
-                        round,
-                        rule: rule.name.clone(),
-                        bottleneck: rule.bottleneck.clone(),
-                        from_variant: holder.variant.clone(),
-                        shape: shape_name.clone(),
-                        dtype: *dtype,
-                    };
-                    proposals.insert(next.id.clone(), (next, why));
-                }
-            }
             events.emit(Record::SearchRound {
                 round,
                 champions: before
@@ -261,6 +208,73 @@ impl Guided<'_> {
             ),
         })?;
         Ok(Ending::Finished(totals))
+    }
+
+    /// One round's proposals: each champion of a profiled dtype is profiled (or its profile taken
+    /// from the log), and every rule for a bottleneck it shows proposes a neighbour never proposed.
+    async fn propose(
+        &self,
+        events: &mut Events,
+        round: u32,
+        log: &LoadedLog,
+        before: &BTreeMap<(String, Dtype), Holder>,
+        proposed_ever: &BTreeSet<String>,
+    ) -> Result<BTreeMap<String, (Variant, Proposal)>> {
+        let project = self.project;
+        let policy = &project.policies.guided;
+        let params = params_of(&log);
+        let mut proposals: BTreeMap<String, (Variant, Proposal)> = BTreeMap::new();
+        let profiled_dtypes: Vec<Dtype> = project.policies.profile.dtypes.clone();
+        for ((shape_name, dtype), holder) in before {
+            if !profiled_dtypes.contains(dtype) {
+                continue;
+            }
+            let Some(shape) = shape_named(&project.shapes, shape_name) else {
+                continue;
+            };
+            let outcome = shared::profile_case(
+                project,
+                self.device,
+                events,
+                &log,
+                self.run_dir,
+                &holder.variant,
+                shape,
+                *dtype,
+            )
+            .await?;
+            let bottlenecks = match outcome {
+                Some(crate::gpu::profile::ProfileOutcome::Profiled { bottlenecks, .. }) => {
+                    bottlenecks
+                }
+                _ => continue,
+            };
+            let Some(champion_params) = params.get(&holder.variant) else {
+                continue;
+            };
+            for rule in policy
+                .rules
+                .iter()
+                .filter(|r| bottlenecks.contains(&r.bottleneck))
+            {
+                let Some(next) = project.space.neighbour(champion_params, &rule.change) else {
+                    continue;
+                };
+                if proposed_ever.contains(&next.id) || proposals.contains_key(&next.id) {
+                    continue;
+                }
+                let why = Proposal {
+                    round,
+                    rule: rule.name.clone(),
+                    bottleneck: rule.bottleneck.clone(),
+                    from_variant: holder.variant.clone(),
+                    shape: shape_name.clone(),
+                    dtype: *dtype,
+                };
+                proposals.insert(next.id.clone(), (next, why));
+            }
+        }
+        Ok(proposals)
     }
 
     /// Champions after a round, each change confirmed by re-timing old and new interleaved (A B A B) in one

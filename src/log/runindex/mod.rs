@@ -1,5 +1,7 @@
 //! One read model of a run: the log's records sorted once into the plan, the builds, what became of every planned case (with the line that decided it), the profiles, baselines, ceilings, duels and the search; every report and export reads a run through it.
-mod from_log;
+mod fold;
+mod fold_cases;
+mod fold_runs;
 mod model;
 mod queries;
 

@@ -26,6 +26,18 @@ impl Policies {
     }
 
     fn validate(&self, path: &Path, text: &str) -> Result<()> {
+        self.check_dtypes(path, text)?;
+        self.check_numbers(path, text)?;
+        self.check_counts(path, text)?;
+        self.check_agents(path, text)?;
+        self.check_targets(path, text)?;
+        self.check_shapes(path, text)?;
+        self.check_guided_rules(path, text)?;
+        Ok(())
+    }
+
+    /// Every listed dtype has its tolerance, and every tolerance is a positive number.
+    fn check_dtypes(&self, path: &Path, text: &str) -> Result<()> {
         let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         if self.dtypes.is_empty() {
             return fail("dtypes", "at least one dtype is needed".into());
@@ -49,6 +61,12 @@ impl Policies {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// Figures and timeouts within their bounds, at least one Slurm worker, sandbox paths that make sense.
+    fn check_numbers(&self, path: &Path, text: &str) -> Result<()> {
+        let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         let numbers = [
             (
                 "measure.warmup_ms",
@@ -119,6 +137,12 @@ impl Policies {
                 return fail(key, why);
             }
         }
+        Ok(())
+    }
+
+    /// Enough samples, rounds and repetitions for a median and percentiles.
+    fn check_counts(&self, path: &Path, text: &str) -> Result<()> {
+        let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         if self.measure.samples < 3 {
             return fail(
                 "samples",
@@ -144,6 +168,26 @@ impl Policies {
                 ),
             );
         }
+        if self.step.rounds < 3 {
+            return fail(
+                "rounds",
+                "at least 3 rounds are needed for a median and percentiles".into(),
+            );
+        }
+        if self.sentinel.reps < 3 {
+            return fail(
+                "sentinel.reps",
+                "at least 3 timings are needed for a median and percentiles".into(),
+            );
+        }
+        if self.guided.max_rounds == 0 {
+            return fail("guided.max_rounds", "at least 1 round is needed".into());
+        }
+        Ok(())
+    }
+
+    /// Agents' commands name only placeholders flashtune fills; prices are not negative.
+    fn check_agents(&self, path: &Path, text: &str) -> Result<()> {
         for (name, agent) in &self.agents {
             let unknown = unknown_placeholders(&agent.command);
             if !unknown.is_empty() {
@@ -177,21 +221,12 @@ impl Policies {
                 }
             }
         }
-        if self.step.rounds < 3 {
-            return fail(
-                "rounds",
-                "at least 3 rounds are needed for a median and percentiles".into(),
-            );
-        }
-        if self.sentinel.reps < 3 {
-            return fail(
-                "sentinel.reps",
-                "at least 3 timings are needed for a median and percentiles".into(),
-            );
-        }
-        if self.guided.max_rounds == 0 {
-            return fail("guided.max_rounds", "at least 1 round is needed".into());
-        }
+        Ok(())
+    }
+
+    /// Every build target has its limits, the default arch among them.
+    fn check_targets(&self, path: &Path, text: &str) -> Result<()> {
+        let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         for (arch, limits) in &self.build.targets {
             if limits.max_threads_per_block == 0 || limits.max_smem_optin_bytes == 0 {
                 return fail(
@@ -211,6 +246,12 @@ impl Policies {
                 ),
             )
         })?;
+        Ok(())
+    }
+
+    /// Shapes: at least one, distinct names, supported head dims, no empty dimension, a size that fits.
+    fn check_shapes(&self, path: &Path, text: &str) -> Result<()> {
+        let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         if self.shapes.is_empty() {
             return fail("shapes", "at least one [[shapes]] entry is needed".into());
         }
@@ -255,6 +296,12 @@ impl Policies {
             }
             shape.check_size().or_else(|why| at("name", why))?;
         }
+        Ok(())
+    }
+
+    /// Every guided rule names a bottleneck a profile rule defines.
+    fn check_guided_rules(&self, path: &Path, text: &str) -> Result<()> {
+        let fail = |key: &str, message: String| Err(config_error_at_key(path, text, key, message));
         for rule in &self.guided.rules {
             if !self
                 .profile
@@ -273,7 +320,6 @@ impl Policies {
         }
         Ok(())
     }
-
     /// The correctness limits of `dtype`; a dtype with no `[tolerance.<dtype>]` table cannot be checked.
     pub fn tolerance(&self, dtype: Dtype) -> Result<Tolerance> {
         self.tolerance.get(&dtype).copied().ok_or_else(|| {

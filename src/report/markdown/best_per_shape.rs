@@ -40,68 +40,105 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
     }
     md.push_str("---:|---:|---:|\n");
     for row in &found.rows {
-        let (name, us, tf) = match &row.best {
-            Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
-            None => ("none passed".into(), "—".into(), "—".into()),
-        };
-        let name = match &row.tie {
-            Some(t) => format!("{name} **tied** with `{}`", t.variant),
-            None => name,
-        };
-        let name = if row.under.is_empty() {
-            name
-        } else {
-            format!(
-                "{name} (measured under {}: no clean figure)",
-                conditions_text(&row.under)
-            )
-        };
-        let name = match &row.reused {
-            Some((run, line)) => format!("{name} ↺ (run {run}, line {line})"),
-            None => name,
-        };
-        let _ = write!(
-            md,
-            "| {} | {} | {name} | {us} | {tf} |",
-            row.shape.label(),
-            row.dtype
-        );
-        for cell in &row.torch {
-            let cell = match cell {
-                Some(Ok(t)) if t.noisy => {
-                    format!("{:.1} ({:.1}%, **noisy**)", t.median_us, 100.0 * t.spread)
-                }
-                Some(Ok(t)) => format!("{:.1} ({:.1}%)", t.median_us, 100.0 * t.spread),
-                Some(Err(e)) => {
-                    format!("unsupported ({})", e.chars().take(60).collect::<String>())
-                }
-                None => "not measured".into(),
-            };
-            let _ = write!(md, " {cell} |");
+        md.push_str(&table_row(row, backends, &found.ceilings));
+    }
+    notes(found, &mut md);
+    if found
+        .rows
+        .iter()
+        .any(|r| r.torch.iter().flatten().any(|t| t.is_ok()))
+    {
+        md.push_str("\nPyTorch spread: (p90 − p10) ÷ median of its samples.");
+        let noisy = found
+            .rows
+            .iter()
+            .flat_map(|r| r.torch.iter().flatten().flatten())
+            .filter(|t| t.noisy)
+            .count();
+        if noisy > 0 {
+            let _ = write!(md, " **noisy** ({noisy}): still above the `[baseline] max_spread` limit after re-measuring; do not trust that figure or a ratio built on it.");
         }
-        if backends.is_empty() {
-            md.push_str(" not measured |");
-        }
-        let ratio = match (&row.best, row.fastest_torch_us) {
-            (Some((_, us, _)), Some(f)) if row.fastest_torch_noisy => {
-                format!("{:.2}× (noisy PyTorch figure)", us / f)
+        md.push('\n');
+    }
+    md.push_str(&ceilings_note(&found.ceilings, fake));
+    if let Some(why) = &found.torch_missing {
+        let _ = writeln!(md, "\nPyTorch not measured: {why}.");
+    }
+    md
+}
+
+/// One row of the table: a (shape, dtype), its champion, the reference library, the ceilings.
+fn table_row(
+    row: &crate::report::findings::BestRow,
+    backends: &[String],
+    c: &crate::report::findings::Ceilings,
+) -> String {
+    let mut md = String::new();
+    let (name, us, tf) = match &row.best {
+        Some((n, us, tf)) => (format!("`{n}`"), format!("{us:.1}"), three_digits(*tf)),
+        None => ("none passed".into(), "—".into(), "—".into()),
+    };
+    let name = match &row.tie {
+        Some(t) => format!("{name} **tied** with `{}`", t.variant),
+        None => name,
+    };
+    let name = if row.under.is_empty() {
+        name
+    } else {
+        format!(
+            "{name} (measured under {}: no clean figure)",
+            conditions_text(&row.under)
+        )
+    };
+    let name = match &row.reused {
+        Some((run, line)) => format!("{name} ↺ (run {run}, line {line})"),
+        None => name,
+    };
+    let _ = write!(
+        md,
+        "| {} | {} | {name} | {us} | {tf} |",
+        row.shape.label(),
+        row.dtype
+    );
+    for cell in &row.torch {
+        let cell = match cell {
+            Some(Ok(t)) if t.noisy => {
+                format!("{:.1} ({:.1}%, **noisy**)", t.median_us, 100.0 * t.spread)
             }
-            (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
-            _ => "—".into(),
-        };
-        let pct = |p: Option<f64>, roof_known: bool| match p {
-            Some(p) => format!("{p:.1}%"),
-            None if roof_known => "—".into(),
+            Some(Ok(t)) => format!("{:.1} ({:.1}%)", t.median_us, 100.0 * t.spread),
+            Some(Err(e)) => {
+                format!("unsupported ({})", e.chars().take(60).collect::<String>())
+            }
             None => "not measured".into(),
         };
-        let c = &found.ceilings;
-        let _ = writeln!(
-            md,
-            " {ratio} | {} | {} |",
-            pct(row.pct_of_matmul, c.matmul_tflops.contains_key(&row.dtype)),
-            pct(row.pct_of_copy, c.bandwidth().is_some())
-        );
+        let _ = write!(md, " {cell} |");
     }
+    if backends.is_empty() {
+        md.push_str(" not measured |");
+    }
+    let ratio = match (&row.best, row.fastest_torch_us) {
+        (Some((_, us, _)), Some(f)) if row.fastest_torch_noisy => {
+            format!("{:.2}× (noisy PyTorch figure)", us / f)
+        }
+        (Some((_, us, _)), Some(f)) => format!("{:.2}×", us / f),
+        _ => "—".into(),
+    };
+    let pct = |p: Option<f64>, roof_known: bool| match p {
+        Some(p) => format!("{p:.1}%"),
+        None if roof_known => "—".into(),
+        None => "not measured".into(),
+    };
+    let _ = writeln!(
+        md,
+        " {ratio} | {} | {} |",
+        pct(row.pct_of_matmul, c.matmul_tflops.contains_key(&row.dtype)),
+        pct(row.pct_of_copy, c.bandwidth().is_some())
+    );
+    md
+}
+
+/// The notes under the table: champions passed over for their conditions, kept by a duel, tied.
+fn notes(found: &crate::report::findings::BestPerShape, md: &mut String) {
     let ties: Vec<String> = found
         .rows
         .iter()
@@ -132,7 +169,7 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
         })
         .collect();
     listed(
-        &mut md,
+        md,
         "Passed over: figures measured on a throttled or shared GPU.",
         &passed,
     );
@@ -150,37 +187,15 @@ pub(super) fn best_per_shape(found: &crate::report::findings::BestPerShape, fake
         })
         .collect();
     listed(
-        &mut md,
+        md,
         "Kept by a duel: a faster first figure that did not beat the champion when the two were timed interleaved.",
         &outdueled,
     );
     listed(
-        &mut md,
+        md,
         "Tied: the runner-up is within the measured noise of the best (the larger p10..p90 spread of the two, or their interleaved duel's).",
         &ties,
     );
-    if found
-        .rows
-        .iter()
-        .any(|r| r.torch.iter().flatten().any(|t| t.is_ok()))
-    {
-        md.push_str("\nPyTorch spread: (p90 − p10) ÷ median of its samples.");
-        let noisy = found
-            .rows
-            .iter()
-            .flat_map(|r| r.torch.iter().flatten().flatten())
-            .filter(|t| t.noisy)
-            .count();
-        if noisy > 0 {
-            let _ = write!(md, " **noisy** ({noisy}): still above the `[baseline] max_spread` limit after re-measuring; do not trust that figure or a ratio built on it.");
-        }
-        md.push('\n');
-    }
-    md.push_str(&ceilings_note(&found.ceilings, fake));
-    if let Some(why) = &found.torch_missing {
-        let _ = writeln!(md, "\nPyTorch not measured: {why}.");
-    }
-    md
 }
 
 /// Where the ceilings came from, or that there are none.

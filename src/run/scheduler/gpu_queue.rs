@@ -172,10 +172,13 @@ pub(super) async fn gpu_loop(
                             return;
                         };
                         // An answer for a case the job did not ask is the job's end's to refuse.
-                        let asked = job.cases.iter().find(|s| {
-                            s.shape.name == case.shape && s.dtype == case.dtype
-                        });
-                        if let Some(spec) = asked.filter(|_| !held_for_retime(case, &policy.retime_on)) {
+                        let asked = job
+                            .cases
+                            .iter()
+                            .find(|s| s.shape.name == case.shape && s.dtype == case.dtype);
+                        if let Some(spec) =
+                            asked.filter(|_| !held_for_retime(case, &policy.retime_on))
+                        {
                             let _ = results.send(GpuEvent::Case(StreamedCase {
                                 variant: job.variant.clone(),
                                 device,

@@ -11,7 +11,7 @@ use crate::model::protocol::{
 use crate::model::space::{PlannedPoint, REFERENCE};
 use crate::run::shared::{input_seed, Budget, Events, Project, UnitKey};
 use gpu_queue::{gpu_loop, GpuEvent, GpuTasks, LoopPolicy};
-use outcome::{Streamed, Tally};
+use outcome::Books;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -153,44 +153,19 @@ impl Scheduler<'_> {
                 variant_order.push(variant.clone());
             }
         }
-        let mut totals = Totals {
-            variants: variant_order.len(),
+        let mut books = Books {
+            totals: Totals {
+                variants: variant_order.len(),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let mut builds_left = specs.len();
         let (mut build_tasks, mut build_rx) = spawn_builds(project, specs);
 
         // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
-        let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
-        let job_rx = Arc::new(Mutex::new(job_rx));
-        let (result_tx, mut result_rx) = mpsc::unbounded_channel::<GpuEvent>();
-        let mut gpu_tasks = GpuTasks(Vec::new());
-        let policies = &project.policies;
-        let loop_policy = Arc::new(LoopPolicy {
-            measure: MeasureSpec {
-                warmup_ms: policies.measure.warmup_ms,
-                samples: policies.measure.samples,
-                min_sample_us: policies.measure.min_sample_us,
-                verified_replays: policies.measure.verified_replays,
-            },
-            timeout: Duration::from_secs(project.timeouts.worker_s),
-            sentinel_every: Duration::from_secs(policies.sentinel.every_s),
-            sentinel_reps: policies.sentinel.reps,
-            retime_on: policies.gpu_state.retime_on.clone(),
-        });
-        let max_drift = policies.sentinel.max_drift;
-        let mut state_reported: BTreeSet<u32> = BTreeSet::new();
-        for &device in self.devices {
-            let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
-            gpu_tasks.0.push(tokio::spawn(gpu_loop(
-                executor,
-                device,
-                loop_policy.clone(),
-                rx,
-                tx,
-            )));
-        }
-        drop(result_tx);
+        let (job_tx, gpu_tasks, mut result_rx) = self.start_gpu_queues();
+        let max_drift = project.policies.sentinel.max_drift;
         let mut live_gpus = self.devices.len();
 
         let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
@@ -204,9 +179,6 @@ impl Scheduler<'_> {
             .map_err(|e| Error::Other(anyhow::anyhow!("cannot listen for signals: {e}")))?;
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
-        let mut bests = Bests::default();
-        let mut streamed: BTreeMap<String, Streamed> = BTreeMap::new();
-        let race_samples = project.policies.measure.race_samples;
         let mut interrupted = false;
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
@@ -214,7 +186,7 @@ impl Scheduler<'_> {
             if signals >= 2 {
                 // Second signal: stop now; the tasks' drop kills the workers and nvcc.
                 build_tasks.abort_all();
-                return Ok(Ending::Interrupted(totals));
+                return Ok(Ending::Interrupted(books.totals));
             }
             if !interrupted && signals >= 1 {
                 interrupted = true;
@@ -234,21 +206,8 @@ impl Scheduler<'_> {
                             .filter(|v| !finished.contains(*v) && !running.contains(*v))
                             .cloned()
                             .collect();
-                        events.emit(Record::BudgetReached {
-                            reason: reason.clone(),
-                            variants_not_measured: not_measured.clone(),
-                        })?;
-                        for variant in &not_measured {
-                            for (shape, dtype) in self.case_names(planned, variant) {
-                                events.emit(Record::CaseSkipped {
-                                    variant: variant.clone(),
-                                    shape,
-                                    dtype,
-                                    reason: format!("not measured: {reason}"),
-                                })?;
-                            }
-                        }
-                        totals.budget_stop = Some(reason.clone());
+                        self.stop_for_budget(events, &reason, planned, not_measured)?;
+                        books.totals.budget_stop = Some(reason.clone());
                         stopping = Some(reason);
                         build_tasks.abort_all();
                         break;
@@ -263,14 +222,7 @@ impl Scheduler<'_> {
                     }
                     let variant = ready.remove(0);
                     dispatched += 1;
-                    let mut cases = cases_for(project, planned, &cubins, &variant, self.run_seed);
-                    cases.retain(|c| {
-                        let case = (variant.clone(), c.shape.name.clone(), c.dtype);
-                        !self.settled.contains(&case)
-                    });
-                    for case in &mut cases {
-                        case.race = bests.bar(case, race_samples);
-                    }
+                    let cases = self.cases_to_measure(planned, &cubins, &variant, &books.bests);
                     if cases.is_empty() {
                         finished.insert(variant.clone());
                         events.emit(Record::VariantDone {
@@ -297,25 +249,8 @@ impl Scheduler<'_> {
             tokio::select! {
                 Some((key, result)) = build_rx.recv(), if building => {
                     builds_left -= 1;
-                    let (variant, dtype, head_dim) = key.clone();
-                    if let Err(failure) = &result {
-                        // Not the variant's fault: logged as a failed build, resume would skip it.
-                        if let Some(why) = out_of_space(failure) {
-                            return Err(Error::DiskFull(format!(
-                                "the build of {variant} ({dtype}, d={head_dim}) ran out of disk space: {why}\nFree space under {} and the run folder, then `flashtune resume` the run: nothing it logged is lost.",
-                                project.paths.build_cache().display()
-                            )));
-                        }
-                    }
-                    match record_build(project, events, key, result)? {
-                        Ok(cubin) => {
-                            cubins.insert((variant.clone(), dtype, head_dim), cubin);
-                        }
-                        Err(reason) if variant != REFERENCE => {
-                            self.skip_unit(events, &variant, dtype, head_dim, &reason)?;
-                        }
-                        Err(_) => {}
-                    }
+                    let variant = key.0.clone();
+                    self.take_build(events, (key, result), &mut cubins)?;
                     if variant == REFERENCE {
                         references_left -= 1;
                     } else if let Some(left) = units_left.get_mut(&variant) {
@@ -335,8 +270,7 @@ impl Scheduler<'_> {
                             continue;
                         }
                         GpuEvent::Case(case) => {
-                            let mut tally = Tally { totals: &mut totals, state_reported: &mut state_reported, bests: &mut bests, streamed: &mut streamed };
-                            self.record_streamed(events, case, &mut tally)?;
+                            self.record_streamed(events, case, &mut books)?;
                             continue;
                         }
                         GpuEvent::Job(result) => result,
@@ -347,14 +281,9 @@ impl Scheduler<'_> {
                         events.emit(Record::GpuUnhealthy { device: result.device, reason: reason.clone() })?;
                     }
                     let variant = result.job.variant.clone();
-                    let mut tally = Tally { totals: &mut totals, state_reported: &mut state_reported, bests: &mut bests, streamed: &mut streamed };
-                    if let Some(Retry { job, after }) = self.record_outcome(events, result, &mut tally)? {
+                    if let Some(retry) = self.record_outcome(events, result, &mut books)? {
                         in_flight += 1;
-                        let tx = job_tx.clone();
-                        tokio::spawn(async move {
-                            tokio::time::sleep(after).await;
-                            let _ = tx.send(job);
-                        });
+                        requeue(&job_tx, retry);
                     } else {
                         running.remove(&variant);
                         finished.insert(variant);
@@ -369,29 +298,127 @@ impl Scheduler<'_> {
         }
         // Each queue times its last sentinel once it sees the queue closed (not when stopping).
         drop(job_tx);
-        let drain = async {
-            while let Some(event) = result_rx.recv().await {
-                if let GpuEvent::Sentinel {
-                    device,
-                    when,
-                    result,
-                } = event
-                {
-                    record_sentinel(events, device, when, result, max_drift)?;
-                }
-            }
-            Ok::<(), Error>(())
-        };
-        tokio::select! {
-            drained = drain => drained?,
-            _ = crate::os::stop::reached(2) => {}
-        }
+        last_sentinels(events, &mut result_rx, max_drift).await?;
         drop(gpu_tasks);
         Ok(if interrupted {
-            Ending::Interrupted(totals)
+            Ending::Interrupted(books.totals)
         } else {
-            Ending::Finished(totals)
+            Ending::Finished(books.totals)
         })
+    }
+
+    /// One measurement queue per GPU, each with its worker session: the jobs go in through the
+    /// sender, the queues' cases, job ends and sentinels come out of the receiver.
+    fn start_gpu_queues(
+        &self,
+    ) -> (
+        mpsc::UnboundedSender<Job>,
+        GpuTasks,
+        mpsc::UnboundedReceiver<GpuEvent>,
+    ) {
+        let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
+        let job_rx = Arc::new(Mutex::new(job_rx));
+        let (result_tx, result_rx) = mpsc::unbounded_channel::<GpuEvent>();
+        let policies = &self.project.policies;
+        let loop_policy = Arc::new(LoopPolicy {
+            measure: MeasureSpec {
+                warmup_ms: policies.measure.warmup_ms,
+                samples: policies.measure.samples,
+                min_sample_us: policies.measure.min_sample_us,
+                verified_replays: policies.measure.verified_replays,
+            },
+            timeout: Duration::from_secs(self.project.timeouts.worker_s),
+            sentinel_every: Duration::from_secs(policies.sentinel.every_s),
+            sentinel_reps: policies.sentinel.reps,
+            retime_on: policies.gpu_state.retime_on.clone(),
+        });
+        let mut gpu_tasks = GpuTasks(Vec::new());
+        for &device in self.devices {
+            let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
+            gpu_tasks.0.push(tokio::spawn(gpu_loop(
+                executor,
+                device,
+                loop_policy.clone(),
+                rx,
+                tx,
+            )));
+        }
+        (job_tx, gpu_tasks, result_rx)
+    }
+
+    /// A budget ran out: logged, with every case of the variants not started skipped for it.
+    fn stop_for_budget(
+        &self,
+        events: &mut Events,
+        reason: &str,
+        planned: &[PlannedPoint],
+        not_measured: Vec<String>,
+    ) -> Result<()> {
+        events.emit(Record::BudgetReached {
+            reason: reason.to_owned(),
+            variants_not_measured: not_measured.clone(),
+        })?;
+        for variant in &not_measured {
+            for (shape, dtype) in self.case_names(planned, variant) {
+                events.emit(Record::CaseSkipped {
+                    variant: variant.clone(),
+                    shape,
+                    dtype,
+                    reason: format!("not measured: {reason}"),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Log a finished build: its cubin joins `cubins`, or its cases are skipped with the reason. A
+    /// disk that filled up stops the run (the build is not the variant's fault).
+    fn take_build(
+        &self,
+        events: &mut Events,
+        (key, result): BuildResult,
+        cubins: &mut BTreeMap<UnitKey, PathBuf>,
+    ) -> Result<()> {
+        let (variant, dtype, head_dim) = key.clone();
+        if let Err(failure) = &result {
+            if let Some(why) = out_of_space(failure) {
+                return Err(Error::DiskFull(format!(
+                    "the build of {variant} ({dtype}, d={head_dim}) ran out of disk space: {why}\nFree space under {} and the run folder, then `flashtune resume` the run: nothing it logged is lost.",
+                    self.project.paths.build_cache().display()
+                )));
+            }
+        }
+        match record_build(self.project, events, key, result)? {
+            Ok(cubin) => {
+                cubins.insert((variant, dtype, head_dim), cubin);
+            }
+            Err(reason) if variant != REFERENCE => {
+                self.skip_unit(events, &variant, dtype, head_dim, &reason)?;
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// The cases of a variant's job: those it has a kernel for and no result yet, each with the bar
+    /// racing holds it to.
+    fn cases_to_measure(
+        &self,
+        planned: &[PlannedPoint],
+        cubins: &BTreeMap<UnitKey, PathBuf>,
+        variant: &str,
+        bests: &Bests,
+    ) -> Vec<CaseSpec> {
+        let race_samples = self.project.policies.measure.race_samples;
+        let mut cases = cases_for(self.project, planned, cubins, variant, self.run_seed);
+        cases.retain(|c| {
+            let case = (variant.to_owned(), c.shape.name.clone(), c.dtype);
+            !self.settled.contains(&case)
+        });
+        for case in &mut cases {
+            case.race = bests.bar(case, race_samples);
+        }
+        cases
     }
 
     /// The (shape, dtype) cases a planned variant has.
@@ -483,6 +510,41 @@ pub fn spawn_builds_with(
         });
     }
     (tasks, rx)
+}
+
+/// Queue a job again, after its pause.
+fn requeue(job_tx: &mpsc::UnboundedSender<Job>, Retry { job, after }: Retry) {
+    let tx = job_tx.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let _ = tx.send(job);
+    });
+}
+
+/// The queues' last sentinels, logged as they come until every queue has ended (a second signal
+/// stops waiting).
+async fn last_sentinels(
+    events: &mut Events,
+    result_rx: &mut mpsc::UnboundedReceiver<GpuEvent>,
+    max_drift: f64,
+) -> Result<()> {
+    let drain = async {
+        while let Some(event) = result_rx.recv().await {
+            if let GpuEvent::Sentinel {
+                device,
+                when,
+                result,
+            } = event
+            {
+                record_sentinel(events, device, when, result, max_drift)?;
+            }
+        }
+        Ok::<(), Error>(())
+    };
+    tokio::select! {
+        drained = drain => drained,
+        _ = crate::os::stop::reached(2) => Ok(()),
+    }
 }
 
 /// A `sentinel` record from a queue's report.

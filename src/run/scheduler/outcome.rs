@@ -19,14 +19,16 @@ pub(super) struct Streamed {
     measured: usize,
 }
 
-/// What the scheduler keeps between a job's streamed cases and its end.
-pub(super) struct Tally<'t> {
-    pub(super) totals: &'t mut Totals,
+/// What the scheduler keeps of the answers it logged: the totals, the racing bars, and what each
+/// job in flight logged before its end.
+#[derive(Default)]
+pub(super) struct Books {
+    pub(super) totals: Totals,
     /// GPUs whose missing state was logged already (once each).
-    pub(super) state_reported: &'t mut BTreeSet<u32>,
-    pub(super) bests: &'t mut Bests,
+    pub(super) state_reported: BTreeSet<u32>,
+    pub(super) bests: Bests,
     /// Per variant in flight, what its job logged so far.
-    pub(super) streamed: &'t mut BTreeMap<String, Streamed>,
+    pub(super) streamed: BTreeMap<String, Streamed>,
 }
 
 impl Scheduler<'_> {
@@ -35,9 +37,9 @@ impl Scheduler<'_> {
         &self,
         events: &mut Events,
         s: StreamedCase,
-        tally: &mut Tally,
+        tally: &mut Books,
     ) -> Result<()> {
-        note_state_missing(events, s.device, &s.case, tally.state_reported)?;
+        note_state_missing(events, s.device, &s.case, &mut tally.state_reported)?;
         let measured = self.record_case(
             events,
             &s.variant,
@@ -45,7 +47,7 @@ impl Scheduler<'_> {
             &s.case,
             &s.shape,
             s.placed.as_deref(),
-            tally.bests,
+            &mut tally.bests,
         )?;
         let so_far = tally.streamed.entry(s.variant).or_default();
         so_far.cases.insert((s.case.shape.clone(), s.case.dtype));
@@ -137,7 +139,7 @@ impl Scheduler<'_> {
         &self,
         events: &mut Events,
         result: JobResult,
-        tally: &mut Tally,
+        tally: &mut Books,
     ) -> Result<Option<Retry>> {
         let JobResult {
             job,
@@ -163,7 +165,7 @@ impl Scheduler<'_> {
         let earlier = tally.streamed.remove(&variant).unwrap_or_default();
         let mut measured = earlier.measured;
         let retime_on = &self.project.policies.gpu_state.retime_on;
-        let totals = &mut *tally.totals;
+        let totals = &mut tally.totals;
         for case in &outcome.cases {
             if earlier.cases.contains(&(case.shape.clone(), case.dtype)) {
                 continue;
@@ -179,7 +181,7 @@ impl Scheduler<'_> {
                         case.dtype
                     ))
                 })?;
-            note_state_missing(events, device, case, tally.state_reported)?;
+            note_state_missing(events, device, case, &mut tally.state_reported)?;
             let first = disturbed
                 .iter()
                 .find(|d| d.shape == case.shape && d.dtype == case.dtype);
@@ -200,7 +202,7 @@ impl Scheduler<'_> {
                 case,
                 &asked.shape,
                 placed.as_deref(),
-                tally.bests,
+                &mut tally.bests,
             )?;
             if logged {
                 totals.measured += 1;

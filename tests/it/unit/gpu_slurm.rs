@@ -15,6 +15,9 @@ fn slurms_own_words_name_the_loss_and_a_crash_is_not_one() {
         step_loss("srun: error: Node failure on gpu3\nsrun: Job step aborted"),
         Some(StepLoss::NodeFailure)
     );
+    // Seen under load: srun's word that the controller aborted the step, slurmstepd's line lost.
+    let abort_only = "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\nsrun: error: vm: task 0: Killed";
+    assert_eq!(step_loss(abort_only), Some(StepLoss::Cancelled));
     // The worker's own deaths: a signal, a kill of its own, an exit code.
     for own in [
         "srun: error: vm: task 0: Aborted",
