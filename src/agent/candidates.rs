@@ -95,43 +95,7 @@ impl Runner<'_> {
             let child = cmd
                 .spawn()
                 .with_context(|| format!("cannot start the agent `{command}`"))?;
-            set.spawn(async move {
-                let _scratch = scratch;
-                let started = Instant::now();
-                let group = crate::gpu::build::ProcessGroup(child.id());
-                let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
-                // Nothing it left running may edit its worktree while it is judged.
-                drop(group);
-                let (status, end, stdout, stderr) = match waited {
-                    Err(_) => (
-                        format!("killed after {} s", timeout.as_secs()),
-                        ProcessEnd::TimedOut,
-                        String::new(),
-                        String::new(),
-                    ),
-                    Ok(Err(e)) => (
-                        format!("wait failed: {e}"),
-                        ProcessEnd::WaitFailed,
-                        String::new(),
-                        String::new(),
-                    ),
-                    Ok(Ok(out)) => (
-                        out.status.to_string(),
-                        ProcessEnd::of(&out.status),
-                        String::from_utf8_lossy(&out.stdout).into_owned(),
-                        String::from_utf8_lossy(&out.stderr).into_owned(),
-                    ),
-                };
-                AgentRun {
-                    candidate: k,
-                    seconds: started.elapsed().as_secs_f64(),
-                    status,
-                    end,
-                    output: format!("{stdout}{stderr}"),
-                    stdout,
-                    usage_file: std::fs::read_to_string(&usage_file).ok(),
-                }
-            });
+            set.spawn(wait_for_agent(child, k, timeout, scratch, usage_file));
         }
         let mut proposals = Vec::new();
         while let Some(done) = set.join_next().await {
@@ -161,7 +125,21 @@ impl Runner<'_> {
             proposals.push(proposal);
         }
         proposals.sort_by_key(|p| p.candidate);
-        // An agent that reached outside its worktree: the main tree or HEAD changed under the step.
+        self.drop_if_main_tree_touched(n, repo, (head, head_ref), &mut proposals, events)?;
+        Ok(proposals)
+    }
+
+    /// An agent that reached outside its worktree: the main tree or HEAD changed under the step.
+    /// HEAD is put back, the tree restored, and every candidate of the step dropped, logged.
+    fn drop_if_main_tree_touched(
+        &self,
+        n: u32,
+        repo: &git2::Repository,
+        (head, head_ref): (&str, &str),
+        proposals: &mut [Proposal],
+        events: &mut Events,
+    ) -> Result<()> {
+        let (project, bench) = (&self.bench.project, self.bench);
         let (now, now_ref) = step::head_of(repo)?;
         let moved = now != head || now_ref != head_ref;
         if moved {
@@ -176,7 +154,7 @@ impl Runner<'_> {
                 touched.join(", "),
                 if moved { " and moved HEAD" } else { "" }
             );
-            for p in &mut proposals {
+            for p in proposals.iter_mut() {
                 events.emit(Record::CandidateDropped {
                     step: n,
                     candidate: p.candidate,
@@ -185,7 +163,7 @@ impl Runner<'_> {
                 p.unjudged = Some(reason.clone());
             }
         }
-        Ok(proposals)
+        Ok(())
     }
 
     /// What a candidate changed in its worktree, what it tried and what it cost, into the log; its
@@ -415,6 +393,51 @@ impl Runner<'_> {
         }
         judged.sort_by_key(|j| j.candidate);
         Ok(judged)
+    }
+}
+
+/// Wait for one candidate's agent, up to `timeout`; then kill what it left running (nothing may
+/// edit its worktree while it is judged). Its scratch folder lives as long as it runs.
+async fn wait_for_agent(
+    child: tokio::process::Child,
+    k: u32,
+    timeout: Duration,
+    _scratch: impl Send,
+    usage_file: PathBuf,
+) -> AgentRun {
+    let started = Instant::now();
+    let group = crate::gpu::build::ProcessGroup(child.id());
+    let waited = tokio::time::timeout(timeout, child.wait_with_output()).await;
+    // Nothing it left running may edit its worktree while it is judged.
+    drop(group);
+    let (status, end, stdout, stderr) = match waited {
+        Err(_) => (
+            format!("killed after {} s", timeout.as_secs()),
+            ProcessEnd::TimedOut,
+            String::new(),
+            String::new(),
+        ),
+        Ok(Err(e)) => (
+            format!("wait failed: {e}"),
+            ProcessEnd::WaitFailed,
+            String::new(),
+            String::new(),
+        ),
+        Ok(Ok(out)) => (
+            out.status.to_string(),
+            ProcessEnd::of(&out.status),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ),
+    };
+    AgentRun {
+        candidate: k,
+        seconds: started.elapsed().as_secs_f64(),
+        status,
+        end,
+        output: format!("{stdout}{stderr}"),
+        stdout,
+        usage_file: std::fs::read_to_string(&usage_file).ok(),
     }
 }
 

@@ -50,42 +50,11 @@ impl Runner<'_> {
             restored,
             recovered_commit: recovered_commit.clone(),
         })?;
-        let mut starts: BTreeMap<u32, PathBuf> = BTreeMap::new();
-        let mut proposed: BTreeMap<u32, (Vec<String>, bool)> = BTreeMap::new();
-        let mut closed: Vec<u32> = Vec::new();
-        for (_, e) in &loaded.entries {
-            match &e.record {
-                Record::CandidateStarted {
-                    step,
-                    candidate,
-                    workdir,
-                    ..
-                } if *step == n => {
-                    starts.insert(*candidate, workdir.clone());
-                }
-                Record::CandidateProposed {
-                    step,
-                    candidate,
-                    changed_files,
-                    outside_scope,
-                    status,
-                    timed_out,
-                    end,
-                    ..
-                } if *step == n => {
-                    let ended = end.unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out));
-                    let ok = ended.succeeded() && outside_scope.is_empty();
-                    proposed.insert(*candidate, (changed_files.clone(), ok));
-                }
-                Record::CandidateJudged {
-                    step, candidate, ..
-                }
-                | Record::CandidateDropped {
-                    step, candidate, ..
-                } if *step == n => closed.push(*candidate),
-                _ => {}
-            }
-        }
+        let InFlight {
+            starts,
+            proposed,
+            closed,
+        } = in_flight(loaded, n);
         if let Some(commit) = recovered_commit {
             // The winner was committed before the log said so: the step is decided; the rest dropped.
             for (&k, workdir) in &starts {
@@ -132,50 +101,9 @@ impl Runner<'_> {
                     proposals.push(snapshotted(&repo, &base, k, workdir, changed, unjudged)?);
                 }
                 _ => {
-                    // The agent's guard writes its exit code when the agent ends: a candidate whose
-                    // agent finished before the kill (its record not yet logged) is judged as it
-                    // would have been; one killed mid-edit is dropped, its patch kept either way.
-                    let exit =
-                        std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
-                            .ok()
-                            .and_then(|t| t.trim().parse::<i32>().ok());
-                    let diff = workdir
-                        .is_dir()
-                        .then(|| {
-                            step::diff_against(
-                                workdir,
-                                &base,
-                                |p| step::in_scope(&bench.project, p),
-                                crate::pack::is_pack_path,
-                            )
-                            .ok()
-                        })
-                        .flatten();
-                    if let Some(diff) = &diff {
-                        if !diff.inside.is_empty() || !diff.outside.is_empty() {
-                            step::keep_patch(&bench.run_dir, n, Some(k), &diff.patch)?;
-                        }
-                        if exit == Some(0) && !diff.inside.is_empty() && diff.outside.is_empty() {
-                            proposals.push(snapshotted(
-                                &repo,
-                                &base,
-                                k,
-                                workdir,
-                                &diff.inside,
-                                None,
-                            )?);
-                            continue;
-                        }
+                    if let Some(p) = self.recover_unlogged(n, &repo, &base, k, workdir, events)? {
+                        proposals.push(p);
                     }
-                    events.emit(Record::CandidateDropped {
-                        step: n,
-                        candidate: k,
-                        reason: match exit {
-                            Some(code) => format!("its agent exited {code} but the session was killed before it was judged; dropped unjudged, its patch kept"),
-                            None => "the session was killed while this candidate's agent ran; dropped unjudged, its patch kept".into(),
-                        },
-                    })?;
-                    remove_worktree(&repo, &worktree_name(&bench.run_id, n, k), workdir);
                 }
             }
         }
@@ -184,6 +112,106 @@ impl Runner<'_> {
             println!("{markdown}");
         }
         Ok(())
+    }
+
+    /// A candidate whose proposal the log does not hold: the agent's guard writes its exit code when
+    /// the agent ends, so one that finished before the kill is judged as it would have been; one
+    /// killed mid-edit is dropped, its patch kept either way.
+    fn recover_unlogged(
+        &self,
+        n: u32,
+        repo: &git2::Repository,
+        base: &str,
+        k: u32,
+        workdir: &Path,
+        events: &mut Events,
+    ) -> Result<Option<Proposal>> {
+        let bench = self.bench;
+        let exit = std::fs::read_to_string(workdir.with_extension("agent").join("exit"))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok());
+        let diff = workdir
+            .is_dir()
+            .then(|| {
+                step::diff_against(
+                    workdir,
+                    base,
+                    |p| step::in_scope(&bench.project, p),
+                    crate::pack::is_pack_path,
+                )
+                .ok()
+            })
+            .flatten();
+        if let Some(diff) = &diff {
+            if !diff.inside.is_empty() || !diff.outside.is_empty() {
+                step::keep_patch(&bench.run_dir, n, Some(k), &diff.patch)?;
+            }
+            if exit == Some(0) && !diff.inside.is_empty() && diff.outside.is_empty() {
+                return snapshotted(repo, base, k, workdir, &diff.inside, None).map(Some);
+            }
+        }
+        events.emit(Record::CandidateDropped {
+            step: n,
+            candidate: k,
+            reason: match exit {
+                Some(code) => format!("its agent exited {code} but the session was killed before it was judged; dropped unjudged, its patch kept"),
+                None => "the session was killed while this candidate's agent ran; dropped unjudged, its patch kept".into(),
+            },
+        })?;
+        remove_worktree(repo, &worktree_name(&bench.run_id, n, k), workdir);
+        Ok(None)
+    }
+}
+
+/// What the log says of step `n`'s candidates: their worktrees, what each agent proposed (and
+/// whether it finished cleanly inside its scope), and which were judged or dropped already.
+struct InFlight {
+    starts: BTreeMap<u32, PathBuf>,
+    proposed: BTreeMap<u32, (Vec<String>, bool)>,
+    closed: Vec<u32>,
+}
+
+fn in_flight(loaded: &crate::log::runlog::LoadedLog, n: u32) -> InFlight {
+    let mut starts: BTreeMap<u32, PathBuf> = BTreeMap::new();
+    let mut proposed: BTreeMap<u32, (Vec<String>, bool)> = BTreeMap::new();
+    let mut closed: Vec<u32> = Vec::new();
+    for (_, e) in &loaded.entries {
+        match &e.record {
+            Record::CandidateStarted {
+                step,
+                candidate,
+                workdir,
+                ..
+            } if *step == n => {
+                starts.insert(*candidate, workdir.clone());
+            }
+            Record::CandidateProposed {
+                step,
+                candidate,
+                changed_files,
+                outside_scope,
+                status,
+                timed_out,
+                end,
+                ..
+            } if *step == n => {
+                let ended = end.unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out));
+                let ok = ended.succeeded() && outside_scope.is_empty();
+                proposed.insert(*candidate, (changed_files.clone(), ok));
+            }
+            Record::CandidateJudged {
+                step, candidate, ..
+            }
+            | Record::CandidateDropped {
+                step, candidate, ..
+            } if *step == n => closed.push(*candidate),
+            _ => {}
+        }
+    }
+    InFlight {
+        starts,
+        proposed,
+        closed,
     }
 }
 

@@ -76,15 +76,10 @@ pub fn has_profile(
         })
 }
 
-pub(super) fn case_context(
-    input: &PackInput,
-    c: &PackCase,
-    history: &[HistoryEntry],
-    logs: &[(LogMeta, runlog::SealedLog)],
-) -> CaseContext {
+/// HEAD's own figure for a case, from the history: a duel whose champion side was the base commit,
+/// or whose edit became it (the latest such duel on this GPU).
+fn head_figure(input: &PackInput, c: &PackCase, history: &[HistoryEntry]) -> Option<Sourced> {
     let gpu = input.device.map(|d| d.name.as_str());
-    let same_gpu = |m: &LogMeta| gpu.is_none_or(|g| g == m.gpu);
-    // HEAD's own figure: a duel whose champion side was the base commit, or whose edit became it.
     let mut champion_us: Option<Sourced> = None;
     for h in history.iter().filter(|h| h.gpu == gpu.unwrap_or(&h.gpu)) {
         for f in h
@@ -107,6 +102,18 @@ pub(super) fn case_context(
             }
         }
     }
+    champion_us
+}
+
+pub(super) fn case_context(
+    input: &PackInput,
+    c: &PackCase,
+    history: &[HistoryEntry],
+    logs: &[(LogMeta, runlog::SealedLog)],
+) -> CaseContext {
+    let gpu = input.device.map(|d| d.name.as_str());
+    let same_gpu = |m: &LogMeta| gpu.is_none_or(|g| g == m.gpu);
+    let champion_us = head_figure(input, c, history);
     let mut timed_us: Option<Sourced> = None;
     let mut pytorch_us = None;
     let mut bottleneck: Option<Bottleneck> = None;

@@ -445,6 +445,67 @@ pub struct KnownChampion {
 /// Past this many variants the spread order costs more than it is worth: the rest keep the space's order.
 const MAX_SPREAD_ORDERED: usize = 20_000;
 
+/// The variants not placed yet, spread: each next one the farthest (most parameters different)
+/// from every variant before it; the space's order breaks ties. Past [`MAX_SPREAD_ORDERED`] the
+/// rest keep the space's order.
+fn place_the_rest_spread(
+    variants: &[(&str, &Params)],
+    placed: &mut Vec<(usize, crate::log::runlog::RankReason, String)>,
+) {
+    use crate::log::runlog::RankReason;
+    let rest: Vec<usize> = (0..variants.len())
+        .filter(|&i| !placed.iter().any(|p| p.0 == i))
+        .collect();
+    if rest.len() > MAX_SPREAD_ORDERED {
+        for i in rest {
+            placed.push((
+                i,
+                RankReason::Spread,
+                "remaining, in the space's order".into(),
+            ));
+        }
+    } else {
+        let distance = |a: usize, b: usize| {
+            let (pa, pb) = (variants[a].1, variants[b].1);
+            pa.iter().filter(|(k, v)| pb.get(*k) != Some(*v)).count()
+                + pb.keys().filter(|k| !pa.contains_key(*k)).count()
+        };
+        let mut nearest: Vec<usize> = rest
+            .iter()
+            .map(|&i| {
+                placed
+                    .iter()
+                    .map(|p| distance(i, p.0))
+                    .min()
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        let mut left: Vec<bool> = vec![true; rest.len()];
+        for _ in 0..rest.len() {
+            let mut pick: Option<usize> = None;
+            for j in (0..rest.len()).filter(|&j| left[j]) {
+                if pick.is_none_or(|p| nearest[j] > nearest[p]) {
+                    pick = Some(j);
+                }
+            }
+            let j = pick.expect("a variant is left");
+            left[j] = false;
+            let reason = if nearest[j] == usize::MAX {
+                "remaining, spread: the first of the space".to_owned()
+            } else {
+                format!(
+                    "remaining, spread: {} parameter(s) unlike any variant before it",
+                    nearest[j]
+                )
+            };
+            placed.push((rest[j], RankReason::Spread, reason));
+            for k in (0..rest.len()).filter(|&k| left[k]) {
+                nearest[k] = nearest[k].min(distance(rest[k], rest[j]));
+            }
+        }
+    }
+}
+
 /// The dispatch order of a budgeted run, best first: the committed champions, earlier runs'
 /// champions (those that won the most cases first, then the newest), the neighbours the `[guided]`
 /// rules propose from those champions' earlier profiles, then the rest, each next one as unlike
@@ -548,59 +609,7 @@ pub fn best_first(
         }
     }
 
-    // The rest, spread: each next variant the one farthest (most parameters different) from
-    // everything before it; the space's order breaks ties.
-    let rest: Vec<usize> = (0..variants.len())
-        .filter(|&i| !is_placed(&placed, i))
-        .collect();
-    if rest.len() > MAX_SPREAD_ORDERED {
-        for i in rest {
-            placed.push((
-                i,
-                RankReason::Spread,
-                "remaining, in the space's order".into(),
-            ));
-        }
-    } else {
-        let distance = |a: usize, b: usize| {
-            let (pa, pb) = (variants[a].1, variants[b].1);
-            pa.iter().filter(|(k, v)| pb.get(*k) != Some(*v)).count()
-                + pb.keys().filter(|k| !pa.contains_key(*k)).count()
-        };
-        let mut nearest: Vec<usize> = rest
-            .iter()
-            .map(|&i| {
-                placed
-                    .iter()
-                    .map(|p| distance(i, p.0))
-                    .min()
-                    .unwrap_or(usize::MAX)
-            })
-            .collect();
-        let mut left: Vec<bool> = vec![true; rest.len()];
-        for _ in 0..rest.len() {
-            let mut pick: Option<usize> = None;
-            for j in (0..rest.len()).filter(|&j| left[j]) {
-                if pick.is_none_or(|p| nearest[j] > nearest[p]) {
-                    pick = Some(j);
-                }
-            }
-            let j = pick.expect("a variant is left");
-            left[j] = false;
-            let reason = if nearest[j] == usize::MAX {
-                "remaining, spread: the first of the space".to_owned()
-            } else {
-                format!(
-                    "remaining, spread: {} parameter(s) unlike any variant before it",
-                    nearest[j]
-                )
-            };
-            placed.push((rest[j], RankReason::Spread, reason));
-            for k in (0..rest.len()).filter(|&k| left[k]) {
-                nearest[k] = nearest[k].min(distance(rest[k], rest[j]));
-            }
-        }
-    }
+    place_the_rest_spread(&variants, &mut placed);
     placed
         .into_iter()
         .enumerate()

@@ -3,7 +3,7 @@ use super::bench::Bench;
 use super::{
     attempt, changes, extract_tree, head_of, in_scope, irregular, irregular_reason,
     outside_scope_reason, restore, scratch_ref, short, step_markdown, Candidate, Decided, DuelRow,
-    Outcome, Session, StepOptions, StepOutcome, StepSummary, EDIT_SCOPE,
+    Outcome, Proposed, Session, StepOptions, StepOutcome, StepSummary, EDIT_SCOPE,
 };
 use crate::error::{Error, Result};
 use crate::gpu::decide;
@@ -84,27 +84,14 @@ impl Session<'_> {
                 let sources = crate::run::shared::kernel_sources_hash(project, Some(&head_tree));
                 self.profile_champions(&pairings, &head_cubins, &sources, events)
                     .await?;
-                let p = self
-                    .propose(
-                        n,
-                        command,
-                        last,
-                        &repo,
-                        (&base, &base_ref),
-                        &head_cubins,
-                        events,
-                    )
-                    .await?;
-                Some(p)
+                let revision: (&str, &str) = (&base, &base_ref);
+                Some((self.propose(n, command, last, &repo, revision, &head_cubins, events)).await?)
             }
             None => None,
         };
         let (inside, outside) = changes(project, self.root)?;
-        let stray: Vec<String> = if proposed.is_some() {
-            outside
-        } else {
-            Vec::new()
-        };
+        // Only a proposer can stray: without one, the user's own files outside the scope are theirs.
+        let stray: Vec<String> = outside.into_iter().filter(|_| proposed.is_some()).collect();
         let proposer_failed = proposed.as_ref().is_some_and(|p| !p.finished);
         let edit: Vec<String> = inside.iter().chain(&stray).cloned().collect();
         let not_files = irregular(self.root, &inside);
@@ -127,23 +114,7 @@ impl Session<'_> {
         if !edit.is_empty() {
             attempt::keep_patch(self.run_dir, n, None, &diff.patch)?;
         }
-        let idea = self
-            .opts
-            .idea
-            .as_deref()
-            .and_then(attempt::one_line)
-            .map(|summary| Idea {
-                summary,
-                from: "caller".into(),
-            })
-            .or_else(|| {
-                let said = attempt::idea_line(&proposed.as_ref()?.output)?;
-                Some(Idea {
-                    summary: said,
-                    from: "agent".into(),
-                })
-            })
-            .or_else(|| (!edit.is_empty()).then(|| diff.as_idea()));
+        let idea = self.idea_of(proposed.as_ref(), &edit, &diff);
         events.emit(Record::StepStarted {
             step: n,
             base_commit: base.clone(),
@@ -160,46 +131,10 @@ impl Session<'_> {
                 diff.stat
             );
         }
-        let outcome = if !not_files.is_empty() {
-            restore(self.root, &edit)?;
-            Outcome::rejected(
-                format!(
-                    "{}; all its changes were restored",
-                    irregular_reason(
-                        if proposed.is_some() {
-                            "the proposer"
-                        } else {
-                            "the edit"
-                        },
-                        &not_files
-                    )
-                ),
-                None,
-                edit.clone(),
-            )
-        } else if !stray.is_empty() {
-            // The proposer stepped outside its scope: undo all of it, judge nothing.
-            restore(self.root, &edit)?;
-            Outcome::rejected(
-                format!(
-                    "{}; all its changes were restored",
-                    outside_scope_reason(self.project, "the proposer", &stray)
-                ),
-                None,
-                edit.clone(),
-            )
-        } else if proposer_failed {
-            // A proposer that failed or ran out of time may have left half an edit.
-            restore(self.root, &inside)?;
-            let refused = proposed
-                .as_ref()
-                .and_then(|p| crate::run::sandbox::refusal_note(&p.output, EDIT_SCOPE))
-                .map_or(String::new(), |note| format!("; {note}"));
-            Outcome::rejected(
-                format!("the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged{refused}"),
-                None,
-                inside.clone(),
-            )
+        let refused =
+            self.refused_unjudged(proposed.as_ref(), &not_files, &stray, &inside, &edit)?;
+        let outcome = if let Some(refused) = refused {
+            refused
         } else if let Some(candidate) = &candidate {
             let judged = self
                 .judge_edit(
@@ -265,6 +200,87 @@ impl Session<'_> {
             },
             markdown,
         ))
+    }
+
+    /// What the step tried, in one line: the caller's words, else the agent's `IDEA:` line, else
+    /// the diff's own summary.
+    fn idea_of(
+        &self,
+        proposed: Option<&Proposed>,
+        edit: &[String],
+        diff: &attempt::TreeDiff,
+    ) -> Option<Idea> {
+        self.opts
+            .idea
+            .as_deref()
+            .and_then(attempt::one_line)
+            .map(|summary| Idea {
+                summary,
+                from: "caller".into(),
+            })
+            .or_else(|| {
+                let said = attempt::idea_line(&proposed?.output)?;
+                Some(Idea {
+                    summary: said,
+                    from: "agent".into(),
+                })
+            })
+            .or_else(|| (!edit.is_empty()).then(|| diff.as_idea()))
+    }
+
+    /// An edit refused before it is judged, all its changes restored: one that is not regular
+    /// files, one that reached outside the scope, or one a proposer left unfinished. `None`: judge it.
+    fn refused_unjudged(
+        &self,
+        proposed: Option<&Proposed>,
+        not_files: &[String],
+        stray: &[String],
+        inside: &[String],
+        edit: &[String],
+    ) -> Result<Option<Outcome>> {
+        let proposer_failed = proposed.is_some_and(|p| !p.finished);
+        Ok(Some(if !not_files.is_empty() {
+            restore(self.root, edit)?;
+            Outcome::rejected(
+                format!(
+                    "{}; all its changes were restored",
+                    irregular_reason(
+                        if proposed.is_some() {
+                            "the proposer"
+                        } else {
+                            "the edit"
+                        },
+                        not_files
+                    )
+                ),
+                None,
+                edit.to_vec(),
+            )
+        } else if !stray.is_empty() {
+            // The proposer stepped outside its scope: undo all of it, judge nothing.
+            restore(self.root, edit)?;
+            Outcome::rejected(
+                format!(
+                    "{}; all its changes were restored",
+                    outside_scope_reason(self.project, "the proposer", stray)
+                ),
+                None,
+                edit.to_vec(),
+            )
+        } else if proposer_failed {
+            // A proposer that failed or ran out of time may have left half an edit.
+            restore(self.root, inside)?;
+            let refused = proposed
+                .and_then(|p| crate::run::sandbox::refusal_note(&p.output, EDIT_SCOPE))
+                .map_or(String::new(), |note| format!("; {note}"));
+            Outcome::rejected(
+                format!("the proposer did not finish cleanly (see proposer_ran); its edits were restored unjudged{refused}"),
+                None,
+                inside.to_vec(),
+            )
+        } else {
+            return Ok(None);
+        }))
     }
 
     /// Commit an accepted in-place edit, as the tree it was judged from: on a GPU onto the current

@@ -31,7 +31,7 @@ const GRAPH_END: &str = "<!-- import graph: end -->";
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
         .map(|e| e.expect("directory entry").path())
@@ -71,7 +71,7 @@ fn folder_of(room: &str) -> &str {
 }
 
 /// Test code may reach anywhere; only what ships counts, so a file is read up to its first `#[cfg(test)]`.
-fn shipped_part(text: &str) -> &str {
+pub(crate) fn shipped_part(text: &str) -> &str {
     text.find("#[cfg(test)]").map_or(text, |i| &text[..i])
 }
 
@@ -205,7 +205,7 @@ fn folders(rooms: &Graph) -> Graph {
     graph
 }
 
-fn src_dir() -> PathBuf {
+pub(crate) fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 

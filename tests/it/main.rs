@@ -12,6 +12,7 @@ mod exports;
 mod git;
 mod gpu;
 mod layering;
+mod source_shape;
 mod mcp;
 mod measurements;
 mod ncu_fixtures;

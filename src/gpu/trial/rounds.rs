@@ -33,6 +33,11 @@ pub(super) struct Timings {
 /// With a `race` bar (one contender), the replays stop once the first `race.samples` put its p10
 /// above the bar. Afterwards, `verified_replays` rounds per side, drawn from all that ran, are
 /// verified and run again.
+///
+/// Over 150 lines on purpose: what makes a figure trustworthy here is the order of the steps
+/// (buffers placed, graphs captured, inputs drawn, each round alike up to its replay, the keep
+/// decided after it, the verification after every round, everything freed on every path), and it
+/// reads as that order only in one piece.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn time_interleaved<D: Device>(
     dev: &mut D,

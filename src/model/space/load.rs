@@ -125,104 +125,19 @@ impl Space {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?,
-            forward: file.family.forward,
-            forward_entry: file.family.forward_entry,
-            combine_entry: file.family.combine_entry,
-            reference: file.family.reference,
-            reference_entry: file.family.reference_entry,
+            forward: file.family.forward.clone(),
+            forward_entry: file.family.forward_entry.clone(),
+            combine_entry: file.family.combine_entry.clone(),
+            reference: file.family.reference.clone(),
+            reference_entry: file.family.reference_entry.clone(),
         };
         let constraints = file
             .constraints
             .iter()
             .map(|c| compile("constraints", c))
             .collect::<Result<Vec<_>>>()?;
-        let params = match (&file.params, &file.chain, &file.points) {
-            (Some(grid), None, None) => grid.clone(),
-            (None, Some(chain), None) if !chain.is_empty() => {
-                values_of(chain.iter().map(|step| &step.params))
-            }
-            (None, None, Some(points)) if !points.is_empty() => values_of(points.iter()),
-            _ => {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    "params",
-                    "a space needs exactly one of a [params] grid, a non-empty [[chain]] or a non-empty `points` list"
-                        .into(),
-                ));
-            }
-        };
-        for point in file.points.iter().flatten() {
-            if point.keys().ne(params.keys()) {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    "points",
-                    format!(
-                        "every point must set every parameter, in the same order as the first ({})",
-                        params.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-        }
-        if let Some(chain) = &file.chain {
-            for step in chain {
-                if step.params.keys().ne(params.keys()) {
-                    return Err(config::config_error_at_text(path, &text, &step.name, "chain", format!("chain step `{}` must set every parameter, in the same order as the first step", step.name)));
-                }
-            }
-        }
-        for (name, values) in &params {
-            if values.is_empty() {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    &format!("params.{name}"),
-                    "a parameter needs at least one value".into(),
-                ));
-            }
-            if !file.baseline.contains_key(name) {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    "baseline",
-                    format!("baseline does not set parameter `{name}`"),
-                ));
-            }
-        }
-        let named_points = std::iter::once(("baseline", &file.baseline))
-            .chain(file.start.iter().map(|s| ("start", s)));
-        for (key, point) in named_points {
-            if point.len() != params.len() {
-                return Err(config::config_error_at_key(
-                    path,
-                    &text,
-                    key,
-                    format!(
-                        "{key} must set every parameter of the space ({})",
-                        params.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ),
-                ));
-            }
-            for (name, value) in point {
-                let known = params.get(name).ok_or_else(|| {
-                    config::config_error_at_key(
-                        path,
-                        &text,
-                        key,
-                        format!("{key} sets `{name}`, which is not a parameter of this space"),
-                    )
-                })?;
-                if !known.contains(value) {
-                    return Err(config::config_error_at_key(
-                        path,
-                        &text,
-                        key,
-                        format!("{key} value {name} = {value} is not among the listed values"),
-                    ));
-                }
-            }
-        }
+        let params = parameter_grid(path, &text, &file)?;
+        check_named_points(path, &text, &file, &params)?;
         Ok(Space {
             name: file.name,
             description: file.description,
@@ -240,6 +155,113 @@ impl Space {
             start: file.start,
         })
     }
+}
+
+/// The values of each parameter: the `[params]` grid, or those a `[[chain]]` or `points` list
+/// takes; every point and chain step sets every parameter, and the baseline sets each one.
+fn parameter_grid(
+    path: &Path,
+    text: &str,
+    file: &SpaceFile,
+) -> Result<IndexMap<String, Vec<ParamValue>>> {
+    let params = match (&file.params, &file.chain, &file.points) {
+        (Some(grid), None, None) => grid.clone(),
+        (None, Some(chain), None) if !chain.is_empty() => {
+            values_of(chain.iter().map(|step| &step.params))
+        }
+        (None, None, Some(points)) if !points.is_empty() => values_of(points.iter()),
+        _ => {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                "params",
+                "a space needs exactly one of a [params] grid, a non-empty [[chain]] or a non-empty `points` list"
+                    .into(),
+            ));
+        }
+    };
+    for point in file.points.iter().flatten() {
+        if point.keys().ne(params.keys()) {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                "points",
+                format!(
+                    "every point must set every parameter, in the same order as the first ({})",
+                    params.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
+    if let Some(chain) = &file.chain {
+        for step in chain {
+            if step.params.keys().ne(params.keys()) {
+                return Err(config::config_error_at_text(path, text, &step.name, "chain", format!("chain step `{}` must set every parameter, in the same order as the first step", step.name)));
+            }
+        }
+    }
+    for (name, values) in &params {
+        if values.is_empty() {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                &format!("params.{name}"),
+                "a parameter needs at least one value".into(),
+            ));
+        }
+        if !file.baseline.contains_key(name) {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                "baseline",
+                format!("baseline does not set parameter `{name}`"),
+            ));
+        }
+    }
+    Ok(params)
+}
+
+/// The baseline and the start each set every parameter to one of its listed values.
+fn check_named_points(
+    path: &Path,
+    text: &str,
+    file: &SpaceFile,
+    params: &IndexMap<String, Vec<ParamValue>>,
+) -> Result<()> {
+    let named_points = std::iter::once(("baseline", &file.baseline))
+        .chain(file.start.iter().map(|s| ("start", s)));
+    for (key, point) in named_points {
+        if point.len() != params.len() {
+            return Err(config::config_error_at_key(
+                path,
+                text,
+                key,
+                format!(
+                    "{key} must set every parameter of the space ({})",
+                    params.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        for (name, value) in point {
+            let known = params.get(name).ok_or_else(|| {
+                config::config_error_at_key(
+                    path,
+                    text,
+                    key,
+                    format!("{key} sets `{name}`, which is not a parameter of this space"),
+                )
+            })?;
+            if !known.contains(value) {
+                return Err(config::config_error_at_key(
+                    path,
+                    text,
+                    key,
+                    format!("{key} value {name} = {value} is not among the listed values"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Names the planner sets itself for every point; a space cannot make them parameters.

@@ -139,6 +139,9 @@ pub struct Scheduler<'a> {
 }
 
 impl Scheduler<'_> {
+    /// Over 150 lines on purpose: the event loop. Its state (what is built, ready, running and
+    /// finished, the GPUs alive, why it is stopping) is the loop's own locals, each changed in one
+    /// arm of one `select!`; cut into methods, it would travel as a dozen `&mut`s.
     pub async fn run(&self, planned: &[PlannedPoint], events: &mut Events) -> Result<Ending> {
         let started = Instant::now();
         let project = self.project;
