@@ -190,12 +190,10 @@ fn in_flight(loaded: &crate::log::runlog::LoadedLog, n: u32) -> InFlight {
                 candidate,
                 changed_files,
                 outside_scope,
-                status,
-                timed_out,
                 end,
                 ..
             } if *step == n => {
-                let ended = end.unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out));
+                let ended = end.unwrap_or(ProcessEnd::WaitFailed);
                 let ok = ended.succeeded() && outside_scope.is_empty();
                 proposed.insert(*candidate, (changed_files.clone(), ok));
             }

@@ -144,6 +144,33 @@ impl ProcessEnd {
     }
 }
 
+/// How a worker failed, as its `worker_crashed` record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerFailure {
+    /// It died (a signal, an exit) or reported a fatal error: the variant's doing.
+    Died,
+    /// Its reply could not be read: the variant's doing, held against the case in flight by the
+    /// `check_failed` record before this one.
+    Garbled,
+    /// It never started, or never got its GPU: the machine's doing, never the variant's.
+    NotStarted,
+}
+
+/// Why a case was skipped, as its `case_skipped` record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// A budget ran out before its variant was reached.
+    Budget,
+    /// Its kernel did not build, or the gates rejected the build.
+    Build,
+    /// Its variant's worker failed twice.
+    Quarantined,
+    /// The cluster ended its worker's steps more times than `[slurm] max_lost` allows.
+    ClusterLost,
+}
+
 /// What became of an attempted edit, as history, the ledger, the context pack and `judge --json`
 /// say it (the words are the serialised names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

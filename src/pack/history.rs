@@ -329,17 +329,11 @@ impl AttemptFold<'_> {
     }
 
     fn built(&mut self, e: &Entry) {
-        let Record::Built {
-            variant,
-            entries,
-            role,
-            ..
-        } = &e.record
-        else {
+        let Record::Built { entries, role, .. } = &e.record else {
             unreachable!("apply dispatches by kind")
         };
 
-        let key = match role.or_else(|| BuildRole::legacy(variant)) {
+        let key = match *role {
             None => return,
             Some(BuildRole::Head) => {
                 self.head.take(entries);

@@ -52,14 +52,12 @@ impl Session<'_> {
         }
         let proposed = match &ran {
             Record::ProposerRan {
-                status,
-                timed_out,
                 output_tail,
                 end,
                 ..
             } => Proposed {
                 finished: end
-                    .unwrap_or_else(|| ProcessEnd::legacy(status, *timed_out))
+                    .unwrap_or(ProcessEnd::WaitFailed)
                     .succeeded(),
                 output: output_tail.clone(),
             },

@@ -35,13 +35,16 @@ impl Log {
         log
     }
 
-    /// Append a record given as the log's own JSON; returns its line.
+    /// Append a record given as the log's own JSON, read as `runlog::read` reads a line (older
+    /// records' words upgraded to their types); returns its line.
     fn record(&mut self, record: Value) -> usize {
         let line = self.entries.len() + 1;
         let mut entry = record;
         entry["t"] = json!(line as f64);
-        self.entries
-            .push((line, serde_json::from_value(entry).expect("a valid record")));
+        let mut entry: flashtune::log::runlog::Entry =
+            serde_json::from_value(entry).expect("a valid record");
+        flashtune::log::runlog::legacy::upgrade(&mut entry.record);
+        self.entries.push((line, entry));
         line
     }
 

@@ -193,7 +193,7 @@ impl<'a> Fold<'a> {
             reason,
         });
         let fault =
-            FaultKind::of_case_fault(logged_fault.unwrap_or_else(|| CaseFault::legacy(reason)));
+            FaultKind::of_case_fault(logged_fault.unwrap_or(CaseFault::Wrong));
         self.ix.faults.push(Fault {
             line,
             variant,
@@ -353,12 +353,17 @@ impl<'a> Fold<'a> {
             shape,
             dtype,
             reason,
+            skipped_for,
         } = &e.record
         else {
             unreachable!("apply dispatches by kind")
         };
 
-        let outcome = Outcome::Skipped { line, reason };
+        let outcome = Outcome::Skipped {
+            line,
+            reason,
+            why: *skipped_for,
+        };
         self.land((variant, shape, *dtype), outcome, "case_skipped");
     }
 }

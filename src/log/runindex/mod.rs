@@ -7,7 +7,7 @@ mod queries;
 
 use crate::log::runlog::{Header, LoadedLog, Record};
 use crate::model::config::Dtype;
-use crate::model::protocol::{GARBLED_REPLY, WORKER_NOT_STARTED};
+use crate::model::vocab::WorkerFailure;
 pub use model::{
     sentinel_gap, spread, Accounting, Baseline, BaselineTiming, Bin, Build, BuildOutcome, Case,
     Ceilings, CheckFailure, Closeness, Confirmation, DisturbedTiming, DriftDuel, DuelRecord,
@@ -130,18 +130,13 @@ fn named_case<'r>(case: &'r str, dtypes: &[Dtype]) -> Option<(&'r str, Dtype)> {
 /// A `worker_crashed` record of a worker that could not be started: the machine's failure. A log
 /// written before the record said so reads it from its detail's first words.
 fn worker_never_started(record: &Record) -> bool {
-    match record {
+    matches!(
+        record,
         Record::WorkerCrashed {
-            not_started: Some(not_started),
+            failure: Some(WorkerFailure::NotStarted),
             ..
-        } => *not_started,
-        Record::WorkerCrashed {
-            not_started: None,
-            detail,
-            ..
-        } => detail.starts_with(WORKER_NOT_STARTED),
-        _ => false,
-    }
+        }
+    )
 }
 
 /// The fault a `timed_out` or `worker_crashed` record shows, on the case that was in flight (the
@@ -164,8 +159,9 @@ fn worker_fault<'a>(line: usize, record: &'a Record, dtypes: &[Dtype]) -> Option
             variant,
             detail,
             cases_not_run,
+            failure,
             ..
-        } if !detail.starts_with(GARBLED_REPLY) => (
+        } if *failure != Some(WorkerFailure::Garbled) => (
             variant,
             FaultKind::Crashed,
             format!("its worker died: {detail}"),

@@ -78,6 +78,8 @@ pub enum Outcome<'a> {
     Skipped {
         line: usize,
         reason: &'a str,
+        /// Why, as a type; none only for a record built by hand without it.
+        why: Option<crate::model::vocab::SkipReason>,
     },
     /// No record decided it: the run was interrupted, or an older flashtune wrote no `case_skipped`.
     NotRun,

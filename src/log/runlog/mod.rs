@@ -1,4 +1,5 @@
 //! The run log `runs/<id>/log.jsonl`: a header, then one record per event, each appended and flushed before anything depends on it.
+pub mod legacy;
 mod reader;
 mod record;
 mod sealed;

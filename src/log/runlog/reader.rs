@@ -116,7 +116,10 @@ pub fn read(path: &Path) -> Result<LoadedLog> {
             continue;
         }
         match serde_json::from_str::<Entry>(line) {
-            Ok(e) => entries.push((i + 1, e)),
+            Ok(mut e) => {
+                super::legacy::upgrade(&mut e.record);
+                entries.push((i + 1, e))
+            }
             Err(_) if Some(i) == last_nonempty => torn_tail = true,
             Err(e) => anyhow::bail!("{}:{}: corrupt run log record: {e}", path.display(), i + 1),
         }

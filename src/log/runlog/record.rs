@@ -9,7 +9,7 @@ use crate::model::space::{LaunchShape, Params};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Header {
@@ -79,7 +79,7 @@ pub enum Record {
         seconds: f64,
         entries: Vec<EntryResources>,
         /// A step's build: of which tree (none in a tune; logs before it carry the role only in the
-        /// variant id, read through `BuildRole::legacy`).
+        /// variant id, filled in by `legacy::upgrade`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         role: Option<crate::model::vocab::BuildRole>,
     },
@@ -110,7 +110,7 @@ pub enum Record {
         dtype: Dtype,
         check: Option<CheckStats>,
         reason: String,
-        /// What went wrong (logs before it have only `reason`: `CaseFault::legacy`).
+        /// What went wrong (logs before it have only `reason`, filled in by `legacy::upgrade`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fault: Option<crate::model::protocol::CaseFault>,
     },
@@ -130,6 +130,9 @@ pub enum Record {
         shape: String,
         dtype: Dtype,
         reason: String,
+        /// Why, as a type (filled in from older logs' words by `legacy::upgrade`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        skipped_for: Option<crate::model::vocab::SkipReason>,
     },
     Timed {
         variant: String,
@@ -252,9 +255,11 @@ pub enum Record {
         variant: String,
         detail: String,
         cases_not_run: Vec<String>,
-        /// The worker never started (the machine's failure, not the variant's). Logs before it
-        /// said so only in `detail`'s first words, read by `runindex::worker_never_started`.
+        /// How it failed (filled in from older logs' words by `legacy::upgrade`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        failure: Option<crate::model::vocab::WorkerFailure>,
+        /// Schema 1 only (read, never written): whether the worker never started.
+        #[serde(default, skip_serializing)]
         not_started: Option<bool>,
     },
     TimedOut {
@@ -410,7 +415,7 @@ pub enum Record {
         status: String,
         timed_out: bool,
         output_tail: String,
-        /// How it ended (logs before it have only `status`: `ProcessEnd::legacy`).
+        /// How it ended (logs before it have only `status`, filled in by `legacy::upgrade`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         end: Option<crate::model::vocab::ProcessEnd>,
     },
@@ -488,7 +493,7 @@ pub enum Record {
         status: String,
         timed_out: bool,
         output_tail: String,
-        /// How it ended (logs before it have only `status`: `ProcessEnd::legacy`).
+        /// How it ended (logs before it have only `status`, filled in by `legacy::upgrade`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         end: Option<crate::model::vocab::ProcessEnd>,
         /// Changed paths in the edit scope (what would be judged and committed).

@@ -1,5 +1,6 @@
 //! The report's Not measured section: what a budget left out.
 use crate::log::runindex::{Outcome, RunIndex};
+use crate::model::vocab::SkipReason;
 use std::fmt::Write;
 
 /// Under a budget: the variants it left out, in the order they would have come, each with the
@@ -9,12 +10,16 @@ pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
     let mut left: Vec<&str> = Vec::new();
     let mut why: Option<&str> = None;
     for c in &ix.cases {
-        if let Outcome::Skipped { reason, .. } = c.outcome {
-            if let Some(budget) = reason.strip_prefix("not measured: ") {
-                why.get_or_insert(budget);
-                if !left.contains(&c.variant) {
-                    left.push(c.variant);
-                }
+        if let Outcome::Skipped {
+            reason,
+            why: Some(SkipReason::Budget),
+            ..
+        } = c.outcome
+        {
+            // The budget's own words, after what every budget skip says first.
+            why.get_or_insert(reason.strip_prefix("not measured: ").unwrap_or(reason));
+            if !left.contains(&c.variant) {
+                left.push(c.variant);
             }
         }
     }

@@ -368,6 +368,7 @@ impl Scheduler<'_> {
                     shape,
                     dtype,
                     reason: format!("not measured: {reason}"),
+                    skipped_for: Some(crate::model::vocab::SkipReason::Budget),
                 })?;
             }
         }
@@ -458,6 +459,7 @@ impl Scheduler<'_> {
                 shape: shape.name.clone(),
                 dtype,
                 reason: reason.to_owned(),
+                skipped_for: Some(crate::model::vocab::SkipReason::Build),
             })?;
         }
         Ok(())

@@ -8,6 +8,7 @@ use crate::gpu::executor::WorkerEnd;
 use crate::log::runlog::Record;
 use crate::model::config::{Dtype, Shape};
 use crate::model::protocol::{CaseResult, CaseSpec, Placement};
+use crate::model::vocab::{SkipReason, WorkerFailure};
 use crate::run::shared::Events;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -248,12 +249,13 @@ impl Scheduler<'_> {
     ) -> Result<Option<Retry>> {
         let variant = ended.job.variant.clone();
         let not_run = ended.not_run();
-        let crashed = |events: &mut Events, detail: &str| {
+        let crashed = |events: &mut Events, detail: &str, failure: WorkerFailure| {
             events.emit(Record::WorkerCrashed {
                 variant: variant.clone(),
                 detail: detail.to_owned(),
                 cases_not_run: not_run.clone(),
-                not_started: Some(false),
+                failure: Some(failure),
+                not_started: None,
             })
         };
         let fault = match end {
@@ -272,12 +274,12 @@ impl Scheduler<'_> {
                 ))
             }
             WorkerEnd::Fatal(detail) => {
-                crashed(events, &detail)?;
+                crashed(events, &detail, WorkerFailure::Died)?;
                 Fault::Own(detail)
             }
             WorkerEnd::Garbled { line } => {
                 let detail = crate::gpu::executor::garbled_reason(&line);
-                crashed(events, &detail)?;
+                crashed(events, &detail, WorkerFailure::Garbled)?;
                 Fault::Own(detail)
             }
             WorkerEnd::Crashed {
@@ -285,17 +287,12 @@ impl Scheduler<'_> {
                 stderr_tail,
             } => {
                 let detail = format!("{status}: {stderr_tail}");
-                crashed(events, &detail)?;
+                crashed(events, &detail, WorkerFailure::Died)?;
                 Fault::Own(detail)
             }
             WorkerEnd::NotStarted { why } => {
                 let detail = format!("{}: {why}", crate::model::protocol::WORKER_NOT_STARTED);
-                events.emit(Record::WorkerCrashed {
-                    variant: variant.clone(),
-                    detail: detail.clone(),
-                    cases_not_run: not_run.clone(),
-                    not_started: Some(true),
-                })?;
+                crashed(events, &detail, WorkerFailure::NotStarted)?;
                 Fault::NotStarted(detail)
             }
         };
@@ -344,6 +341,7 @@ impl Scheduler<'_> {
                 shape: case.shape.name.clone(),
                 dtype: case.dtype,
                 reason: format!("quarantined: {reason}"),
+                skipped_for: Some(SkipReason::Quarantined),
             })?;
         }
         events.emit(Record::VariantDone {
@@ -413,6 +411,7 @@ impl Scheduler<'_> {
                 shape: case.shape.name.clone(),
                 dtype: case.dtype,
                 reason: reason.clone(),
+                skipped_for: Some(SkipReason::ClusterLost),
             })?;
         }
         events.emit(Record::VariantDone {

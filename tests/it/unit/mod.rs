@@ -13,6 +13,7 @@ mod gpu_trial;
 mod gpu_trial_mixture;
 mod gpu_trial_unpredictable;
 mod gpu_worker;
+mod log_runlog_legacy;
 mod mcp_wire;
 mod model_config_errors;
 mod model_config_policies;
