@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume hopper attention ablation ablate profile guided step-demo space:variants/NAME.toml
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo space:variants/NAME.toml
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +40,24 @@ for stage in "$@"; do
       echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants ($log)"
       cp "$log" "$out/killed.log.jsonl"
       ft resume "$(dirname "$log")" 2>"$out/resume.err" | tee "$out/resume.txt"; keep resume ;;
+    resume-mid)
+      # SIGKILL the orchestrator in the middle of its third variant (three of its cases answered),
+      # then resume it: the answered cases are kept, only the rest of that variant is measured.
+      before=$(ls -d runs/2*/ 2>/dev/null)
+      "$bin/flashtune" tune --space variants/smoke.toml >"$out/killed-mid.txt" 2>&1 & pid=$!
+      log=
+      for _ in $(seq 1200); do
+        sleep 0.05
+        new=$(comm -13 <(echo "$before") <(ls -d runs/2*/ 2>/dev/null) | head -1)
+        [ -n "$new" ] || continue
+        done_n=$(grep -c '"event":"variant_done"' "${new}log.jsonl" 2>/dev/null)
+        answered=$(grep -cE '"event":"(timed|check_failed|implausible)"' "${new}log.jsonl" 2>/dev/null)
+        [ "$done_n" -ge 2 ] && [ $((answered - 14 * done_n)) -ge 3 ] && { log=${new}log.jsonl; break; }
+      done
+      kill -9 $pid; wait $pid 2>/dev/null
+      echo "killed after $(grep -c '"event":"variant_done"' "$log") finished variants and $(grep -cE '"event":"(timed|check_failed|implausible)"' "$log") answered cases ($log)"
+      cp "$log" "$out/killed-mid.log.jsonl"
+      ft resume "$(dirname "$log")" 2>"$out/resume-mid.err" | tee "$out/resume-mid.txt"; keep resume-mid ;;
     # The Hopper path (wgmma, sm_90a) beside the mma.sync champions, PyTorch's backends beside both.
     hopper) timed hopper ft tune --space variants/hopper.toml ${HOPPER_TIME_LIMIT:+--time-limit $HOPPER_TIME_LIMIT} 2>"$out/hopper.err" | tee "$out/hopper.txt"; keep hopper ;;
     attention) timed attention ft tune --space variants/attention.toml ${ATTN_TIME_LIMIT:+--time-limit $ATTN_TIME_LIMIT} 2>"$out/attention.err" | tee "$out/attention.txt"; keep attention ;;
