@@ -244,7 +244,7 @@ impl Runner<'_> {
         };
         let idea = idea_of(self.agent.usage, run, workdir, base)
             .or_else(|| touched.then(|| diff.as_idea()));
-        eprintln!(
+        crate::tell!(
             "step {n} candidate {}: the agent ended ({}) after {:.0} s: {}{}",
             run.candidate,
             run.status,

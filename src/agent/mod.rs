@@ -169,7 +169,7 @@ pub async fn session(opts: StepOptions, agent: AgentOptions) -> Result<SessionOu
         }
     }
     for warning in preflight(&agent)? {
-        eprintln!("warning: {warning}");
+        crate::tell!("warning: {warning}");
     }
     let (bench, mut events) = Bench::open(&opts, true, None).await?;
     refuse_dirty_scope(&bench)?;
@@ -357,7 +357,7 @@ impl Runner<'_> {
             }
             let markdown = self.one_step(n, None, events).await?;
             if !self.opts.quiet {
-                println!("{markdown}");
+                crate::say!("{markdown}");
             }
         }
         if stopped.is_none() {

@@ -109,7 +109,7 @@ impl Runner<'_> {
         }
         let markdown = self.one_step(n, Some(proposals), events).await?;
         if !self.opts.quiet {
-            println!("{markdown}");
+            crate::say!("{markdown}");
         }
         Ok(())
     }

@@ -47,7 +47,7 @@ impl Runner<'_> {
                     .await?;
                 let workdirs =
                     self.start_candidates(n, &repo, &base, &pairings, &step_dir, events)?;
-                eprintln!(
+                crate::tell!(
                     "step {n}: {} candidate agent(s) at work on {} ({})",
                     workdirs.len(),
                     step::short(&base),
@@ -61,7 +61,7 @@ impl Runner<'_> {
             .judge_all(n, &proposals, &pairings, &head_cubins, &step_dir, events)
             .await?;
         let decided = self.decide(n, &proposals, &judged)?;
-        eprintln!(
+        crate::tell!(
             "step {n}: {}: {}",
             if decided.accepted {
                 "accepted"
@@ -153,7 +153,7 @@ impl Runner<'_> {
                 .find(|note| match apply_patch(&workdir, note) {
                     Ok(()) => true,
                     Err(why) => {
-                        eprintln!(
+                        crate::tell!(
                             "step {n} candidate {k}: near miss {} does not apply to this base ({why})",
                             note.attempt
                         );

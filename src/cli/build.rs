@@ -32,9 +32,9 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     let project = Project::load(paths, space.as_deref())?;
     let (planned, rows) = engine::build_space(&project, arch.as_deref(), covering).await?;
     let (table, failures) = build_table(&planned, &rows);
-    println!("{table}");
+    crate::say!("{table}");
     if failures > 0 {
-        eprintln!("{failures} build(s) failed or were rejected by the gates");
+        crate::tell!("{failures} build(s) failed or were rejected by the gates");
         return Ok(ExitCode::from(exit_code::FAILURE));
     }
     Ok(ExitCode::SUCCESS)
@@ -88,7 +88,7 @@ fn build_table(
                     "| `{}` | {} | {} | — | — | — | — | — | — | **{first}** |",
                     r.variant, r.dtype, r.head_dim
                 );
-                eprintln!(
+                crate::tell!(
                     "build of {} {} d{} failed:\n{why}\n",
                     r.variant, r.dtype, r.head_dim
                 );

@@ -43,6 +43,6 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     if json {
         return answer_json(packed);
     }
-    print!("{}", crate::pack::prompt_md(&packed?));
+    crate::os::console::out(&crate::pack::prompt_md(&packed?));
     Ok(ExitCode::SUCCESS)
 }

@@ -54,7 +54,7 @@ fn attempts(
     if json {
         return answer_json(listed);
     }
-    print!("{}", crate::pack::history_md(&listed?.steps));
+    crate::os::console::out(&crate::pack::history_md(&listed?.steps));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -112,7 +112,7 @@ fn champions(
             })
         }));
     }
-    print!("{}", found?.1);
+    crate::os::console::out(&found?.1);
     Ok(ExitCode::SUCCESS)
 }
 

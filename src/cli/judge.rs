@@ -62,7 +62,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         return answer_json(judged);
     }
     let verdict = judged?;
-    println!(
+    crate::say!(
         "{}: {}\nRun log: {}",
         if verdict.accepted {
             "accepted"

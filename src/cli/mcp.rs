@@ -74,13 +74,13 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             };
             if write {
                 crate::mcp::write_client_config(agent, &place, &snippet)?;
-                eprintln!("merged the flashtune server into {}", place.display());
+                crate::tell!("merged the flashtune server into {}", place.display());
             } else {
-                eprintln!(
+                crate::tell!(
                     "# belongs in {}; `--write` merges it there, keeping the rest of the file",
                     place.display()
                 );
-                print!("{snippet}");
+                crate::os::console::out(&snippet);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -140,14 +140,14 @@ pub fn run() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            crate::tell!("error: cannot start the async runtime: {e}");
             return ExitCode::from(exit_code::FAILURE);
         }
     };
     let code = match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            crate::tell!("error: {e}");
             ExitCode::from(e.exit_code())
         }
     };

@@ -18,7 +18,7 @@ pub(super) fn answer_json_with<T: serde::Serialize>(
 ) -> Result<ExitCode> {
     match result.and_then(|(doc, code)| Ok((to_json(&doc)?, code))) {
         Ok((doc, code)) => {
-            println!("{doc}");
+            crate::say!("{doc}");
             Ok(code)
         }
         Err(e) => answer_json_error(&e),
@@ -33,14 +33,14 @@ pub(super) fn answer_json_error(e: &Error) -> Result<ExitCode> {
         &e.to_string(),
         serde_json::json!({ "exit_code": e.exit_code() }),
     );
-    println!("{}", to_json(&doc)?);
-    eprintln!("error: {e}");
+    crate::say!("{}", to_json(&doc)?);
+    crate::tell!("error: {e}");
     Ok(ExitCode::from(e.exit_code()))
 }
 
 /// An agent session's last words: the summary and where its log is.
 pub(super) fn session_finished(outcome: &crate::agent::SessionOutcome) -> ExitCode {
-    print!("{}", session_finished_text(outcome));
+    crate::os::console::out(&session_finished_text(outcome));
     ExitCode::SUCCESS
 }
 

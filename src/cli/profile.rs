@@ -103,15 +103,15 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     }
     for (shape, dtype, outcome) in &results {
         let Some(outcome) = outcome else {
-            println!("{variant} {shape} {dtype}: not built in this run, nothing to profile");
+            crate::say!("{variant} {shape} {dtype}: not built in this run, nothing to profile");
             continue;
         };
         let line = line_of(shape, *dtype);
-        println!(
+        crate::say!(
             "{variant} {shape} {dtype}: {}",
             crate::report::markdown::profile_summary(outcome, line.unwrap_or(0))
         );
     }
-    println!("Logged in {}", run_dir.join("log.jsonl").display());
+    crate::say!("Logged in {}", run_dir.join("log.jsonl").display());
     Ok(code)
 }

@@ -54,7 +54,7 @@ impl ProgressReporter {
     /// An event line: above the bars on a terminal, as a plain line elsewhere.
     fn say(&self, bar: &ProgressBar, line: String) {
         if self.plain {
-            eprintln!("{line}");
+            crate::tell!("{line}");
         } else {
             bar.println(line);
         }
@@ -66,7 +66,7 @@ impl ProgressReporter {
             return;
         }
         self.last_plain = Instant::now();
-        eprintln!(
+        crate::tell!(
             "[{:.0} s] built {}/{}, cases {}/{}: {}",
             self.cases.elapsed().as_secs_f64(),
             self.builds.position(),

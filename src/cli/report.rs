@@ -24,7 +24,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             .and_then(|mut store| crate::log::store::backfill(&mut store, &sealed))
     });
     if let Err(e) = stored {
-        eprintln!("warning: run not added to the results store: {e:#}");
+        crate::tell!("warning: run not added to the results store: {e:#}");
     }
     let out = report_folder(&paths, &run);
     std::fs::create_dir_all(&out)
@@ -35,8 +35,8 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             out.display()
         ))
     })?;
-    println!("{md}");
-    println!(
+    crate::say!("{md}");
+    crate::say!(
         "Wrote report.md, report.html, report.csv, report.json and report.t4.json in {}",
         out.display()
     );

@@ -170,12 +170,12 @@ impl RunArgs {
 
     pub(super) fn finish(&self, outcome: engine::TuneOutcome) -> ExitCode {
         if !self.json {
-            println!("{}", outcome.summary);
-            println!(
+            crate::say!("{}", outcome.summary);
+            crate::say!(
                 "Full report: {} (and report.html, .csv, .json, .t4.json beside it)",
                 outcome.run_dir.join("report.md").display()
             );
-            println!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
+            crate::say!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
         }
         if outcome.interrupted {
             // 128 + the signal, as the shell reports a process it killed: 130 Ctrl-C, 143 SIGTERM.

@@ -19,7 +19,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             .unwrap_or_else(|_| "sm_90a".into()),
     };
     let (source, tc) = crate::os::toolchain::setup(&paths.root, &arch)?;
-    println!(
+    crate::say!(
         "nvcc: {} ({}), found by {}; it compiles for {arch}",
         tc.nvcc.display(),
         tc.version,

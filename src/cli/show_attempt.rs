@@ -27,10 +27,10 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             "attempt `{id}` changed no file: there is no patch to show"
         )));
     }
-    print!("{patch}");
+    crate::os::console::out(&patch);
     if let Some(idea) = &doc.entry.idea {
-        eprintln!("# {}: {} ({})", doc.entry.attempt, idea.summary, idea.from);
+        crate::tell!("# {}: {} ({})", doc.entry.attempt, idea.summary, idea.from);
     }
-    eprintln!("# verdict: {} — {}", doc.entry.verdict, doc.entry.reason);
+    crate::tell!("# verdict: {} — {}", doc.entry.verdict, doc.entry.reason);
     Ok(ExitCode::SUCCESS)
 }

@@ -149,6 +149,6 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             }),
         );
     }
-    print!("{}", ran?.3);
+    crate::os::console::out(&ran?.3);
     Ok(ExitCode::SUCCESS)
 }

@@ -152,7 +152,7 @@ impl Workbench {
         let Some((id, job)) = running else {
             return;
         };
-        eprintln!("flashtune mcp: {why}: stopping {} job {id}", job.kind);
+        crate::tell!("flashtune mcp: {why}: stopping {} job {id}", job.kind);
         let seen = stops.borrow().count;
         let mut state = job.state.clone();
         let stages = [
@@ -196,7 +196,7 @@ impl Workbench {
             .into_iter()
             .find(|d| !job.runs_before.contains(d))
         else {
-            eprintln!(
+            crate::tell!(
                 "flashtune mcp: the judge had not started its run: the edit is left as it was"
             );
             return;
@@ -205,7 +205,7 @@ impl Workbench {
         let log = match super::lookup::run_log(&run_dir) {
             Ok(log) => log,
             Err(e) => {
-                eprintln!("flashtune mcp: cannot read the judge's run log: {e}");
+                crate::tell!("flashtune mcp: cannot read the judge's run log: {e}");
                 return;
             }
         };
@@ -237,11 +237,11 @@ impl Workbench {
                 ),
             },
         };
-        eprintln!("flashtune mcp: {reason}");
+        crate::tell!("flashtune mcp: {reason}");
         let logged = crate::log::runlog::RunLog::reopen(&path, &log)
             .and_then(|mut l| l.append(Record::Interrupted { reason }));
         if let Err(e) = logged {
-            eprintln!(
+            crate::tell!(
                 "flashtune mcp: cannot log `interrupted` in {}: {e}",
                 path.display()
             );

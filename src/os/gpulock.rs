@@ -57,7 +57,7 @@ pub fn lock_gpu(device: u32, when_busy: WhenBusy) -> Result<File> {
                 "GPU {device} is in use by another flashtune run (pid {holder}); pass --wait to queue behind it, or pick another GPU with --gpus"
             )));
         }
-        eprintln!("GPU {device} is in use by another flashtune run (pid {holder}); waiting for it to finish (--wait)");
+        crate::tell!("GPU {device} is in use by another flashtune run (pid {holder}); waiting for it to finish (--wait)");
         // Blocking on purpose: nothing else of this run has started, and Ctrl-C still ends it.
         while !flock(&file, libc::LOCK_EX) {
             let err = std::io::Error::last_os_error();

@@ -58,7 +58,7 @@ static BECAUSE: OnceLock<String> = OnceLock::new();
 pub fn request_because(signo: i32, why: String) {
     // A stop already requested (the same end seen as a signal, or by another worker) is not doubled.
     if requested().is_none() {
-        eprintln!("\n{why}");
+        crate::tell!("\n{why}");
         let _ = BECAUSE.set(why);
         request(signo);
     }
@@ -71,15 +71,15 @@ pub fn request(signo: i32) {
     changes().send_replace(count);
     let name = name(signo);
     match count {
-        1 => eprintln!(
+        1 => crate::tell!(
             "\n{}: finishing the measurement in flight, then writing the reports; send it again to stop at once.",
             describe(signo)
         ),
         2 => {
-            eprintln!("\n{name} again: stopping now (the reports follow within {GRACE_S} s).");
+            crate::tell!("\n{name} again: stopping now (the reports follow within {GRACE_S} s).");
             std::thread::spawn(|| {
                 std::thread::sleep(Duration::from_secs(GRACE_S));
-                eprintln!("flashtune: still running {GRACE_S} s after the second signal: exiting now.");
+                crate::tell!("flashtune: still running {GRACE_S} s after the second signal: exiting now.");
                 exit_now();
             });
         }
@@ -280,7 +280,7 @@ pub fn guard(command: &str) -> std::process::ExitCode {
             std::process::ExitCode::from(code as u8)
         }
         Err(e) => {
-            eprintln!("flashtune guard: cannot run sh: {e}");
+            crate::tell!("flashtune guard: cannot run sh: {e}");
             std::process::ExitCode::from(127)
         }
     }

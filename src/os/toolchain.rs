@@ -272,7 +272,7 @@ fn tempfile_dir() -> Result<PathBuf> {
 /// `.tools/cuda`; either way, prove it compiles for `arch`. Returns what is in use and where from.
 pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
     if let Some((source, tc)) = locate_nvcc(root) {
-        eprintln!(
+        crate::tell!(
             "nvcc found ({}): {} — {}",
             source.describe(),
             tc.nvcc.display(),
@@ -287,7 +287,7 @@ pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
     std::fs::write(&requirements, PINNED_REQUIREMENTS)
         .map_err(|e| Error::BadInput(format!("{}: {e}", requirements.display())))?;
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-    eprintln!(
+    crate::tell!(
         "no nvcc found: installing the pinned CUDA compiler from PyPI into {} ({python} -m pip install --target ...)",
         target.display()
     );
@@ -322,7 +322,7 @@ pub fn setup(root: &Path, arch: &str) -> Result<(NvccSource, Toolchain)> {
     }
     let (source, tc) = locate_nvcc(root).ok_or_else(not_found)?;
     probe_compile(&tc, arch)?;
-    eprintln!(
+    crate::tell!(
         "installed ({}): {} — {}",
         source.describe(),
         tc.nvcc.display(),

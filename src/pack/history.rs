@@ -189,7 +189,7 @@ fn read_sealed_or_say(path: &Path) -> Option<SealedLog> {
                 .lock()
                 .map_or(true, |mut said| said.insert(path.to_path_buf()));
             if first {
-                eprintln!("warning: run log skipped: {e:#}; its records are not shown to agents or in the history");
+                crate::tell!("warning: run log skipped: {e:#}; its records are not shown to agents or in the history");
             }
             None
         }

@@ -180,7 +180,7 @@ fn open_store(project: &Project, create: bool) -> Option<Store> {
         Store::open_existing(&path)
     };
     opened.unwrap_or_else(|e| {
-        eprintln!("warning: results store not read: {e:#}; nothing is reused and the order knows no earlier run");
+        crate::tell!("warning: results store not read: {e:#}; nothing is reused and the order knows no earlier run");
         None
     })
 }
@@ -262,14 +262,14 @@ fn reuse(
                     },
                     Ok(None) => {}
                     Err(e) => {
-                        eprintln!("warning: results store not read: {e:#}; the case is measured");
+                        crate::tell!("warning: results store not read: {e:#}; the case is measured");
                     }
                 }
             }
         }
     }
     if let Some(first) = refused.first() {
-        eprintln!(
+        crate::tell!(
             "--reuse: a stored figure does not match the log record it cites, so it is measured afresh: {first}{}",
             match refused.len() - 1 {
                 0 => String::new(),
@@ -344,7 +344,7 @@ fn known_champions(
                     });
                 }
             }
-            Err(e) => eprintln!("warning: results store not read: {e:#}"),
+            Err(e) => crate::tell!("warning: results store not read: {e:#}"),
         }
         for k in &mut known {
             let Some(shape) = shapes.iter().find(|s| s.name == k.shape) else {

@@ -68,7 +68,7 @@ static TOLD: AtomicBool = AtomicBool::new(false);
 fn say_unconfined(why: &str) {
     if !TOLD.swap(true, Ordering::SeqCst) {
         tracing::warn!(why, "proposers and agents run without a sandbox");
-        eprintln!(
+        crate::tell!(
             "flashtune: no sandbox: {why}; proposers and agents run with everything flashtune can \
              reach (the run files, HEAD, the worker binary and the toolchain are still checked after them)"
         );

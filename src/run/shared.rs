@@ -70,7 +70,7 @@ impl Events {
             .and_then(|store| crate::log::store::Recorder::new(store, earlier, lines));
         match recorder {
             Ok(r) => self.store = Some(r),
-            Err(e) => eprintln!(
+            Err(e) => crate::tell!(
                 "warning: results store left out: {e:#}; this run's measurements stay in its log (`flashtune report <run>` adds them to the store later)"
             ),
         }

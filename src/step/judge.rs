@@ -320,7 +320,7 @@ impl Session<'_> {
             ),
             (None, None) => "no verdict".into(),
         };
-        eprintln!("{label}: {case}: {said}");
+        crate::tell!("{label}: {case}: {said}");
         duels.push(DuelRow {
             shape: p.shape.name.clone(),
             dtype: p.dtype,

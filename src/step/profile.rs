@@ -33,7 +33,7 @@ impl Session<'_> {
                 &p.shape.name,
                 p.dtype,
             ) {
-                eprintln!("champion {variant} on {case}: profile of these sources reused");
+                crate::tell!("champion {variant} on {case}: profile of these sources reused");
                 continue;
             }
             let key = (format!("{variant}@head"), p.dtype, p.point.head_dim);
@@ -51,7 +51,7 @@ impl Session<'_> {
                 None,
             )
             .await?;
-            eprintln!(
+            crate::tell!(
                 "champion {variant} on {case}: {}",
                 match &outcome {
                     crate::gpu::profile::ProfileOutcome::Profiled { bottlenecks, .. } =>

@@ -31,7 +31,7 @@ impl Session<'_> {
         let guarded = self.guarded_files(head_cubins);
         let before = fingerprint(&guarded);
         let log_before = file_hash(&events.log.path);
-        eprintln!("step {n}: the proposer runs");
+        crate::tell!("step {n}: the proposer runs");
         let ran = self.run_proposer(n, command, last).await?;
         // What the tool trusts and did not build: the worker binary and the toolchain.
         self.opts

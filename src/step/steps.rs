@@ -38,7 +38,7 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
         let (decided, markdown) = session.one_step(n, last.as_ref(), &mut events).await?;
         // Printed as each step ends: an unattended loop shows its progress.
         if !opts.quiet {
-            println!("{markdown}");
+            crate::say!("{markdown}");
         }
         report.push_str(&markdown);
         report.push('\n');
@@ -124,7 +124,7 @@ impl Session<'_> {
             idea,
         })?;
         if !edit.is_empty() {
-            eprintln!(
+            crate::tell!(
                 "step {n}: {} against HEAD {} ({})",
                 edit.join(", "),
                 short(&base),
@@ -163,7 +163,7 @@ impl Session<'_> {
         } else {
             Outcome::rejected("no edits under kernels/ to judge".into(), None, Vec::new())
         };
-        eprintln!(
+        crate::tell!(
             "step {n}: {}: {}",
             if outcome.accepted {
                 "accepted"

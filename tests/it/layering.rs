@@ -130,6 +130,10 @@ fn crate_paths(text: &str) -> BTreeSet<Vec<String>> {
             return;
         }
         let after = &s.trim_start()[name.len()..];
+        // `crate::say!`: a macro the crate exports at its root, no module.
+        if prefix.is_empty() && after.starts_with('!') {
+            return;
+        }
         let mut path = prefix;
         path.push(name);
         match after.strip_prefix("::") {

@@ -593,3 +593,39 @@ fn a_nearly_full_disk_leaves_a_log_with_its_header_never_an_empty_one() {
         }
     }
 }
+
+/// Issue 52, item 3: a closed stdout and stderr (`tune 2>&1 | head -2`, a pager quit early) end what is printed,
+/// never the run: the log ends in `finished`, the reports are written, and the exit is 0 (it was a
+/// panic on the broken pipe, exit 101).
+#[test]
+fn a_closed_stdout_loses_nothing_of_the_run() {
+    let dir = scratch_project();
+    let mut child = std::process::Command::new(binary())
+        .arg("--root")
+        .arg(dir.path())
+        .args(["tune", "--fake-gpu", "--max-variants", "1"])
+        .env(
+            "FLASHTUNE_CACHE_DIR",
+            repo().join("target/test-build-cache"),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes away before the run prints anything (`tune 2>&1 | head -2`).
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let run = only_run(dir.path());
+    let recs = records(&run);
+    assert!(
+        matches!(
+            recs.last(),
+            Some(flashtune::log::runlog::Record::Finished { .. })
+        ),
+        "{:?}",
+        recs.last()
+    );
+    assert!(run.join("report.md").is_file());
+}

@@ -155,6 +155,34 @@ fn a_log_is_read_from_disk_only_where_a_past_run_is_opened() {
     );
 }
 
+/// Architecture Invariant: the console may go away (`tune 2>&1 | head`): nothing in `src/` prints
+/// with `println!`, `print!`, `eprintln!` or `eprint!`, which panic on a closed pipe and lose the
+/// run's end; `say!`, `tell!` and `os::console` ignore it.
+#[test]
+fn nothing_prints_with_a_macro_that_panics_on_a_closed_pipe() {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    let mut found = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (n, line) in shipped_part(&text).lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for mac in ["println!(", "print!(", "eprintln!(", "eprint!("] {
+                let at = code.match_indices(mac).any(|(i, _)| {
+                    !code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+                });
+                if at {
+                    found.push(format!("{}:{} {mac}", rel(f), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "printing that panics on a closed pipe: {found:?}"
+    );
+}
+
 fn rel(f: &Path) -> String {
     f.strip_prefix(src_dir()).unwrap().display().to_string()
 }

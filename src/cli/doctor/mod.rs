@@ -8,7 +8,7 @@ use std::process::ExitCode;
 pub(super) async fn run(paths: ProjectPaths) -> Result<ExitCode> {
     let checks = crate::cli::doctor::checks::run(&paths).await;
     for c in &checks {
-        println!("{c}");
+        crate::say!("{c}");
     }
     let failed = checks
         .iter()

@@ -157,7 +157,7 @@ impl SealFile {
         let holds = match check(log, bytes, &key)? {
             Ok(h) => h,
             Err(unsealed) => {
-                eprintln!(
+                crate::tell!(
                     "warning: {unsealed}; records appended to it stay unsealed, and the context pack, history, resume and --reuse do not read it"
                 );
                 return Ok(Reopened {

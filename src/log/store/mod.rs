@@ -267,7 +267,7 @@ impl Store {
         }
         if let Some(first) = broken.first() {
             if !self.unsealed_said.replace(true) {
-                eprintln!(
+                crate::tell!(
                     "warning: {}: {} measurement row(s) whose seal does not hold are not used (edited in the file, or written before rows were sealed), the first of run {} line {}; `flashtune report <run>` writes a sealed run's rows again",
                     self.path.display(),
                     broken.len(),
@@ -519,7 +519,7 @@ impl Recorder {
         if let Err(e) = write_record(&self.store, &mut self.ctx, line, &entry.record) {
             if !self.warned {
                 self.warned = true;
-                eprintln!(
+                crate::tell!(
                     "warning: cannot write to the results store {}: {e:#}; the run goes on (`flashtune report <run>` fills the store from the log later)",
                     self.store.path.display()
                 );

@@ -93,7 +93,7 @@ pub async fn resume(
     };
     if loaded.torn_tail {
         // Said, not silent: the record being written when the run stopped is dropped (its case runs again).
-        eprintln!(
+        crate::tell!(
             "resume: the last line of {} was cut short or never sealed (the record being written when the run stopped); it is dropped and what it recorded is done again",
             log_path.display()
         );
@@ -120,7 +120,7 @@ pub async fn resume(
         .iter()
         .filter(|(variant, _, _)| !done.contains(variant))
         .count();
-    eprintln!(
+    crate::tell!(
         "resume: {} variant(s) finished; {kept_cases} case(s) of the variants in flight were answered and are kept",
         done.len()
     );
@@ -162,7 +162,7 @@ pub async fn ablate(
     let (log, header) = read_run(parent_dir)?;
     let (id, champion) = crate::run::ablate::choose_champion(&log, variant)
         .map_err(|e| Error::BadInput(format!("{}: {e}", log_path.display())))?;
-    eprintln!("ablating around `{id}` from run {}", header.run_id);
+    crate::tell!("ablating around `{id}` from run {}", header.run_id);
     let opts = TuneOptions {
         space: Some(header.space_path.clone()),
         strategy: Strategy::Ablate {
