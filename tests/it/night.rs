@@ -600,18 +600,11 @@ fn a_nearly_full_disk_leaves_a_log_with_its_header_never_an_empty_one() {
 #[test]
 fn a_closed_stdout_loses_nothing_of_the_run() {
     let dir = scratch_project();
-    let mut child = std::process::Command::new(binary())
-        .arg("--root")
-        .arg(dir.path())
-        .args(["tune", "--fake-gpu", "--max-variants", "1"])
-        .env(
-            "FLASHTUNE_CACHE_DIR",
-            repo().join("target/test-build-cache"),
-        )
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = flashtune_child(
+        dir.path(),
+        &["tune", "--fake-gpu", "--max-variants", "1"],
+        &[],
+    );
     // The reader goes away before the run prints anything (`tune 2>&1 | head -2`).
     drop(child.stdout.take());
     drop(child.stderr.take());
