@@ -7,3 +7,12 @@ pub(super) fn parse_dtype(s: &str) -> std::result::Result<crate::model::config::
         other => Err(format!("unknown dtype `{other}` (f16 or bf16)")),
     }
 }
+
+/// A count that must select something: 0 would run nothing and say nothing (issue 52).
+pub(super) fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 selects nothing; give 1 or more".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}

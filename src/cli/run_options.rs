@@ -47,8 +47,8 @@ pub(super) struct BudgetArgs {
     /// Stop starting new measurements after this long (e.g. 8h, 45m).
     #[arg(long, value_parser = humantime::parse_duration)]
     time_limit: Option<Duration>,
-    /// Measure at most this many variants.
-    #[arg(long)]
+    /// Measure at most this many variants (1 or more).
+    #[arg(long, value_parser = super::parse::at_least_one)]
     max_variants: Option<usize>,
 }
 

@@ -17,8 +17,8 @@ pub(super) struct Args {
     /// neighbours policies.toml's [guided] rules propose from each champion's ncu bottleneck.
     #[arg(long, value_enum, default_value_t = StrategyArg::Exhaustive)]
     strategy: StrategyArg,
-    /// Points drawn by --strategy random.
-    #[arg(long, default_value_t = 16)]
+    /// Points drawn by --strategy random (1 or more).
+    #[arg(long, default_value_t = 16, value_parser = super::parse::at_least_one)]
     sample: usize,
     /// Seed of --strategy random.
     #[arg(long, default_value_t = 1)]

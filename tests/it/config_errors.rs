@@ -258,3 +258,20 @@ fn a_space_names_its_kernels_inside_the_project_and_its_oracle_under_kernels_ora
         }
     }
 }
+
+/// Issue 52, item 7: a flag that selects nothing is refused by name (exit 2) before anything runs;
+/// `--max-variants 0` and `--sample 0` used to run nothing and say nothing.
+#[test]
+fn flags_that_select_nothing_are_refused() {
+    let dir = scratch_project();
+    for args in [
+        &["tune", "--fake-gpu", "--max-variants", "0"][..],
+        &["tune", "--fake-gpu", "--strategy", "random", "--sample", "0"][..],
+    ] {
+        let out = flashtune(dir.path(), args);
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains(args[args.len() - 2]) && t.contains("selects nothing"), "{t}");
+        assert!(!dir.path().join("runs").exists(), "{args:?} started a run");
+    }
+}
