@@ -31,6 +31,17 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         dtype,
         last,
     } = args;
+    // Outside a project there is no history to show: "None yet." would read as an empty one.
+    if !paths.policies().is_file() {
+        let refused = Error::BadInput(format!(
+            "not a flashtune project: no {} (run `flashtune history` inside a project, or give --root)",
+            paths.policies().display()
+        ));
+        return match json {
+            true => answer_json::<()>(Err(refused)),
+            false => Err(refused),
+        };
+    }
     match shape {
         None => attempts(paths, json, dtype, last),
         Some(shape) => champions(paths, shape, json, dtype, last),

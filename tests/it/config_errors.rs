@@ -266,12 +266,46 @@ fn flags_that_select_nothing_are_refused() {
     let dir = scratch_project();
     for args in [
         &["tune", "--fake-gpu", "--max-variants", "0"][..],
-        &["tune", "--fake-gpu", "--strategy", "random", "--sample", "0"][..],
+        &[
+            "tune",
+            "--fake-gpu",
+            "--strategy",
+            "random",
+            "--sample",
+            "0",
+        ][..],
     ] {
         let out = flashtune(dir.path(), args);
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
-        assert!(t.contains(args[args.len() - 2]) && t.contains("selects nothing"), "{t}");
+        assert!(
+            t.contains(args[args.len() - 2]) && t.contains("selects nothing"),
+            "{t}"
+        );
         assert!(!dir.path().join("runs").exists(), "{args:?} started a run");
     }
+}
+
+/// Issue 52, item 7: `history` outside a project said "None yet." with exit 0, as if the project
+/// had no attempts; it names what is missing and exits 2, as JSON too.
+#[test]
+fn history_outside_a_project_says_so() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = flashtune(empty.path(), &["history"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("not a flashtune project"),
+        "{}",
+        text(&out)
+    );
+    let out = flashtune(empty.path(), &["history", "--json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert!(
+        doc["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("not a flashtune project"),
+        "{doc}"
+    );
 }
