@@ -24,8 +24,16 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         force,
         run,
     } = args;
-    let run = RunArgs::from(&run);
+    let mut run = RunArgs::from(&run);
     let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
+    // A run the test double timed can only go on there (a GPU's figures would not compare).
+    if !run.fake_gpu && engine::read_run(&run_dir).is_ok_and(|(_, h)| h.device.fake) {
+        crate::tell!(
+            "resume: {} was timed on the fake GPU: it goes on there (its figures are synthetic)",
+            run_dir.display()
+        );
+        run.fake_gpu = true;
+    }
     if crate::agent::is_agent_session(&run_dir) {
         if run.json {
             return Err(Error::BadInput(

@@ -176,6 +176,10 @@ impl RunArgs {
                 outcome.run_dir.join("report.md").display()
             );
             crate::say!("Run log: {}", outcome.run_dir.join("log.jsonl").display());
+            if outcome.interrupted {
+                let id = outcome.run_dir.file_name().unwrap_or_default();
+                crate::say!("Resume it with: flashtune resume {}", id.to_string_lossy());
+            }
         }
         if outcome.interrupted {
             // 128 + the signal, as the shell reports a process it killed: 130 Ctrl-C, 143 SIGTERM.

@@ -185,6 +185,11 @@ fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_
     assert_eq!(out.status.code(), Some(143), "{t}");
     assert!(t.contains("SIGTERM"), "{t}");
     assert!(t.contains("Full report:"), "the summary is printed: {t}");
+    let id = run.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        t.contains(&format!("Resume it with: flashtune resume {id}")),
+        "an interrupted run says how to go on (issue 52, item 7): {t}"
+    );
     let recs = records(&run);
     match recs.last() {
         Some(Record::Interrupted { reason }) => assert!(reason.contains("SIGTERM"), "{reason}"),
@@ -194,8 +199,10 @@ fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_
     assert!(run.join("report.md").is_file());
     assert_nothing_left(&seen, dir.path());
 
-    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    // Without --fake-gpu: a run the double timed goes on there, and says so (issue 52, item 7).
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("timed on the fake GPU"), "{}", text(&out));
     assert!(matches!(
         records(&run).last(),
         Some(Record::Finished { .. })
