@@ -193,6 +193,43 @@ fn wait_for_busy_steps(n: usize, child: &mut std::process::Child) -> Vec<String>
     }
 }
 
+/// Wait until the new run's log holds `n` start sentinels: every queue is past its sentinel and in
+/// its first job (a case takes `PACE_MS`).
+fn wait_for_start_sentinels(
+    root: &Path,
+    before: &[PathBuf],
+    n: usize,
+    child: &mut std::process::Child,
+) {
+    let started = Instant::now();
+    loop {
+        let logged = runs_in(root)
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .filter_map(|p| std::fs::read_to_string(p.join("log.jsonl")).ok())
+            .map(|t| {
+                t.lines()
+                    .filter(|l| {
+                        l.contains("\"event\":\"sentinel\"") && l.contains("\"when\":\"start\"")
+                    })
+                    .count()
+            })
+            .max()
+            .unwrap_or(0);
+        if logged >= n {
+            return;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before {n} queues timed their start sentinel");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "never {n} start sentinels ({logged})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn only_new_run(root: &Path, before: &[PathBuf]) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(root.join("runs"))
         .unwrap()
@@ -248,8 +285,12 @@ fn workers_as_slurm_steps_survive_a_lost_step_and_a_cancelled_job() {
     // 2. One worker's step is cancelled mid-case: its variant goes to another step, is not held
     //    against it, and nothing is lost.
     let t1 = Instant::now();
+    let before = runs_in(root);
     let mut child = spawn(root, SLURM_TUNE, true);
     let steps = wait_for_busy_steps(4, &mut child);
+    // Only once every queue has timed its start sentinel: a step cancelled during its sentinel
+    // loses no case (seen once under load), and the test would prove nothing.
+    wait_for_start_sentinels(root, &before, 4, &mut child);
     // The newest step: the oldest may already have finished its one job by now (the run then loses
     // nothing, and the test would prove nothing).
     let victim = steps
