@@ -332,7 +332,6 @@ impl AttemptFold<'_> {
         let Record::Built { entries, role, .. } = &e.record else {
             unreachable!("apply dispatches by kind")
         };
-
         let key = match *role {
             None => return,
             Some(BuildRole::Head) => {
@@ -444,7 +443,6 @@ impl AttemptFold<'_> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         if let Some(entry) = self.entries.get_mut(&(*step, *candidate)) {
             entry.cases.push(DuelFigure {
                 line,
@@ -471,7 +469,6 @@ impl AttemptFold<'_> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         if let Some(entry) = self.entries.get_mut(&(*step, Some(*candidate))) {
             entry.verdict = crate::model::vocab::AttemptVerdict::judged(*accepted);
             entry.reason = reason.clone();
@@ -490,7 +487,6 @@ impl AttemptFold<'_> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         if let Some(entry) = self.entries.get_mut(&(*step, Some(*candidate))) {
             entry.verdict = crate::model::vocab::AttemptVerdict::Dropped;
             entry.reason = reason.clone();
@@ -511,7 +507,6 @@ impl AttemptFold<'_> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         if let Some(entry) = self.entries.get_mut(&(*step, None)) {
             entry.verdict = match *accepted {
                 true => crate::model::vocab::AttemptVerdict::Committed,

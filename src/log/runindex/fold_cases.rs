@@ -21,7 +21,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.planned.push(PlannedPoint {
             line,
             variant,
@@ -79,7 +78,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.build_seconds
             .insert((variant, *dtype, *head_dim), *seconds);
         self.ix.builds.push(Build {
@@ -113,7 +111,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let outcome = if matches!(e.record, Record::Rejected { .. }) {
             BuildOutcome::Rejected { reason }
         } else {
@@ -162,7 +159,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         if let Some(&i) = self
             .ix
             .by_key
@@ -184,7 +180,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.check_failures.push(CheckFailure {
             line,
             variant,
@@ -233,7 +228,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let device = device.or_else(|| self.device_of.get(variant.as_str()).copied());
         let sentinel_before = self
             .ix
@@ -278,7 +272,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let outcome = Outcome::Measured {
             line,
             timing,
@@ -306,7 +299,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.confirmations.push(Confirmation {
             line,
             variant,
@@ -330,7 +322,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.faults.push(Fault {
             line,
             variant,
@@ -358,7 +349,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let outcome = Outcome::Skipped {
             line,
             reason,

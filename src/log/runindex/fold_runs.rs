@@ -23,7 +23,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.incidents.push((line, &e.record));
         let own = !worker_never_started(&e.record);
         self.own_worker_failure.insert(variant.as_str(), own);
@@ -65,7 +64,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.incidents.push((line, &e.record));
         // A quarantine follows its attempt's failure record: the variant's fault unless
         // that worker never started.
@@ -93,7 +91,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.profiles.push(Profile {
             line,
             variant,
@@ -115,7 +112,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.baselines.push(Baseline {
             line,
             backend,
@@ -139,7 +135,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.baselines.push(Baseline {
             line,
             backend,
@@ -158,7 +153,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let what = match dtype {
             Some(d) => format!("{name} ({d})"),
             None => name.clone(),
@@ -176,7 +170,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let m = Measured {
             value: *value,
             line,
@@ -210,7 +203,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.duels.push(DuelRecord {
             line,
             shape,
@@ -233,7 +225,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.duels.push(DuelRecord {
             line,
             shape,
@@ -255,7 +246,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.device_of.insert(variant, *device);
         self.ix.workers.push(WorkerRun {
             line,
@@ -278,7 +268,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         let index = self.ix.sentinels.len();
         for t in self.ix.timings.iter_mut().rev() {
             if t.device.is_some_and(|d| d != *device) {
@@ -313,7 +302,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.disturbed.push(DisturbedTiming {
             line,
             t: e.t,
@@ -342,7 +330,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.duels.push(DuelRecord {
             line,
             shape,
@@ -376,7 +363,6 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-
         self.ix.finished = Some(Finished {
             line,
             seconds: *seconds,
