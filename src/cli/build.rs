@@ -90,7 +90,9 @@ fn build_table(
                 );
                 crate::tell!(
                     "build of {} {} d{} failed:\n{why}\n",
-                    r.variant, r.dtype, r.head_dim
+                    r.variant,
+                    r.dtype,
+                    r.head_dim
                 );
             }
         }

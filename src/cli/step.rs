@@ -143,11 +143,9 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     }
     .await;
     if json {
-        return answer_json(
-            ran.and_then(|(run_dir, log, stopped, _)| {
-                crate::agent::step_run_from_log(&run_dir, &log, stopped)
-            }),
-        );
+        return answer_json(ran.and_then(|(run_dir, log, stopped, _)| {
+            crate::agent::step_run_from_log(&run_dir, &log, stopped)
+        }));
     }
     crate::os::console::out(&ran?.3);
     Ok(ExitCode::SUCCESS)

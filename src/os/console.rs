@@ -7,7 +7,9 @@ use std::io::Write;
 /// hold everything the console shows).
 pub fn out(text: &str) {
     let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 /// `println!` that a closed stdout cannot turn into a panic: see [`out`].

@@ -262,7 +262,9 @@ fn reuse(
                     },
                     Ok(None) => {}
                     Err(e) => {
-                        crate::tell!("warning: results store not read: {e:#}; the case is measured");
+                        crate::tell!(
+                            "warning: results store not read: {e:#}; the case is measured"
+                        );
                     }
                 }
             }

@@ -52,13 +52,9 @@ impl Session<'_> {
         }
         let proposed = match &ran {
             Record::ProposerRan {
-                output_tail,
-                end,
-                ..
+                output_tail, end, ..
             } => Proposed {
-                finished: end
-                    .unwrap_or(ProcessEnd::WaitFailed)
-                    .succeeded(),
+                finished: end.unwrap_or(ProcessEnd::WaitFailed).succeeded(),
                 output: output_tail.clone(),
             },
             _ => unreachable!("run_proposer returns proposer_ran"),

@@ -202,7 +202,11 @@ fn sigterm_mid_run_logs_interrupted_exits_143_and_resume_finishes_with_the_same_
     // Without --fake-gpu: a run the double timed goes on there, and says so (issue 52, item 7).
     let out = flashtune(dir.path(), &["resume", run.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("timed on the fake GPU"), "{}", text(&out));
+    assert!(
+        text(&out).contains("timed on the fake GPU"),
+        "{}",
+        text(&out)
+    );
     assert!(matches!(
         records(&run).last(),
         Some(Record::Finished { .. })

@@ -187,8 +187,7 @@ impl<'a> Fold<'a> {
             dtype: *dtype,
             reason,
         });
-        let fault =
-            FaultKind::of_case_fault(logged_fault.unwrap_or(CaseFault::Wrong));
+        let fault = FaultKind::of_case_fault(logged_fault.unwrap_or(CaseFault::Wrong));
         self.ix.faults.push(Fault {
             line,
             variant,
