@@ -1,7 +1,6 @@
 //! What the sources themselves must show (issue 49): short functions, and a run log read from disk
 //! only where a past run is opened. Counted from `src/` as it ships (test modules left out).
 use crate::layering::{rust_files, shipped_part, src_dir};
-use std::path::Path;
 
 /// The longest a function may be without its reason beside it.
 const LONG: usize = 150;
@@ -82,15 +81,12 @@ fn the_function_scanner_measures_from_signature_to_closing_brace() {
 /// doc comment; any other long function is split along its seams.
 #[test]
 fn at_most_two_functions_are_long_and_each_says_why() {
-    let mut files = Vec::new();
-    rust_files(&src_dir(), &mut files);
     let mut long = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
-        for (name, at, len, doc) in functions(shipped_part(&text)) {
+    for (file, text) in shipped_sources() {
+        for (name, at, len, doc) in functions(&text) {
             if len > LONG {
                 long.push((
-                    format!("{}:{at} {name} ({len} lines)", rel(f)),
+                    format!("{file}:{at} {name} ({len} lines)"),
                     doc.contains(REASON),
                 ));
             }
@@ -129,14 +125,14 @@ const PAST_RUN_OPENERS: &[&str] = &[
 /// `search::guided_search_proposes_from_profiled_bottlenecks_and_stops`.)
 #[test]
 fn a_log_is_read_from_disk_only_where_a_past_run_is_opened() {
-    let mut files = Vec::new();
-    rust_files(&src_dir(), &mut files);
     let mut sites = Vec::new();
-    for f in files.iter().filter(|f| !rel(f).starts_with("log/runlog/")) {
-        let text = std::fs::read_to_string(f).unwrap();
-        for (n, line) in shipped_part(&text).lines().enumerate() {
+    for (file, text) in shipped_sources() {
+        if file.starts_with("log/runlog/") {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
             if line.contains("runlog::read(") || line.contains("runlog::read_sealed(") {
-                sites.push((rel(f), n + 1));
+                sites.push((file.clone(), n + 1));
             }
         }
     }
@@ -160,19 +156,16 @@ fn a_log_is_read_from_disk_only_where_a_past_run_is_opened() {
 /// run's end; `say!`, `tell!` and `os::console` ignore it.
 #[test]
 fn nothing_prints_with_a_macro_that_panics_on_a_closed_pipe() {
-    let mut files = Vec::new();
-    rust_files(&src_dir(), &mut files);
     let mut found = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f).unwrap();
-        for (n, line) in shipped_part(&text).lines().enumerate() {
+    for (file, text) in shipped_sources() {
+        for (n, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             for mac in ["println!(", "print!(", "eprintln!(", "eprint!("] {
                 let at = code.match_indices(mac).any(|(i, _)| {
                     !code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
                 });
                 if at {
-                    found.push(format!("{}:{} {mac}", rel(f), n + 1));
+                    found.push(format!("{file}:{} {mac}", n + 1));
                 }
             }
         }
@@ -183,6 +176,16 @@ fn nothing_prints_with_a_macro_that_panics_on_a_closed_pipe() {
     );
 }
 
-fn rel(f: &Path) -> String {
-    f.strip_prefix(src_dir()).unwrap().display().to_string()
+/// Every file of `src/` as it ships (up to its first `#[cfg(test)]`), named relative to `src/`.
+fn shipped_sources() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rust_files(&src_dir(), &mut files);
+    files
+        .iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let rel = f.strip_prefix(src_dir()).unwrap().display().to_string();
+            (rel, shipped_part(&text).to_owned())
+        })
+        .collect()
 }
