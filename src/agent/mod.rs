@@ -347,6 +347,8 @@ impl Runner<'_> {
     pub(super) async fn run_from(&self, first: u32, events: &mut Events) -> Result<SessionOutcome> {
         let run_dir = self.bench.run_dir.clone();
         let mut stopped = None;
+        let mut written: std::collections::BTreeMap<u32, String> =
+            std::collections::BTreeMap::new();
         for n in first..=self.opts.steps {
             if let Some(why) = self.stop_rule(events)? {
                 events.emit(Record::SessionStopped {
@@ -359,6 +361,7 @@ impl Runner<'_> {
             if !self.opts.quiet {
                 crate::say!("{markdown}");
             }
+            written.insert(n, markdown);
         }
         if stopped.is_none() {
             // A rule may end the session after its last step too: say so, for the summary.
@@ -376,8 +379,15 @@ impl Runner<'_> {
             &run_dir.join("ledger.json"),
             &serde_json::to_vec_pretty(&ledger.document()).map_err(|e| Error::Other(e.into()))?,
         )?;
+        // This process's steps from memory; a step done before a resume, from what that process wrote.
         let report: String = (1..=self.opts.steps)
-            .filter_map(|n| std::fs::read_to_string(run_dir.join(format!("step-{n}.md"))).ok())
+            .filter_map(|n| match written.remove(&n) {
+                Some(markdown) => Some(markdown),
+                None if n < first => {
+                    std::fs::read_to_string(run_dir.join(format!("step-{n}.md"))).ok()
+                }
+                None => None,
+            })
             .collect::<Vec<_>>()
             .join("\n");
         write(

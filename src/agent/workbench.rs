@@ -83,11 +83,19 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
         idea: opts.idea,
     })
     .await?;
-    verdict_from_log(&outcome.run_dir, &outcome.log)
+    verdict_from_log(
+        &outcome.run_dir,
+        &outcome.log,
+        Some(outcome.report_markdown),
+    )
 }
 
-/// The verdict of a one-step run, read from its log.
-pub fn verdict_from_log(run_dir: &Path, log: &LoadedLog) -> Result<JudgeVerdict> {
+/// The verdict of a one-step run, read from its log, with the step's report as it was written.
+pub fn verdict_from_log(
+    run_dir: &Path,
+    log: &LoadedLog,
+    report_markdown: Option<String>,
+) -> Result<JudgeVerdict> {
     let header = log
         .header()
         .ok_or_else(|| Error::Other(anyhow!("{} has no header", run_dir.display())))?;
@@ -125,7 +133,7 @@ pub fn verdict_from_log(run_dir: &Path, log: &LoadedLog) -> Result<JudgeVerdict>
         metrics: entry.metrics,
         run_id: header.run_id.clone(),
         run_dir: run_dir.to_path_buf(),
-        report_markdown: std::fs::read_to_string(&report).ok(),
+        report_markdown,
         report,
         synthetic: header.device.fake,
     })
@@ -392,7 +400,7 @@ pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
         r.reason
     );
     write(&run_dir.join("step-1.md"), markdown.as_bytes())?;
-    verdict_from_log(&run_dir, events.records())
+    verdict_from_log(&run_dir, events.records(), Some(markdown))
 }
 
 /// The workbench's error document: `{"schema_version", "error": {"code", "message", ...}}`, what

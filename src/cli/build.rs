@@ -105,9 +105,10 @@ fn build_table(
             (usize, &crate::model::space::PlannedPoint),
         > = Default::default();
         for p in &invalid {
-            let reason = p.invalid.as_deref().unwrap_or("");
+            let Some(invalid) = &p.invalid else { continue };
+            let reason = invalid.reason.as_str();
             // A constraint is named by its text; a limit's figures vary point to point.
-            let key = if reason.starts_with("constraints:") {
+            let key = if invalid.by == crate::model::space::RuledOutBy::Constraint {
                 reason.to_owned()
             } else {
                 let mut key = String::with_capacity(reason.len());
@@ -131,7 +132,7 @@ fn build_table(
             groups.len()
         );
         for (reason, (count, example)) in &groups {
-            let example_reason = example.invalid.as_deref().unwrap_or("");
+            let example_reason = example.invalid.as_ref().map_or("", |i| i.reason.as_str());
             let detail = if example_reason == reason {
                 String::new()
             } else {

@@ -180,7 +180,7 @@ fn history_table(
             r.dtype,
             r.variant,
             r.median_us,
-            crate::report::markdown::three_digits(r.tflops)
+            crate::report::document::three_digits(r.tflops)
         );
         before = Some(r);
     }

@@ -109,7 +109,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         let line = line_of(shape, *dtype);
         crate::say!(
             "{variant} {shape} {dtype}: {}",
-            crate::report::markdown::profile_summary(outcome, line.unwrap_or(0))
+            crate::report::sections::profile_text(outcome, line.unwrap_or(0)).words()
         );
     }
     crate::say!("Logged in {}", run_dir.join("log.jsonl").display());

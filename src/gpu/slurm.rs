@@ -189,6 +189,38 @@ impl Srun {
     }
 }
 
+/// What the probe step of [`Srun::check_shared`] printed: the token it was given, or which of
+/// the two paths its node could not see, or nothing (the step did not run).
+#[derive(Debug, PartialEq, Eq)]
+enum ProbeAnswer<'a> {
+    Sees,
+    NoBinary { node: &'a str },
+    NoCache { node: &'a str },
+    Nothing,
+}
+
+impl<'a> ProbeAnswer<'a> {
+    /// The probe's one line: the token, or `no-binary HOST`, or `no-cache HOST`; anything else
+    /// (a cache file holding other bytes) is a cache this node does not share.
+    fn parse(stdout: &'a str, token: &str) -> ProbeAnswer<'a> {
+        let answer = stdout.trim();
+        if answer.is_empty() {
+            return ProbeAnswer::Nothing;
+        }
+        if answer == token {
+            return ProbeAnswer::Sees;
+        }
+        let mut words = answer.split_whitespace();
+        let (word, node) = (words.next(), words.next().unwrap_or("the node"));
+        match word {
+            Some("no-binary") => ProbeAnswer::NoBinary { node },
+            Some("no-cache") => ProbeAnswer::NoCache { node },
+            // Another run's probe file, or bytes cached elsewhere: not this host's cache.
+            _ => ProbeAnswer::NoCache { node: "the node" },
+        }
+    }
+}
+
 /// The verdict of [`Srun::check_shared`] from what its step printed.
 pub fn shared_verdict(
     stdout: &str,
@@ -197,26 +229,22 @@ pub fn shared_verdict(
     exe: &Path,
     cache: &Path,
 ) -> Result<(), String> {
-    let answer = stdout.trim();
-    if answer == token {
-        return Ok(());
-    }
-    let node = answer.split_whitespace().nth(1).unwrap_or("the node");
     let fix = "flashtune builds on this host and each worker loads the cubins by path, so every node must see the \
                binary and the build cache at the same paths as here: put both on a file system the nodes share \
                (set FLASHTUNE_CACHE_DIR to a folder there, and run a flashtune binary installed there)";
-    if answer.starts_with("no-binary") {
-        Err(format!("{node} cannot run {}: {fix}", exe.display()))
-    } else if answer.starts_with("no-cache") || !answer.is_empty() {
-        Err(format!(
+    match ProbeAnswer::parse(stdout, token) {
+        ProbeAnswer::Sees => Ok(()),
+        ProbeAnswer::NoBinary { node } => {
+            Err(format!("{node} cannot run {}: {fix}", exe.display()))
+        }
+        ProbeAnswer::NoCache { node } => Err(format!(
             "{node} does not see this host's build cache {}: {fix}",
             cache.display()
-        ))
-    } else {
-        Err(format!(
+        )),
+        ProbeAnswer::Nothing => Err(format!(
             "srun could not run a step: {}",
             crate::gpu::build::log_tail(stderr, 3)
-        ))
+        )),
     }
 }
 

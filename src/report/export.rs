@@ -1,5 +1,5 @@
 //! Machine-readable exports of a run log: CSV (one row per variant × shape × dtype), JSON, and T4 (the auto-tuning community's results format).
-use crate::log::runindex::{Case, RunIndex};
+use crate::log::runindex::{Case, CaseStatus, RunIndex};
 use crate::log::runlog::LoadedLog;
 use crate::model::config::Dtype;
 use crate::model::space::Params;
@@ -15,7 +15,7 @@ pub struct CaseRow {
     pub shape: String,
     pub dtype: Dtype,
     /// `timed`, `wrong`, `build_failed`, `crashed`, `timed_out`, `implausible`, `skipped` or `not_run`.
-    pub status: String,
+    pub status: CaseStatus,
     pub median_us: Option<f64>,
     pub p10_us: Option<f64>,
     pub p90_us: Option<f64>,
@@ -30,13 +30,32 @@ pub struct CaseRow {
     /// the shape); `tied` for that case and its runner-up when the two are within the noise (then
     /// neither is the finding).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub champion: Option<String>,
+    pub champion: Option<ChampionMark>,
     /// The other variant of a tie.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tied_with: Option<String>,
     /// Taken from the results store (`--reuse`): the run and log line that measured it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reused_from: Option<ReusedFrom>,
+}
+
+/// How a case stands in its (shape, dtype)'s champion pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChampionMark {
+    /// The champion.
+    Yes,
+    /// The champion or its runner-up, within the noise of each other.
+    Tied,
+}
+
+impl ChampionMark {
+    fn as_str(self) -> &'static str {
+        match self {
+            ChampionMark::Yes => "yes",
+            ChampionMark::Tied => "tied",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -54,7 +73,7 @@ impl CaseRow {
             params: c.params.clone(),
             shape: c.shape.name.clone(),
             dtype: c.dtype,
-            status: c.outcome.status().to_owned(),
+            status: c.outcome.status(),
             median_us: timing.map(|t| t.median_us),
             p10_us: timing.map(|t| t.p10_us),
             p90_us: timing.map(|t| t.p90_us),
@@ -85,15 +104,16 @@ pub fn cases(ix: &RunIndex) -> Vec<CaseRow> {
     let Some(header) = ix.header else {
         return rows;
     };
-    let mut mark = |variant: &str, shape: &str, dtype: Dtype, what: &str, other: Option<&str>| {
-        if let Some(r) = rows
-            .iter_mut()
-            .find(|r| r.variant == variant && r.shape == shape && r.dtype == dtype)
-        {
-            r.champion = Some(what.to_owned());
-            r.tied_with = other.map(str::to_owned);
-        }
-    };
+    let mut mark =
+        |variant: &str, shape: &str, dtype: Dtype, what: ChampionMark, other: Option<&str>| {
+            if let Some(r) = rows
+                .iter_mut()
+                .find(|r| r.variant == variant && r.shape == shape && r.dtype == dtype)
+            {
+                r.champion = Some(what);
+                r.tied_with = other.map(str::to_owned);
+            }
+        };
     for shape in &header.shapes {
         for &dtype in &header.dtypes {
             let Some(pick) = ix.pick(&shape.name, dtype) else {
@@ -102,10 +122,28 @@ pub fn cases(ix: &RunIndex) -> Vec<CaseRow> {
             match (pick.tie, pick.runner_up) {
                 (Some(_), Some(r)) => {
                     let best = pick.best.variant;
-                    mark(best, &shape.name, dtype, "tied", Some(r.variant));
-                    mark(r.variant, &shape.name, dtype, "tied", Some(best));
+                    mark(
+                        best,
+                        &shape.name,
+                        dtype,
+                        ChampionMark::Tied,
+                        Some(r.variant),
+                    );
+                    mark(
+                        r.variant,
+                        &shape.name,
+                        dtype,
+                        ChampionMark::Tied,
+                        Some(best),
+                    );
                 }
-                _ => mark(pick.best.variant, &shape.name, dtype, "yes", None),
+                _ => mark(
+                    pick.best.variant,
+                    &shape.name,
+                    dtype,
+                    ChampionMark::Yes,
+                    None,
+                ),
             }
         }
     }
@@ -154,7 +192,7 @@ pub fn csv(ix: &RunIndex) -> String {
         rec.extend([
             r.shape.clone(),
             r.dtype.to_string(),
-            r.status.clone(),
+            r.status.to_string(),
             opt(r.median_us),
             opt(r.p10_us),
             opt(r.p90_us),
@@ -163,7 +201,7 @@ pub fn csv(ix: &RunIndex) -> String {
             opt(r.rel_l2),
             r.reason.clone().unwrap_or_default(),
             r.log_line.to_string(),
-            r.champion.clone().unwrap_or_default(),
+            r.champion.map_or("", ChampionMark::as_str).to_owned(),
             r.tied_with.clone().unwrap_or_default(),
             fake.clone(),
         ]);
@@ -213,13 +251,13 @@ pub fn t4(ix: &RunIndex) -> Value {
             let mut configuration = serde_json::to_value(&r.params).unwrap_or(json!({}));
             configuration["shape"] = json!(r.shape);
             configuration["dtype"] = json!(r.dtype);
-            let invalidity = match r.status.as_str() {
-                "timed" => "correct",
+            let invalidity = match r.status {
+                CaseStatus::Timed => "correct",
                 // Faster than the GPU can go: what was timed is not the work that was asked for.
-                "wrong" | "implausible" => "correctness",
-                "build_failed" => "compile",
-                "timed_out" => "timeout",
-                _ => "runtime",
+                CaseStatus::Wrong | CaseStatus::Implausible => "correctness",
+                CaseStatus::BuildFailed => "compile",
+                CaseStatus::TimedOut => "timeout",
+                CaseStatus::Crashed | CaseStatus::Skipped | CaseStatus::NotRun => "runtime",
             };
             let correct = invalidity == "correct";
             let mut measurements = Vec::new();
@@ -286,7 +324,7 @@ fn t4_metadata(ix: &RunIndex) -> Value {
 /// Write every format beside the log; returns the Markdown.
 pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<String> {
     let ix = RunIndex::new(log);
-    let md = crate::report::markdown::markdown(&ix);
+    let md = crate::report::sections::markdown(&ix);
     std::fs::write(run_dir.join("report.md"), &md)?;
     std::fs::write(run_dir.join("report.csv"), csv(&ix))?;
     std::fs::write(
@@ -297,6 +335,9 @@ pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<
         run_dir.join("report.t4.json"),
         serde_json::to_string_pretty(&t4(&ix)).expect("JSON values serialize"),
     )?;
-    std::fs::write(run_dir.join("report.html"), crate::report::html::page(&ix))?;
+    std::fs::write(
+        run_dir.join("report.html"),
+        crate::report::sections::page(&ix),
+    )?;
     Ok(md)
 }

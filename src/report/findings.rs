@@ -257,8 +257,8 @@ pub struct ChainRow {
     /// The parameters that differ from the step before (empty for the first step).
     pub changed: String,
     pub dtype: Dtype,
-    /// The case's status from `export::cases` (`timed`, `wrong`, ...), `not_run` when absent.
-    pub status: String,
+    /// What became of the case (`NotRun` when absent).
+    pub status: crate::log::runindex::CaseStatus,
     pub median_us: Option<f64>,
     pub tflops: Option<f64>,
     pub vs_previous: Option<f64>,
@@ -334,7 +334,7 @@ pub fn chain(ix: &RunIndex) -> Option<Vec<(Shape, Vec<ChainRow>)>> {
                     variant: variant.to_owned(),
                     changed,
                     dtype,
-                    status: case.outcome.status().to_owned(),
+                    status: case.outcome.status(),
                     median_us: us,
                     tflops: measured.map(|t| t.tflops),
                     vs_previous: ratio(previous_us),

@@ -1,8 +1,11 @@
-//! Reading a run for people: the Markdown report and its sections, the findings, plots and HTML page, the exports, the champions and the roofs. Every figure comes from a log record.
+//! Reading a run for people: the report as a typed document of sections and its emitters
+//! (Markdown, HTML, the terminal), the findings, plots, exports, champions and roofs. Every figure
+//! comes from a log record.
 pub mod champions;
+pub mod document;
+pub mod emit;
 pub mod export;
 pub mod findings;
-pub mod html;
-pub mod markdown;
 pub mod plots;
 pub mod roofs;
+pub mod sections;

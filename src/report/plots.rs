@@ -212,7 +212,7 @@ pub fn roofline(ix: &RunIndex, ceilings: &Ceilings) -> Option<Result<String, Str
             .x_desc("arithmetic intensity (FLOP per byte of Q, K, V, O)")
             .y_desc("achieved TFLOP/s")
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| crate::report::markdown::three_digits(*y))
+            .y_label_formatter(&|y| crate::report::document::three_digits(*y))
             .label_style((FONT, 14))
             .light_line_style(BLACK.mix(0.04))
             .bold_line_style(BLACK.mix(0.15))
@@ -240,7 +240,7 @@ pub fn roofline(ix: &RunIndex, ceilings: &Ceilings) -> Option<Result<String, Str
                 .map_err(|e| e.to_string())?
                 .label(format!(
                     "{dtype} roof: matmul {} TFLOP/s (log line {})",
-                    crate::report::markdown::three_digits(roof.value),
+                    crate::report::document::three_digits(roof.value),
                     roof.line
                 ))
                 .legend(move |(x, y)| {

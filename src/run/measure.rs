@@ -30,7 +30,7 @@ pub async fn measure_points(
                 params: p.variant.params.clone(),
                 head_dim: p.head_dim,
                 launch: p.launch.clone(),
-                invalid: p.invalid.clone(),
+                invalid: p.invalid.as_ref().map(|i| i.reason.clone()),
                 proposed_by: reasons.get(&p.variant.id).cloned(),
             })
             .collect(),

@@ -138,8 +138,8 @@ pub(crate) fn champions_for(
                 })?;
             if let Some(why) = &point.invalid {
                 return Err(Error::BadInput(format!(
-                    "champion `{variant}` cannot run shape {} (d={}): {why}",
-                    shape.name, shape.d
+                    "champion `{variant}` cannot run shape {} (d={}): {}",
+                    shape.name, shape.d, why.reason
                 )));
             }
             out.push(Pairing {

@@ -568,7 +568,7 @@ mod offline_targets {
         assert_eq!(hopper.len(), 1);
         assert_eq!(hopper[0].invalid, None, "{hopper:?}");
         let l4 = plan("sm_89");
-        let why = l4[0].invalid.as_deref().expect("ruled out on sm_89");
+        let why = l4[0].why_invalid().expect("ruled out on sm_89");
         assert!(why.contains("opt-in limit 101376"), "{why}");
 
         // Through the CLI: only the reference is compiled, and the table says why.
@@ -679,7 +679,7 @@ mod offline_targets {
                 let wgmma: Vec<_> = planned.iter().filter(|p| is_wgmma(p)).collect();
                 assert!(!wgmma.is_empty(), "{space}");
                 for p in wgmma {
-                    let why = p.invalid.as_deref().unwrap_or("valid");
+                    let why = p.why_invalid().unwrap_or("valid");
                     // A point a constraint already rules out keeps that reason; every other one
                     // is ruled out by the arch, not by a build failure.
                     if valid_on_hopper.contains(&(p.variant.id.as_str(), p.head_dim)) {
@@ -811,7 +811,7 @@ mod offline_targets {
         for (arch, expected) in [("sm_89", (6, 44)), ("sm_80", (6, 48))] {
             let planned = plan(arch);
             for p in planned.iter().filter(|p| is_wgmma(p)) {
-                let why = p.invalid.as_deref().unwrap_or("valid");
+                let why = p.why_invalid().unwrap_or("valid");
                 assert!(
                     why.contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a")
                         && why.contains(&format!("the target is {arch}")),
@@ -822,7 +822,7 @@ mod offline_targets {
             }
             assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 3 * 2);
             for p in planned.iter().filter(|p| !is_wgmma(p)) {
-                let why = p.invalid.as_deref().unwrap_or("");
+                let why = p.why_invalid().unwrap_or("");
                 assert!(!why.contains("wgmma"), "{arch} {}: {why}", p.variant.id);
             }
             assert_eq!(counts(&planned), expected, "{arch}");
@@ -876,7 +876,7 @@ mod offline_targets {
             );
             for p in plan("sm_89") {
                 assert!(
-                    p.invalid.as_deref().unwrap_or("").contains("needs sm_90a"),
+                    p.why_invalid().unwrap_or("").contains("needs sm_90a"),
                     "{p:?}"
                 );
             }

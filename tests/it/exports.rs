@@ -54,13 +54,16 @@ fn a_killed_run_with_a_torn_line_still_reports() {
     let log = fixture_log("smoke-killed-torn.log.jsonl");
     assert!(log.torn_tail);
     let ix = flashtune::log::runindex::RunIndex::new(&log);
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert!(
         md.contains("no `finished` record") && md.contains("cut short"),
         "{md}"
     );
     let rows = export::cases(&ix);
-    assert!(rows.iter().any(|r| r.status == "timed") && rows.iter().any(|r| r.status == "not_run"));
+    assert!(
+        rows.iter().any(|r| r.status.as_str() == "timed")
+            && rows.iter().any(|r| r.status.as_str() == "not_run")
+    );
     let json = export::json(&ix);
     assert!(json["torn_tail"].as_bool().unwrap());
     assert!(!json["champions"].as_array().unwrap().is_empty());

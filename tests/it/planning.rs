@@ -53,8 +53,8 @@ fn constraints_and_device_limits_rule_points_out_with_reasons() {
         plan.iter()
             .find(|p| p.variant.id == id && p.head_dim == d)
             .unwrap()
-            .invalid
-            .clone()
+            .why_invalid()
+            .map(str::to_owned)
     };
     assert_eq!(reason("scalar-bm64-bn64-w4-ks1-s1", 64), None);
     assert!(reason("wmma-bm128-bn64-w4-ks1-s1", 64)
@@ -154,7 +154,7 @@ fn tma_points_launch_with_tensor_maps_and_no_other_point_does() {
         .iter()
         .find(|p| p.variant.id == "wgmma-bm64-bn128-w8-auto-s2-t1-tc1" && p.head_dim == 128)
         .unwrap();
-    assert!(tc_128.invalid.as_deref().unwrap().contains("TWO_CTAS"));
+    assert!(tc_128.why_invalid().unwrap().contains("TWO_CTAS"));
     // A space without the key never passes tensor maps (the quick space holds TMA points since
     // issue 51; the smoke space has no TMA key).
     for p in h100_plan("variants/smoke.toml", &[64, 128]) {
@@ -219,7 +219,7 @@ fn merged_points_launch_no_combine_and_no_other_point_does() {
     std::fs::write(&path, text).unwrap();
     let auto = Space::load(&path).unwrap();
     let plan = auto.plan(&[128u32].into_iter().collect(), &h100()).unwrap();
-    let why: Vec<&str> = plan.iter().filter_map(|p| p.invalid.as_deref()).collect();
+    let why: Vec<&str> = plan.iter().filter_map(|p| p.why_invalid()).collect();
     assert_eq!(why.len(), 2, "{plan:?}");
     assert!(
         why.iter()
@@ -240,10 +240,7 @@ fn merged_points_launch_no_combine_and_no_other_point_does() {
         .iter()
         .find(|p| p.variant.id == "wgmma-bm128-bn128-w12-ks1-s3-p1-t1" && p.head_dim == 256)
         .unwrap();
-    assert!(
-        big.invalid.as_deref().unwrap().contains("<= 232448"),
-        "{big:?}"
-    );
+    assert!(big.why_invalid().unwrap().contains("<= 232448"), "{big:?}");
 }
 
 #[test]

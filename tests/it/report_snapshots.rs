@@ -58,13 +58,13 @@ fn every_format_of_every_fixture_log_matches_its_snapshot() {
 fn reports_are_deterministic() {
     for (name, log) in fixture_logs() {
         assert_eq!(
-            flashtune::report::html::page(&RunIndex::new(&log)),
-            flashtune::report::html::page(&RunIndex::new(&log)),
+            flashtune::report::sections::page(&RunIndex::new(&log)),
+            flashtune::report::sections::page(&RunIndex::new(&log)),
             "{name}"
         );
         assert_eq!(
-            flashtune::report::markdown::markdown(&RunIndex::new(&log)),
-            flashtune::report::markdown::markdown(&RunIndex::new(&log)),
+            flashtune::report::sections::markdown(&RunIndex::new(&log)),
+            flashtune::report::sections::markdown(&RunIndex::new(&log)),
             "{name}"
         );
     }
@@ -85,7 +85,7 @@ fn t4_of_every_fixture_log_is_valid_against_the_schema() {
 #[test]
 fn the_html_page_is_self_contained() {
     for (name, log) in fixture_logs() {
-        let page = flashtune::report::html::page(&RunIndex::new(&log));
+        let page = flashtune::report::sections::page(&RunIndex::new(&log));
         assert!(page.contains("<table>") && page.contains("<svg"), "{name}");
         for outside in ["http://", "https://", "<script", "<link", "src=\""] {
             let hits: Vec<&str> = page
@@ -107,14 +107,14 @@ fn smoke_log() -> LoadedLog {
 fn a_log_without_timings_still_renders_and_says_so() {
     let mut log = smoke_log();
     log.entries.truncate(3);
-    let page = flashtune::report::html::page(&RunIndex::new(&log));
+    let page = flashtune::report::sections::page(&RunIndex::new(&log));
     assert!(page.contains("No timed records in this log"), "{page}");
     assert!(!page.contains("<svg"));
 }
 
 #[test]
 fn without_ceilings_the_report_says_not_measured() {
-    let md = flashtune::report::markdown::markdown(&RunIndex::new(&smoke_log()));
+    let md = flashtune::report::sections::markdown(&RunIndex::new(&smoke_log()));
     assert!(md.contains("| % of matmul ceiling | % of bandwidth ceiling |"));
     assert!(md.contains("| not measured | not measured |"));
     assert!(md.contains("Ceilings not measured in this run"));
@@ -167,7 +167,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
         .find(|r| r.shape.name == "seed" && r.dtype == Dtype::Bf16)
         .unwrap();
     assert!(seed_bf16.pct_of_matmul.is_none() && seed_bf16.pct_of_copy.is_some());
-    let md = flashtune::report::markdown::markdown(&RunIndex::new(&log));
+    let md = flashtune::report::sections::markdown(&RunIndex::new(&log));
     assert!(
         md.contains(&format!("f16 matmul 500 TFLOP/s (log line {})", n + 1)),
         "{md}"

@@ -130,7 +130,7 @@ fn a_budget_line_names_only_what_a_resume_left_unmeasured() {
             );
         }
     }
-    let before = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
+    let before = flashtune::report::sections::markdown(&RunIndex::new(&log.done()));
     assert!(
         before.contains("budget reached (--time-limit 60s): not measured: v1, v2 (log line"),
         "{before}"
@@ -139,7 +139,7 @@ fn a_budget_line_names_only_what_a_resume_left_unmeasured() {
     // The resume measures v1 only.
     log.timed("v1", "small", 11.0, 0.01);
     log.timed("v1", "seed", 21.0, 0.01);
-    let after = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
+    let after = flashtune::report::sections::markdown(&RunIndex::new(&log.done()));
     let line = after
         .lines()
         .find(|l| l.starts_with("- budget reached"))
@@ -205,14 +205,14 @@ fn every_planned_case_lands_in_exactly_one_bin() {
         "{a:?}"
     );
     assert!(a.holds(), "{a:?}");
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert_eq!(
         accounting_line(&md),
         "Cases: 10 planned = 2 measured + 3 failed + 1 implausible + 2 skipped + 2 not run."
     );
     assert!(!md.contains("do not add up"), "{md}");
     // The printed short form carries it too, and the JSON export.
-    let summary = flashtune::report::markdown::summary(&log);
+    let summary = flashtune::report::sections::summary(&log);
     assert!(summary.contains(accounting_line(&md)), "{summary}");
     let j = flashtune::report::export::json(&ix);
     assert_eq!(j["accounting"]["planned"], 10);
@@ -237,7 +237,7 @@ fn a_finished_run_without_missing_cases_states_no_not_run_term() {
     log.timed("v0", "small", 10.0, 0.01);
     log.timed("v0", "seed", 20.0, 0.01);
     log.finished();
-    let md = flashtune::report::markdown::markdown(&RunIndex::new(&log.done()));
+    let md = flashtune::report::sections::markdown(&RunIndex::new(&log.done()));
     assert_eq!(
         accounting_line(&md),
         "Cases: 2 planned = 2 measured + 0 failed + 0 implausible + 0 skipped."
@@ -263,7 +263,10 @@ fn a_resumed_run_counts_a_rerun_case_once_by_its_last_record() {
     assert!(a.holds(), "{a:?}");
     assert_eq!((a.planned, a.measured, a.failed), (2, 1, 1));
     let small = ix.case("v0", "small", F16).unwrap();
-    assert_eq!((small.outcome.status(), small.log_line()), ("wrong", line));
+    assert_eq!(
+        (small.outcome.status().as_str(), small.log_line()),
+        ("wrong", line)
+    );
     // No longer measured, so it is no longer anyone's champion there.
     assert!(ix.pick("small", F16).is_none());
 }
@@ -292,16 +295,16 @@ fn two_outcomes_in_one_session_and_records_for_unplanned_cases_are_said_loudly()
     assert!(
         a.problems[1].contains("`ghost`") && a.problems[1].contains(&format!("log line {stray}"))
     );
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert_eq!(
         accounting_line(&md),
         "Cases: 2 planned ≠ 2 measured + 1 failed + 0 implausible + 0 skipped."
     );
     assert!(md.contains("> **The cases do not add up.**"), "{md}");
-    assert!(flashtune::report::markdown::summary(&log).contains("do not add up"));
-    let page = flashtune::report::html::page(&ix);
+    assert!(flashtune::report::sections::summary(&log).contains("do not add up"));
+    let page = flashtune::report::sections::page(&ix);
     assert!(
-        page.contains("<blockquote><strong>The cases do not add up.</strong>"),
+        page.contains("<blockquote><p><strong>The cases do not add up.</strong>"),
         "{page}"
     );
     // `v0` was wrong on `small`, so it is no one's champion; `ghost` was never planned, so it
@@ -338,7 +341,7 @@ fn implausible_figures_are_listed_and_never_champions() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     let section = md
         .split("\n## Implausible figures")
         .nth(1)
@@ -369,7 +372,7 @@ fn implausible_figures_are_listed_and_never_champions() {
     assert!(cheat_small.contains(",implausible,"), "{cheat_small}");
     assert!(!cheat_small.contains(",yes,") && !cheat_small.contains(",tied,"));
     // The summary points to the section.
-    assert!(flashtune::report::markdown::summary(&log).contains("1 implausible figure(s)"));
+    assert!(flashtune::report::sections::summary(&log).contains("1 implausible figure(s)"));
     // The T4 export makes no correctness claim for it.
     let t4 = flashtune::report::export::t4(&ix);
     let r = t4["results"]
@@ -420,15 +423,14 @@ fn a_runner_up_within_the_noise_is_a_tie_and_both_are_named() {
         "{tie:?}"
     );
     assert!(ix.pick("seed", F16).unwrap().tie.is_none());
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert!(md.contains("`v0` **tied** with `v1`"), "{md}");
     assert!(
         md.contains("- small f16: `v0` 10.0 µs and `v1` 10.1 µs are 1.0% apart, within the 3.0% p10..p90 spread"),
         "{md}"
     );
-    assert!(
-        flashtune::report::html::page(&ix).contains("<strong>tied</strong> with <code>v1</code>")
-    );
+    assert!(flashtune::report::sections::page(&ix)
+        .contains("<strong>tied</strong> with <code>v1</code>"));
     let csv = flashtune::report::export::csv(&ix);
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     assert_eq!(
@@ -489,7 +491,7 @@ fn an_interleaved_duel_decides_a_tie_over_the_spreads() {
         .tie
         .expect("tied by the duel");
     assert_eq!(tie.duel_line, Some(line));
-    assert!(flashtune::report::markdown::markdown(&ix).contains(&format!("(log line {line})")));
+    assert!(flashtune::report::sections::markdown(&ix).contains(&format!("(log line {line})")));
 }
 
 #[test]
@@ -537,8 +539,8 @@ fn a_killed_and_resumed_run_names_the_same_champions_as_an_uninterrupted_one_tie
         ]
     );
     // The resumed run's printed summary does not announce `v2` alone.
-    let summary = flashtune::report::markdown::summary(&b);
-    assert!(summary.contains("`v2` **tied** with `v1`"), "{summary}");
+    let summary = flashtune::report::sections::summary(&b);
+    assert!(summary.contains("v2 tied with v1"), "{summary}");
     assert!(ib.accounting.holds(), "{:?}", ib.accounting);
 }
 
@@ -644,7 +646,7 @@ fn fake_figures_are_labelled_in_every_export() {
         .unwrap()
         .iter()
         .all(|r| r["correctness"] == 0));
-    assert!(flashtune::report::markdown::markdown(&ix).contains("**Fake GPU.**"));
+    assert!(flashtune::report::sections::markdown(&ix).contains("**Fake GPU.**"));
     // The metadata block is T4 metadata.
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(
@@ -688,7 +690,7 @@ fn pytorch_figures_show_their_spread_and_a_noisy_one_is_marked() {
     log.finished();
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert!(md.contains("| PyTorch flash µs (spread) |"), "{md}");
     assert!(md.contains("| 5.0 (2.0%) | 2.00× |"), "{md}");
     assert!(
@@ -792,7 +794,7 @@ fn a_variant_that_hung_or_crashed_on_one_shape_is_no_champion_on_any() {
         ix.disqualified("crashed").map(|f| f.kind),
         Some(FaultKind::Crashed)
     );
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     assert!(!md.contains("Per-shape dispatch is on"), "{md}");
     let section = never_a_champion(&md);
     assert!(
@@ -824,7 +826,7 @@ fn under_per_shape_dispatch_a_fault_bars_a_variant_from_its_own_shape_only() {
     assert_eq!(small.best.variant, "crashed");
     assert_eq!(small.runner_up.map(|r| r.variant), Some("hung"));
     assert_eq!(ix.pick("seed", F16).unwrap().best.variant, "v0");
-    let md = flashtune::report::markdown::markdown(&ix);
+    let md = flashtune::report::sections::markdown(&ix);
     let best = md
         .split("\n## Best per shape")
         .nth(1)
@@ -1080,4 +1082,70 @@ fn one_champion_rule_on_a_log_where_the_four_old_rules_disagreed() {
     // The throttled figure is named as passed over, not silently dropped.
     let small = table.rows.iter().find(|r| r.shape.name == "small").unwrap();
     assert!(small.passed_over.iter().any(|p| p.0 == "v3"));
+}
+
+/// A failure's words come from the kernel's side (its compiler output, its own assert message), so
+/// they must reach the page as words: the page is the document's HTML, never Markdown rendered
+/// again, where `**…**`, backticks or a `|` in a reason would turn into markup or break a table.
+/// Before the typed document, this reason became `<strong>trusted</strong>` and `<code>ok</code>`.
+#[test]
+fn a_reason_holding_markup_reaches_every_format_as_words() {
+    let mut log = Log::new(false);
+    log.plan("v0");
+    log.timed("v0", "small", 10.0, 0.01);
+    let reason = "**trusted** `ok` | <b>fine</b>";
+    log.record(
+        json!({"event": "check_failed", "variant": "v0", "shape": "seed",
+        "dtype": "f16", "check": null, "reason": reason}),
+    );
+    log.finished();
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    let page = flashtune::report::sections::page(&ix);
+    assert!(
+        page.contains("**trusted** `ok` | &lt;b&gt;fine&lt;/b&gt;"),
+        "the reason is not shown as words on the page:\n{page}"
+    );
+    assert!(!page.contains("<strong>trusted</strong>") && !page.contains("<code>ok</code>"));
+    let md = flashtune::report::sections::markdown(&ix);
+    assert!(md.contains(reason), "{md}");
+    let summary = flashtune::report::sections::summary(&log);
+    assert!(
+        summary.contains("1 failure(s): see the Failures section"),
+        "{summary}"
+    );
+}
+
+/// The three formats are emitters of one document: every section with a heading is in report.md
+/// and on the page, the terminal shows what it shows by section, and no format is parsed back.
+#[test]
+fn the_three_formats_are_emitters_of_one_document() {
+    use flashtune::report::document::SectionId;
+    use flashtune::report::emit::{Emitter, Html, Markdown, Terminal};
+    let log = runlog::read(&repo().join("tests/fixtures/runs/smoke-h200.log.jsonl")).unwrap();
+    let ix = RunIndex::new(&log);
+    let doc = flashtune::report::sections::document(&ix);
+    let (md, page, terminal) = (Markdown.emit(&doc), Html.emit(&doc), Terminal.emit(&doc));
+    assert_eq!(md, flashtune::report::sections::markdown(&ix));
+    for s in &doc.sections {
+        let Some(h) = &s.heading else { continue };
+        let words = h.words();
+        assert!(
+            md.contains(&format!("\n## {words}\n")),
+            "{words} not in report.md"
+        );
+        assert!(
+            page.contains(&format!("<h2>{words}</h2>")),
+            "{words} not on the page"
+        );
+    }
+    let best = doc
+        .section(SectionId::BestPerShape)
+        .expect("a best-per-shape section");
+    assert!(terminal.contains(&best.heading.as_ref().unwrap().words()));
+    // The terminal aligns tables in columns: no Markdown pipes or marks reach it.
+    assert!(
+        !terminal.contains("| ") && !terminal.contains("**") && !terminal.contains('`'),
+        "{terminal}"
+    );
 }

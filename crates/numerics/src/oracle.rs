@@ -38,6 +38,9 @@ fn dot_f64(a: &[f32], b: &[f32]) -> f64 {
 
 /// The f64 oracle for some query rows, each a flattened (b, h, query) index, where each head keeps
 /// only its first `keep` keys, the mask otherwise unchanged: O rows and LSE. A row that sees no key
+/// A row of the reference and where its output and log-sum-exp go.
+type RowSlot<'a> = (&'a usize, (&'a mut [f64], &'a mut f64));
+
 /// gets O = 0 and LSE = -inf.
 pub fn oracle_rows_keeping(
     g: Geometry,
@@ -51,12 +54,12 @@ pub fn oracle_rows_keeping(
     let scale = 1.0 / (d as f64).sqrt();
     let mut out = vec![0.0f64; rows.len() * d];
     let mut lse = vec![0.0f64; rows.len()];
-    let items: Vec<(&usize, (&mut [f64], &mut f64))> = rows
+    let items: Vec<RowSlot> = rows
         .iter()
         .zip(out.chunks_mut(d).zip(lse.iter_mut()))
         .collect();
     // Rows in groups so each thread takes many (a row alone is too little work to hand out).
-    let mut groups: Vec<Vec<(&usize, (&mut [f64], &mut f64))>> = Vec::new();
+    let mut groups: Vec<Vec<RowSlot>> = Vec::new();
     for item in items {
         match groups.last_mut() {
             Some(g) if g.len() < 64 => g.push(item),

@@ -10,9 +10,9 @@ use crate::model::config::Dtype;
 use crate::model::vocab::WorkerFailure;
 pub use model::{
     sentinel_gap, spread, Accounting, Baseline, BaselineTiming, Bin, Build, BuildOutcome, Case,
-    Ceilings, CheckFailure, Closeness, Confirmation, DisturbedTiming, DriftDuel, DuelRecord,
-    Failure, Fault, FaultKind, Finished, Measured, Outcome, Pick, PlannedPoint, Profile,
-    ReusedFrom, SentinelPoint, Timing, WorkerRun,
+    CaseStatus, Ceilings, CheckFailure, Closeness, Confirmation, DisturbedTiming, DriftDuel,
+    DuelRecord, Failure, Fault, FaultKind, Finished, Measured, Outcome, Pick, PlannedPoint,
+    Profile, ReusedFrom, SentinelPoint, Timing, WorkerRun,
 };
 use std::collections::BTreeMap;
 
@@ -70,7 +70,7 @@ struct Decided {
     session: usize,
     bin: Bin,
     line: usize,
-    status: &'static str,
+    status: CaseStatus,
     /// Decided by its build's failure: a `case_skipped` for it restates that, not a second outcome.
     by_build: bool,
 }

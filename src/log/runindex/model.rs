@@ -198,20 +198,65 @@ pub enum Bin {
     NotRun,
 }
 
-impl Outcome<'_> {
-    /// The status word of the CSV and JSON exports.
-    pub fn status(&self) -> &'static str {
+/// What became of a case, as the exports name it (`timed`, `build_failed`, ...) and as prose says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaseStatus {
+    Timed,
+    BuildFailed,
+    Wrong,
+    Crashed,
+    TimedOut,
+    Implausible,
+    Skipped,
+    NotRun,
+}
+
+impl CaseStatus {
+    /// The CSV's and JSON's word.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Measured { .. } => "timed",
+            CaseStatus::Timed => "timed",
+            CaseStatus::BuildFailed => "build_failed",
+            CaseStatus::Wrong => "wrong",
+            CaseStatus::Crashed => "crashed",
+            CaseStatus::TimedOut => "timed_out",
+            CaseStatus::Implausible => "implausible",
+            CaseStatus::Skipped => "skipped",
+            CaseStatus::NotRun => "not_run",
+        }
+    }
+
+    /// The words of a sentence or a table cell.
+    pub fn words(self) -> &'static str {
+        match self {
+            CaseStatus::BuildFailed => "build failed",
+            CaseStatus::TimedOut => "timed out",
+            CaseStatus::NotRun => "not run",
+            other => other.as_str(),
+        }
+    }
+}
+
+impl std::fmt::Display for CaseStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Outcome<'_> {
+    pub fn status(&self) -> CaseStatus {
+        match self {
+            Outcome::Measured { .. } => CaseStatus::Timed,
             Outcome::Failed { kind, .. } => match kind {
-                Failure::Build => "build_failed",
-                Failure::Wrong => "wrong",
-                Failure::Crashed => "crashed",
-                Failure::TimedOut => "timed_out",
+                Failure::Build => CaseStatus::BuildFailed,
+                Failure::Wrong => CaseStatus::Wrong,
+                Failure::Crashed => CaseStatus::Crashed,
+                Failure::TimedOut => CaseStatus::TimedOut,
             },
-            Outcome::Implausible { .. } => "implausible",
-            Outcome::Skipped { .. } => "skipped",
-            Outcome::NotRun => "not_run",
+            Outcome::Implausible { .. } => CaseStatus::Implausible,
+            Outcome::Skipped { .. } => CaseStatus::Skipped,
+            Outcome::NotRun => CaseStatus::NotRun,
         }
     }
 

@@ -1,5 +1,8 @@
 //! Judging a point before anything compiles: its constraints, arch rules and launch against the device's limits, and its `-D` defines.
-use super::{DeviceLimits, Expr, LaunchShape, ParamValue, Params, PlannedPoint, Space, Variant};
+use super::{
+    DeviceLimits, Expr, Invalid, LaunchShape, ParamValue, Params, PlannedPoint, RuledOutBy, Space,
+    Variant,
+};
 use crate::error::{Error, Result};
 use crate::model::config::Dtype;
 use evalexpr::{ContextWithMutableVariables, HashMapContext, Value};
@@ -65,11 +68,11 @@ impl Space {
                 variant.id
             ))
         })?;
-        let invalid = |reason: String| PlannedPoint {
+        let invalid = |by: RuledOutBy, reason: String| PlannedPoint {
             variant: variant.clone(),
             head_dim,
             launch: None,
-            invalid: Some(reason),
+            invalid: Some(Invalid { by, reason }),
         };
         for c in &self.constraints {
             let holds = c.tree.eval_boolean_with_context(&ctx).map_err(|e| {
@@ -81,7 +84,10 @@ impl Space {
                 ))
             })?;
             if !holds {
-                return Ok(invalid(format!("constraints: `{}` is false", c.text)));
+                return Ok(invalid(
+                    RuledOutBy::Constraint,
+                    format!("constraints: `{}` is false", c.text),
+                ));
             }
         }
         for rule in &self.family.arch_rules {
@@ -98,12 +104,15 @@ impl Space {
                     ))
                 })?;
             if applies && !rule.archs.contains(&limits.arch) {
-                return Ok(invalid(format!(
-                    "device: {} needs {}; the target is {}",
-                    rule.reason,
-                    rule.archs.join(" or "),
-                    limits.arch
-                )));
+                return Ok(invalid(
+                    RuledOutBy::Arch,
+                    format!(
+                        "device: {} needs {}; the target is {}",
+                        rule.reason,
+                        rule.archs.join(" or "),
+                        limits.arch
+                    ),
+                ));
             }
         }
         let launch = LaunchShape {
@@ -122,24 +131,31 @@ impl Space {
                 0 => "the worker's choice".to_string(),
                 n => n.to_string(),
             };
-            return Ok(invalid(format!(
+            return Ok(invalid(RuledOutBy::Family, format!(
                 "family: combine_in_forward needs a fixed split count of 2 or more (a cluster's size), not {splits}"
             )));
         }
         if launch.threads == 0 || launch.threads > limits.max_threads_per_block {
-            return Ok(invalid(format!(
-                "device limits: {} threads per block (limit {})",
-                launch.threads, limits.max_threads_per_block
-            )));
+            return Ok(invalid(
+                RuledOutBy::DeviceLimits,
+                format!(
+                    "device limits: {} threads per block (limit {})",
+                    launch.threads, limits.max_threads_per_block
+                ),
+            ));
         }
         if launch.smem_bytes > limits.max_smem_optin_bytes {
-            return Ok(invalid(format!(
-                "device limits: {} bytes of shared memory (opt-in limit {})",
-                launch.smem_bytes, limits.max_smem_optin_bytes
-            )));
+            return Ok(invalid(
+                RuledOutBy::DeviceLimits,
+                format!(
+                    "device limits: {} bytes of shared memory (opt-in limit {})",
+                    launch.smem_bytes, limits.max_smem_optin_bytes
+                ),
+            ));
         }
         if launch.rows_per_cta == 0 || launch.kv_rows_per_block == 0 {
             return Ok(invalid(
+                RuledOutBy::Launch,
                 "launch: rows_per_cta and kv_rows_per_block must be at least 1".into(),
             ));
         }

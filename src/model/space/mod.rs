@@ -149,7 +149,37 @@ pub struct PlannedPoint {
     pub head_dim: u32,
     pub launch: Option<LaunchShape>,
     /// Why the point cannot run; `None` when valid.
-    pub invalid: Option<String>,
+    pub invalid: Option<Invalid>,
+}
+
+impl PlannedPoint {
+    /// The reason the point cannot run, as the log says it; `None` when valid.
+    pub fn why_invalid(&self) -> Option<&str> {
+        self.invalid.as_ref().map(|i| i.reason.as_str())
+    }
+}
+
+/// Why a point cannot run: what ruled it out, and the reason as the log and the reports say it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Invalid {
+    pub by: RuledOutBy,
+    pub reason: String,
+}
+
+/// What rules a point out before it is compiled.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RuledOutBy {
+    /// One of the space's `constraints`, named by its text.
+    Constraint,
+    /// The family's architecture rules (a wgmma point off Hopper).
+    Arch,
+    /// The family's own rules about its launch.
+    Family,
+    /// The device's limits (threads per block, shared memory), with the point's figures.
+    DeviceLimits,
+    /// A launch shape that cannot run at all.
+    Launch,
 }
 
 /// The unit name under which the fp32 reference kernel is built and logged.

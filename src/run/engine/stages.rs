@@ -134,7 +134,7 @@ pub(super) async fn drive(
     let loaded = events.records();
     crate::report::export::write_all(&run_dir, loaded)
         .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
-    let summary = crate::report::markdown::summary(&loaded);
+    let summary = crate::report::sections::summary(&loaded);
     Ok(TuneOutcome {
         run_dir,
         summary,

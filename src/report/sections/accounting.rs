@@ -1,9 +1,9 @@
 //! The report's accounting line: planned = measured + failed + implausible + skipped (+ not run).
 use crate::log::runindex::RunIndex;
-use std::fmt::Write;
+use crate::report::document::{Block, Text};
 
 /// planned = measured + failed + implausible + skipped (+ not run), and loudly when that does not hold.
-pub(super) fn accounting(ix: &RunIndex) -> String {
+pub(super) fn accounting(ix: &RunIndex) -> Vec<Block> {
     let a = &ix.accounting;
     let not_run = if a.not_run > 0 || ix.unfinished() {
         format!(" + {} not run", a.not_run)
@@ -16,25 +16,32 @@ pub(super) fn accounting(ix: &RunIndex) -> String {
     } else {
         String::new()
     };
-    let mut md = format!(
-        "Cases: {} planned {} {} measured{reused} + {} failed + {} implausible + {} skipped{not_run}.\n\n",
+    let mut blocks = vec![Block::line(format!(
+        "Cases: {} planned {} {} measured{reused} + {} failed + {} implausible + {} skipped{not_run}.",
         a.planned,
         if sum == a.planned { "=" } else { "≠" },
         a.measured,
         a.failed,
         a.implausible,
         a.skipped,
-    );
+    ))];
     if !a.holds() {
-        md.push_str("> **The cases do not add up.** Every planned case must end in exactly one outcome; this log breaks that:\n");
         const SHOWN: usize = 20;
-        for p in a.problems.iter().take(SHOWN) {
-            let _ = writeln!(md, "> - {p}");
-        }
+        let mut items: Vec<Text> = a
+            .problems
+            .iter()
+            .take(SHOWN)
+            .map(|p| p.clone().into())
+            .collect();
         if a.problems.len() > SHOWN {
-            let _ = writeln!(md, "> - … and {} more", a.problems.len() - SHOWN);
+            items.push(format!("… and {} more", a.problems.len() - SHOWN).into());
         }
-        md.push('\n');
+        blocks.push(Block::Warning {
+            text: Text::new().strong("The cases do not add up.").plain(
+                " Every planned case must end in exactly one outcome; this log breaks that:",
+            ),
+            items,
+        });
     }
-    md
+    blocks
 }

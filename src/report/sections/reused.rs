@@ -1,35 +1,53 @@
 //! The report's Reused from earlier runs section (`--reuse`, `--confirm`).
 use crate::log::runindex::RunIndex;
+use crate::report::document::{Block, Section, SectionId, Table, Text};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 /// What the results store supplied (`--reuse`), by the run that measured it, and what was measured
 /// again to confirm it (`--confirm`), stored figure beside new.
-pub fn reused(ix: &RunIndex) -> String {
+pub(super) fn reused(ix: &RunIndex) -> Section {
+    let mut s = Section::new(SectionId::Reused, Text::from("Reused from earlier runs"));
     let mut from: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for c in &ix.cases {
         if let Some(r) = c.reused() {
             from.entry(r.run).or_default().push(r.line);
         }
     }
-    if from.is_empty() && ix.confirmations.is_empty() {
-        return String::new();
-    }
-    let mut md = String::from("\n## Reused from earlier runs\n\n");
     if !from.is_empty() {
-        md.push_str("Not measured again: the results store held a measurement of the same kernel build (sources, defines, flags, nvcc) checked against the same reference build, on the same GPU model and driver, shape and dtype. Each counts as measured; its `reused` record in this log names the run and log line of the measurement, as do the CSV's `reason` and the JSON's `reused_from`.\n\n");
-        for (run, mut lines) in from {
+        s.push(Block::line(
+            Text::new()
+                .plain("Not measured again: the results store held a measurement of the same kernel build (sources, defines, flags, nvcc) checked against the same reference build, on the same GPU model and driver, shape and dtype. Each counts as measured; its ")
+                .code("reused")
+                .plain(" record in this log names the run and log line of the measurement, as do the CSV's ")
+                .code("reason")
+                .plain(" and the JSON's ")
+                .code("reused_from")
+                .plain("."),
+        ));
+        s.push(Block::list(from.into_iter().map(|(run, mut lines)| {
             lines.sort_unstable();
-            let _ = writeln!(
-                md,
-                "- {} case(s) from run {run}, its log lines {}",
+            Text::from(format!(
+                "{} case(s) from run {run}, its log lines {}",
                 lines.len(),
                 line_ranges(&lines)
-            );
-        }
+            ))
+        })));
     }
     if !ix.confirmations.is_empty() {
-        md.push_str("\nMeasured again to confirm (`--confirm`): the fastest stored cases of each shape.\n\n| variant | shape | dtype | stored µs | from | now µs | change |\n|---|---|---|---:|---|---:|---:|\n");
+        s.push(Block::line(
+            Text::new()
+                .plain("Measured again to confirm (")
+                .code("--confirm")
+                .plain("): the fastest stored cases of each shape."),
+        ));
+        let mut t = Table::new()
+            .text("variant")
+            .text("shape")
+            .text("dtype")
+            .figure("stored µs")
+            .text("from")
+            .figure("now µs")
+            .figure("change");
         for c in &ix.confirmations {
             let now = ix
                 .case(c.variant, c.shape, c.dtype)
@@ -41,14 +59,19 @@ pub fn reused(ix: &RunIndex) -> String {
                 ),
                 None => ("not measured".into(), "—".into()),
             };
-            let _ = writeln!(
-                md,
-                "| `{}` | {} | {} | {:.2} | run {} line {} | {now_s} | {change} |",
-                c.variant, c.shape, c.dtype, c.stored_median_us, c.from_run, c.from_line
-            );
+            t.row(vec![
+                Text::new().code(c.variant),
+                c.shape.to_string().into(),
+                c.dtype.to_string().into(),
+                format!("{:.2}", c.stored_median_us).into(),
+                format!("run {} line {}", c.from_run, c.from_line).into(),
+                now_s.into(),
+                change.into(),
+            ]);
         }
+        s.push(Block::Table(t));
     }
-    md
+    s
 }
 
 /// `3-5, 9, 12-13` for sorted line numbers; `33 to 91` when that would be a long list.

@@ -1,12 +1,12 @@
 //! The report's Not measured section: what a budget left out.
 use crate::log::runindex::{Outcome, RunIndex};
 use crate::model::vocab::SkipReason;
-use std::fmt::Write;
+use crate::report::document::{Block, Section, SectionId, Table, Text};
 
 /// Under a budget: the variants it left out, in the order they would have come, each with the
 /// strategy's estimate of its promise (its rank and why) and what earlier runs measured of it.
-/// The section, and how many variants it lists.
-pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
+/// The section counts the variants it lists.
+pub(super) fn not_measured(ix: &RunIndex) -> Section {
     let mut left: Vec<&str> = Vec::new();
     let mut why: Option<&str> = None;
     for c in &ix.cases {
@@ -24,7 +24,7 @@ pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
         }
     }
     let Some(why) = why else {
-        return (String::new(), 0);
+        return Section::new(SectionId::NotMeasured, None);
     };
     let listed = left.len();
     let order = ix.dispatch_order.map_or(&[][..], |(_, o)| o);
@@ -40,9 +40,16 @@ pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
             )
         })
         .unwrap_or_default();
-    let mut md = format!(
-        "\n## Not measured ({why})\n\nThe budget ran out before these variants were reached.{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).\n\n| rank | variant | why it was there | earlier figures |\n|---:|---|---|---|\n"
+    let mut s = Section::new(
+        SectionId::NotMeasured,
+        Text::from(format!("Not measured ({why})")),
     );
+    s.push(Block::line(format!("The budget ran out before these variants were reached.{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).")));
+    let mut t = Table::new()
+        .figure("rank")
+        .text("variant")
+        .text("why it was there")
+        .text("earlier figures");
     for v in left {
         let (rank, reason, earlier) = match ranked(v) {
             Some(r) => {
@@ -63,7 +70,7 @@ pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
                     .collect();
                 (
                     r.rank.to_string(),
-                    r.reason.replace('|', "/"),
+                    r.reason.to_string(),
                     if earlier.is_empty() {
                         "none".into()
                     } else {
@@ -73,7 +80,13 @@ pub(super) fn not_measured(ix: &RunIndex) -> (String, usize) {
             }
             None => ("—".into(), "—".into(), "—".into()),
         };
-        let _ = writeln!(md, "| {rank} | `{v}` | {reason} | {earlier} |");
+        t.row(vec![
+            rank.into(),
+            Text::new().code(v),
+            reason.into(),
+            earlier.into(),
+        ]);
     }
-    (md, listed)
+    s.push(Block::Table(t));
+    s.counting(listed)
 }

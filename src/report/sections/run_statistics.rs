@@ -1,11 +1,11 @@
 //! The report's Run statistics section: where the wall time went.
 use crate::log::runindex::{BuildOutcome, Outcome, RunIndex};
 use crate::log::runlog::Record;
+use crate::report::document::{Block, Section, SectionId, Text};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 /// Where the wall time went: builds, GPU workers, and the gaps between workers (flashtune's own overhead).
-pub(super) fn run_statistics(ix: &RunIndex) -> String {
+pub(super) fn run_statistics(ix: &RunIndex) -> Section {
     let (mut compiled, mut cached, mut nvcc_seconds, mut last_build_t) =
         (0usize, 0usize, 0.0f64, 0.0f64);
     let mut workers: BTreeMap<u32, Vec<(f64, f64)>> = BTreeMap::new();
@@ -41,11 +41,12 @@ pub(super) fn run_statistics(ix: &RunIndex) -> String {
             .or_default()
             .push((w.started_t, w.seconds));
     }
+    let mut s = Section::new(SectionId::RunStatistics, Text::from("Run statistics"));
     if workers.is_empty() {
-        return String::new();
+        return s;
     }
-    let mut md = String::from("\n## Run statistics\n\n");
-    let _ = writeln!(md, "- wall time {wall:.1} s; builds: {compiled} compiled ({nvcc_seconds:.1} s of nvcc), {cached} from the cache; last build done at {last_build_t:.1} s ({:.0}% of the wall time)", 100.0 * last_build_t / wall.max(1e-9));
+    let mut items: Vec<Text> = Vec::new();
+    items.push(format!("wall time {wall:.1} s; builds: {compiled} compiled ({nvcc_seconds:.1} s of nvcc), {cached} from the cache; last build done at {last_build_t:.1} s ({:.0}% of the wall time)", 100.0 * last_build_t / wall.max(1e-9)).into());
     for (device, runs) in &mut workers {
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
         let busy: f64 = runs.iter().map(|r| r.1).sum();
@@ -61,17 +62,15 @@ pub(super) fn run_statistics(ix: &RunIndex) -> String {
         } else {
             gaps[gaps.len() / 2]
         };
-        let _ = writeln!(
-            md,
-            "- GPU {device}: {} worker runs held it {busy:.1} s, {:.0}% of the time from the first worker on; median gap between workers {:.0} ms",
+        items.push(format!("GPU {device}: {} worker runs held it {busy:.1} s, {:.0}% of the time from the first worker on; median gap between workers {:.0} ms",
             runs.len(),
             100.0 * busy / (end - first).max(1e-9),
             median_gap * 1000.0
-        );
+        ).into());
     }
     // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
     let held: f64 = workers.values().flatten().map(|r| r.1).sum();
-    let _ = writeln!(md, "- timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9));
+    items.push(format!("timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9)).into());
     // What the checks cost, from the timed records' own accounts (logs before they kept one say nothing).
     let mut costs = crate::model::protocol::CaseCosts::default();
     let mut costed = 0usize;
@@ -87,16 +86,14 @@ pub(super) fn run_statistics(ix: &RunIndex) -> String {
         }
     }
     if costed > 0 {
-        let _ = writeln!(
-            md,
-            "- worker time of the {costed} timed cases by stage: inputs drawn {:.1} s, first check {:.1} s, replays (warm-up included) {:.1} s, verifying the timed outputs {:.1} s, re-checks on fresh and large inputs {:.1} s, other {:.1} s",
+        items.push(format!("worker time of the {costed} timed cases by stage: inputs drawn {:.1} s, first check {:.1} s, replays (warm-up included) {:.1} s, verifying the timed outputs {:.1} s, re-checks on fresh and large inputs {:.1} s, other {:.1} s",
             costs.inputs_s,
             costs.check_s,
             costs.replays_s,
             costs.verify_s,
             costs.recheck_s,
             costs.timing_overhead_s
-        );
+        ).into());
     }
     // Each resource's busy share of the wall. ncu runs after the timing, never beside it: it
     // serialises the GPU's kernels and fixes its clocks, so a profile next to a timed replay on
@@ -109,11 +106,9 @@ pub(super) fn run_statistics(ix: &RunIndex) -> String {
         ),
         None => format!("build cores: {nvcc_seconds:.1} s of nvcc (jobs not logged)"),
     };
-    let _ = writeln!(
-        md,
-        "- busy share of the wall: GPU {:.0}% (worker runs), {cores}; ncu runs after the timing, not beside it, because it serialises the GPU and fixes its clocks",
+    items.push(format!("busy share of the wall: GPU {:.0}% (worker runs), {cores}; ncu runs after the timing, not beside it, because it serialises the GPU and fixes its clocks",
         100.0 * held / (devices * wall).max(1e-9)
-    );
+    ).into());
     let raced: Vec<u32> = ix
         .cases
         .iter()
@@ -125,7 +120,8 @@ pub(super) fn run_statistics(ix: &RunIndex) -> String {
             .iter()
             .filter(|c| c.measured().is_some() && c.reused().is_none())
             .count();
-        let _ = writeln!(md, "- racing: {} of {timed} timed cases stopped after {} samples, their p10 above the best timing's p90 at the time (marked ⏹)", raced.len(), raced.iter().max().copied().unwrap_or(0));
+        items.push(format!("racing: {} of {timed} timed cases stopped after {} samples, their p10 above the best timing's p90 at the time (marked ⏹)", raced.len(), raced.iter().max().copied().unwrap_or(0)).into());
     }
-    md
+    s.push(Block::list(items));
+    s
 }

@@ -3,8 +3,8 @@ use super::three_digits;
 use crate::log::runlog::{LoadedLog, Record};
 use crate::model::config::Dtype;
 use crate::model::plan::{Strategy, CHAMPION_STEP};
+use crate::report::document::{Block, Section, SectionId, Table, Text};
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 /// The ablation chain per shape: what each step changed and what it did, with ncu's figures where the step was profiled.
 pub(super) fn ablation_chain(
@@ -12,51 +12,76 @@ pub(super) fn ablation_chain(
         crate::model::config::Shape,
         Vec<crate::report::findings::ChainRow>,
     )],
-) -> String {
-    let mut md = String::from("\n## Ablation chain\n\nEach step changes one thing from the step before. µs: the median. × previous and × baseline (the space's baseline variant): the other's median ÷ this step's (higher is faster). max abs err: the step's last check. ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak).\n");
-    let opt = |x: Option<f64>, f: &dyn Fn(f64) -> String| x.map_or("—".into(), f);
+) -> Section {
+    let mut s = Section::new(SectionId::AblationChain, Text::from("Ablation chain"));
+    s.push(Block::line("Each step changes one thing from the step before. µs: the median. × previous and × baseline (the space's baseline variant): the other's median ÷ this step's (higher is faster). max abs err: the step's last check. ncu figures: the longest profiled launch (SM and DRAM throughput, achieved occupancy and tensor pipe in % of peak)."));
+    let opt =
+        |x: Option<f64>, f: &dyn Fn(f64) -> String| -> Text { x.map_or("—".into(), f).into() };
     for (shape, rows) in blocks {
-        let _ = writeln!(md, "\n### {}\n", shape.label());
-        md.push_str("| step | what changed | dtype | µs | TF/s | × previous | × baseline | max abs err | regs | spill B | SM % | DRAM % | occupancy % | tensor % | waves | limited by |\n");
-        md.push_str(
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
-        );
+        s.push(Block::Subheading(shape.label().into()));
+        let mut t = Table::new().text("step").text("what changed").text("dtype");
+        for figure in [
+            "µs",
+            "TF/s",
+            "× previous",
+            "× baseline",
+            "max abs err",
+            "regs",
+            "spill B",
+            "SM %",
+            "DRAM %",
+            "occupancy %",
+            "tensor %",
+            "waves",
+        ] {
+            t = t.figure(figure);
+        }
+        t = t.text("limited by");
         for r in rows {
             let us = match r.median_us {
-                Some(us) => format!("{us:.1}"),
-                None => format!("**{}**", r.status.replace('_', " ")),
+                Some(us) => format!("{us:.1}").into(),
+                None => Text::new().strong(r.status.words()),
             };
             let pct = |x: Option<f64>| opt(x, &|v| format!("{v:.0}"));
             let ncu = r.ncu.as_ref();
-            let _ = writeln!(
-                md,
-                "| **{}** | {} | {} | {us} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.step,
-                if r.changed.is_empty() { "—" } else { &r.changed },
-                r.dtype,
+            t.row(vec![
+                Text::new().strong(r.step.as_str()),
+                if r.changed.is_empty() {
+                    "—".into()
+                } else {
+                    r.changed.as_str().into()
+                },
+                r.dtype.to_string().into(),
+                us,
                 opt(r.tflops, &three_digits),
                 opt(r.vs_previous, &|v| format!("{v:.2}×")),
                 opt(r.vs_baseline, &|v| format!("{v:.2}×")),
                 opt(r.max_abs, &|v| format!("{v:.2e}")),
-                r.registers.map_or("—".into(), |v| v.to_string()),
-                r.spill_bytes.map_or("—".into(), |v| v.to_string()),
+                r.registers.map_or("—".into(), |v| v.to_string()).into(),
+                r.spill_bytes.map_or("—".into(), |v| v.to_string()).into(),
                 pct(ncu.and_then(|n| n.sm_pct)),
                 pct(ncu.and_then(|n| n.dram_pct)),
                 pct(ncu.and_then(|n| n.occupancy_pct)),
                 pct(ncu.and_then(|n| n.tensor_pct)),
                 opt(ncu.and_then(|n| n.waves), &|v| format!("{v:.2}")),
                 ncu.map_or("—".into(), |n| {
-                    let named = if n.bottlenecks.is_empty() { "no rule matched".to_owned() } else { n.bottlenecks.join(", ") };
+                    let named = if n.bottlenecks.is_empty() {
+                        "no rule matched".to_owned()
+                    } else {
+                        n.bottlenecks.join(", ")
+                    };
                     format!("{named} (log line {})", n.line)
-                }),
-            );
+                })
+                .into(),
+            ]);
         }
+        s.push(Block::Table(t));
     }
-    md
+    s
 }
 
 /// The report's factor table for an ablation run: each factor's cost, worst first.
-pub fn factors_section(log: &LoadedLog) -> Option<String> {
+pub(super) fn factors_section(log: &LoadedLog) -> Option<Section> {
     let header = log.header()?;
     let Strategy::Ablate { parent_run, .. } = &header.strategy else {
         return None;
@@ -129,47 +154,56 @@ pub fn factors_section(log: &LoadedLog) -> Option<String> {
             .unwrap_or(f64::NEG_INFINITY)
             .total_cmp(&a.geomean.unwrap_or(f64::NEG_INFINITY))
     });
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "## Factor ablation around `{champion}` (from run {parent_run})\n"
+    let mut s = Section::new(
+        SectionId::Factors,
+        Text::new()
+            .plain("Factor ablation around ")
+            .code(champion.as_str())
+            .plain(format!(" (from run {parent_run})")),
     );
-    let _ = writeln!(
-        s,
-        "Each row sets one parameter of the champion back to the baseline's value; the figure is its median ÷ the champion's, both measured in this run (above 1: the factor's removal costs time). Ranked by the geometric mean over the cases both timed: the factor whose removal costs most comes first.\n"
-    );
-    let _ = write!(s, "| rank | factor (champion → baseline) | variant |");
+    s.push(Block::line("Each row sets one parameter of the champion back to the baseline's value; the figure is its median ÷ the champion's, both measured in this run (above 1: the factor's removal costs time). Ranked by the geometric mean over the cases both timed: the factor whose removal costs most comes first."));
+    let mut t = Table::new()
+        .figure("rank")
+        .text("factor (champion → baseline)")
+        .text("variant");
     for (shape, dtype) in &cases {
-        let _ = write!(s, " {shape} {dtype} |");
+        t = t.figure(format!("{shape} {dtype}"));
     }
-    let _ = writeln!(s, " geomean |");
-    let _ = writeln!(s, "|---:|---|---|{}---:|", "---:|".repeat(cases.len()));
-    let _ = write!(s, "| — | champion | `{champion}` |");
+    t = t.figure("geomean");
+    let mut champion_row: Vec<Text> = vec![
+        "—".into(),
+        "champion".into(),
+        Text::new().code(champion.as_str()),
+    ];
     for (shape, dtype) in &cases {
-        match timed.get(&(champion.clone(), shape.clone(), *dtype)) {
-            Some((us, line)) => {
-                let _ = write!(s, " {us:.1} µs (line {line}) |");
-            }
-            None => {
-                let _ = write!(s, " — |");
-            }
-        }
+        champion_row.push(
+            match timed.get(&(champion.clone(), shape.clone(), *dtype)) {
+                Some((us, line)) => format!("{us:.1} µs (line {line})").into(),
+                None => "—".into(),
+            },
+        );
     }
-    let _ = writeln!(s, " 1.00× |");
+    champion_row.push("1.00×".into());
+    t.row(champion_row);
     for (rank, f) in factors.iter().enumerate() {
-        let _ = write!(s, "| {} | {} | `{}` |", rank + 1, f.step, f.variant);
+        let mut row: Vec<Text> = vec![
+            (rank + 1).to_string().into(),
+            f.step.as_str().into(),
+            Text::new().code(f.variant.as_str()),
+        ];
         for loss in &f.losses {
-            let _ = match loss {
-                Some(x) => write!(s, " {x:.2}× |"),
-                None => write!(s, " — |"),
-            };
+            row.push(match loss {
+                Some(x) => format!("{x:.2}×").into(),
+                None => "—".into(),
+            });
         }
-        let g = match (&f.geomean, invalid.get(&f.variant)) {
-            (Some(g), _) => format!("**{g:.2}×**"),
-            (None, Some(why)) => format!("not measurable alone: {why}"),
+        row.push(match (&f.geomean, invalid.get(&f.variant)) {
+            (Some(g), _) => Text::new().strong(format!("{g:.2}×")),
+            (None, Some(why)) => format!("not measurable alone: {why}").into(),
             (None, None) => "not timed (see failures)".into(),
-        };
-        let _ = writeln!(s, " {g} |");
+        });
+        t.row(row);
     }
+    s.push(Block::Table(t));
     Some(s)
 }

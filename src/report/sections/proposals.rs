@@ -2,11 +2,11 @@
 use crate::log::runlog::{LoadedLog, Record};
 use crate::model::config::Dtype;
 use crate::model::plan::Proposal;
+use crate::report::document::{Block, Item, Section, SectionId, Table, Text};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write;
 
 /// The report's guided-search section: every proposal, the rule behind it, and what it measured.
-pub fn proposals_section(log: &LoadedLog) -> Option<String> {
+pub(super) fn proposals_section(log: &LoadedLog) -> Option<Section> {
     let proposals: Vec<(String, Proposal, Option<String>)> = log
         .entries
         .iter()
@@ -46,8 +46,7 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
             )
         })
         .collect();
-    let mut s = String::new();
-    let _ = writeln!(s, "## Guided search\n");
+    let mut items: Vec<Item> = Vec::new();
     for r in &rounds {
         match r {
             Record::SearchRound {
@@ -56,18 +55,15 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
                 proposed,
             } => {
                 let from: BTreeSet<&str> = champions.iter().map(|c| c.variant.as_str()).collect();
-                let _ = writeln!(
-                    s,
-                    "- round {round}: champions {} → {} proposal(s)",
-                    from.iter()
-                        .map(|v| format!("`{v}`"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    proposed.len()
+                items.push(
+                    Text::from(format!("round {round}: champions "))
+                        .then(Text::join(from.iter().map(|v| Text::new().code(*v)), ", "))
+                        .plain(format!(" → {} proposal(s)", proposed.len()))
+                        .into(),
                 );
             }
             Record::SearchStopped { reason } => {
-                let _ = writeln!(s, "- stopped: {reason}");
+                items.push(Text::from(format!("stopped: {reason}")).into());
             }
             Record::SearchDuel {
                 shape,
@@ -84,23 +80,41 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
                     (Some(a), Some(b)) => format!(" ({a:.1} → {b:.1} µs)"),
                     _ => String::new(),
                 };
+                let kept = || Text::new().plain("kept ").code(champion.as_str());
                 let outcome = match (verdict, failure) {
-                    (Some(v), _) if v.accept => format!("new champion: {}", v.reason),
-                    (Some(v), _) => format!("kept `{champion}`: {}", v.reason),
-                    (None, Some(why)) => format!("kept `{champion}`: {why}"),
-                    (None, None) => format!("kept `{champion}`"),
+                    (Some(v), _) if v.accept => Text::from(format!("new champion: {}", v.reason)),
+                    (Some(v), _) => kept().plain(format!(": {}", v.reason)),
+                    (None, Some(why)) => kept().plain(format!(": {why}")),
+                    (None, None) => kept(),
                 };
-                let _ = writeln!(
-                    s,
-                    "  - interleaved re-timing on {shape} {dtype}: `{challenger}` vs `{champion}`{times} → {outcome}"
-                );
+                let duel = Text::from(format!("interleaved re-timing on {shape} {dtype}: "))
+                    .code(challenger.as_str())
+                    .plain(" vs ")
+                    .code(champion.as_str())
+                    .plain(format!("{times} → "))
+                    .then(outcome);
+                // A duel belongs to the round before it.
+                match items.last_mut() {
+                    Some(round) => round.under.push(duel),
+                    None => items.push(duel.into()),
+                }
             }
             _ => {}
         }
     }
-    let _ = writeln!(s, "\nThe µs columns: the median of each variant's last timing on that case. × vs champion: the champion's median ÷ the proposal's (above 1: the proposal is faster).");
-    let _ = writeln!(s, "\n| round | proposed variant | rule | bottleneck seen | from champion | on | its µs | champion's µs there | result |");
-    let _ = writeln!(s, "|---:|---|---|---|---|---|---:|---:|---|");
+    let mut s = Section::new(SectionId::Proposals, Text::from("Guided search"));
+    s.push(Block::List(items));
+    s.push(Block::line("The µs columns: the median of each variant's last timing on that case. × vs champion: the champion's median ÷ the proposal's (above 1: the proposal is faster)."));
+    let mut t = Table::new()
+        .figure("round")
+        .text("proposed variant")
+        .text("rule")
+        .text("bottleneck seen")
+        .text("from champion")
+        .text("on")
+        .figure("its µs")
+        .figure("champion's µs there")
+        .text("result");
     let mut seen = BTreeSet::new();
     for (variant, p, invalid) in &proposals {
         if !seen.insert((variant.clone(), p.round)) {
@@ -121,11 +135,18 @@ pub fn proposals_section(log: &LoadedLog) -> Option<String> {
             (None, _) => ("—".into(), "not timed on this shape (see failures)".into()),
         };
         let theirs_s = theirs.map_or("—".into(), |(t, line)| format!("{t:.1} (line {line})"));
-        let _ = writeln!(
-            s,
-            "| {} | `{variant}` | {} | {} | `{}` | {on} | {mine_s} | {theirs_s} | {result} |",
-            p.round, p.rule, p.bottleneck, p.from_variant
-        );
+        t.row(vec![
+            p.round.to_string().into(),
+            Text::new().code(variant.as_str()),
+            p.rule.to_string().into(),
+            p.bottleneck.to_string().into(),
+            Text::new().code(p.from_variant.as_str()),
+            on.into(),
+            mine_s.into(),
+            theirs_s.into(),
+            result.into(),
+        ]);
     }
+    s.push(Block::Table(t));
     Some(s)
 }

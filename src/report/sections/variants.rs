@@ -1,12 +1,12 @@
 //! The variants table of a report: one row per (variant, dtype), a cell per shape, with what went
 //! wrong in each row's builds and checks, and the worker's incidents beside them.
 use super::three_digits;
-use crate::log::runindex::{BuildOutcome, Outcome, RunIndex};
+use crate::log::runindex::{BuildOutcome, CaseStatus, Outcome, RunIndex};
 use crate::log::runlog::{Header, Record};
 use crate::model::config::Dtype;
 use crate::model::space::REFERENCE;
+use crate::report::document::{Block, Section, SectionId, Table as DocTable, Text};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write;
 
 #[derive(Debug, Clone)]
 enum Cell {
@@ -18,12 +18,12 @@ enum Cell {
         /// Stopped by racing after this many samples.
         raced: Option<u32>,
     },
-    Failed(String),
+    Failed(CaseStatus),
 }
 
 #[derive(Default)]
 struct Row {
-    params: String,
+    params: Text,
     cells: BTreeMap<String, Cell>,
     max_abs: f64,
     max_rel_l2: f64,
@@ -31,7 +31,7 @@ struct Row {
     checked: bool,
     registers: u32,
     spills: u64,
-    problems: Vec<String>,
+    problems: Vec<Text>,
 }
 
 /// The rows of the variants table in their order, and what went wrong around them.
@@ -39,17 +39,17 @@ pub(super) struct Table {
     rows: BTreeMap<(String, Dtype), Row>,
     order: Vec<(String, Dtype)>,
     /// Reason → (count, first few examples): a big space rules out thousands of points for a handful of reasons.
-    invalid: BTreeMap<String, (usize, Vec<String>)>,
+    invalid: BTreeMap<String, (usize, Vec<Text>)>,
     /// The reference's build failures and the workers' incidents, in log order.
-    worker_problems: Vec<(usize, String)>,
+    worker_problems: Vec<(usize, Text)>,
 }
 
 impl Table {
     pub(super) fn of(ix: &RunIndex, header: &Header) -> Table {
         let mut rows: BTreeMap<(String, Dtype), Row> = BTreeMap::new();
         let mut order: Vec<(String, Dtype)> = Vec::new();
-        let mut invalid: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
-        let mut worker_problems: Vec<(usize, String)> = Vec::new();
+        let mut invalid: BTreeMap<String, (usize, Vec<Text>)> = BTreeMap::new();
+        let mut worker_problems: Vec<(usize, Text)> = Vec::new();
         let mut row =
             |rows: &mut BTreeMap<(String, Dtype), Row>, v: &str, dt: Dtype| -> (String, Dtype) {
                 let key = (v.to_owned(), dt);
@@ -59,7 +59,7 @@ impl Table {
                 }
                 key
             };
-        let mut params_of: BTreeMap<String, String> = BTreeMap::new();
+        let mut params_of: BTreeMap<String, Text> = BTreeMap::new();
         for p in &ix.planned {
             let described = p
                 .params
@@ -68,25 +68,26 @@ impl Table {
                 .collect::<Vec<_>>()
                 .join(" ");
             let described = match p.step {
-                Some(step) => format!("**{step}**: {described}"),
-                None => described,
+                Some(step) => Text::new().strong(step).plain(format!(": {described}")),
+                None => described.into(),
             };
             params_of.insert(p.variant.to_owned(), described);
             if let Some(why) = p.invalid {
                 let entry = invalid.entry(why.to_owned()).or_default();
                 entry.0 += 1;
                 if entry.1.len() < 3 {
-                    entry.1.push(format!(
-                        "`{}` d={} (log line {})",
-                        p.variant, p.head_dim, p.line
-                    ));
+                    entry.1.push(
+                        Text::new()
+                            .code(p.variant)
+                            .plain(format!(" d={} (log line {})", p.head_dim, p.line)),
+                    );
                 }
             }
         }
         // Rows are made in log order: builds and failed checks as they happened.
         enum Seen<'a> {
             Resources(&'a [crate::gpu::ptxas::EntryResources]),
-            Problem(String),
+            Problem(Text),
         }
         let mut seen: Vec<(usize, &str, Dtype, Seen)> = Vec::new();
         for b in &ix.builds {
@@ -100,17 +101,17 @@ impl Table {
                     if b.variant == REFERENCE {
                         let text =
                             format!("reference kernel ({}): {reason} (log line {line})", b.dtype);
-                        worker_problems.push((line, text));
+                        worker_problems.push((line, text.into()));
                         continue;
                     }
                     let text = format!("d={}: {reason} (log line {line})", b.head_dim);
-                    seen.push((line, b.variant, b.dtype, Seen::Problem(text)));
+                    seen.push((line, b.variant, b.dtype, Seen::Problem(text.into())));
                 }
             }
         }
         for f in &ix.check_failures {
             let text = format!("{}: {} (log line {})", f.shape, f.reason, f.line);
-            seen.push((f.line, f.variant, f.dtype, Seen::Problem(text)));
+            seen.push((f.line, f.variant, f.dtype, Seen::Problem(text.into())));
         }
         seen.sort_by_key(|s| s.0);
         for (_, variant, dtype, what) in seen {
@@ -149,11 +150,7 @@ impl Table {
                     }
                 }
                 Outcome::NotRun => continue,
-                outcome => Cell::Failed(match outcome.status() {
-                    "build_failed" => "build".into(),
-                    "timed_out" => "timed out".into(),
-                    status => status.into(),
-                }),
+                outcome => Cell::Failed(outcome.status()),
             };
             r.cells.insert(case.shape.name.clone(), cell);
         }
@@ -184,29 +181,33 @@ impl Table {
         }
     }
 
-    /// The table in Markdown, with the notes under it.
-    pub(super) fn section(&self, ix: &RunIndex, header: &Header) -> String {
+    /// The table, with the notes under it.
+    pub(super) fn section(&self, ix: &RunIndex, header: &Header) -> Section {
         let (rows, order) = (&self.rows, &self.order);
-        let mut md = String::new();
-        let _ = write!(md, "| variant | parameters | dtype |");
+        let mut t = DocTable::new()
+            .text("variant")
+            .text("parameters")
+            .text("dtype");
         for s in &header.shapes {
-            let _ = write!(md, " {} µs (TF/s) |", s.label());
+            t = t.figure(format!("{} µs (TF/s)", s.label()));
         }
-        let _ = writeln!(
-            md,
-            " speedup vs baseline | max abs err | max rel L2 | regs | spill B |"
-        );
-        let _ = write!(md, "|---|---|---|");
-        for _ in &header.shapes {
-            md.push_str("---:|");
-        }
-        md.push_str("---:|---:|---:|---:|---:|\n");
+        t = t
+            .figure("speedup vs baseline")
+            .figure("max abs err")
+            .figure("max rel L2")
+            .figure("regs")
+            .figure("spill B");
+        t.unwrapped = Some(1);
         for key in order {
             let r = &rows[key];
             let baseline = rows.get(&(header.baseline.clone(), key.1));
-            let _ = write!(md, "| `{}` | {} | {} |", key.0, r.params, key.1);
+            let mut cells: Vec<Text> = vec![
+                Text::new().code(key.0.clone()),
+                r.params.clone(),
+                key.1.to_string().into(),
+            ];
             for s in &header.shapes {
-                let text = match r.cells.get(&s.name) {
+                cells.push(match r.cells.get(&s.name) {
                     Some(Cell::Timed {
                         median_us,
                         tflops,
@@ -217,61 +218,78 @@ impl Table {
                         three_digits(*tflops),
                         if *reused { " ↺" } else { "" },
                         if raced.is_some() { " ⏹" } else { "" }
-                    ),
-                    Some(Cell::Failed(what)) => format!("**{what}**"),
+                    )
+                    .into(),
+                    Some(Cell::Failed(status)) => Text::new().strong(failed_cell(*status)),
                     None => "—".into(),
-                };
-                let _ = write!(md, " {text} |");
+                });
             }
             let speedup = baseline
                 .and_then(|b| geomean_speedup(b, r, header.shapes.iter().map(|s| s.name.as_str())));
-            let speedup = speedup.map_or("—".into(), |x| format!("{x:.2}×"));
-            let (abs, rel) = if r.checked {
-                (
-                    format!("{:.2e}", r.max_abs),
-                    format!("{:.2e}", r.max_rel_l2),
-                )
+            cells.push(speedup.map_or("—".into(), |x| format!("{x:.2}×")).into());
+            if r.checked {
+                cells.push(format!("{:.2e}", r.max_abs).into());
+                cells.push(format!("{:.2e}", r.max_rel_l2).into());
             } else {
-                ("—".into(), "—".into())
-            };
-            let _ = writeln!(
-                md,
-                " {speedup} | {abs} | {rel} | {} | {} |",
-                r.registers, r.spills
-            );
+                cells.push("—".into());
+                cells.push("—".into());
+            }
+            cells.push(r.registers.to_string().into());
+            cells.push(r.spills.to_string().into());
+            t.row(cells);
         }
-        let _ = writeln!(
-        md,
-        "\nµs: median per launch (forward + combine) over CUDA-graph replays. TF/s: 4·D FLOPs (the two matmuls) per (query, key) pair the mask admits, over every batch and head, ÷ that median; unmasked that is 4·B·H·Sq·Sk·D, causal it counts only the visible pairs (about half when Sq = Sk). Speedup vs baseline: the baseline variant `{}`'s median ÷ this row's, per shape in the same dtype, geometric mean over the shapes both rows measured.",
-        header.baseline
-    );
+        let mut notes: Vec<Text> = vec![Text::new()
+            .plain("µs: median per launch (forward + combine) over CUDA-graph replays. TF/s: 4·D FLOPs (the two matmuls) per (query, key) pair the mask admits, over every batch and head, ÷ that median; unmasked that is 4·B·H·Sq·Sk·D, causal it counts only the visible pairs (about half when Sq = Sk). Speedup vs baseline: the baseline variant ")
+            .code(header.baseline.clone())
+            .plain("'s median ÷ this row's, per shape in the same dtype, geometric mean over the shapes both rows measured.")];
         if ix.accounting.reused > 0 {
-            md.push_str("↺: taken from the results store (`--reuse`), measured by an earlier run; see Reused from earlier runs.\n");
+            notes.push(
+                Text::new()
+                    .plain("↺: taken from the results store (")
+                    .code("--reuse")
+                    .plain("), measured by an earlier run; see Reused from earlier runs."),
+            );
         }
         let raced: Vec<_> = ix.cases.iter().filter_map(|c| c.raced()).collect();
         if let Some(first) = raced.first() {
-            let _ = writeln!(
-            md,
-            "⏹: raced out ({} cases): stopped after {} of its samples because their p10 lay above the p90 of the best timing of its shape and dtype so far (`[measure] race_samples`), so it could neither win nor tie; its median stands on those samples, its outputs were verified as every case's are. Each case's figures and bar are in its `timed` record.",
-            raced.len(),
-            first.samples
-        );
+            notes.push(
+                Text::new()
+                    .plain(format!(
+                        "⏹: raced out ({} cases): stopped after {} of its samples because their p10 lay above the p90 of the best timing of its shape and dtype so far (",
+                        raced.len(),
+                        first.samples
+                    ))
+                    .code("[measure] race_samples")
+                    .plain("), so it could neither win nor tie; its median stands on those samples, its outputs were verified as every case's are. Each case's figures and bar are in its ")
+                    .code("timed")
+                    .plain(" record."),
+            );
         }
-        md
+        let mut section = Section::new(SectionId::Variants, None);
+        section.push(Block::Table(t));
+        section.push(Block::Paragraph(notes));
+        section
     }
 
-    /// Every row's problems, then the workers', one list item each.
-    pub(super) fn failures(&self) -> Vec<String> {
-        self.order
+    /// Every row's problems, then the workers', one list item each; the section counts them.
+    pub(super) fn failures(&self) -> Section {
+        let items: Vec<Text> = self
+            .order
             .iter()
             .flat_map(|k| {
-                self.rows[k]
-                    .problems
-                    .iter()
-                    .map(move |p| format!("- `{}` {}: {p}", k.0, k.1))
+                self.rows[k].problems.iter().map(move |p| {
+                    Text::new()
+                        .code(k.0.clone())
+                        .plain(format!(" {}: ", k.1))
+                        .then(p.clone())
+                })
             })
-            .chain(self.worker_problems.iter().map(|p| format!("- {}", p.1)))
-            .collect()
+            .chain(self.worker_problems.iter().map(|p| p.1.clone()))
+            .collect();
+        let count = items.len();
+        let mut s = Section::new(SectionId::Failures, Text::from("Failures"));
+        s.push(Block::list(items));
+        s.counting(count)
     }
 
     /// The variants with a row that measured at least one case.
@@ -288,44 +306,54 @@ impl Table {
     }
 
     /// The points ruled out before compiling, by reason.
-    pub(super) fn not_built(&self) -> String {
-        let mut md = String::new();
-        if !self.invalid.is_empty() {
-            let total: usize = self.invalid.values().map(|v| v.0).sum();
-            let _ = writeln!(
-                md,
-                "\n## Not built ({total} points ruled out before compiling)\n"
-            );
-            for (why, (count, examples)) in &self.invalid {
-                let _ = writeln!(md, "- {count} × {why}; e.g. {}", examples.join(", "));
-            }
-        }
-        md
+    pub(super) fn not_built(&self) -> Section {
+        let total: usize = self.invalid.values().map(|v| v.0).sum();
+        let mut s = Section::new(
+            SectionId::NotBuilt,
+            Text::from(format!(
+                "Not built ({total} points ruled out before compiling)"
+            )),
+        );
+        s.push(Block::list(self.invalid.iter().map(
+            |(why, (count, examples))| {
+                Text::from(format!("{count} × {why}; e.g. "))
+                    .then(Text::join(examples.iter().cloned(), ", "))
+            },
+        )));
+        s
+    }
+}
+
+/// A failed case's cell: short, since a row holds a cell per shape.
+fn failed_cell(status: CaseStatus) -> &'static str {
+    match status {
+        CaseStatus::BuildFailed => "build",
+        status => status.words(),
     }
 }
 
 /// A worker's incident (a crash, a timeout, a quarantine, a lost step, an unhealthy GPU, the budget) as a line of the Failures section.
-fn incident(ix: &RunIndex, line: usize, record: &Record) -> Option<String> {
+fn incident(ix: &RunIndex, line: usize, record: &Record) -> Option<Text> {
     Some(match record {
             Record::WorkerCrashed {
                 variant,
                 detail,
                 cases_not_run,
                 ..
-            } => format!(
-                "`{variant}`: worker crashed: {detail}; not run: {} (log line {line})",
+            } => Text::new().code(variant.as_str()).plain(format!(
+                ": worker crashed: {detail}; not run: {} (log line {line})",
                 cases_not_run.join(", ")
-            ),
+            )),
             Record::TimedOut {
                 variant,
                 stage,
                 seconds,
                 cases_not_run,
-            } => format!(
-                "`{variant}`: {stage} timed out, {}; not run: {} (log line {line})",
+            } => Text::new().code(variant.as_str()).plain(format!(
+                ": {stage} timed out, {}; not run: {} (log line {line})",
                 stage.limit(*seconds),
                 cases_not_run.join(", ")
-            ),
+            )),
             Record::BudgetReached { reason, variants_not_measured } => {
                 // A resume may have measured what the budget left: name only what is still missing.
                 let ran: std::collections::BTreeSet<&str> = ix
@@ -338,19 +366,19 @@ fn incident(ix: &RunIndex, line: usize, record: &Record) -> Option<String> {
                 let later = variants_not_measured.len() - missing.len();
                 let resumed = if later > 0 { format!("; {later} of the {} it left were measured after a resume", variants_not_measured.len()) } else { String::new() };
                 if missing.is_empty() {
-                    format!("budget reached ({reason}) (log line {line}){resumed}")
+                    format!("budget reached ({reason}) (log line {line}){resumed}").into()
                 } else {
-                    format!("budget reached ({reason}): not measured: {} (log line {line}){resumed}", missing.join(", "))
+                    format!("budget reached ({reason}): not measured: {} (log line {line}){resumed}", missing.join(", ")).into()
                 }
             }
-            Record::Quarantined { variant, reason, .. } => format!("`{variant}` quarantined: {reason} (log line {line})"),
-            Record::WorkerLost { variant, placed, loss, cases_not_run, .. } => format!(
-                "`{variant}`: worker lost to the cluster{}: {} (not the variant's fault: its cases are run again); not run then: {} (log line {line})",
+            Record::Quarantined { variant, reason, .. } => Text::new().code(variant.as_str()).plain(format!(" quarantined: {reason} (log line {line})")),
+            Record::WorkerLost { variant, placed, loss, cases_not_run, .. } => Text::new().code(variant.as_str()).plain(format!(
+                ": worker lost to the cluster{}: {} (not the variant's fault: its cases are run again); not run then: {} (log line {line})",
                 placed.as_ref().map_or(String::new(), |n| format!(" on {n}")),
                 loss.describe(),
                 cases_not_run.join(", ")
-            ),
-            Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})"),
+            )),
+            Record::GpuUnhealthy { device, reason } => format!("GPU {device} failed its health check and took no more work: {reason} (log line {line})").into(),
             _ => return None,
         })
 }

@@ -1,6 +1,6 @@
 //! The report's GPU state section: what NVML read while cases were timed.
 use crate::log::runindex::{Outcome, RunIndex};
-use std::fmt::Write;
+use crate::report::document::{Block, Section, SectionId, Table, Text};
 
 /// "thermal throttling and another process on the GPU".
 pub(super) fn conditions_text(conditions: &[crate::model::protocol::Condition]) -> String {
@@ -13,17 +13,13 @@ pub(super) fn conditions_text(conditions: &[crate::model::protocol::Condition]) 
 
 /// What the GPU was doing while cases were timed: the ranges NVML read, the timings taken again
 /// because the GPU was throttled or shared, the figures that stayed so; or that it could not be read.
-pub(super) fn gpu_state(ix: &RunIndex) -> String {
+pub(super) fn gpu_state(ix: &RunIndex) -> Section {
     let states = crate::report::findings::gpu_states(ix);
-    if states.is_empty() && ix.disturbed.is_empty() && ix.state_unavailable.is_empty() {
-        return String::new();
-    }
-    let mut md = String::from("\n## GPU state\n\n");
+    let mut s = Section::new(SectionId::GpuState, Text::from("GPU state"));
     for (line, device, why) in &ix.state_unavailable {
-        let _ = writeln!(
-            md,
-            "GPU {device}: its state could not be read (log line {line}): {why}. Timings carry no clocks or temperature and none was timed again for them.\n"
-        );
+        s.push(Block::line(format!(
+            "GPU {device}: its state could not be read (log line {line}): {why}. Timings carry no clocks or temperature and none was timed again for them."
+        )));
     }
     let range = |xs: Vec<f64>, unit: &str, digits: usize| -> Option<String> {
         let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
@@ -76,20 +72,24 @@ pub(super) fn gpu_state(ix: &RunIndex) -> String {
     .filter_map(|(name, r)| Some(format!("{name} {}", r?)))
     .collect();
     if !figures.is_empty() {
-        let _ = writeln!(
-            md,
-            "Read right after each case's timed replays and each sentinel ({} readings): {}.\n",
+        s.push(Block::line(format!(
+            "Read right after each case's timed replays and each sentinel ({} readings): {}.",
             states.len(),
             figures.join(", ")
-        );
+        )));
     }
     if !ix.disturbed.is_empty() {
-        let _ = writeln!(
-            md,
-            "{} timing(s) taken on a throttled or shared GPU were taken again in the same worker:\n",
+        s.push(Block::line(format!(
+            "{} timing(s) taken on a throttled or shared GPU were taken again in the same worker:",
             ix.disturbed.len()
-        );
-        md.push_str("| variant | shape | dtype | first timing µs | under | again |\n|---|---|---|---:|---|---|\n");
+        )));
+        let mut t = Table::new()
+            .text("variant")
+            .text("shape")
+            .text("dtype")
+            .figure("first timing µs")
+            .text("under")
+            .text("again");
         for d in &ix.disturbed {
             let again = match ix.case(d.variant, d.shape, d.dtype).map(|c| &c.outcome) {
                 Some(Outcome::Measured {
@@ -98,32 +98,30 @@ pub(super) fn gpu_state(ix: &RunIndex) -> String {
                     line,
                     ..
                 }) if conditions.is_empty() => {
-                    format!("{:.1} µs, clean (log line {line})", timing.median_us)
+                    format!("{:.1} µs, clean (log line {line})", timing.median_us).into()
                 }
                 Some(Outcome::Measured {
                     timing,
                     conditions,
                     line,
                     ..
-                }) => format!(
-                    "{:.1} µs, **still under {}** (log line {line}): flagged",
-                    timing.median_us,
-                    conditions_text(conditions)
-                ),
-                Some(o) => o.status().replace('_', " "),
+                }) => Text::new()
+                    .plain(format!("{:.1} µs, ", timing.median_us))
+                    .strong(format!("still under {}", conditions_text(conditions)))
+                    .plain(format!(" (log line {line}): flagged")),
+                Some(o) => o.status().words().into(),
                 None => "—".into(),
             };
-            let _ = writeln!(
-                md,
-                "| `{}` | {} | {} | {:.1} | {} (log line {}) | {again} |",
-                d.variant,
-                d.shape,
-                d.dtype,
-                d.timing.median_us,
-                conditions_text(d.conditions),
-                d.line
-            );
+            t.row(vec![
+                Text::new().code(d.variant),
+                d.shape.to_string().into(),
+                d.dtype.to_string().into(),
+                format!("{:.1}", d.timing.median_us).into(),
+                format!("{} (log line {})", conditions_text(d.conditions), d.line).into(),
+                again,
+            ]);
         }
+        s.push(Block::Table(t));
     }
-    md
+    s
 }

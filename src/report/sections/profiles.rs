@@ -1,7 +1,8 @@
 //! The report's Profiles section: one line per Nsight Compute profile.
+use crate::report::document::Text;
 
 /// One line per profile: the bottlenecks, then the figures that show them.
-pub fn profile_summary(p: &crate::gpu::profile::ProfileOutcome, line: usize) -> String {
+pub fn profile_text(p: &crate::gpu::profile::ProfileOutcome, line: usize) -> Text {
     use crate::gpu::profile::ProfileOutcome as P;
     match p {
         P::Profiled {
@@ -30,21 +31,24 @@ pub fn profile_summary(p: &crate::gpu::profile::ProfileOutcome, line: usize) -> 
             } else {
                 bottlenecks.join(", ")
             };
-            format!("**{named}** — {} (log line {line})", figures.join("; "))
+            Text::new()
+                .strong(named)
+                .plain(format!(" — {} (log line {line})", figures.join("; ")))
         }
         P::NoPermission { .. } => {
-            format!("not profiled: no permission for GPU counters (log line {line})")
+            format!("not profiled: no permission for GPU counters (log line {line})").into()
         }
         P::NoKernelsProfiled => {
-            format!("not profiled: ncu saw no matching kernel (log line {line})")
+            format!("not profiled: ncu saw no matching kernel (log line {line})").into()
         }
         P::TimedOut { seconds } => {
-            format!("not profiled: ncu timed out after {seconds} s (log line {line})")
+            format!("not profiled: ncu timed out after {seconds} s (log line {line})").into()
         }
         P::NcuMissing => "not profiled: ncu not found".into(),
         P::Failed { detail } => format!(
             "not profiled: {} (log line {line})",
             detail.lines().next().unwrap_or("")
-        ),
+        )
+        .into(),
     }
 }
