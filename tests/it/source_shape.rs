@@ -176,6 +176,32 @@ fn nothing_prints_with_a_macro_that_panics_on_a_closed_pipe() {
     );
 }
 
+/// Architecture Invariant: the report is one typed document. Nothing in `src/` reads a report
+/// it wrote back (`report.md`, `summary.md`, a step's `step-N.md`) or takes Markdown apart
+/// (`"\n## "`, a `| ` row split): the page and the terminal are emitters of the document. The one
+/// read left is an agent session's report after a resume, gathering the steps an earlier process
+/// wrote (a past run's words, copied, not parsed).
+#[test]
+fn no_code_reads_a_report_back_or_takes_markdown_apart() {
+    let mut found = Vec::new();
+    for (file, text) in shipped_sources() {
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let reads_markdown = code.contains("read_to_string") && code.contains(".md");
+            let parses_markdown = code.contains(r##"split("\n## ")"##)
+                || code.contains(r###"starts_with("## ")"###)
+                || code.contains(r#"starts_with('|')"#);
+            if reads_markdown || parses_markdown {
+                found.push(format!("{file}:{}", n + 1));
+            }
+        }
+    }
+    assert!(
+        found.iter().all(|f| f.starts_with("agent/mod.rs:")) && found.len() <= 1,
+        "a report read back or Markdown taken apart: {found:?}"
+    );
+}
+
 /// Every file of `src/` as it ships (up to its first `#[cfg(test)]`), named relative to `src/`.
 fn shipped_sources() -> Vec<(String, String)> {
     let mut files = Vec::new();
