@@ -19,9 +19,9 @@ enum ExecutorArg {
 /// Where and how a command that runs kernels runs them: every such command takes these.
 #[derive(clap::Args)]
 pub(super) struct GpuArgs {
-    /// GPU ordinals to use, one measurement queue each (e.g. 0,1); default: every visible GPU.
-    #[arg(long, value_delimiter = ',')]
-    gpus: Vec<u32>,
+    /// GPU ordinals to use, one measurement queue each (e.g. 0,1), or `all`; default: every visible GPU.
+    #[arg(long, value_delimiter = ',', value_parser = crate::cli::parse::parse_gpu)]
+    gpus: Vec<crate::cli::parse::GpuPick>,
     /// Where the workers run: `local`, this host's GPUs; `slurm`, one `srun` job step per worker
     /// (the job's GPUs inside `salloc`/`sbatch`, a job of its own per worker outside one), as
     /// policies.toml's [slurm] says. Builds stay here; the nodes must see the build cache.
@@ -98,7 +98,7 @@ impl RunArgs {
         reuse: Option<&ReuseArgs>,
     ) -> Self {
         RunArgs {
-            gpus: gpu.gpus.clone(),
+            gpus: crate::cli::parse::ordinals(&gpu.gpus),
             executor: gpu.executor,
             tasks: gpu.tasks,
             time_limit: budget.and_then(|b| b.time_limit),

@@ -176,7 +176,9 @@ pub async fn reduel_champions(
 }
 
 /// Why a pick's champion and runner-up must meet again: the sentinel's drift between their timings
-/// beyond `max_drift`, or their timings on two GPUs of a cluster. Returns the drift (0 where the
+/// beyond `max_drift`, or their timings on two GPUs (of this host or of a cluster): two GPUs of
+/// one model still differ by clocks, temperature and silicon, so a ratio across them is not a
+/// ratio of kernels. Returns the drift (0 where the
 /// sentinel does not say) and the two GPUs when they differ; `None` when the pick may stand as timed.
 pub fn reduel_reason(
     ix: &crate::log::runindex::RunIndex,
@@ -186,7 +188,7 @@ pub fn reduel_reason(
     let runner_up = pick.runner_up?;
     let drift = ix.drift_between(pick.best, runner_up);
     let placed = match (ix.placed_of(pick.best), ix.placed_of(runner_up)) {
-        (Some(a), Some(b)) if a != b => Some((a.to_owned(), b.to_owned())),
+        (Some(a), Some(b)) if a != b => Some((a, b)),
         _ => None,
     };
     let drifted = drift.is_some_and(|d| d > max_drift);

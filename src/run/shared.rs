@@ -528,6 +528,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         run_seed: None,
         per_shape_dispatch: project.policies.gates.per_shape_dispatch,
         build_jobs: Some(project.jobs() as u32),
+        gpus: Vec::new(),
     }
 }
 

@@ -28,6 +28,7 @@ mod run_log;
 mod sandbox;
 mod seals;
 mod search;
+mod several_gpus;
 mod slurm;
 mod source_shape;
 mod step;

@@ -1017,6 +1017,28 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     let ix = RunIndex::new(&local);
     let pick = ix.pick("small", F16).expect("a pick");
     assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+
+    // Two GPUs of this host (issue 50): the same rule, the GPUs named by ordinal.
+    let on = |log: &mut Log, v: &str, shape: &str, us: f64, device: u32| {
+        log.record(
+            json!({"event": "timed", "variant": v, "shape": shape, "dtype": "f16",
+            "kv_splits": 1, "timing": timing(us, 0.01), "device": device}),
+        );
+    };
+    let mut host = Log::new(false);
+    host.plan("v0");
+    host.plan("v1");
+    on(&mut host, "v0", "small", 10.0, 0);
+    on(&mut host, "v1", "small", 10.3, 1);
+    on(&mut host, "v0", "seed", 20.0, 1);
+    on(&mut host, "v1", "seed", 20.6, 1);
+    let host = host.done();
+    let ix = RunIndex::new(&host);
+    let pick = ix.pick("small", F16).expect("a pick");
+    let (_, placed_on) = flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
+    assert_eq!(placed_on, Some(("GPU 0".to_owned(), "GPU 1".to_owned())));
+    let pick = ix.pick("seed", F16).expect("a pick");
+    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
 }
 
 /// Issue 49, item 3: one champion rule. On this log the four rules the code once had each named

@@ -24,6 +24,9 @@
 //! - `FLASHTUNE_FAKE_PACE_MS=N` makes each timed case take N ms of wall time, as a GPU's would: a
 //!   run slow enough for a test to interfere with it mid-run (cancel a Slurm step, send a signal).
 //!
+//! - `FLASHTUNE_FAKE_GPUS=N` makes the double show N GPUs of one model (default 1): ordinals 0 to
+//!   N-1 open, any other is refused as the driver refuses it, so multi-GPU runs are tested in CI.
+//!
 //! The double compares outputs on the host (`trial::compare_on_host`), the path the GPU's own
 //! comparison kernel is held to. `FLASHTUNE_FAKE_COMPARE=miscount` makes its comparison miss one
 //! unwritten output in every row set, as a broken comparison kernel would: the probe's self-check
@@ -66,7 +69,7 @@ pub fn device(arch: &str, ordinal: u32) -> DeviceInfo {
         max_smem_optin_bytes: 232_448,
         driver_version: 0,
         total_memory_bytes: 0,
-        visible_devices: 1,
+        visible_devices: visible_devices(),
         l2_bytes: 1 << 20,
         fake: true,
         placement: crate::gpu::slurm::placement_here(),
@@ -81,8 +84,28 @@ pub const FAKE_READ_GBPS: f64 = 2500.0;
 /// Bytes of answers the double keeps for reuse (the check set's, the references' of a verified replay).
 const ANSWER_BUDGET_BYTES: usize = 1 << 30;
 
+/// GPUs the double shows (`FLASHTUNE_FAKE_GPUS`, default 1).
+fn visible_devices() -> u32 {
+    std::env::var("FLASHTUNE_FAKE_GPUS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(1)
+}
+
 pub fn serve(arch: &str, ordinal: u32) -> std::process::ExitCode {
     let mut reply = crate::gpu::worker::reply_channel();
+    let visible = visible_devices();
+    if ordinal >= visible {
+        // As the driver answers for an ordinal it does not have: a `--gpus` typo must not run.
+        reply(&crate::model::protocol::WorkerMessage::Fatal {
+            message: format!(
+                "cannot create a CUDA context on GPU {ordinal}: the fake GPU shows {visible} (FLASHTUNE_FAKE_GPUS), ordinals 0 to {}",
+                visible - 1
+            ),
+        });
+        return std::process::ExitCode::from(1);
+    }
     let mut gpu = FakeGpu::new(device(arch, ordinal));
     gpu.drift = std::env::var("FLASHTUNE_FAKE_DRIFT")
         .ok()

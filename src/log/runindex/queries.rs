@@ -227,10 +227,14 @@ impl<'a> RunIndex<'a> {
         (at(t.sentinel_before), at(t.sentinel_after))
     }
 
-    /// The Slurm GPU a measured case was timed on (its last timing, as `node:gpuN`).
-    pub fn placed_of(&self, case: &Case) -> Option<&'a str> {
+    /// The GPU a measured case was timed on (its last timing): its Slurm step's `node:gpuN`, else
+    /// this host's `GPU n`; `None` where the log does not say.
+    pub fn placed_of(&self, case: &Case) -> Option<String> {
         let line = case.outcome.line()?;
-        self.timings.iter().find(|t| t.line == line)?.placed
+        let t = self.timings.iter().find(|t| t.line == line)?;
+        t.placed
+            .map(str::to_owned)
+            .or_else(|| t.device.map(|d| format!("GPU {d}")))
     }
 
     /// How far apart the sentinel stood when two measured cases were timed: the larger gap of their

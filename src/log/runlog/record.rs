@@ -42,6 +42,11 @@ pub struct Header {
     /// nvcc processes the run allowed at once (the build cores); absent in older logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build_jobs: Option<u32>,
+    /// This host's GPUs the run measured on, by ordinal, one queue each (`--gpus`, or every one it
+    /// shows), all of the `device` model. Empty under Slurm, where each worker's `worker_ran`
+    /// names its node and GPU, and in older logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
 }
 
 /// One line of the log. `t` is seconds since the run started.
@@ -215,8 +220,9 @@ pub enum Record {
         /// The runner-up judged as the challenger (gain = champion median / runner-up median - 1).
         verdict: Option<crate::gpu::decide::Verdict>,
         failure: Option<String>,
-        /// The Slurm GPUs the two were timed on (champion's, runner-up's, as `node:gpuN`), when they
-        /// differ: a pick across chips is duelled on one GPU whatever the sentinel says.
+        /// The GPUs the two were timed on (champion's, runner-up's: `node:gpuN` under Slurm, `GPU n`
+        /// on this host), when they differ: a pick across chips is duelled on one GPU whatever the
+        /// sentinel says.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         placed: Option<(String, String)>,
     },

@@ -57,7 +57,7 @@ pub(super) fn drift(ix: &RunIndex) -> Section {
     if !ix.drift_duels.is_empty() {
         let across = ix.drift_duels.iter().any(|d| d.placed.is_some());
         s.push(Block::line(if across {
-            "Champions whose case and runner-up's were timed on either side of a drift, or on different GPUs of a cluster, re-timed against each other interleaved on one GPU at the end of the run:"
+            "Champions whose case and runner-up's were timed on either side of a drift, or on different GPUs, re-timed against each other interleaved on one GPU at the end of the run:"
         } else {
             "Champions whose case and runner-up's were timed on either side of a drift, re-timed against each other interleaved at the end of the run:"
         }));

@@ -105,8 +105,13 @@ fn header_section(ix: &RunIndex, header: &crate::log::runlog::Header) -> Section
     s.push(Block::line(
         Text::new()
             .plain(format!(
-                "GPU: {} ({} SMs, {}, driver {}) · {} · space ",
-                d.name, d.sm_count, d.arch, d.driver_version, header.toolchain.version
+                "{}: {} ({} SMs, {}, driver {}) · {} · space ",
+                gpus_named(&header.gpus),
+                d.name,
+                d.sm_count,
+                d.arch,
+                d.driver_version,
+                header.toolchain.version
             ))
             .code(header.space.clone())
             .plain(format!(" ({}) · baseline ", header.strategy.label()))
@@ -128,6 +133,16 @@ fn header_section(ix: &RunIndex, header: &crate::log::runlog::Header) -> Section
         s.push(block);
     }
     s
+}
+
+/// `GPU 0`, `GPUs 0, 1`; plain `GPU` where the log does not name them (older logs, Slurm).
+fn gpus_named(gpus: &[u32]) -> String {
+    let ordinals: Vec<String> = gpus.iter().map(u32::to_string).collect();
+    match gpus.len() {
+        0 => "GPU".into(),
+        1 => format!("GPU {}", ordinals[0]),
+        _ => format!("GPUs {}", ordinals.join(", ")),
+    }
 }
 
 /// What limits each profiled case, by Nsight Compute.

@@ -51,6 +51,10 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy);
     head.run_seed = Some(seed);
+    // Local queues are GPUs of this host (the double's too); Slurm's are workers it places.
+    if opts.executor.queues().is_none() {
+        head.gpus = opts.devices.clone();
+    }
     events.emit_header_then_store(Record::Header(Box::new(head)), &project.paths)?;
     let first = opts.devices.first().copied().unwrap_or(0);
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;

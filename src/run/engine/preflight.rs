@@ -78,7 +78,17 @@ pub(super) async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(Device
         if first.as_ref().is_some_and(|f| f.ordinal == d) {
             continue;
         }
-        let info = executor.probe(d).await.map_err(refused)?;
+        let info = match executor.probe(d).await {
+            Ok(info) => info,
+            Err(reason) => {
+                return Err(no_such_gpu(executor, d, first.as_ref())
+                    .await
+                    .unwrap_or_else(|| refused(reason)))
+            }
+        };
+        if d >= info.visible_devices.max(1) {
+            return Err(beyond(d, info.visible_devices));
+        }
         match &first {
             None => first = Some(info),
             Some(f) if f.name != info.name => {
@@ -92,6 +102,24 @@ pub(super) async fn probe(executor: &Executor, chosen: &[u32]) -> Result<(Device
     }
     let first = first.ok_or_else(|| Error::BadInput("no GPU selected".into()))?;
     Ok((first, devices))
+}
+
+/// A `--gpus` ordinal the host does not have is a typo, not a broken GPU: said as bad input, with
+/// the ordinals there are (learnt from a GPU that opens).
+async fn no_such_gpu(executor: &Executor, d: u32, known: Option<&DeviceInfo>) -> Option<Error> {
+    let visible = match known {
+        Some(info) => info.visible_devices,
+        None if d != 0 => executor.probe(0).await.ok()?.visible_devices,
+        None => return None,
+    };
+    (d >= visible.max(1)).then(|| beyond(d, visible))
+}
+
+fn beyond(d: u32, visible: u32) -> Error {
+    Error::BadInput(format!(
+        "--gpus {d}: this host shows {visible} GPU(s), ordinals 0 to {}; pick from those, or leave --gpus out to use them all",
+        visible.max(1) - 1
+    ))
 }
 
 /// The run's GPUs: probed, reachable (Slurm steps see this host's files), locked; from now on every
