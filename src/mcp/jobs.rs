@@ -76,7 +76,9 @@ impl Workbench {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        crate::gpu::build::die_with_parent(&mut cmd);
+        // SIGTERM, not SIGKILL, when the server dies outright: a judge then ends through its own
+        // stop path (the edit restored, its patch kept, `interrupted` logged) instead of mid-edit.
+        crate::gpu::build::die_with_parent_by(&mut cmd, libc::SIGTERM);
         // Started under the lock: the job's pid is known to whoever stops the server next.
         let child = cmd.spawn();
         jobs.next += 1;
