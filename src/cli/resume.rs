@@ -27,11 +27,13 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     } = args;
     let mut run = RunArgs::from(&run);
     let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
-    let (log, header) = engine::read_run(&run_dir)?;
-    // Each run is taken up as the command that wrote it, which its header names.
+    let (_, header) = engine::read_run(&run_dir)?;
+    // Each run is taken up as the command that wrote it, which its header names; whatever goes on
+    // from a log, or says what became of its edit, reads it sealed (an unsealed one is refused).
     match header.command() {
         RunCommand::Step | RunCommand::Judge => {
-            return Err(crate::step::refuse_resume(&run_dir, &log, &header))
+            let (log, header) = engine::read_sealed_run(&run_dir)?;
+            return Err(crate::step::refuse_resume(&run_dir, &log, &header));
         }
         RunCommand::AgentSession | RunCommand::Tune => {}
     }
