@@ -29,10 +29,6 @@ impl Bench {
         proposer: bool,
         resume: Option<(&Path, &crate::log::runlog::LoadedLog)>,
     ) -> Result<(Bench, Events)> {
-        // From here a stop request ends the run through its one stop path (`interrupt`), not the
-        // signal's default, which would leave the edit in the tree and the log without its end.
-        crate::os::stop::listen_as(crate::os::stop::FirstStop::DropsTheStep)
-            .map_err(|e| Error::Other(anyhow!("cannot listen for stop signals: {e}")))?;
         let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
         let root = repository_root(&project.paths.root)?;
         refuse_dirty_outside_scope(&project, &root, proposer)?;
@@ -45,6 +41,11 @@ impl Bench {
             ))
         })?;
         let locks = shared::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
+        // From here (not while `--wait` queues for the GPU, where a signal should simply end the
+        // wait) a stop request ends the run through its one stop path (`interrupt`), not the
+        // signal's default, which would leave the edit in the tree and the log without its end.
+        crate::os::stop::listen_as(crate::os::stop::FirstStop::DropsTheStep)
+            .map_err(|e| Error::Other(anyhow!("cannot listen for stop signals: {e}")))?;
         let mut bench = Bench {
             project,
             root,
