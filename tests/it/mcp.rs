@@ -734,6 +734,23 @@ fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_r
     assert_judge_interrupted(root, &run_dir, &champion, "SIGTERM");
 }
 
+/// A stop signal to the server (SIGHUP here: its terminal closed) stops its judge as a client's
+/// disconnect does: the judge ends through its own stop path.
+#[test]
+fn a_server_stopped_by_a_signal_mid_judge_leaves_the_edit_restored() {
+    let dir = repo_project();
+    let root = dir.path();
+    let champion = read(root, FORWARD);
+    let (mut raw, run_dir) = judge_in_flight(root);
+    unsafe { libc::kill(raw.child.id() as i32, libc::SIGHUP) };
+    let status = raw.child.wait().unwrap();
+    assert!(
+        status.code().is_some(),
+        "the server exits by itself: {status:?}"
+    );
+    assert_judge_interrupted(root, &run_dir, &champion, "SIGTERM");
+}
+
 /// Issue 52, item 2: a server killed outright takes its judge down by SIGTERM, not SIGKILL, so
 /// the judge still restores its edit and logs `interrupted` (before: the edit stayed in the tree).
 #[test]
