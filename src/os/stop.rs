@@ -32,6 +32,8 @@ pub enum FirstStop {
     FinishesTheMeasurement,
     /// A step, a judge or an agent session: the step in flight is dropped and its edit restored.
     DropsTheStep,
+    /// The MCP server: its client is let go, and its judge is stopped as a run is.
+    EndsTheServer,
 }
 
 static FIRST_STOP: OnceLock<FirstStop> = OnceLock::new();
@@ -91,6 +93,10 @@ pub fn request(signo: i32) {
         1 => match FIRST_STOP.get() {
             Some(FirstStop::DropsTheStep) => crate::tell!(
                 "\n{}: dropping the step in flight, restoring its edit and keeping its patch.",
+                describe(signo)
+            ),
+            Some(FirstStop::EndsTheServer) => crate::tell!(
+                "\n{}: ending the MCP server; a judge in flight is stopped and its edit restored.",
                 describe(signo)
             ),
             _ => crate::tell!(
