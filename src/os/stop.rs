@@ -1,4 +1,4 @@
-//! Requests to stop a run: SIGINT, SIGTERM and SIGHUP. The first finishes the measurement in flight, then the run logs `interrupted`, writes its reports and exits 128 + the signal; the second stops at once; no child process outlives the run.
+//! Requests to stop a run: SIGINT, SIGTERM and SIGHUP. The first does what the command's `FirstStop` says (a tune finishes the measurement in flight; a step, a judge or an agent session drops the step in flight and restores its edit; the MCP server stops its judge), then the run logs `interrupted` and exits 128 + the signal; the second stops at once; no child process outlives the run.
 //!
 //! systemd, Slurm at its time limit, `docker stop` and `timeout` send SIGTERM; a closed ssh session
 //! sends SIGHUP. All three mean the same to a run, so they are handled alike. The requests are kept
