@@ -45,6 +45,9 @@ pub enum Error {
     /// Too little free space to start a run.
     #[error("{0}")]
     DiskFull(String),
+    /// A stop request (SIGINT, SIGTERM, SIGHUP) ended the command: it exits 128 + the signal.
+    #[error("{message}")]
+    Interrupted { signal: i32, message: String },
     #[error("{}", describe_other(.0))]
     Other(#[from] anyhow::Error),
 }
@@ -87,6 +90,7 @@ impl Error {
             Error::ToolMissing { .. } => exit_code::TOOL_MISSING,
             Error::GpuBusy(_) => exit_code::GPU_BUSY,
             Error::DiskFull(_) => exit_code::IO,
+            Error::Interrupted { signal, .. } => (128 + signal).clamp(0, 255) as u8,
             Error::Other(e) if e.chain().any(|c| c.is::<WriteError>()) => exit_code::IO,
             Error::Other(_) => exit_code::FAILURE,
         }

@@ -6,7 +6,7 @@
 //! winner's in-scope files into it and commits them itself, so a candidate is never half-applied.
 use crate::error::{Error, Result};
 use crate::gpu::executor::Executor;
-use crate::log::runlog::{AgentSettings, Record};
+use crate::log::runlog::{AgentSettings, Record, RunCommand};
 use crate::model::config::{ProjectPaths, AGENT_PLACEHOLDERS};
 use crate::model::usage::UsageFormat;
 use crate::run::shared::{Events, WhenBusy};
@@ -171,6 +171,10 @@ pub async fn session(opts: StepOptions, agent: AgentOptions) -> Result<SessionOu
     for warning in preflight(&agent)? {
         crate::tell!("warning: {warning}");
     }
+    let opts = StepOptions {
+        command: RunCommand::AgentSession,
+        ..opts
+    };
     let (bench, mut events) = Bench::open(&opts, true, None).await?;
     refuse_dirty_scope(&bench)?;
     events.emit(Record::AgentSession(Box::new(AgentSettings {
@@ -203,12 +207,6 @@ pub struct ResumeOptions {
     pub when_busy: WhenBusy,
 }
 
-/// Whether a run folder holds an agent session (so `flashtune resume` hands it here).
-pub fn is_agent_session(run_dir: &Path) -> bool {
-    std::fs::read_to_string(run_dir.join("log.jsonl"))
-        .is_ok_and(|t| t.contains("\"event\":\"agent_session\""))
-}
-
 /// Take up a killed agent session from its log: the step in flight is finished (candidates whose
 /// agent had finished are judged again, the others dropped with a record, an edit applied but not
 /// committed is restored, a commit made but not logged is recorded), then the steps left run.
@@ -234,6 +232,7 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
         when_busy: ro.when_busy,
         quiet: false,
         idea: None,
+        command: RunCommand::AgentSession,
     };
     let agent = AgentOptions {
         name: settings.agent.clone(),
@@ -280,7 +279,13 @@ pub async fn resume(ro: ResumeOptions, run_dir: &Path) -> Result<SessionOutcome>
     };
     let mut next = decided.iter().copied().max().unwrap_or(0) + 1;
     if let Some(n) = in_flight {
-        runner.recover(n, &loaded, &mut events).await?;
+        if step::unless_stopped(runner.recover(n, &loaded, &mut events))
+            .await
+            .transpose()?
+            .is_none()
+        {
+            return Err(runner.session().interrupted(n, &mut events));
+        }
         next = n + 1;
     } else {
         // Nothing in flight: whatever the main tree holds in the scope was never judged.
@@ -357,7 +362,10 @@ impl Runner<'_> {
                 stopped = Some(why);
                 break;
             }
-            let markdown = self.one_step(n, None, events).await?;
+            let Some(stepped) = step::unless_stopped(self.one_step(n, None, events)).await else {
+                return Err(self.session().interrupted(n, events));
+            };
+            let markdown = stepped?;
             if !self.opts.quiet {
                 crate::say!("{markdown}");
             }

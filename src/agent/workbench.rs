@@ -81,6 +81,7 @@ pub async fn judge_working_tree(opts: JudgeOptions) -> Result<JudgeVerdict> {
         when_busy: opts.when_busy,
         quiet: true,
         idea: opts.idea,
+        command: crate::log::runlog::RunCommand::Judge,
     })
     .await?;
     verdict_from_log(
@@ -362,6 +363,7 @@ pub fn log_refusal(r: Refusal) -> Result<JudgeVerdict> {
         &device,
         &run_id,
         &crate::model::plan::Strategy::default(),
+        crate::log::runlog::RunCommand::Judge,
     );
     let log = crate::log::runlog::RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, Vec::new());
@@ -421,6 +423,7 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::GpuBusy(_) => "gpu_busy",
         Error::ToolMissing { .. } => "tool_missing",
         Error::DiskFull(_) => "disk_full",
+        Error::Interrupted { .. } => "interrupted",
         Error::Other(_) => "failed",
     }
 }

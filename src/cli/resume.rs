@@ -1,7 +1,8 @@
-//! `flashtune resume`: continue a crashed or interrupted run (or agent session) from its log.
+//! `flashtune resume`: continue a crashed or interrupted tune or agent session from its log, as the command its header names; a step or a judge is refused, saying why and how to judge again.
 use crate::cli::output::session_finished;
 use crate::cli::run_options::{executor, when_busy, FullRunArgs, RunArgs};
 use crate::error::{Error, Result};
+use crate::log::runlog::RunCommand;
 use crate::model::config::ProjectPaths;
 use crate::run::engine;
 use std::path::PathBuf;
@@ -26,15 +27,25 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     } = args;
     let mut run = RunArgs::from(&run);
     let run_dir = engine::resolve_run_dir(&paths, &run_dir)?;
+    let (_, header) = engine::read_run(&run_dir)?;
+    // Each run is taken up as the command that wrote it, which its header names; whatever goes on
+    // from a log, or says what became of its edit, reads it sealed (an unsealed one is refused).
+    match header.command() {
+        RunCommand::Step | RunCommand::Judge => {
+            let (log, header) = engine::read_sealed_run(&run_dir)?;
+            return Err(crate::step::refuse_resume(&run_dir, &log, &header));
+        }
+        RunCommand::AgentSession | RunCommand::Tune => {}
+    }
     // A run the test double timed can only go on there (a GPU's figures would not compare).
-    if !run.fake_gpu && engine::read_run(&run_dir).is_ok_and(|(_, h)| h.device.fake) {
+    if !run.fake_gpu && header.device.fake {
         crate::tell!(
             "resume: {} was timed on the fake GPU: it goes on there (its figures are synthetic)",
             run_dir.display()
         );
         run.fake_gpu = true;
     }
-    if crate::agent::is_agent_session(&run_dir) {
+    if header.command() == RunCommand::AgentSession {
         if run.json {
             return Err(Error::BadInput(
                 "--json streams a tune run's records; an agent session writes ledger.json and summary.md in its run folder instead".into(),

@@ -106,6 +106,7 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
             // With --json, stdout holds the one document: no step report as it ends.
             quiet: json,
             idea: None,
+            command: crate::log::runlog::RunCommand::Step,
         };
         if agent.is_some() || candidates.is_some() {
             let named = crate::agent::AgentOptions::named(

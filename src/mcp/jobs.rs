@@ -1,6 +1,6 @@
 //! Jobs: a judge or a profile runs as a child `flashtune` on the GPU, one at a time; a call waits
 //! for it a bounded time, telling the client every few seconds that it is alive.
-use super::{refusal, stopped, Job, JobState, Stops, Workbench, PROGRESS_EVERY};
+use super::{refusal, Job, JobState, Workbench, PROGRESS_EVERY};
 use crate::log::runlog::Record;
 use rmcp::model::{CallToolResult, ProgressNotificationParam, RequestMetaObject};
 use rmcp::{Peer, RoleServer};
@@ -76,7 +76,9 @@ impl Workbench {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        crate::gpu::build::die_with_parent(&mut cmd);
+        // SIGTERM, not SIGKILL, when the server dies outright: a judge then ends through its own
+        // stop path (the edit restored, its patch kept, `interrupted` logged) instead of mid-edit.
+        crate::gpu::build::die_with_parent_by(&mut cmd, libc::SIGTERM);
         // Started under the lock: the job's pid is known to whoever stops the server next.
         let child = cmd.spawn();
         jobs.next += 1;
@@ -142,7 +144,7 @@ impl Workbench {
     /// whose run did not log its own end then gets its `interrupted` record and its edit restored.
     ///
     /// [`stop::GRACE_S`]: crate::os::stop::GRACE_S
-    pub(super) async fn stop_running_job(&self, why: &str, mut stops: watch::Receiver<Stops>) {
+    pub(super) async fn stop_running_job(&self, why: &str) {
         let running = {
             let jobs = self.jobs.lock().expect("jobs lock");
             jobs.running
@@ -153,7 +155,7 @@ impl Workbench {
             return;
         };
         crate::tell!("flashtune mcp: {why}: stopping {} job {id}", job.kind);
-        let seen = stops.borrow().count;
+        let seen = crate::os::stop::count();
         let mut state = job.state.clone();
         let stages = [
             (libc::SIGTERM, FIRST_TERM_WAIT),
@@ -177,7 +179,7 @@ impl Workbench {
             tokio::select! {
                 _ = state.wait_for(|s| matches!(s, JobState::Done { .. })) => break,
                 _ = tokio::time::sleep(wait) => {}
-                _ = stopped(&mut stops, seen) => {}
+                _ = crate::os::stop::reached(seen + 1) => {}
             }
         }
         // A job that ended on its own meanwhile has its verdict in its log: nothing to complete.

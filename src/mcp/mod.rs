@@ -63,74 +63,34 @@ pub struct McpOptions {
 pub async fn serve(opts: McpOptions) -> Result<()> {
     let server = Workbench::new(opts)?;
     let bench = server.clone();
-    let stops = listen_for_stops();
+    // The process-wide stop every command shares: from here SIGINT, SIGTERM and SIGHUP no longer
+    // kill the server outright (and its judge with it); the first ends the service as a disconnect
+    // does, a later one cuts the job's grace short.
+    if let Err(e) = crate::os::stop::listen_as(crate::os::stop::FirstStop::EndsTheServer) {
+        tracing::warn!("cannot listen for stop signals: {e}");
+    }
     let (input, output) = rmcp::transport::stdio_pipes();
     let (reads, writes, carried) = wire::gate(input, output);
-    let mut signalled = stops.clone();
     let service = tokio::select! {
         service = server.serve((reads, writes)) => service
             .map_err(|e| Error::Other(anyhow::anyhow!("MCP handshake failed: {e}")))?,
         // Stopped before any client spoke: no job can run yet.
-        _ = stopped(&mut signalled, 0) => return Ok(()),
+        _ = crate::os::stop::reached(1) => return Ok(()),
     };
     let token = service.cancellation_token();
     let mut waiting = std::pin::pin!(service.waiting());
     let (quit, why) = tokio::select! {
         quit = &mut waiting => (quit, "the MCP client disconnected (closed its stdin)".to_owned()),
-        _ = stopped(&mut signalled, 0) => {
+        _ = crate::os::stop::reached(1) => {
             token.cancel();
-            let signo = stops.borrow().first;
+            let signo = crate::os::stop::requested().unwrap_or(libc::SIGTERM);
             (waiting.await, format!("flashtune mcp got {}", crate::os::stop::describe(signo)))
         }
     };
-    bench.stop_running_job(&why, stops).await;
+    bench.stop_running_job(&why).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), carried).await;
     quit.map_err(|e| Error::Other(anyhow::anyhow!("MCP server stopped: {e}")))?;
     Ok(())
-}
-
-/// Stop requests the server itself got: how many, and the first one's signal.
-#[derive(Clone, Copy, Debug, Default)]
-struct Stops {
-    count: u32,
-    first: i32,
-}
-
-/// Resolves once more than `seen` stop requests came (never, where no signal can be heard).
-async fn stopped(stops: &mut watch::Receiver<Stops>, seen: u32) {
-    if stops.wait_for(|s| s.count > seen).await.is_err() {
-        std::future::pending::<()>().await
-    }
-}
-
-/// From here on SIGINT, SIGTERM and SIGHUP no longer kill the server outright (and its judge with
-/// it): the first ends the service as a disconnect does, a later one cuts the job's grace short.
-fn listen_for_stops() -> watch::Receiver<Stops> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (tx, rx) = watch::channel(Stops::default());
-    let kinds = [
-        (SignalKind::interrupt(), libc::SIGINT),
-        (SignalKind::terminate(), libc::SIGTERM),
-        (SignalKind::hangup(), libc::SIGHUP),
-    ];
-    for (kind, signo) in kinds {
-        let Ok(mut stream) = signal(kind) else {
-            tracing::warn!("cannot listen for signal {signo}");
-            continue;
-        };
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while stream.recv().await.is_some() {
-                tx.send_modify(|s| {
-                    s.count += 1;
-                    if s.first == 0 {
-                        s.first = signo;
-                    }
-                });
-            }
-        });
-    }
-    rx
 }
 
 /// The server's state: the project, the jobs, and what lay outside the edit scope when it started.

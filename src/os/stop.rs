@@ -1,4 +1,4 @@
-//! Requests to stop a run: SIGINT, SIGTERM and SIGHUP. The first finishes the measurement in flight, then the run logs `interrupted`, writes its reports and exits 128 + the signal; the second stops at once; no child process outlives the run.
+//! Requests to stop a run: SIGINT, SIGTERM and SIGHUP. The first does what the command's `FirstStop` says (a tune finishes the measurement in flight; a step, a judge or an agent session drops the step in flight and restores its edit; the MCP server stops its judge), then the run logs `interrupted` and exits 128 + the signal; the second stops at once; no child process outlives the run.
 //!
 //! systemd, Slurm at its time limit, `docker stop` and `timeout` send SIGTERM; a closed ssh session
 //! sends SIGHUP. All three mean the same to a run, so they are handled alike. The requests are kept
@@ -25,10 +25,29 @@ fn changes() -> &'static watch::Sender<u32> {
     CHANGES.get_or_init(|| watch::channel(0).0)
 }
 
+/// What the first stop request does to the command that listens, said when it comes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstStop {
+    /// A tune: the measurement in flight finishes, then the reports are written.
+    FinishesTheMeasurement,
+    /// A step, a judge or an agent session: the step in flight is dropped and its edit restored.
+    DropsTheStep,
+    /// The MCP server: its client is let go, and its judge is stopped as a run is.
+    EndsTheServer,
+}
+
+static FIRST_STOP: OnceLock<FirstStop> = OnceLock::new();
+
 /// Start listening for SIGINT, SIGTERM and SIGHUP (once per process; later calls do nothing). From
 /// then on these signals no longer kill the process: the run must ask [`requested`].
 pub fn listen() -> std::io::Result<()> {
+    listen_as(FirstStop::FinishesTheMeasurement)
+}
+
+/// [`listen`], for a command whose first stop request does what `first` says.
+pub fn listen_as(first: FirstStop) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
+    let _ = FIRST_STOP.set(first);
     if LISTENING.swap(true, Ordering::SeqCst) {
         return Ok(());
     }
@@ -71,10 +90,20 @@ pub fn request(signo: i32) {
     changes().send_replace(count);
     let name = name(signo);
     match count {
-        1 => crate::tell!(
-            "\n{}: finishing the measurement in flight, then writing the reports; send it again to stop at once.",
-            describe(signo)
-        ),
+        1 => match FIRST_STOP.get() {
+            Some(FirstStop::DropsTheStep) => crate::tell!(
+                "\n{}: dropping the step in flight, restoring its edit and keeping its patch.",
+                describe(signo)
+            ),
+            Some(FirstStop::EndsTheServer) => crate::tell!(
+                "\n{}: ending the MCP server; a judge in flight is stopped and its edit restored.",
+                describe(signo)
+            ),
+            _ => crate::tell!(
+                "\n{}: finishing the measurement in flight, then writing the reports; send it again to stop at once.",
+                describe(signo)
+            ),
+        },
         2 => {
             crate::tell!("\n{name} again: stopping now (the reports follow within {GRACE_S} s).");
             std::thread::spawn(|| {

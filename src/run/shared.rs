@@ -507,7 +507,14 @@ pub fn lock_gpus(devices: &[u32], fake: bool, when_busy: WhenBusy) -> Result<Vec
         .collect()
 }
 
-pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &Strategy) -> Header {
+/// The header of a run `command` starts.
+pub fn header(
+    project: &Project,
+    device: &DeviceInfo,
+    run_id: &str,
+    strategy: &Strategy,
+    command: runlog::RunCommand,
+) -> Header {
     Header {
         schema_version: runlog::SCHEMA_VERSION,
         flashtune_version: env!("CARGO_PKG_VERSION").into(),
@@ -529,6 +536,7 @@ pub fn header(project: &Project, device: &DeviceInfo, run_id: &str, strategy: &S
         per_shape_dispatch: project.policies.gates.per_shape_dispatch,
         build_jobs: Some(project.jobs() as u32),
         gpus: Vec::new(),
+        command: Some(command),
     }
 }
 

@@ -41,6 +41,11 @@ impl Bench {
             ))
         })?;
         let locks = shared::lock_gpus(&[opts.device], opts.executor.is_fake(), opts.when_busy)?;
+        // From here (not while `--wait` queues for the GPU, where a signal should simply end the
+        // wait) a stop request ends the run through its one stop path (`interrupt`), not the
+        // signal's default, which would leave the edit in the tree and the log without its end.
+        crate::os::stop::listen_as(crate::os::stop::FirstStop::DropsTheStep)
+            .map_err(|e| Error::Other(anyhow!("cannot listen for stop signals: {e}")))?;
         let mut bench = Bench {
             project,
             root,
@@ -82,7 +87,13 @@ impl Bench {
         let mut events = Events::new(log, Vec::new());
         // No search chooses the points of a step (they are HEAD's champions); the header's default says so least wrongly.
         let strategy = crate::model::plan::Strategy::default();
-        let mut head = shared::header(&bench.project, &bench.device, &bench.run_id, &strategy);
+        let mut head = shared::header(
+            &bench.project,
+            &bench.device,
+            &bench.run_id,
+            &strategy,
+            opts.command,
+        );
         bench.seed = shared::fresh_run_seed(bench.project.policies.measure.seed, &bench.run_id);
         head.run_seed = Some(bench.seed);
         events.emit(Record::Header(Box::new(head)))?;

@@ -17,6 +17,7 @@ mod attempt;
 mod bench;
 pub mod candidate;
 mod champions;
+mod interrupt;
 mod judge;
 mod profile;
 mod proposer;
@@ -25,11 +26,13 @@ mod rules;
 mod scope;
 mod steps;
 mod tree;
+mod unresumed;
 
 pub(crate) use attempt::{diff_against, diff_candidate, idea_line, keep_patch, one_line};
 pub(crate) use bench::Bench;
 pub(crate) use candidate::Candidate;
 pub(crate) use champions::champions_for;
+pub(crate) use interrupt::unless_stopped;
 pub(crate) use judge::collect_builds;
 pub(crate) use report::{step_markdown, DuelRow, Outcome, StepSummary};
 pub(crate) use scope::{
@@ -40,6 +43,7 @@ pub(crate) use tree::{
     extract_tree, file_hash, fingerprint, fingerprint_changes, head_of, put_head_back, restore,
     short,
 };
+pub use unresumed::refuse_resume;
 
 /// Edits are judged only under this folder (repository-relative).
 pub const EDIT_SCOPE: &str = "kernels/";
@@ -61,6 +65,8 @@ pub struct StepOptions {
     pub quiet: bool,
     /// What the edit tries, in one line (`judge --idea`, the MCP judge's `idea`): the history's entry.
     pub idea: Option<String>,
+    /// The command the run log's header names, which `resume` takes the run up as.
+    pub command: crate::log::runlog::RunCommand,
 }
 
 pub struct StepOutcome {

@@ -35,7 +35,12 @@ pub async fn step(opts: StepOptions) -> Result<StepOutcome> {
             let _ = writeln!(report, "Time limit reached before step {n}.\n");
             break;
         }
-        let (decided, markdown) = session.one_step(n, last.as_ref(), &mut events).await?;
+        let Some(stepped) =
+            super::unless_stopped(session.one_step(n, last.as_ref(), &mut events)).await
+        else {
+            return Err(session.interrupted(n, &mut events));
+        };
+        let (decided, markdown) = stepped?;
         // Printed as each step ends: an unattended loop shows its progress.
         if !opts.quiet {
             crate::say!("{markdown}");

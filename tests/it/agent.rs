@@ -445,6 +445,53 @@ fn a_session_killed_mid_candidate_resumes_with_nothing_half_done() {
 /// A two-candidate session killed while candidate 2's agent still runs (candidate 1 has proposed a
 /// faster edit, candidate 2 has written half of one): the project, the run folder, HEAD before.
 fn session_killed_mid_candidate() -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let (dir, run, before, mut child) = session_mid_candidate();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (dir, run, before)
+}
+
+/// Issue 52, item 2: SIGTERM to an agent session mid-candidate ends it through the one stop path
+/// (exit 143, `interrupted` naming the signal and how to go on, the tree at HEAD), and `resume`
+/// takes it up as the agent session its log's header names.
+#[test]
+fn sigterm_mid_candidate_ends_a_session_interrupted_and_resume_takes_it_up() {
+    let (dir, run, before, mut child) = session_mid_candidate();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+    match records(&run).last() {
+        Some(Record::Interrupted { reason }) => {
+            assert!(reason.contains("SIGTERM"), "{reason}");
+            assert!(reason.contains("flashtune resume"), "{reason}");
+        }
+        other => panic!("the session ends with {other:?}, not `interrupted`"),
+    }
+    assert_eq!(head(dir.path()).0, before);
+    assert!(dirty(dir.path()).is_empty(), "{:?}", dirty(dir.path()));
+    let run_id = run.file_name().unwrap().to_str().unwrap().to_owned();
+    let out = flashtune(dir.path(), &["resume", &run_id, "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let records = records(&run);
+    assert!(records.iter().any(|r| matches!(
+        r,
+        Record::CandidateJudged {
+            step: 1,
+            candidate: 1,
+            accepted: true,
+            ..
+        }
+    )));
+    assert_eq!(scratch_commits(dir.path()).len(), 1);
+    assert_eq!(worktrees(dir.path()), 0);
+}
+
+/// [`session_killed_mid_candidate`] before the kill: the session still runs as `child`.
+fn session_mid_candidate() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    String,
+    std::process::Child,
+) {
     let dir = repo_project();
     let (before, _) = head(dir.path());
     let proposer = r#"
@@ -456,7 +503,7 @@ else
   exec sleep 60
 fi
 "#;
-    let mut child = Command::new(binary())
+    let child = Command::new(binary())
         .arg("--root")
         .arg(dir.path())
         .args([
@@ -496,9 +543,7 @@ fi
             break run;
         }
     };
-    child.kill().unwrap();
-    child.wait().unwrap();
-    (dir, run, before)
+    (dir, run, before, child)
 }
 
 #[test]

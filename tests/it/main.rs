@@ -7,6 +7,7 @@ mod agent_cli;
 mod anytime;
 mod config_and_geometry;
 mod config_errors;
+mod edit_stops;
 mod edit_tree;
 mod exports;
 mod git;

@@ -8,7 +8,7 @@ use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::ServiceExt;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 type Client = RunningService<RoleClient, ()>;
 
@@ -660,12 +660,9 @@ async fn an_unknown_variant_is_unknown_variant_in_every_tool() {
     client.cancel().await.unwrap();
 }
 
-#[test]
-fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_restored() {
-    let dir = repo_project();
-    let root = dir.path();
-    let champion = read(root, FORWARD);
-    // The edit's kernel never returns: the duel is still in flight when the client goes.
+/// An MCP server whose judge duels an edit whose kernel never returns: the server, the judge's run.
+fn judge_in_flight(root: &Path) -> (Raw, PathBuf) {
+    // The edit's kernel never returns: the duel is still in flight when the server goes.
     mark_forward(root, "fault FAULT_HANG");
     let mut raw = Raw::start(root);
     raw.send(
@@ -696,14 +693,16 @@ fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_r
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     std::thread::sleep(std::time::Duration::from_secs(1));
-    let status = raw
-        .disconnect(std::time::Duration::from_secs(60))
-        .expect("the server exits once its client is gone");
-    assert!(status.success(), "{status:?}");
-    let records = records(&run_dir);
+    (raw, run_dir)
+}
+
+/// The judge's run ended `interrupted` (its reason naming `why` and the file), decided nothing, and
+/// left the tree at HEAD with the edit's patch kept.
+fn assert_judge_interrupted(root: &Path, run_dir: &Path, champion: &str, why: &str) {
+    let records = records(run_dir);
     match records.last() {
         Some(flashtune::log::runlog::Record::Interrupted { reason }) => {
-            assert!(reason.contains("disconnected"), "{reason}");
+            assert!(reason.contains(why), "{reason}");
             assert!(reason.contains(FORWARD), "{reason}");
         }
         other => panic!("the judge's run ends with {other:?}, not `interrupted`"),
@@ -719,4 +718,59 @@ fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_r
     assert!(dirty(root).is_empty(), "{:?}", dirty(root));
     let patch = std::fs::read_to_string(run_dir.join("attempts/1.patch")).unwrap();
     assert!(patch.contains("FAULT_HANG"), "{patch}");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_judge_leaves_the_run_interrupted_and_the_edit_restored() {
+    let dir = repo_project();
+    let root = dir.path();
+    let champion = read(root, FORWARD);
+    let (mut raw, run_dir) = judge_in_flight(root);
+    let status = raw
+        .disconnect(std::time::Duration::from_secs(60))
+        .expect("the server exits once its client is gone");
+    assert!(status.success(), "{status:?}");
+    // The server stops its judge as a stop request does: the judge ends through its own stop path.
+    assert_judge_interrupted(root, &run_dir, &champion, "SIGTERM");
+}
+
+/// A stop signal to the server (SIGHUP here: its terminal closed) stops its judge as a client's
+/// disconnect does: the judge ends through its own stop path.
+#[test]
+fn a_server_stopped_by_a_signal_mid_judge_leaves_the_edit_restored() {
+    let dir = repo_project();
+    let root = dir.path();
+    let champion = read(root, FORWARD);
+    let (mut raw, run_dir) = judge_in_flight(root);
+    unsafe { libc::kill(raw.child.id() as i32, libc::SIGHUP) };
+    let status = raw.child.wait().unwrap();
+    assert!(
+        status.code().is_some(),
+        "the server exits by itself: {status:?}"
+    );
+    assert_judge_interrupted(root, &run_dir, &champion, "SIGTERM");
+}
+
+/// Issue 52, item 2: a server killed outright takes its judge down by SIGTERM, not SIGKILL, so
+/// the judge still restores its edit and logs `interrupted` (before: the edit stayed in the tree).
+#[test]
+fn a_server_killed_outright_mid_judge_still_leaves_the_edit_restored() {
+    let dir = repo_project();
+    let root = dir.path();
+    let champion = read(root, FORWARD);
+    let (mut raw, run_dir) = judge_in_flight(root);
+    raw.child.kill().unwrap();
+    raw.child.wait().unwrap();
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(run_dir.join("log.jsonl"))
+        .is_ok_and(|t| t.contains("\"event\":\"interrupted\""))
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the orphaned judge never logged `interrupted`"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_judge_interrupted(root, &run_dir, &champion, "SIGTERM");
 }

@@ -1,7 +1,8 @@
 //! Logs written before a record carried its typed fields: the one place where an old record's
 //! words are read for what a type now says. `read` upgrades every record it parses; what this
 //! flashtune writes carries the types already, so nothing else reads those words.
-use super::record::Record;
+use super::reader::LoadedLog;
+use super::record::{Record, RunCommand};
 use crate::model::protocol::{CaseFault, GARBLED_REPLY, WORKER_NOT_STARTED};
 use crate::model::vocab::{BuildRole, ProcessEnd, SkipReason, WorkerFailure};
 
@@ -52,6 +53,34 @@ pub fn upgrade(record: &mut Record) {
             skipped_for.get_or_insert_with(|| skip_reason(reason));
         }
         _ => {}
+    }
+}
+
+/// Name the command of an older log whose header does not, from the records only it writes: an
+/// agent session's settings, a step's builds of HEAD and the edit, its steps; else a tune. (A judge
+/// logged as a step with one step: the older log cannot tell them apart, and neither is resumed.)
+/// Called once the records are upgraded.
+pub fn upgrade_log(log: &mut LoadedLog) {
+    let records = || log.entries.iter().map(|(_, e)| &e.record);
+    let command = if records().any(|r| matches!(r, Record::AgentSession(_))) {
+        RunCommand::AgentSession
+    } else if records().any(|r| {
+        matches!(
+            r,
+            Record::Built { role: Some(_), .. }
+                | Record::ProposerRan { .. }
+                | Record::StepStarted { .. }
+                | Record::StepDecided { .. }
+        )
+    }) {
+        RunCommand::Step
+    } else {
+        RunCommand::Tune
+    };
+    for (_, entry) in &mut log.entries {
+        if let Record::Header(header) = &mut entry.record {
+            header.command.get_or_insert(command);
+        }
     }
 }
 

@@ -124,7 +124,9 @@ pub fn read(path: &Path) -> Result<LoadedLog> {
             Err(e) => anyhow::bail!("{}:{}: corrupt run log record: {e}", path.display(), i + 1),
         }
     }
-    Ok(LoadedLog { entries, torn_tail })
+    let mut log = LoadedLog { entries, torn_tail };
+    super::legacy::upgrade_log(&mut log);
+    Ok(log)
 }
 
 /// A newer flashtune may have changed what records mean: reading its log as ours would be a guess.

@@ -47,6 +47,44 @@ pub struct Header {
     /// names its node and GPU, and in older logs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<u32>,
+    /// The command that wrote the log, which `resume` takes it up as. Absent in older logs:
+    /// `legacy::upgrade_log` reads it from their records (use [`Header::command`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<RunCommand>,
+}
+
+impl Header {
+    /// The command that wrote the log; a header read without `legacy::upgrade_log` and lacking the
+    /// field is a tune's, as every log was before steps were logged.
+    pub fn command(&self) -> RunCommand {
+        self.command.unwrap_or(RunCommand::Tune)
+    }
+}
+
+/// Which command a run log is the record of: what `resume` continues it as, or why it cannot.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RunCommand {
+    /// `tune` (and `ablate`, a tune of a named chain): resumed from its log.
+    Tune,
+    /// `step`: edits judged step by step, by hand or from a proposer.
+    Step,
+    /// `judge`: the working tree's edit judged once.
+    Judge,
+    /// `step --agent/--candidates`: resumed from its log, the step in flight finished.
+    AgentSession,
+}
+
+impl RunCommand {
+    /// The command line's own name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunCommand::Tune => "tune",
+            RunCommand::Step => "step",
+            RunCommand::Judge => "judge",
+            RunCommand::AgentSession => "step --agent",
+        }
+    }
 }
 
 /// One line of the log. `t` is seconds since the run started.

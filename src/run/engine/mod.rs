@@ -1,6 +1,6 @@
 //! The commands that run a tuning session end to end (`tune`, `resume`, `build`, `ablate`, `profile`): probe and lock the GPUs, choose points by the run's strategy, measure them, profile the champions, time the reference library, write the reports. Every step becomes a run-log record first, then reaches the reporters.
 use crate::error::{Error, Result};
-use crate::log::runlog::{Record, RunLog};
+use crate::log::runlog::{Record, RunCommand, RunLog};
 use crate::model::config::Dtype;
 use crate::model::plan::Strategy;
 use crate::run::shared::{
@@ -49,7 +49,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
     let mut events = Events::new(log, reporters);
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
-    let mut head = header(&project, &device, &run_id, &opts.strategy);
+    let mut head = header(&project, &device, &run_id, &opts.strategy, RunCommand::Tune);
     head.run_seed = Some(seed);
     // Local queues are GPUs of this host (the double's too); Slurm's are workers it places.
     if opts.executor.queues().is_none() {
@@ -84,6 +84,14 @@ pub async fn resume(
     refuse_fake_commit(&opts)?;
     let log_path = run_dir.join("log.jsonl");
     let (loaded, old) = read_sealed_run(&run_dir)?;
+    // The command line hands every other log to the command that wrote it; this is the last guard.
+    if old.command() != RunCommand::Tune {
+        return Err(Error::BadInput(format!(
+            "{} is the log of a `flashtune {}`, not of a tune: it is not resumed as one",
+            run_dir.display(),
+            old.command().name()
+        )));
+    }
     crate::run::anytime::refuse_reuse(opts.reuse, &old.strategy)?;
     let project = Project::load(opts.paths.clone(), Some(&old.space_path))?;
     check_free_space(&project)?;
@@ -102,7 +110,13 @@ pub async fn resume(
             log_path.display()
         );
     }
-    let fresh = header(&project, &device, &old.run_id, &old.strategy);
+    let fresh = header(
+        &project,
+        &device,
+        &old.run_id,
+        &old.strategy,
+        RunCommand::Tune,
+    );
     let mismatches = header_mismatches(&old, &fresh);
     if !mismatches.is_empty() && !force {
         return Err(Error::BadInput(format!(

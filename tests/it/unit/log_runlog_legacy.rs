@@ -113,3 +113,45 @@ fn a_typed_field_is_never_overwritten_by_words() {
         }
     ));
 }
+
+/// Issue 52, item 1: an older log's header names no command; its records say which wrote it, so
+/// `resume` takes an older step for a step, never for a tune.
+#[test]
+fn an_older_logs_command_is_read_from_the_records_only_it_writes() {
+    use flashtune::log::runlog::{legacy::upgrade_log, Entry, LoadedLog, RunCommand};
+    let committed = flashtune::log::runlog::read(
+        &crate::common::repo().join("docs/measurements/2026-11-29-h200/first-run/log.jsonl.gz"),
+    )
+    .unwrap();
+    // A log written before the field, read through `read`: a tune, as it was.
+    assert_eq!(committed.header().unwrap().command, Some(RunCommand::Tune));
+    let (line, first) = committed.entries[0].clone();
+    let mut header = first.clone();
+    let Record::Header(h) = &mut header.record else {
+        panic!("{first:?}")
+    };
+    h.command = None;
+    let command_of = |later: serde_json::Value| {
+        let mut later: Entry = serde_json::from_value(later).unwrap();
+        // As `read` does: each record upgraded, then the log.
+        upgrade(&mut later.record);
+        let mut log = LoadedLog {
+            entries: vec![(line, header.clone()), (line + 1, later)],
+            torn_tail: false,
+        };
+        upgrade_log(&mut log);
+        log.header().unwrap().command
+    };
+    let agent = json!({"t": 1.0, "event": "agent_session", "agent": "custom", "command": "x",
+        "usage": null, "candidates": 2, "steps": 1, "max_cost_usd": null, "stop_at_roof": null,
+        "patience": null, "time_limit_s": null, "space": null, "variant": null});
+    assert_eq!(command_of(agent), Some(RunCommand::AgentSession));
+    let step = json!({"t": 1.0, "event": "step_started", "step": 1, "base_commit": "abc",
+        "changed_files": ["kernels/attention/forward.cu"]});
+    assert_eq!(command_of(step), Some(RunCommand::Step));
+    let head_build = json!({"t": 1.0, "event": "built", "variant": "v@head", "dtype": "f16",
+        "head_dim": 64, "key": "k", "cached": false, "seconds": 1.0, "entries": []});
+    assert_eq!(command_of(head_build), Some(RunCommand::Step));
+    let no_step_yet = json!({"t": 1.0, "event": "interrupted", "reason": "SIGTERM"});
+    assert_eq!(command_of(no_step_yet), Some(RunCommand::Tune));
+}
