@@ -9,3 +9,4 @@ pub mod findings;
 pub mod plots;
 pub mod roofs;
 pub mod sections;
+pub mod timeline;

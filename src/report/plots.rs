@@ -504,3 +504,89 @@ pub fn state_over_time(points: &[findings::StatePoint]) -> Option<Result<String,
         Ok(())
     }))
 }
+
+/// Where each second went: one lane for the builds and one per GPU, each span coloured by what held
+/// it (`report::timeline`); `None` without a span.
+pub fn timeline(
+    spans: &[crate::report::timeline::Span],
+    wall: f64,
+) -> Option<Result<String, String>> {
+    use crate::report::timeline::{Lane, SpanKind};
+    if spans.is_empty() {
+        return None;
+    }
+    let mut lanes: Vec<Lane> = spans.iter().map(|s| s.lane.clone()).collect();
+    lanes.sort();
+    lanes.dedup();
+    let color = |k: SpanKind| match k {
+        SpanKind::Build => RGBColor(127, 127, 127),
+        SpanKind::Worker => RGBColor(31, 119, 180),
+        SpanKind::Roofs => RGBColor(255, 127, 14),
+        SpanKind::Duels => RGBColor(214, 39, 40),
+        SpanKind::Profiles => RGBColor(148, 103, 189),
+        SpanKind::Reference => RGBColor(44, 160, 44),
+    };
+    let end = spans.iter().map(|s| s.end).fold(wall, f64::max).max(1e-3);
+    let n = lanes.len();
+    Some(svg(|root| {
+        let mut chart = chart(
+            root,
+            "Timeline: what held each GPU, and the builds",
+            0.0..end * 1.02,
+            0.0..n as f64,
+        )?;
+        let names: Vec<String> = lanes
+            .iter()
+            .map(|l| match l {
+                Lane::Builds => "builds".to_owned(),
+                Lane::Gpu(d) => format!("GPU {d}"),
+            })
+            .collect();
+        chart
+            .configure_mesh()
+            .x_desc("run clock (s)")
+            .y_labels(n * 2 + 1)
+            .y_label_formatter(&|y| {
+                let i = (*y - 0.5).round();
+                if (y - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+                    names[n - 1 - i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .disable_y_mesh()
+            .label_style((FONT, 13))
+            .light_line_style(BLACK.mix(0.04))
+            .bold_line_style(BLACK.mix(0.15))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        let mut kinds: Vec<SpanKind> = spans.iter().map(|s| s.kind).collect();
+        kinds.sort();
+        kinds.dedup();
+        for kind in kinds {
+            let c = color(kind);
+            let bars = spans.iter().filter(|s| s.kind == kind).map(|s| {
+                let row = (n - 1 - lanes.iter().position(|l| *l == s.lane).unwrap_or(0)) as f64;
+                // Builds overlap (several nvcc at once): translucent, so their density shows.
+                let fill = if kind == SpanKind::Build {
+                    c.mix(0.25)
+                } else {
+                    c.mix(0.85)
+                };
+                Rectangle::new(
+                    [
+                        (s.start, row + 0.15),
+                        (s.end.max(s.start + end * 1e-4), row + 0.85),
+                    ],
+                    fill.filled(),
+                )
+            });
+            chart
+                .draw_series(bars)
+                .map_err(|e| e.to_string())?
+                .label(kind.label())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
+        }
+        legend(&mut chart, SeriesLabelPosition::UpperRight)
+    }))
+}

@@ -33,6 +33,16 @@ pub(super) fn plots(ix: &RunIndex) -> Section {
             .map(|f| (f, Vec::new(), None)),
         crate::report::plots::state_over_time(&crate::report::findings::gpu_states(ix))
             .map(|f| (f, Vec::new(), None)),
+        {
+            let (spans, wall) = crate::report::timeline::spans(ix);
+            crate::report::plots::timeline(&spans, wall).map(|f| {
+                (
+                    f,
+                    Vec::new(),
+                    Some(Text::from("A worker's and a build's spans are in their records; a stage's runs from the record before its first to its last.")),
+                )
+            })
+        },
     ];
     let mut s = Section::new(SectionId::Plots, Text::from("Plots"));
     if figures.iter().all(Option::is_none) {

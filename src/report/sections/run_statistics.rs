@@ -109,6 +109,16 @@ pub(super) fn run_statistics(ix: &RunIndex) -> Section {
     items.push(format!("busy share of the wall: GPU {:.0}% (worker runs), {cores}; ncu runs after the timing, not beside it, because it serialises the GPU and fixes its clocks",
         100.0 * held / (devices * wall).max(1e-9)
     ).into());
+    // With the stages outside the workers (roofs, re-duels, profiles, the reference library), each
+    // GPU's whole held share: the figure the timeline plots.
+    let (spans, _) = crate::report::timeline::spans(ix);
+    let held_by: Vec<String> = crate::report::timeline::busy_seconds(&spans)
+        .into_iter()
+        .map(|(d, s)| format!("GPU {d} {s:.1} s ({:.0}%)", 100.0 * s / wall.max(1e-9)))
+        .collect();
+    if !held_by.is_empty() {
+        items.push(format!("held with every stage on it (workers, roofs, re-duels, profiles, PyTorch; the timeline on report.html): {}", held_by.join(", ")).into());
+    }
     let raced: Vec<u32> = ix
         .cases
         .iter()
