@@ -1171,3 +1171,60 @@ fn the_three_formats_are_emitters_of_one_document() {
         "{terminal}"
     );
 }
+
+/// Issue 50: where each second went. Workers' spans come from their records; a stage's (roofs,
+/// profiles, the reference library) from the record before its first to its last, on the run's
+/// first GPU; each GPU's held time merges its spans. (A record's `t` here is its line number.)
+#[test]
+fn the_timeline_puts_each_stage_on_its_gpu_and_counts_what_each_gpu_held() {
+    use flashtune::report::timeline::{busy_seconds, spans, Lane, SpanKind};
+    let mut log = Log::new(false);
+    log.record(
+        json!({"event": "ceiling_measured", "name": "copy", "dtype": null,
+        "value": 4000.0, "unit": "GB/s", "source": "worker"}),
+    );
+    log.record(
+        json!({"event": "ceiling_measured", "name": "read", "dtype": null,
+        "value": 4500.0, "unit": "GB/s", "source": "worker"}),
+    );
+    log.record(
+        json!({"event": "worker_ran", "variant": "v0", "device": 0, "attempt": 1,
+        "started_t": 3.0, "seconds": 2.0}),
+    );
+    log.record(
+        json!({"event": "worker_ran", "variant": "v1", "device": 1, "attempt": 1,
+        "started_t": 3.0, "seconds": 1.0}),
+    );
+    for _ in 0..2 {
+        log.record(
+            json!({"event": "profiled", "variant": "v0", "shape": "small",
+            "dtype": "f16", "profile": {"outcome": "ncu_missing"}}),
+        );
+    }
+    log.record(
+        json!({"event": "baseline_timed", "backend": "cudnn", "shape": "small",
+        "dtype": "f16", "timing": timing(10.0, 0.01)}),
+    );
+    let log = log.done();
+    let ix = RunIndex::new(&log);
+    let (all, wall) = spans(&ix);
+    assert_eq!(wall, 8.0);
+    let span = |kind: SpanKind, lane: Lane| {
+        all.iter()
+            .find(|s| s.kind == kind && s.lane == lane)
+            .map(|s| (s.start, s.end))
+    };
+    assert_eq!(span(SpanKind::Roofs, Lane::Gpu(0)), Some((1.0, 3.0)));
+    assert_eq!(span(SpanKind::Worker, Lane::Gpu(0)), Some((3.0, 5.0)));
+    assert_eq!(span(SpanKind::Worker, Lane::Gpu(1)), Some((3.0, 4.0)));
+    assert_eq!(span(SpanKind::Profiles, Lane::Gpu(0)), Some((5.0, 7.0)));
+    assert_eq!(span(SpanKind::Reference, Lane::Gpu(0)), Some((7.0, 8.0)));
+    assert_eq!(busy_seconds(&all), vec![(0, 7.0), (1, 1.0)]);
+    let md = flashtune::report::sections::markdown(&ix);
+    assert!(md.contains("GPU 0 7.0 s (88%), GPU 1 1.0 s (12%)"), "{md}");
+    let page = flashtune::report::sections::page(&ix);
+    assert!(
+        page.contains("Timeline: what held each GPU"),
+        "no timeline on the page"
+    );
+}
