@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo space:variants/NAME.toml
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold space:variants/NAME.toml
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,6 +99,11 @@ for stage in "$@"; do
     step-cheats) bash scripts/step-cheats.sh "$PWD/$bin/flashtune" 2>&1 | tee "$out/step-cheats.txt" ;;
     budget) timed budget ft tune --space variants/attention.toml --time-limit "${BUDGET:-3m}" 2>"$out/budget.err" | tee "$out/budget.txt"; keep budget ;;
     reuse) timed reuse ft tune --space variants/attention.toml --reuse 2>"$out/reuse.err" | tee "$out/reuse.txt"; keep reuse ;;
+    gpus-cold)
+      # Each GPU set of GPU_SETS from a build cache of its own, empty (cold), one after another in one call.
+      for set in ${GPU_SETS:-0 0,1}; do
+        FLASHTUNE_CACHE_DIR=$(mktemp -d) timed "gpus-$set" ft tune --space "${GPUS_SPACE:-variants/hopper.toml}" --gpus "$set" 2>"$out/gpus-$set.err" | tee "$out/gpus-$set.txt"; keep "gpus-$set"
+      done ;;
     gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
     alignment) python3 scripts/causal-alignment.py 2>&1 | tee "$out/alignment.txt" ;;
     # Any space file: space:variants/NAME.toml keeps its log and report under NAME.
