@@ -18,7 +18,7 @@ pub mod exit_code {
 
 /// What a user without a usable GPU can do next; `tune` and `doctor` both print it.
 pub const NO_GPU_NEXT_STEPS: &str = "Without a GPU: `flashtune tune --fake-gpu` runs the whole pipeline on a test double \
-(about a minute and a half for the default space on two cores; `--space variants/smoke.toml` takes seconds); \
+(1.5 to 2 minutes for the default space on two cores; `--space variants/smoke.toml` takes seconds); \
 its figures are synthetic and marked so. For real figures run on a machine with an NVIDIA GPU and driver, where \
 `flashtune doctor` lists anything missing. `flashtune build` compiles and gates every variant with no GPU at all.";
 
@@ -35,6 +35,9 @@ pub enum Error {
     },
     #[error("{0}")]
     BadInput(String),
+    /// A variant the space or the run does not have: bad input, named as MCP's tools name it.
+    #[error("{0}")]
+    UnknownVariant(String),
     #[error("no usable GPU: {0}")]
     NoGpu(String),
     /// Another flashtune run holds a GPU this one needs.
@@ -85,7 +88,9 @@ fn describe_other(e: &anyhow::Error) -> String {
 impl Error {
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Config { .. } | Error::BadInput(_) => exit_code::BAD_INPUT,
+            Error::Config { .. } | Error::BadInput(_) | Error::UnknownVariant(_) => {
+                exit_code::BAD_INPUT
+            }
             Error::NoGpu(_) => exit_code::NO_GPU,
             Error::ToolMissing { .. } => exit_code::TOOL_MISSING,
             Error::GpuBusy(_) => exit_code::GPU_BUSY,

@@ -419,6 +419,7 @@ pub fn error_document(code: &str, message: &str, extra: Value) -> Value {
 pub fn error_code(e: &Error) -> &'static str {
     match e {
         Error::Config { .. } | Error::BadInput(_) => "bad_input",
+        Error::UnknownVariant(_) => "unknown_variant",
         Error::NoGpu(_) => "no_gpu",
         Error::GpuBusy(_) => "gpu_busy",
         Error::ToolMissing { .. } => "tool_missing",

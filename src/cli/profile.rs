@@ -101,16 +101,31 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
         });
         return answer_json_with(Ok((doc, code)));
     }
-    for (shape, dtype, outcome) in &results {
-        let Some(outcome) = outcome else {
-            crate::say!("{variant} {shape} {dtype}: not built in this run, nothing to profile");
-            continue;
-        };
-        let line = line_of(shape, *dtype);
+    let unbuilt = results.iter().filter(|(_, _, o)| o.is_none()).count();
+    if unbuilt == results.len() {
         crate::say!(
-            "{variant} {shape} {dtype}: {}",
-            crate::report::sections::profile_text(outcome, line.unwrap_or(0)).words()
+            "{variant} was built for none of these cases in run {}: nothing was profiled, nothing logged",
+            header.run_id
         );
+        return Ok(code);
+    }
+    // The double's profiles are synthetic, as its timings are: every line says so.
+    let synthetic = if header.device.fake {
+        " (synthetic: fake GPU, nothing was profiled)"
+    } else {
+        ""
+    };
+    for (shape, dtype, outcome) in &results {
+        if let Some(outcome) = outcome {
+            let line = line_of(shape, *dtype);
+            crate::say!(
+                "{variant} {shape} {dtype}: {}{synthetic}",
+                crate::report::sections::profile_text(outcome, line.unwrap_or(0)).words()
+            );
+        }
+    }
+    if unbuilt > 0 {
+        crate::say!("{unbuilt} other case(s) of {variant} were not built in this run: nothing to profile there");
     }
     crate::say!("Logged in {}", run_dir.join("log.jsonl").display());
     Ok(code)

@@ -123,7 +123,7 @@ pub(crate) fn champions_for(
                 .ok_or_else(|| {
                     let known: BTreeSet<&str> =
                         planned.iter().map(|p| p.variant.id.as_str()).collect();
-                    Error::BadInput(format!(
+                    Error::UnknownVariant(format!(
                         "champion `{variant}` ({}) is not a point of space `{}` (its points: {}); pass --space or --variant",
                         if named.is_some() {
                             format!("named by {} at HEAD", project.champion_table())

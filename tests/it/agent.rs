@@ -673,6 +673,46 @@ fn tune_then_context_in_a_fresh_repository_gives_heads_figures() {
     let profiled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(profiled["schema_version"], 1, "{profiled}");
     assert_eq!(profiled["synthetic"], true, "{profiled}");
+    // Issue 52: a variant the run does not have is refused as MCP refuses it (`unknown_variant`,
+    // exit 2), before a GPU is probed or a line logged; the plain output says the double's
+    // profile is synthetic.
+    let log = dir.path().join("runs").join(tune_id).join("log.jsonl");
+    let lines = std::fs::read_to_string(&log).unwrap().lines().count();
+    let out = flashtune(
+        dir.path(),
+        &[
+            "profile",
+            tune_id,
+            "no-such-variant",
+            "--fake-gpu",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let refused: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(refused["error"]["code"], "unknown_variant", "{refused}");
+    let out = flashtune(
+        dir.path(),
+        &["profile", tune_id, "no-such-variant", "--fake-gpu"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("`no-such-variant` is not a variant of run"),
+        "{}",
+        text(&out)
+    );
+    assert!(!text(&out).contains("Logged in"), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap().lines().count(),
+        lines
+    );
+    let out = flashtune(dir.path(), &["profile", tune_id, variant, "--fake-gpu"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("(synthetic: fake GPU, nothing was profiled)"),
+        "{}",
+        text(&out)
+    );
     let context = flashtune(
         dir.path(),
         &["context", "--json", "--space", "variants/step-ci.toml"],

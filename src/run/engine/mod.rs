@@ -202,6 +202,22 @@ pub async fn profile_on_demand(
 ) -> Result<Vec<(String, Dtype, Option<crate::gpu::profile::ProfileOutcome>)>> {
     let log_path = run_dir.join("log.jsonl");
     let (loaded, header, sealed) = read_run_and_seals(run_dir)?;
+    // Refused before a GPU is probed or a line is logged: nothing is profiled, nothing written.
+    let planned: BTreeSet<&str> = loaded
+        .entries
+        .iter()
+        .filter_map(|(_, e)| match &e.record {
+            Record::Planned { variant, .. } => Some(variant.as_str()),
+            _ => None,
+        })
+        .collect();
+    if !planned.contains(variant) {
+        return Err(Error::UnknownVariant(format!(
+            "`{variant}` is not a variant of run {} (its variants: {})",
+            header.run_id,
+            planned.into_iter().collect::<Vec<_>>().join(", ")
+        )));
+    }
     let project = Project::load(opts.paths.clone(), Some(&header.space_path))?;
     let (device, devices) = probe(&opts.executor, &opts.devices).await?;
     let _locks = lock_gpus(&devices[..1], !opts.executor.local_gpus(), opts.when_busy)?;
