@@ -70,11 +70,19 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
                         Error::BadInput(format!("{file} is under HOME, which is not set"))
                     })?
                     .join(rel),
-                None => root.join(file),
+                None => root.join(&file),
             };
             if write {
                 crate::mcp::write_client_config(agent, &place, &snippet)?;
                 crate::tell!("merged the flashtune server into {}", place.display());
+                // A file in the project left uncommitted stops `step --proposer` (a proposer's
+                // edit is told apart from the tree by what changed): say so now, not then.
+                if place.starts_with(&root) && crate::os::vcs::head(&root).is_some() {
+                    crate::tell!(
+                        "commit {} (`git add {file} && git commit`) or list it in .gitignore: `step` with a proposer and agent sessions start only from a tree with no uncommitted files",
+                        place.display()
+                    );
+                }
             } else {
                 crate::tell!(
                     "# belongs in {}; `--write` merges it there, keeping the rest of the file",

@@ -159,26 +159,30 @@ fn refuse_dirty_outside_scope(project: &Project, root: &Path, proposer: bool) ->
         .unwrap_or(&project.space.path)
         .to_string_lossy()
         .into_owned();
-    let matters = |p: &String| {
-        proposer
-            || p == "policies.toml"
+    // These decide how an edit is judged; with a proposer, any other file must be told apart
+    // from what the proposer writes.
+    let decides = |p: &String| {
+        p == "policies.toml"
             || p.starts_with("variants/")
             || *p == space
             || p.starts_with(EDIT_SCOPE)
     };
-    let dirty: Vec<String> = outside.into_iter().filter(matters).collect();
-    if dirty.is_empty() {
-        return Ok(());
+    let (deciding, other): (Vec<String>, Vec<String>) = outside.into_iter().partition(decides);
+    if !deciding.is_empty() {
+        return Err(Error::BadInput(format!(
+            "uncommitted changes outside the edit scope (kernels/, except {}): {}\n\
+             They decide how an edit is judged; commit or revert them first.",
+            protected(project).join(" and "),
+            deciding.join(", "),
+        )));
     }
-    Err(Error::BadInput(format!(
-        "uncommitted changes outside the edit scope (kernels/, except {}): {}\n\
-         They decide how an edit is judged{}; commit or revert them first.",
-        protected(project).join(" and "),
-        dirty.join(", "),
-        if proposer {
-            ", and a proposer's changes must be told apart from them"
-        } else {
-            ""
-        }
-    )))
+    if proposer && !other.is_empty() {
+        return Err(Error::BadInput(format!(
+            "uncommitted files outside the edit scope: {}\n\
+             A proposer's edit is told apart from the tree by what changed, so these must not be \
+             there when it starts: commit them, list them in .gitignore, or move them away.",
+            other.join(", "),
+        )));
+    }
+    Ok(())
 }

@@ -356,6 +356,26 @@ fn print_config_write_merges_into_the_agents_files_and_keeps_them_valid() {
         merged["mcpServers"]["other"].is_object() && merged["mcpServers"]["flashtune"].is_object(),
         "{merged}"
     );
+    // Issue 52: the file it wrote in the project is uncommitted; it says so, and `step` with a
+    // proposer refuses it for the reason that holds (its changes must be told apart from the
+    // proposer's), not as a file that decides how an edit is judged.
+    assert!(
+        text(&out).contains("commit ") && text(&out).contains(".gitignore"),
+        "{}",
+        text(&out)
+    );
+    let out = fake_step(dir.path(), &["--proposer", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("uncommitted files outside the edit scope: .mcp.json"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        !text(&out).contains("decide how an edit is judged"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// `flashtune mcp` on raw pipes: lines in, lines out, as a client that may send anything.
