@@ -120,7 +120,7 @@ fn shipped_bad_fixtures_name_file_line_and_key() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(
-        t.contains("bad.toml:") && t.contains("key `baseline`") && t.contains("WARPZ"),
+        t.contains("bad.toml:") && t.contains("key `params.WARPZ`"),
         "{t}"
     );
 
@@ -307,5 +307,62 @@ fn history_outside_a_project_says_so() {
             .unwrap_or("")
             .contains("not a flashtune project"),
         "{doc}"
+    );
+}
+
+fn load_space_with(edit: impl Fn(&str) -> String) -> (Error, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("space.toml");
+    let original = std::fs::read_to_string(repo().join("variants/smoke.toml")).unwrap();
+    let edited = edit(&original);
+    std::fs::write(&path, &edited).unwrap();
+    (Space::load(&path).unwrap_err(), edited)
+}
+
+/// Issue 52: a syntax error inside a multi-line array names the array's key (it named `'MMA`, the
+/// text before an `=` inside an element), and an array never closed is blamed on its own key and
+/// the line it opened on (it named the next key, `params.WARPS`).
+#[test]
+fn a_syntax_error_inside_an_array_names_the_array_and_where_it_opened() {
+    let (e, edited) = load_space_with(|s| s.replacen("STAGES == 1',\n", "STAGES == 1'\n", 1));
+    let (line, _, key) = location(&e);
+    assert_eq!(key, "constraints", "{e}");
+    assert_eq!(line, line_of(&edited, "  'MMA == \"scalar\""), "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "opened at line {}",
+            line_of(&edited, "constraints = [")
+        )),
+        "{e}"
+    );
+
+    let (e, edited) = load_space_with(|s| s.replace("BLOCK_N = [64]", "BLOCK_N = [64,"));
+    let (_, _, key) = location(&e);
+    assert_eq!(key, "params.BLOCK_N", "{e}");
+    assert!(
+        e.to_string().contains(&format!(
+            "opened at line {}",
+            line_of(&edited, "BLOCK_N = [64,")
+        )),
+        "{e}"
+    );
+}
+
+/// Issue 52: a parameter the baseline does not set is placed at the parameter's own line (it was
+/// blamed on `baseline`), and the message says both ways out.
+#[test]
+fn a_parameter_the_baseline_does_not_set_is_placed_at_its_own_line() {
+    let (e, edited) =
+        load_space_with(|s| s.replace("STAGES = [1]\n", "STAGES = [1]\nFOO = [1, 2]\n"));
+    let (line, _, key) = location(&e);
+    assert_eq!(
+        (line, key.as_str()),
+        (line_of(&edited, "FOO = [1, 2]"), "params.FOO"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("add `FOO = <one of its values>` to the baseline"),
+        "{e}"
     );
 }

@@ -38,8 +38,21 @@ fn toml_error(path: &Path, text: &str, err: toml::de::Error) -> Error {
             format!("{key}.{field}")
         };
     }
+    let mut message = message;
     if key.is_empty() {
-        key = key_on_line(text, line).unwrap_or_else(|| "?".into());
+        // Inside an array or inline table the line holds no key of its own (or another key's,
+        // when the value was never closed): name the value's key, and where it opened.
+        let offset = err.span().map_or(0, |span| span.start);
+        match open_value_at(text, offset) {
+            Some((open_key, open_line)) => {
+                key = open_key;
+                if open_line < line {
+                    message =
+                        format!("{message} (in the value of `{key}` opened at line {open_line})");
+                }
+            }
+            None => key = key_on_line(text, line).unwrap_or_else(|| "?".into()),
+        }
     }
     Error::Config {
         file: path.to_path_buf(),
@@ -48,6 +61,76 @@ fn toml_error(path: &Path, text: &str, err: toml::de::Error) -> Error {
         key,
         message,
     }
+}
+
+/// The key whose array or inline-table value is still open at byte `offset`, with its table, and
+/// the line its value opened on; `None` at the top level.
+fn open_value_at(text: &str, offset: usize) -> Option<(String, usize)> {
+    let mut table = String::new();
+    let mut open: Option<(String, usize)> = None;
+    let mut depth = 0usize;
+    let mut consumed = 0usize;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        if consumed > offset {
+            break;
+        }
+        let code = without_comment(line);
+        let trimmed = code.trim();
+        if depth == 0 {
+            if let Some(name) = table_header(trimmed).filter(|_| !trimmed.contains('=')) {
+                table = name.to_owned();
+            }
+        }
+        let mut in_string: Option<char> = None;
+        let mut after_equals = false;
+        for (j, c) in code.char_indices() {
+            if consumed + j >= offset {
+                break;
+            }
+            match (in_string, c) {
+                (Some(q), c) if c == q => in_string = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => in_string = Some(c),
+                (None, '=') if depth == 0 => after_equals = true,
+                (None, '[' | '{') if depth > 0 || after_equals => {
+                    if depth == 0 {
+                        let key = code[..code.find('=').unwrap_or(0)].trim();
+                        let key = if table.is_empty() {
+                            key.to_owned()
+                        } else {
+                            format!("{table}.{key}")
+                        };
+                        open = Some((key, i + 1));
+                    }
+                    depth += 1;
+                }
+                (None, ']' | '}') if depth > 0 => {
+                    depth -= 1;
+                    if depth == 0 {
+                        open = None;
+                    }
+                }
+                _ => {}
+            }
+        }
+        consumed += line.len();
+    }
+    open.filter(|_| depth > 0)
+}
+
+/// A line without its `#` comment (a `#` inside a string is kept).
+fn without_comment(line: &str) -> &str {
+    let mut in_string: Option<char> = None;
+    for (i, c) in line.char_indices() {
+        match (in_string, c) {
+            (Some(q), c) if c == q => in_string = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => in_string = Some(c),
+            (None, '#') => return &line[..i],
+            _ => {}
+        }
+    }
+    line
 }
 
 /// A semantic error about `key` (dotted, e.g. `tolerance.bf16.max_abs`): located at the line that

@@ -210,11 +210,14 @@ fn parameter_grid(
             ));
         }
         if !file.baseline.contains_key(name) {
+            // Placed at the parameter's own line: the new parameter is what the reader just wrote.
             return Err(config::config_error_at_key(
                 path,
                 text,
-                "baseline",
-                format!("baseline does not set parameter `{name}`"),
+                &format!("params.{name}"),
+                format!(
+                    "parameter `{name}` is not set by `baseline`: add `{name} = <one of its values>` to the baseline, or remove the parameter"
+                ),
             ));
         }
     }
