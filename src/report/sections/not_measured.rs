@@ -1,5 +1,6 @@
 //! The report's Not measured section: what a budget left out.
 use crate::log::runindex::{Outcome, RunIndex};
+use crate::log::runlog::Record;
 use crate::model::vocab::SkipReason;
 use crate::report::document::{Block, Section, SectionId, Table, Text};
 
@@ -8,22 +9,23 @@ use crate::report::document::{Block, Section, SectionId, Table, Text};
 /// The section counts the variants it lists.
 pub(super) fn not_measured(ix: &RunIndex) -> Section {
     let mut left: Vec<&str> = Vec::new();
-    let mut why: Option<&str> = None;
     for c in &ix.cases {
         if let Outcome::Skipped {
-            reason,
             why: Some(SkipReason::Budget),
             ..
         } = c.outcome
         {
-            // The budget's own words, after what every budget skip says first.
-            why.get_or_insert(reason.strip_prefix("not measured: ").unwrap_or(reason));
             if !left.contains(&c.variant) {
                 left.push(c.variant);
             }
         }
     }
-    let Some(why) = why else {
+    // The budget's own words, from the record that says it was reached.
+    let why = ix.incidents.iter().rev().find_map(|(_, r)| match r {
+        Record::BudgetReached { reason, .. } => Some(reason.as_str()),
+        _ => None,
+    });
+    let Some(why) = why.filter(|_| !left.is_empty()) else {
         return Section::new(SectionId::NotMeasured, None);
     };
     let listed = left.len();
