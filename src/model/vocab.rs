@@ -157,6 +157,20 @@ pub enum WorkerFailure {
     NotStarted,
 }
 
+/// A stage of a run that holds a GPU outside the variants' workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// The worker's roofs (matmul, copy, read), before any variant.
+    Roofs,
+    /// The reference library (PyTorch SDPA, FlashAttention-4 where installed), with its roofs.
+    Reference,
+    /// Champions re-timed against their runners-up on one GPU (drift, two GPUs).
+    Duels,
+    /// Nsight Compute on the champions.
+    Profiles,
+}
+
 /// Why a case was skipped, as its `case_skipped` record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

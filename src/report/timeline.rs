@@ -1,8 +1,8 @@
 //! Where each second of a run went, lane by lane: the builds, each GPU's workers, and the stages
-//! that hold the first GPU outside the workers (the roofs, the re-duels, the profiles, the
-//! reference library). From the log's own times: a worker's and a build's spans are in their
-//! records; a stage's is the stretch from the record before its first to its last, since the
-//! stages run one after another.
+//! that hold a GPU outside the workers (the roofs, the re-duels, the profiles, the reference
+//! library). From the log's own times: a worker's, a build's and a stage's spans are in their
+//! records (`worker_ran`, `built`, `stage_ran`). A log from before `stage_ran` gives each stage the
+//! stretch from the record before its first to its last, since the stages run one after another.
 use crate::log::runindex::{BuildOutcome, RunIndex};
 use crate::log::runlog::Record;
 
@@ -18,6 +18,16 @@ pub enum SpanKind {
 }
 
 impl SpanKind {
+    fn of(stage: crate::model::vocab::Stage) -> SpanKind {
+        use crate::model::vocab::Stage;
+        match stage {
+            Stage::Roofs => SpanKind::Roofs,
+            Stage::Reference => SpanKind::Reference,
+            Stage::Duels => SpanKind::Duels,
+            Stage::Profiles => SpanKind::Profiles,
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             SpanKind::Build => "nvcc build",
@@ -70,6 +80,18 @@ pub fn spans(ix: &RunIndex) -> (Vec<Span>, f64) {
             start: w.started_t,
             end: w.started_t + w.seconds,
         });
+    }
+    let wall = ix.log.entries.last().map_or(0.0, |(_, e)| e.t);
+    if !ix.stages.is_empty() {
+        for s in &ix.stages {
+            out.push(Span {
+                lane: Lane::Gpu(s.device),
+                kind: SpanKind::of(s.stage),
+                start: s.started_t,
+                end: s.started_t + s.seconds,
+            });
+        }
+        return (out, wall);
     }
     let stage_gpu = ix.header.and_then(|h| h.gpus.first().copied()).unwrap_or(0);
     let entries = &ix.log.entries;

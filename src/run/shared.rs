@@ -86,6 +86,31 @@ impl Events {
         self.log.clock()
     }
 
+    /// Log that `stage` held `device` from `started_t` (the clock when it began, with `records`
+    /// then in the log) until now, if it logged anything: a stage with nothing to do is not one.
+    pub fn stage_ran(
+        &mut self,
+        stage: crate::model::vocab::Stage,
+        device: u32,
+        (started_t, records): (f64, usize),
+    ) -> Result<()> {
+        if self.records().entries.len() == records {
+            return Ok(());
+        }
+        let seconds = self.clock() - started_t;
+        self.emit(Record::StageRan {
+            stage,
+            device,
+            started_t,
+            seconds,
+        })
+    }
+
+    /// The clock and the record count now: where a stage begins, for [`Events::stage_ran`].
+    pub fn stage_start(&self) -> (f64, usize) {
+        (self.clock(), self.records().entries.len())
+    }
+
     /// Log many records at once (one sync), then show each to the store and the reporters.
     pub fn emit_all(&mut self, records: Vec<Record>) -> Result<()> {
         for entry in self.log.append_all(records)? {

@@ -1227,4 +1227,21 @@ fn the_timeline_puts_each_stage_on_its_gpu_and_counts_what_each_gpu_held() {
         page.contains("Timeline: what held each GPU"),
         "no timeline on the page"
     );
+
+    // A log whose stages say when they ran is read as it says, not from the stretch between records.
+    let mut log = Log::new(false);
+    log.record(
+        json!({"event": "ceiling_measured", "name": "copy", "dtype": null,
+        "value": 4000.0, "unit": "GB/s", "source": "worker"}),
+    );
+    log.record(json!({"event": "stage_ran", "stage": "roofs", "device": 1,
+        "started_t": 1.5, "seconds": 0.25}));
+    let log = log.done();
+    let (all, _) = spans(&RunIndex::new(&log));
+    assert_eq!(
+        all.iter()
+            .map(|s| (s.kind, s.lane.clone(), s.start, s.end))
+            .collect::<Vec<_>>(),
+        vec![(SpanKind::Roofs, Lane::Gpu(1), 1.5, 1.75)]
+    );
 }

@@ -53,6 +53,26 @@ fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
     assert!(across
         .iter()
         .all(|(a, b)| a != b && a.starts_with("GPU ") && b.starts_with("GPU ")));
+    // The stages outside the workers say when they held which GPU (the timeline reads them).
+    let stages: Vec<(flashtune::model::vocab::Stage, u32)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::StageRan {
+                stage,
+                device,
+                seconds,
+                ..
+            } if *seconds >= 0.0 => Some((*stage, *device)),
+            _ => None,
+        })
+        .collect();
+    use flashtune::model::vocab::Stage;
+    for stage in [Stage::Roofs, Stage::Reference, Stage::Duels] {
+        assert!(
+            stages.contains(&(stage, 0)),
+            "no {stage:?} on GPU 0: {stages:?}"
+        );
+    }
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(report.contains("GPUs 0, 1: fake GPU"), "{report}");
     assert!(report.contains("(timed on GPU "), "{report}");

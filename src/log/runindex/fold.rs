@@ -1,7 +1,7 @@
 //! `RunIndex::new`: the log's records folded one by one into the index (`Fold::apply`, a method per
 //! kind of record: what became of each case in `fold_cases.rs`, the workers, GPUs, baselines,
 //! roofs and duels in `fold_runs.rs`).
-use super::{account, Accounting, Ceilings, Ledger, RunIndex};
+use super::{account, Accounting, Ceilings, Ledger, RunIndex, StageRun};
 use crate::log::runlog::{Entry, LoadedLog, Record};
 use crate::model::config::{Dtype, Shape};
 use std::collections::BTreeMap;
@@ -61,6 +61,7 @@ impl<'a> Fold<'a> {
                 drift_duels: Vec::new(),
                 state_unavailable: Vec::new(),
                 workers: Vec::new(),
+                stages: Vec::new(),
                 interrupted: None,
                 dispatch_order: None,
                 confirmations: Vec::new(),
@@ -118,6 +119,17 @@ impl<'a> Fold<'a> {
                 self.ix.search.push((line, &e.record))
             }
             Record::WorkerRan { .. } => self.worker_ran(line, e),
+            &Record::StageRan {
+                stage,
+                device,
+                started_t,
+                seconds,
+            } => self.ix.stages.push(StageRun {
+                stage,
+                device,
+                started_t,
+                seconds,
+            }),
             Record::Sentinel { .. } => self.sentinel(line, e),
             Record::Disturbed { .. } => self.disturbed(line, e),
             Record::GpuStateUnavailable { device, reason } => {

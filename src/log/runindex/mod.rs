@@ -12,7 +12,7 @@ pub use model::{
     sentinel_gap, spread, Accounting, Baseline, BaselineTiming, Bin, Build, BuildOutcome, Case,
     CaseStatus, Ceilings, CheckFailure, Closeness, Confirmation, DisturbedTiming, DriftDuel,
     DuelRecord, Failure, Fault, FaultKind, Finished, Measured, Outcome, Pick, PlannedPoint,
-    Profile, ReusedFrom, SentinelPoint, Timing, WorkerRun,
+    Profile, ReusedFrom, SentinelPoint, StageRun, Timing, WorkerRun,
 };
 use std::collections::BTreeMap;
 
@@ -51,6 +51,8 @@ pub struct RunIndex<'a> {
     /// GPUs whose state could not be read, and why (log line, device, reason).
     pub state_unavailable: Vec<(usize, u32, &'a str)>,
     pub workers: Vec<WorkerRun<'a>>,
+    /// The stages that held a GPU outside the workers, as their `stage_ran` records say.
+    pub stages: Vec<StageRun>,
     /// The last `interrupted` record: its line and reason.
     pub interrupted: Option<(usize, &'a str)>,
     /// The last `dispatch_order` record: a budgeted run's order, best first, with its line.

@@ -524,6 +524,15 @@ pub struct WorkerRun<'a> {
     pub seconds: f64,
 }
 
+/// One `stage_ran` record: a stage that held a GPU outside the workers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StageRun {
+    pub stage: crate::model::vocab::Stage,
+    pub device: u32,
+    pub started_t: f64,
+    pub seconds: f64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Finished {
     pub line: usize,

@@ -325,6 +325,15 @@ pub enum Record {
         cases_not_run: Vec<String>,
     },
     /// One worker process on one GPU: when it started (run clock) and how long it held the GPU.
+    /// A stage that held a GPU outside the variants' workers, logged when it ended: when it began
+    /// and for how long (the run's timeline; logs before it have none, and the timeline falls back
+    /// on the stretch between records).
+    StageRan {
+        stage: crate::model::vocab::Stage,
+        device: u32,
+        started_t: f64,
+        seconds: f64,
+    },
     WorkerRan {
         variant: String,
         device: u32,

@@ -57,7 +57,9 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     }
     events.emit_header_then_store(Record::Header(Box::new(head)), &project.paths)?;
     let first = opts.devices.first().copied().unwrap_or(0);
+    let began = events.stage_start();
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;
+    events.stage_ran(crate::model::vocab::Stage::Roofs, first, began)?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
         ..opts
@@ -160,7 +162,9 @@ pub async fn resume(
         )
     });
     let first = opts.devices.first().copied().unwrap_or(0);
+    let began = events.stage_start();
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, Some(&loaded)).await?;
+    events.stage_ran(crate::model::vocab::Stage::Roofs, first, began)?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
         ..opts

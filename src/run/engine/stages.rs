@@ -5,6 +5,7 @@ use crate::log::runlog::Record;
 use crate::model::plan::Strategy;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::{DeviceLimits, PlannedPoint};
+use crate::model::vocab::Stage;
 use crate::run::measure::measure_points;
 use crate::run::scheduler::Ending;
 use crate::run::shared::{profile_case, Events, Project, TuneOptions};
@@ -59,6 +60,8 @@ pub(super) async fn drive(
     };
     // The GPU's first job is the reference library (and its roofs), while nvcc builds the plan's
     // kernels into the cache on every core: the measurement then starts on built kernels.
+    let first_gpu = opts.devices.first().copied().unwrap_or(device.ordinal);
+    let began = events.stage_start();
     unless_stopped(baseline_while_building(
         project,
         device,
@@ -67,6 +70,7 @@ pub(super) async fn drive(
         done,
     ))
     .await?;
+    events.stage_ran(Stage::Reference, first_gpu, began)?;
     let ending = match planned {
         Some(planned) => {
             let no_reasons = BTreeMap::new();
@@ -96,11 +100,15 @@ pub(super) async fn drive(
     let mut interrupted = matches!(ending, Ending::Interrupted(_));
     if let Ending::Finished(t) = ending {
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
+        let began = events.stage_start();
         unless_stopped(crate::run::duel::reduel_champions(
             project, device, opts, events,
         ))
         .await?;
+        events.stage_ran(Stage::Duels, first_gpu, began)?;
+        let began = events.stage_start();
         unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
+        events.stage_ran(Stage::Profiles, first_gpu, began)?;
         interrupted = crate::os::stop::requested().is_some();
         if !interrupted {
             events.emit(Record::Finished {
