@@ -36,3 +36,4 @@ mod step;
 mod supervision;
 mod trust;
 mod unit;
+mod users_work;
