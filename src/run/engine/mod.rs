@@ -47,6 +47,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
+    let budget = opts.budget.clone().counted_from(std::time::Instant::now());
     let mut events = Events::new(log, reporters);
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy, RunCommand::Tune);
@@ -60,6 +61,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, None).await?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
+        budget,
         ..opts
     };
     drive(
@@ -143,6 +145,8 @@ pub async fn resume(
         done.len()
     );
     let log = RunLog::reopen(&log_path, &loaded)?;
+    // A resumed run's time limit counts from the resume.
+    let budget = opts.budget.clone().counted_from(std::time::Instant::now());
     let mut events = Events::new(log, reporters);
     events.record_into_store(&project.paths, Some(&loaded));
     events.emit(Record::Resumed {
@@ -163,6 +167,7 @@ pub async fn resume(
     let roofs = measure_roofs(&project, first, &opts.executor, &mut events, Some(&loaded)).await?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
+        budget,
         ..opts
     };
     drive(&project, &device, &opts, &mut events, &done, run_dir).await
