@@ -175,8 +175,8 @@ pub async fn session(opts: StepOptions, agent: AgentOptions) -> Result<SessionOu
         command: RunCommand::AgentSession,
         ..opts
     };
+    // Bench::open refuses a tree holding the user's uncommitted work before any run starts.
     let (bench, mut events) = Bench::open(&opts, true, None).await?;
-    refuse_dirty_scope(&bench)?;
     events.emit(Record::AgentSession(Box::new(AgentSettings {
         agent: agent.name.clone(),
         command: agent.command.clone(),
@@ -463,18 +463,6 @@ impl Runner<'_> {
         let fractions: Option<Vec<f64>> = pack.cases.iter().map(|c| c.roof_fraction()).collect();
         Ok(fractions.and_then(|f| f.into_iter().reduce(f64::min)))
     }
-}
-
-/// Refuse to start with uncommitted edits in the scope: the winner's files are copied over them.
-fn refuse_dirty_scope(bench: &Bench) -> Result<()> {
-    let (inside, _) = step::changes(&bench.project, &bench.root)?;
-    if inside.is_empty() {
-        return Ok(());
-    }
-    Err(Error::BadInput(format!(
-        "uncommitted edits under kernels/ ({}): an agent session commits its candidates' edits over them; commit or revert them first (or judge them with `flashtune step`)",
-        inside.join(", ")
-    )))
 }
 
 fn git(e: git2::Error) -> Error {

@@ -198,6 +198,16 @@ impl Reporter for ProgressReporter {
                 &self.cases,
                 format!("{stage} timed out on {variant}: {}", stage.limit(*seconds)),
             ),
+            Record::BudgetReached {
+                reason,
+                variants_not_measured,
+            } => self.say(
+                &self.cases,
+                format!(
+                    "budget reached: {reason}; {} variant(s) not started",
+                    variants_not_measured.len()
+                ),
+            ),
             Record::Finished { .. } => {
                 self.builds.finish();
                 self.cases.finish();

@@ -4,8 +4,9 @@ use crate::cli::progress::ProgressReporter;
 use crate::error::{Error, Result};
 use crate::gpu::executor::Executor;
 use crate::model::config::ProjectPaths;
+use crate::run::budget::Budget;
 use crate::run::engine;
-use crate::run::shared::{self, Budget, Reporter, TuneOptions};
+use crate::run::shared::{self, Reporter, TuneOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -44,7 +45,8 @@ pub(super) struct GpuArgs {
 /// How much a measuring run may measure.
 #[derive(clap::Args)]
 pub(super) struct BudgetArgs {
-    /// Stop starting new measurements after this long (e.g. 8h, 45m).
+    /// End the run this long after it starts (e.g. 8h, 45m): nothing starts after it (no build,
+    /// no variant, no re-duel or profile), and what runs is ended within 10 s; the reports follow.
     #[arg(long, value_parser = humantime::parse_duration)]
     time_limit: Option<Duration>,
     /// Measure at most this many variants (1 or more).
@@ -143,6 +145,8 @@ impl RunArgs {
         let budget = Budget {
             max_variants: self.max_variants,
             time_limit: self.time_limit,
+            // Restarted by the engine with the run's log.
+            clock: Some(std::time::Instant::now()),
         };
         Ok(TuneOptions {
             paths,

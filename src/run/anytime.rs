@@ -6,8 +6,9 @@ use crate::model::config::Dtype;
 use crate::model::plan::Strategy;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::{Params, PlannedPoint, REFERENCE};
+use crate::run::budget::Budget;
 use crate::run::scheduler::CaseKey;
-use crate::run::shared::{Budget, Events, Project, Reuse, TuneOptions};
+use crate::run::shared::{Events, Project, Reuse, TuneOptions};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// `--reuse` takes figures for points fixed up front; the guided search and ablations decide from

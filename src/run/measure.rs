@@ -4,8 +4,9 @@ use crate::log::runlog::{LoadedLog, Record};
 use crate::model::plan::Proposal;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::PlannedPoint;
+use crate::run::budget::Budget;
 use crate::run::scheduler::{CaseKey, Ending, Scheduler};
-use crate::run::shared::{Budget, Events, Project, TuneOptions};
+use crate::run::shared::{Events, Project, TuneOptions};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Log the points (with the search's reason for each), then build, check and time the valid ones not yet done.

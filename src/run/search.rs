@@ -5,11 +5,11 @@ use crate::model::config::{Dtype, Shape};
 use crate::model::plan::{Proposal, RoundChampion};
 use crate::model::protocol::{DeviceInfo, TimingStats};
 use crate::model::space::{Params, PlannedPoint, Variant};
+use crate::run::budget::Budget;
 use crate::run::scheduler::{Ending, Totals};
-use crate::run::shared::{self, Budget, Events, Project};
+use crate::run::shared::{self, Events, Project};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Instant;
 
 /// `count` valid variants of `planned`, drawn reproducibly; every head dim of a drawn variant comes along.
 pub fn random_sample(planned: &[PlannedPoint], count: usize, seed: u64) -> Vec<PlannedPoint> {
@@ -118,7 +118,6 @@ impl Guided<'_> {
         let project = self.project;
         let policy = &project.policies.guided;
         let head_dims = project.head_dims();
-        let started = Instant::now();
         let mut totals = Totals::default();
         let start = start_variant(&project.space);
         let mut proposed_ever: BTreeSet<String> = BTreeSet::from([start.id.clone()]);
@@ -138,6 +137,9 @@ impl Guided<'_> {
             return Ok(stop);
         }
         for round in 1..=policy.max_rounds {
+            if let Some(stop) = self.out_of_time(&mut totals, events)? {
+                return Ok(stop);
+            }
             // A snapshot: this round's profiles are logged while it is read.
             let log = events.records().clone();
             let before = champions(&log);
@@ -172,7 +174,7 @@ impl Guided<'_> {
                 .map(|(id, (_, why))| (id, why))
                 .collect();
             let points = project.space.plan_points(&variants, &head_dims, limits)?;
-            let budget = remaining(&self.opts.budget, totals.variants, started);
+            let budget = remaining(&self.opts.budget, totals.variants);
             let ending = crate::run::measure::measure_points(
                 project,
                 self.device,
@@ -185,6 +187,9 @@ impl Guided<'_> {
             )
             .await?;
             if let Some(stop) = self.absorb(ending, &mut totals, events)? {
+                return Ok(stop);
+            }
+            if let Some(stop) = self.out_of_time(&mut totals, events)? {
                 return Ok(stop);
             }
             let after = self.confirmed_champions(events, round, &before).await?;
@@ -369,6 +374,27 @@ impl Guided<'_> {
         }
     }
 
+    /// The time limit fell between rounds: nothing more is profiled, measured or duelled.
+    fn out_of_time(&self, totals: &mut Totals, events: &mut Events) -> Result<Option<Ending>> {
+        let Some(reason) = self
+            .opts
+            .budget
+            .time_limit_reason()
+            .filter(|_| self.opts.budget.time_is_up())
+        else {
+            return Ok(None);
+        };
+        events.emit(Record::BudgetReached {
+            reason: reason.clone(),
+            variants_not_measured: Vec::new(),
+        })?;
+        events.emit(Record::SearchStopped {
+            reason: format!("budget: {reason}"),
+        })?;
+        totals.budget_stop = Some(reason);
+        Ok(Some(Ending::Finished(totals.clone())))
+    }
+
     /// Add a round's totals; the ending to return when the round was interrupted or hit the budget.
     fn absorb(
         &self,
@@ -398,14 +424,13 @@ impl Guided<'_> {
 }
 
 /// The run's budget less what earlier rounds used.
-fn remaining(budget: &Budget, variants_so_far: usize, started: Instant) -> Budget {
+/// The time limit's clock is the run's, so it carries over as it is.
+fn remaining(budget: &Budget, variants_so_far: usize) -> Budget {
     Budget {
         max_variants: budget
             .max_variants
             .map(|m| m.saturating_sub(variants_so_far)),
-        time_limit: budget
-            .time_limit
-            .map(|t| t.saturating_sub(started.elapsed())),
+        ..budget.clone()
     }
 }
 

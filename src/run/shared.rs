@@ -19,13 +19,6 @@ pub struct Reuse {
     pub confirm: usize,
 }
 
-/// Limits on one run, from the command line.
-#[derive(Debug, Clone, Default)]
-pub struct Budget {
-    pub max_variants: Option<usize>,
-    pub time_limit: Option<Duration>,
-}
-
 /// Which build serves a (variant, dtype, head dim); the reference uses head dim 0.
 pub type UnitKey = (String, Dtype, u32);
 
@@ -157,7 +150,7 @@ pub struct TuneOptions {
     pub executor: Executor,
     /// GPU ordinals, one worker queue each; empty means every visible GPU.
     pub devices: Vec<u32>,
-    pub budget: Budget,
+    pub budget: crate::run::budget::Budget,
     /// Commit the champion table on `flashtune/<run-id>` when the run finishes.
     pub commit: bool,
     /// How points are chosen; a resumed run keeps its own.

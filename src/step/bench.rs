@@ -31,7 +31,7 @@ impl Bench {
     ) -> Result<(Bench, Events)> {
         let project = Project::load(opts.paths.clone(), opts.space.as_deref())?;
         let root = repository_root(&project.paths.root)?;
-        refuse_dirty_outside_scope(&project, &root, proposer)?;
+        refuse_uncommitted(&project, &root, proposer, resume.is_some())?;
         let repo =
             git2::Repository::open(&root).map_err(|e| Error::Other(anyhow!("{}", e.message())))?;
         rules::refuse_rules_not_at_head(&project, &root, &repo)?;
@@ -148,10 +148,36 @@ fn repository_root(project_root: &Path) -> Result<PathBuf> {
     Ok(workdir.to_path_buf())
 }
 
-/// What decides a step must be committed: the policies, the spaces, the protected kernels.
-/// With a proposer every change outside the scope counts, since its own changes must be told apart.
-fn refuse_dirty_outside_scope(project: &Project, root: &Path, proposer: bool) -> Result<()> {
-    let (_, outside) = changes(project, root)?;
+/// What the tree may hold uncommitted when a session starts. Without a proposer the edit under
+/// the scope is what is judged, but what decides how it is judged (the policies, the spaces, the
+/// protected kernels) must be committed. With a proposer or an agent, whatever changed is taken for
+/// theirs, judged and restored as theirs: the user's work must not be in the tree at all. A resumed
+/// session's edit in the scope is its own step in flight, which it finishes.
+fn refuse_uncommitted(
+    project: &Project,
+    root: &Path,
+    proposer: bool,
+    resuming: bool,
+) -> Result<()> {
+    let (inside, outside) = changes(project, root)?;
+    if proposer {
+        let users: Vec<String> = if resuming {
+            outside
+        } else {
+            inside.into_iter().chain(outside).collect()
+        };
+        if users.is_empty() {
+            return Ok(());
+        }
+        return Err(Error::BadInput(format!(
+            "the working tree holds uncommitted changes: {}\n\
+             A proposer's or an agent's edit can be told apart from your work only on a clean tree: \
+             yours would be judged as its edit and restored with it. Commit them, set them aside \
+             with `git stash` (`git stash pop` after the session), or, for an edit under \
+             {EDIT_SCOPE}, judge it first with `flashtune judge`; then start the session again.",
+            users.join(", ")
+        )));
+    }
     let space = project
         .space
         .path
@@ -159,30 +185,20 @@ fn refuse_dirty_outside_scope(project: &Project, root: &Path, proposer: bool) ->
         .unwrap_or(&project.space.path)
         .to_string_lossy()
         .into_owned();
-    // These decide how an edit is judged; with a proposer, any other file must be told apart
-    // from what the proposer writes.
-    let decides = |p: &String| {
+    let decides_judging = |p: &String| {
         p == "policies.toml"
             || p.starts_with("variants/")
             || *p == space
             || p.starts_with(EDIT_SCOPE)
     };
-    let (deciding, other): (Vec<String>, Vec<String>) = outside.into_iter().partition(decides);
-    if !deciding.is_empty() {
-        return Err(Error::BadInput(format!(
-            "uncommitted changes outside the edit scope (kernels/, except {}): {}\n\
-             They decide how an edit is judged; commit or revert them first.",
-            protected(project).join(" and "),
-            deciding.join(", "),
-        )));
+    let dirty: Vec<String> = outside.into_iter().filter(decides_judging).collect();
+    if dirty.is_empty() {
+        return Ok(());
     }
-    if proposer && !other.is_empty() {
-        return Err(Error::BadInput(format!(
-            "uncommitted files outside the edit scope: {}\n\
-             A proposer's edit is told apart from the tree by what changed, so these must not be \
-             there when it starts: commit them, list them in .gitignore, or move them away.",
-            other.join(", "),
-        )));
-    }
-    Ok(())
+    Err(Error::BadInput(format!(
+        "uncommitted changes outside the edit scope (kernels/, except {}): {}\n\
+         They decide how an edit is judged; commit or revert them first.",
+        protected(project).join(" and "),
+        dirty.join(", "),
+    )))
 }

@@ -34,5 +34,7 @@ mod slurm;
 mod source_shape;
 mod step;
 mod supervision;
+mod time_limit;
 mod trust;
 mod unit;
+mod users_work;

@@ -367,7 +367,7 @@ fn print_config_write_merges_into_the_agents_files_and_keeps_them_valid() {
     let out = fake_step(dir.path(), &["--proposer", "true"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
-        text(&out).contains("uncommitted files outside the edit scope: .mcp.json"),
+        text(&out).contains("the working tree holds uncommitted changes: .mcp.json"),
         "{}",
         text(&out)
     );

@@ -47,6 +47,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create {}", run_dir.display()))?;
     let log = RunLog::create(&run_dir.join("log.jsonl"))?;
+    let budget = opts.budget.clone().counted_from(std::time::Instant::now());
     let mut events = Events::new(log, reporters);
     let seed = fresh_run_seed(project.policies.measure.seed, &run_id);
     let mut head = header(&project, &device, &run_id, &opts.strategy, RunCommand::Tune);
@@ -62,6 +63,7 @@ pub async fn tune(opts: TuneOptions, reporters: Vec<Box<dyn Reporter>>) -> Resul
     events.stage_ran(crate::model::vocab::Stage::Roofs, first, began)?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
+        budget,
         ..opts
     };
     drive(
@@ -145,6 +147,8 @@ pub async fn resume(
         done.len()
     );
     let log = RunLog::reopen(&log_path, &loaded)?;
+    // A resumed run's time limit counts from the resume.
+    let budget = opts.budget.clone().counted_from(std::time::Instant::now());
     let mut events = Events::new(log, reporters);
     events.record_into_store(&project.paths, Some(&loaded));
     events.emit(Record::Resumed {
@@ -167,6 +171,7 @@ pub async fn resume(
     events.stage_ran(crate::model::vocab::Stage::Roofs, first, began)?;
     let opts = TuneOptions {
         run: RunState { seed, roofs },
+        budget,
         ..opts
     };
     drive(&project, &device, &opts, &mut events, &done, run_dir).await

@@ -28,6 +28,16 @@ async fn unless_stopped<T>(
     }
 }
 
+/// Run a stage that measures, abandoned on a signal, never started after the time limit and ended
+/// at its grace. True when the time limit kept it from running to its end.
+async fn measuring_stage(
+    budget: &crate::run::budget::Budget,
+    stage: impl std::future::Future<Output = Result<()>>,
+) -> Result<bool> {
+    let ran = unless_stopped(crate::run::budget::within_time_limit(budget, stage)).await?;
+    Ok(matches!(ran, Some(None)))
+}
+
 /// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
 pub(super) async fn drive(
     project: &Project,
@@ -62,14 +72,8 @@ pub(super) async fn drive(
     // kernels into the cache on every core: the measurement then starts on built kernels.
     let first_gpu = opts.devices.first().copied().unwrap_or(device.ordinal);
     let began = events.stage_start();
-    unless_stopped(baseline_while_building(
-        project,
-        device,
-        events,
-        planned.as_deref(),
-        done,
-    ))
-    .await?;
+    let baseline = baseline_while_building(project, device, events, planned.as_deref(), done);
+    let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?;
     events.stage_ran(Stage::Reference, first_gpu, began)?;
     let ending = match planned {
         Some(planned) => {
@@ -101,15 +105,22 @@ pub(super) async fn drive(
     if let Ending::Finished(t) = ending {
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
         let began = events.stage_start();
-        unless_stopped(crate::run::duel::reduel_champions(
-            project, device, opts, events,
-        ))
-        .await?;
+        let reduel = crate::run::duel::reduel_champions(project, device, opts, events);
+        cut_by_time |= measuring_stage(&opts.budget, reduel).await?;
         events.stage_ran(Stage::Duels, first_gpu, began)?;
         let began = events.stage_start();
-        unless_stopped(profile_stage(project, device, events, &run_dir)).await?;
+        let profiles = profile_stage(project, device, events, &run_dir);
+        cut_by_time |= measuring_stage(&opts.budget, profiles).await?;
         events.stage_ran(Stage::Profiles, first_gpu, began)?;
         interrupted = crate::os::stop::requested().is_some();
+        // The scheduler logs the limit when it falls while variants measure; a stage it kept from
+        // starting or ended is the limit's doing too, and the log says so.
+        if cut_by_time && t.budget_stop.is_none() && !interrupted {
+            events.emit(Record::BudgetReached {
+                reason: opts.budget.time_limit_reason().unwrap_or_default(),
+                variants_not_measured: Vec::new(),
+            })?;
+        }
         if !interrupted {
             events.emit(Record::Finished {
                 seconds: started.elapsed().as_secs_f64(),

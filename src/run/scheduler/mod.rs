@@ -9,7 +9,8 @@ use crate::model::protocol::{
     SentinelResult, TimingStats,
 };
 use crate::model::space::{PlannedPoint, REFERENCE};
-use crate::run::shared::{input_seed, Budget, Events, Project, UnitKey};
+use crate::run::budget::Budget;
+use crate::run::shared::{input_seed, Events, Project, UnitKey};
 use gpu_queue::{gpu_loop, GpuEvent, GpuTasks, LoopPolicy};
 use outcome::Books;
 use std::collections::{BTreeMap, BTreeSet};
@@ -143,7 +144,6 @@ impl Scheduler<'_> {
     /// finished, the GPUs alive, why it is stopping) is the loop's own locals, each changed in one
     /// arm of one `select!`; cut into methods, it would travel as a dozen `&mut`s.
     pub async fn run(&self, planned: &[PlannedPoint], events: &mut Events) -> Result<Ending> {
-        let started = Instant::now();
         let project = self.project;
         let dtypes = project.policies.dtypes.clone();
 
@@ -183,6 +183,9 @@ impl Scheduler<'_> {
         let mut stopping: Option<String> = None;
         let (mut running, mut finished): (BTreeSet<String>, BTreeSet<String>) = Default::default();
         let mut interrupted = false;
+        // The time limit wakes the loop when it falls, and ends what still runs at its grace.
+        let deadline = self.budget.deadline();
+        let mut cut_at: Option<Instant> = None;
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
             let signals = crate::os::stop::count();
@@ -197,19 +200,24 @@ impl Scheduler<'_> {
                 stopping = Some(signal.into());
                 build_tasks.abort_all();
             }
+            if stopping.is_none() && self.budget.time_is_up() {
+                let reason = self.budget.time_limit_reason().unwrap_or_default();
+                let not_started = not_started(&variant_order, &finished, &running);
+                self.stop_for_budget(events, &reason, planned, not_started)?;
+                books.totals.budget_stop = Some(reason.clone());
+                stopping = Some(reason);
+                build_tasks.abort_all();
+                cut_at = deadline.map(|d| d + Budget::GRACE);
+            }
             // Dispatch what is ready, in the plan's order (best first under a budget), one job per
             // free GPU: work stays in `ready` until a GPU takes it, so budgets and Ctrl-C apply to
             // everything not started.
             if references_left == 0 && stopping.is_none() {
                 ready.sort_by_key(|v| variant_order.iter().position(|o| o == v));
                 while in_flight < live_gpus && !ready.is_empty() {
-                    if let Some(reason) = self.budget_reached(dispatched, started) {
-                        let not_measured: Vec<String> = variant_order
-                            .iter()
-                            .filter(|v| !finished.contains(*v) && !running.contains(*v))
-                            .cloned()
-                            .collect();
-                        self.stop_for_budget(events, &reason, planned, not_measured)?;
+                    if let Some(reason) = self.variants_reached(dispatched) {
+                        let not_started = not_started(&variant_order, &finished, &running);
+                        self.stop_for_budget(events, &reason, planned, not_started)?;
                         books.totals.budget_stop = Some(reason.clone());
                         stopping = Some(reason);
                         build_tasks.abort_all();
@@ -297,12 +305,23 @@ impl Scheduler<'_> {
                 }
                 // The top of the loop acts on it.
                 _ = crate::os::stop::reached(signals + 1) => {}
+                _ = sleep_until(deadline), if stopping.is_none() && deadline.is_some() => {}
+                _ = sleep_until(cut_at), if cut_at.is_some() && in_flight > 0 => {
+                    self.skip_cut_short(events, planned, &running, &books)?;
+                    break;
+                }
             }
         }
-        // Each queue times its last sentinel once it sees the queue closed (not when stopping).
         drop(job_tx);
-        last_sentinels(events, &mut result_rx, max_drift).await?;
-        drop(gpu_tasks);
+        if cut_at.is_some() {
+            // After the time limit nothing more is timed, a last sentinel included: ending the
+            // queues ends their workers.
+            drop(gpu_tasks);
+        } else {
+            // Each queue times its last sentinel once it sees the queue closed (not when stopping).
+            last_sentinels(events, &mut result_rx, max_drift).await?;
+            drop(gpu_tasks);
+        }
         Ok(if interrupted {
             Ending::Interrupted(books.totals)
         } else {
@@ -465,18 +484,41 @@ impl Scheduler<'_> {
         Ok(())
     }
 
-    fn budget_reached(&self, dispatched: usize, started: Instant) -> Option<String> {
-        if let Some(max) = self.budget.max_variants {
-            if dispatched >= max {
-                return Some(format!("--max-variants {max}"));
+    /// Why no more variants may start under `--max-variants`, if it is spent (the time limit is
+    /// watched by the loop itself: it falls whether or not anything is ready).
+    fn variants_reached(&self, dispatched: usize) -> Option<String> {
+        let max = self.budget.max_variants?;
+        (dispatched >= max).then(|| format!("--max-variants {max}"))
+    }
+
+    /// The time limit's grace ran out with variants still measuring: every case of theirs not
+    /// answered yet is skipped for the budget, so each case still ends as one record.
+    fn skip_cut_short(
+        &self,
+        events: &mut Events,
+        planned: &[PlannedPoint],
+        running: &BTreeSet<String>,
+        books: &Books,
+    ) -> Result<()> {
+        let limit = self.budget.time_limit.unwrap_or_default().as_secs_f64();
+        for variant in running {
+            for (shape, dtype) in self.case_names(planned, variant) {
+                if books.answered(variant, &shape, dtype) {
+                    continue;
+                }
+                events.emit(Record::CaseSkipped {
+                    variant: variant.clone(),
+                    shape,
+                    dtype,
+                    reason: format!(
+                        "not measured: still running {}s after --time-limit {limit}s, and ended",
+                        Budget::GRACE.as_secs()
+                    ),
+                    skipped_for: Some(crate::model::vocab::SkipReason::Budget),
+                })?;
             }
         }
-        if let Some(limit) = self.budget.time_limit {
-            if started.elapsed() >= limit {
-                return Some(format!("--time-limit {}s", limit.as_secs()));
-            }
-        }
-        None
+        Ok(())
     }
 }
 
@@ -549,6 +591,27 @@ async fn last_sentinels(
     tokio::select! {
         drained = drain => drained,
         _ = crate::os::stop::reached(2) => Ok(()),
+    }
+}
+
+/// The variants of `order` neither finished nor running: what a budget keeps from starting.
+fn not_started(
+    order: &[String],
+    finished: &BTreeSet<String>,
+    running: &BTreeSet<String>,
+) -> Vec<String> {
+    order
+        .iter()
+        .filter(|v| !finished.contains(*v) && !running.contains(*v))
+        .cloned()
+        .collect()
+}
+
+/// Sleep until `when`; never wakes when there is none (the branch is disabled then anyway).
+async fn sleep_until(when: Option<Instant>) {
+    match when {
+        Some(when) => tokio::time::sleep_until(when.into()).await,
+        None => std::future::pending().await,
     }
 }
 

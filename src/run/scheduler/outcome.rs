@@ -32,6 +32,15 @@ pub(super) struct Books {
     pub(super) streamed: BTreeMap<String, Streamed>,
 }
 
+impl Books {
+    /// Whether `variant`'s job in flight has logged this case already.
+    pub(super) fn answered(&self, variant: &str, shape: &str, dtype: Dtype) -> bool {
+        self.streamed
+            .get(variant)
+            .is_some_and(|s| s.cases.contains(&(shape.to_owned(), dtype)))
+    }
+}
+
 impl Scheduler<'_> {
     /// Log a case its worker just answered; its job's end will not log it again.
     pub(super) fn record_streamed(
