@@ -618,11 +618,12 @@ fn judge_json_keeps_a_faster_fake_edit_off_the_branch_and_says_so() {
         "a clean tree made a run"
     );
     // A refusal is a JSON document too, with the exit code it explains.
+    // An unknown variant is `unknown_variant`, as MCP's tools call it (issue 52; it was `bad_input`).
     let out = fake_judge_json(dir.path(), &["--variant", "no-such-variant"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     schema::check("error", &err);
-    assert_eq!(err["error"]["code"], "bad_input");
+    assert_eq!(err["error"]["code"], "unknown_variant");
     assert_eq!(err["error"]["exit_code"], 2);
     // The schema is not a formality: a verdict without its cases is refused.
     let mut broken = serde_json::from_slice::<serde_json::Value>(
