@@ -14,6 +14,12 @@ mkdir -p "$work"
 cd "$work"
 git init -q && git add -A && git -c user.name=t -c user.email=t@example.com commit -qm start
 export FLASHTUNE_FAKE_PACE_MS=200
+# The copy has no .tools/ nor runs/: use the project's nvcc (from `flashtune setup`) and its build
+# cache, so the copy builds nothing it already built.
+if [ -z "${FLASHTUNE_NVCC:-}" ] && [ -x "$src/.tools/cuda/nvidia/cu13/bin/nvcc" ]; then
+  export FLASHTUNE_NVCC="$src/.tools/cuda/nvidia/cu13/bin/nvcc"
+fi
+export FLASHTUNE_CACHE_DIR="${FLASHTUNE_CACHE_DIR:-$src/runs/.build-cache}"
 last_event() { tail -1 "$1/log.jsonl" | sed -n 's/.*"event":"\([a-z_]*\)".*/\1/p'; }
 # The run folder that appeared since `before=$(runs)` was taken.
 runs() { ls -d runs/2*/ 2>/dev/null | sed 's:/$::' | sort; }
