@@ -29,13 +29,13 @@ pub(super) async fn run(args: Args, paths: ProjectPaths) -> Result<ExitCode> {
     let out = report_folder(&paths, &run);
     std::fs::create_dir_all(&out)
         .map_err(|e| Error::Other(anyhow::anyhow!("cannot create {}: {e}", out.display())))?;
-    let md = crate::report::export::write_all(&out, &log).map_err(|e| {
+    let written = crate::report::export::write_all(&out, &log).map_err(|e| {
         Error::Other(anyhow::anyhow!(
             "cannot write the reports in {}: {e}",
             out.display()
         ))
     })?;
-    crate::say!("{md}");
+    crate::say!("{}", written.markdown);
     crate::say!(
         "Wrote report.md, report.html, report.csv, report.json and report.t4.json in {}",
         out.display()

@@ -321,11 +321,22 @@ fn t4_metadata(ix: &RunIndex) -> Value {
     })
 }
 
-/// Write every format beside the log; returns the Markdown.
-pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<String> {
+/// What [`write_all`] wrote for people, to print: `report.md`, and the terminal's summary.
+pub struct Written {
+    pub markdown: String,
+    pub summary: String,
+}
+
+/// Write every format beside the log, the three people read from one document (indexed once).
+pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<Written> {
+    use crate::report::emit::{Emitter, Html, Markdown, Terminal};
     let ix = RunIndex::new(log);
-    let md = crate::report::sections::markdown(&ix);
-    std::fs::write(run_dir.join("report.md"), &md)?;
+    let doc = crate::report::sections::document(&ix);
+    let written = Written {
+        markdown: Markdown.emit(&doc),
+        summary: Terminal.emit(&doc),
+    };
+    std::fs::write(run_dir.join("report.md"), &written.markdown)?;
     std::fs::write(run_dir.join("report.csv"), csv(&ix))?;
     std::fs::write(
         run_dir.join("report.json"),
@@ -335,9 +346,7 @@ pub fn write_all(run_dir: &std::path::Path, log: &LoadedLog) -> std::io::Result<
         run_dir.join("report.t4.json"),
         serde_json::to_string_pretty(&t4(&ix)).expect("JSON values serialize"),
     )?;
-    std::fs::write(
-        run_dir.join("report.html"),
-        crate::report::sections::page(&ix),
-    )?;
-    Ok(md)
+    let page = crate::report::sections::with_plots(&ix, doc);
+    std::fs::write(run_dir.join("report.html"), Html.emit(&page))?;
+    Ok(written)
 }

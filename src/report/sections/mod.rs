@@ -50,9 +50,13 @@ pub fn markdown(ix: &RunIndex) -> String {
 
 /// `report.html`: the report with its plots.
 pub fn page(ix: &RunIndex) -> String {
-    let mut doc = document(ix);
+    Html.emit(&with_plots(ix, document(ix)))
+}
+
+/// The document with the page's plots: only the page draws them.
+pub fn with_plots(ix: &RunIndex, mut doc: Document) -> Document {
     doc.push(plots(ix));
-    Html.emit(&doc)
+    doc
 }
 
 /// The report of a run, section by section.

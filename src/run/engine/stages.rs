@@ -151,9 +151,9 @@ pub(super) async fn drive(
         })?;
     }
     let loaded = events.records();
-    crate::report::export::write_all(&run_dir, loaded)
-        .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?;
-    let summary = crate::report::sections::summary(&loaded);
+    let summary = crate::report::export::write_all(&run_dir, loaded)
+        .with_context(|| format!("cannot write the reports in {}", run_dir.display()))?
+        .summary;
     Ok(TuneOutcome {
         run_dir,
         summary,
