@@ -76,66 +76,112 @@ pub fn judge_pair(
     }
 }
 
-/// Champions whose case and runner-up's were timed on different sides of a drift of the sentinel
-/// (their sentinels further apart than `[sentinel] max_drift`), or on two GPUs of a cluster (whose
-/// chips differ by a few percent however steady each is), are re-timed against each other,
+/// Champions whose title rests on a ratio that is not a ratio of kernels meet their rivals again,
 /// interleaved in one worker on one GPU on the same inputs, before the champion table is committed:
-/// the `drift_duel` record decides which of the two holds the case.
+/// - the leader of every other GPU the (shape, dtype) was timed on (two GPUs of one model still
+///   differ by clocks, temperature and silicon, and one may flatter every case it times): a drift
+///   duel with `placed` set;
+/// - the runner-up, timed on the same GPU across a drift of the sentinel beyond
+///   `[sentinel] max_drift`.
+///
+/// The `drift_duel` records decide ([`RunIndex::pick`]). A champion that loses hands the title to a
+/// leader that may not have met the others yet, so rounds go on until every champion has met every
+/// GPU's leader: each round adds a pair that never met, so the rounds end.
+///
+/// [`RunIndex::pick`]: crate::log::runindex::RunIndex::pick
 pub async fn reduel_champions(
     project: &Project,
     device: &DeviceInfo,
     opts: &TuneOptions,
     events: &mut Events,
 ) -> Result<()> {
-    let log = events.records();
+    // A bound for the case no argument foresaw; each round costs one worker.
+    const MOST_ROUNDS: usize = 16;
+    for _ in 0..MOST_ROUNDS {
+        let meetings = meetings_due(project, events.records());
+        if meetings.is_empty() {
+            break;
+        }
+        reduel_round(project, device, opts, events, meetings).await?;
+    }
+    Ok(())
+}
+
+/// Two cases of one (shape, dtype) that must meet on one GPU, and why.
+struct Meeting {
+    shape: Shape,
+    dtype: crate::model::config::Dtype,
+    champion: String,
+    rival: String,
+    drift: f64,
+    placed: Option<(String, String)>,
+    pair: DuelPair,
+}
+
+/// The meetings the log still owes: each pick's champion against the leaders of the other GPUs it
+/// has not met, else against a runner-up timed across a drift.
+fn meetings_due(project: &Project, log: &crate::log::runlog::LoadedLog) -> Vec<Meeting> {
     let ix = crate::log::runindex::RunIndex::new(log);
     let max_drift = project.policies.sentinel.max_drift;
-    let mut pairs = Vec::new();
-    let mut names = Vec::new();
+    let mut due = Vec::new();
     for shape in &project.shapes {
         for &dtype in &project.policies.dtypes {
             let Some(pick) = ix.pick(&shape.name, dtype) else {
                 continue;
             };
-            let Some(runner_up) = pick.runner_up else {
-                continue;
-            };
-            let (best, runner_up) = (pick.best.variant, runner_up.variant);
-            let judged = ix.drift_duels.iter().any(|d| {
-                d.shape == shape.name
-                    && d.dtype == dtype
-                    && [d.champion, d.runner_up].contains(&best)
-                    && [d.champion, d.runner_up].contains(&runner_up)
-            });
-            let Some((drift, placed)) = reduel_reason(&ix, &pick, max_drift).filter(|_| !judged)
-            else {
-                continue;
-            };
-            let (Some(a), Some(b)) = (
-                logged_case(project, log, best, shape, dtype),
-                logged_case(project, log, runner_up, shape, dtype),
-            ) else {
-                continue;
-            };
-            pairs.push(DuelPair {
-                champion: a.spec,
-                challenger: b.spec,
-            });
-            names.push((
-                shape.clone(),
-                dtype,
-                best.to_owned(),
-                runner_up.to_owned(),
-                drift,
-                placed,
-            ));
+            let best = pick.best;
+            let rivals: Vec<(&crate::log::runindex::Case, f64, Option<(String, String)>)> =
+                if pick.unmet_leaders.is_empty() {
+                    pick.runner_up
+                        .filter(|r| !ix.met(&shape.name, dtype, best.variant, r.variant))
+                        .and_then(|r| Some((r, drifted_apart(&ix, best, r, max_drift)?, None)))
+                        .into_iter()
+                        .collect()
+                } else {
+                    pick.unmet_leaders
+                        .iter()
+                        .map(|&l| {
+                            let placed = ix.placed_of(best).zip(ix.placed_of(l));
+                            (l, ix.drift_between(best, l).unwrap_or(0.0), placed)
+                        })
+                        .collect()
+                };
+            for (rival, drift, placed) in rivals {
+                let (Some(a), Some(b)) = (
+                    logged_case(project, log, best.variant, shape, dtype),
+                    logged_case(project, log, rival.variant, shape, dtype),
+                ) else {
+                    continue;
+                };
+                due.push(Meeting {
+                    shape: shape.clone(),
+                    dtype,
+                    champion: best.variant.to_owned(),
+                    rival: rival.variant.to_owned(),
+                    drift,
+                    placed,
+                    pair: DuelPair {
+                        champion: a.spec,
+                        challenger: b.spec,
+                    },
+                });
+            }
         }
     }
-    if pairs.is_empty() {
-        return Ok(());
-    }
+    due
+}
+
+/// One worker on the run's first GPU duels every meeting due; a `drift_duel` record each.
+async fn reduel_round(
+    project: &Project,
+    device: &DeviceInfo,
+    opts: &TuneOptions,
+    events: &mut Events,
+    meetings: Vec<Meeting>,
+) -> Result<()> {
     let measure = &project.policies.measure;
     let rounds = project.policies.step.rounds;
+    let pairs = meetings.iter().map(|m| m.pair.clone()).collect();
     let request = DuelRequest {
         measure: MeasureSpec {
             warmup_ms: measure.warmup_ms,
@@ -149,48 +195,43 @@ pub async fn reduel_champions(
     };
     let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
     let outcome = opts.executor.duel(device.ordinal, request, timeout).await;
-    for (i, (shape, dtype, champion, runner_up, drift, placed)) in names.into_iter().enumerate() {
+    for (i, m) in meetings.into_iter().enumerate() {
         // Which of the two is faster beyond the duel's own noise: no threshold on top.
         let judged = judge_pair(
             outcome.duels.get(i),
             &outcome,
             0.0,
-            &shape,
+            &m.shape,
             &opts.run.roofs,
             project.policies.gates.plausibility_margin,
         );
         events.emit(Record::DriftDuel {
-            shape: shape.name.clone(),
-            dtype,
-            champion,
-            runner_up,
-            drift,
+            shape: m.shape.name.clone(),
+            dtype: m.dtype,
+            champion: m.champion,
+            runner_up: m.rival,
+            drift: m.drift,
             champion_us: judged.champion.map(|t| t.median_us),
             runner_up_us: judged.challenger.map(|t| t.median_us),
             verdict: judged.verdict,
             failure: judged.failure,
-            placed,
+            placed: m.placed,
         })?;
     }
     Ok(())
 }
 
-/// Why a pick's champion and runner-up must meet again: the sentinel's drift between their timings
-/// beyond `max_drift`, or their timings on two GPUs (of this host or of a cluster): two GPUs of
-/// one model still differ by clocks, temperature and silicon, so a ratio across them is not a
-/// ratio of kernels. Returns the drift (0 where the
-/// sentinel does not say) and the two GPUs when they differ; `None` when the pick may stand as timed.
-pub fn reduel_reason(
+/// How far the sentinel moved between the timings of two cases of one GPU, when beyond
+/// `max_drift`: their ratio is then partly the GPU's. `None` when it may stand as timed (cases of
+/// two GPUs meet as leaders, whatever the sentinel says).
+fn drifted_apart(
     ix: &crate::log::runindex::RunIndex,
-    pick: &crate::log::runindex::Pick,
+    a: &crate::log::runindex::Case,
+    b: &crate::log::runindex::Case,
     max_drift: f64,
-) -> Option<(f64, Option<(String, String)>)> {
-    let runner_up = pick.runner_up?;
-    let drift = ix.drift_between(pick.best, runner_up);
-    let placed = match (ix.placed_of(pick.best), ix.placed_of(runner_up)) {
-        (Some(a), Some(b)) if a != b => Some((a, b)),
-        _ => None,
-    };
-    let drifted = drift.is_some_and(|d| d > max_drift);
-    (drifted || placed.is_some()).then(|| (drift.unwrap_or(0.0), placed))
+) -> Option<f64> {
+    if ix.placed_of(a) != ix.placed_of(b) {
+        return None;
+    }
+    ix.drift_between(a, b).filter(|&d| d > max_drift)
 }

@@ -114,24 +114,6 @@ fn balanced(run: &Path) {
     );
 }
 
-/// Champion variant per (shape, dtype), from report.json.
-fn champions(run: &Path) -> Vec<(String, String, String)> {
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
-    json["champions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["shape"].as_str().unwrap().to_owned(),
-                c["dtype"].as_str().unwrap().to_owned(),
-                c["variant"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
-}
-
 /// A committed champion table naming `variant` (one of TINY's) for small f16.
 fn commit_table(root: &Path, variant: &str) {
     let (mma, split) = match variant {
@@ -220,8 +202,8 @@ fn earlier_runs_champions_come_right_after_the_committed_ones() {
     // A first run measures everything; on `small` the double makes WMMA without a split fastest.
     let first = tune(dir.path(), &["--space", TINY]);
     assert!(champions(&first)
-        .iter()
-        .all(|(_, _, v)| v == "wmma-bm64-bn64-w4-ks1-s1"));
+        .values()
+        .all(|v| v == "wmma-bm64-bn64-w4-ks1-s1"));
     // The committed table names a slower one: it still comes first, the stored champion second.
     commit_table(dir.path(), "scalar-bm64-bn64-w4-ks4-s1");
     let run = tune(dir.path(), &["--space", TINY, "--max-variants", "2"]);

@@ -977,7 +977,8 @@ fn a_committed_champion_that_faulted_in_this_run_is_not_kept_on_a_tie() {
 }
 
 /// Champions timed on two GPUs of a cluster meet again on one before either is named, however
-/// steady the sentinel; on one GPU (or locally, where the log names none) the pick stands as timed.
+/// steady the sentinel: the other GPU's leader is one the champion has not met. On one GPU (or
+/// locally, where the log names none) the pick stands as timed.
 #[test]
 fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     let mut log = Log::new(false);
@@ -997,16 +998,28 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     placed(&mut log, "v1", "seed", 20.6, Some("gpu-a:gpu0"));
     let log = log.done();
     let ix = RunIndex::new(&log);
-    let pick = ix.pick("small", F16).expect("a pick");
-    let (drift, placed_on) =
-        flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
-    assert_eq!(drift, 0.0, "no sentinel in this log");
+    let unmet = |ix: &RunIndex, shape: &str| -> Vec<(String, Option<String>, Option<String>)> {
+        let pick = ix.pick(shape, F16).expect("a pick");
+        pick.unmet_leaders
+            .iter()
+            .map(|l| {
+                (
+                    l.variant.to_owned(),
+                    ix.placed_of(pick.best),
+                    ix.placed_of(l),
+                )
+            })
+            .collect()
+    };
     assert_eq!(
-        placed_on,
-        Some(("gpu-a:gpu0".to_owned(), "gpu-b:gpu3".to_owned()))
+        unmet(&ix, "small"),
+        [(
+            "v1".to_owned(),
+            Some("gpu-a:gpu0".to_owned()),
+            Some("gpu-b:gpu3".to_owned())
+        )]
     );
-    let pick = ix.pick("seed", F16).expect("a pick");
-    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+    assert!(unmet(&ix, "seed").is_empty());
 
     let mut local = Log::new(false);
     local.plan("v0");
@@ -1015,8 +1028,7 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     local.timed("v1", "small", 10.3, 0.01);
     let local = local.done();
     let ix = RunIndex::new(&local);
-    let pick = ix.pick("small", F16).expect("a pick");
-    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+    assert!(unmet(&ix, "small").is_empty());
 
     // Two GPUs of this host (issue 50): the same rule, the GPUs named by ordinal.
     let on = |log: &mut Log, v: &str, shape: &str, us: f64, device: u32| {
@@ -1034,11 +1046,15 @@ fn a_pick_timed_on_two_cluster_gpus_is_reduelled_and_one_on_one_gpu_is_not() {
     on(&mut host, "v1", "seed", 20.6, 1);
     let host = host.done();
     let ix = RunIndex::new(&host);
-    let pick = ix.pick("small", F16).expect("a pick");
-    let (_, placed_on) = flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).expect("a re-duel");
-    assert_eq!(placed_on, Some(("GPU 0".to_owned(), "GPU 1".to_owned())));
-    let pick = ix.pick("seed", F16).expect("a pick");
-    assert!(flashtune::run::duel::reduel_reason(&ix, &pick, 0.03).is_none());
+    assert_eq!(
+        unmet(&ix, "small"),
+        [(
+            "v1".to_owned(),
+            Some("GPU 0".to_owned()),
+            Some("GPU 1".to_owned())
+        )]
+    );
+    assert!(unmet(&ix, "seed").is_empty());
 }
 
 /// Issue 49, item 3: one champion rule. On this log the four rules the code once had each named

@@ -4,10 +4,9 @@ use crate::common::*;
 use flashtune::log::runlog::Record;
 use std::collections::BTreeSet;
 
-/// A run on two GPUs: the header names both, each measures cases, and every champion whose
-/// runner-up was timed on the other GPU meets it again on one before the table stands.
-#[test]
-fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
+/// `tune --fake-gpu --gpus GPUS` on the smoke space in a fresh project: its run folder, and the
+/// project to keep it alive.
+fn tune_smoke(gpus: &str, env: &[(&str, &str)]) -> (std::path::PathBuf, tempfile::TempDir) {
     let dir = scratch_project();
     let out = flashtune_with_env(
         dir.path(),
@@ -15,14 +14,21 @@ fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
             "tune",
             "--fake-gpu",
             "--gpus",
-            "all",
+            gpus,
             "--space",
             "variants/smoke.toml",
         ],
-        &[("FLASHTUNE_FAKE_GPUS", "2")],
+        env,
     );
     assert!(out.status.success(), "{}", text(&out));
-    let run = only_run(dir.path());
+    (only_run(dir.path()), dir)
+}
+
+/// A run on two GPUs: the header names both, each measures cases, and every champion whose
+/// runner-up was timed on the other GPU meets it again on one before the table stands.
+#[test]
+fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
+    let (run, _project) = tune_smoke("all", &[("FLASHTUNE_FAKE_GPUS", "2")]);
     let recs = records(&run);
     let Some(Record::Header(h)) = recs.first() else {
         panic!("no header")
@@ -48,7 +54,7 @@ fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
     assert!(
         !across.is_empty(),
         "no pick spanned the two GPUs:\n{}",
-        text(&out)
+        std::fs::read_to_string(run.join("report.md")).unwrap()
     );
     assert!(across
         .iter()
@@ -112,5 +118,85 @@ fn a_gpu_the_host_does_not_show_is_refused_before_anything_runs() {
         text(&out).contains("not a GPU ordinal (0, 1, ...) or `all`"),
         "{}",
         text(&out)
+    );
+}
+
+/// The medians a run's log gives each (variant, shape, dtype) it timed (its last timing).
+fn medians(run: &std::path::Path) -> std::collections::BTreeMap<(String, String, String), f64> {
+    records(run)
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Timed {
+                variant,
+                shape,
+                dtype,
+                timing,
+                ..
+            } => Some(((variant, shape, dtype.to_string()), timing.median_us)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The cheat: a GPU that flatters every case it times (here GPU 1 reports 0.9 of every time: too
+/// little for the roofs to see, which catch 0.8 on the decode shape). Its cases top the rankings,
+/// champion and runner-up alike, so comparing the champion with its runner-up alone never sees it.
+/// Each GPU's leader must meet the champion on one GPU, and the run on two GPUs must name
+/// champions as fast, on one chip, as the run on GPU 0 alone.
+#[test]
+fn a_gpu_that_flatters_every_case_it_times_does_not_choose_the_champions() {
+    let env = [
+        ("FLASHTUNE_FAKE_GPUS", "2"),
+        ("FLASHTUNE_FAKE_GPU_TIMES", "1.0,0.9"),
+    ];
+    let (alone, _keep_alone) = tune_smoke("0", &env);
+    let (both, _keep_both) = tune_smoke("0,1", &env);
+    let on_one_chip = medians(&alone);
+    let fair = champions(&alone);
+    let named = champions(&both);
+    assert_eq!(
+        named.keys().collect::<Vec<_>>(),
+        fair.keys().collect::<Vec<_>>()
+    );
+    let flattered: Vec<_> = records(&both)
+        .into_iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Record::Timed {
+                    device: Some(1),
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert!(!flattered.is_empty(), "GPU 1 timed nothing");
+    let both_records = records(&both);
+    assert!(
+        !both_records
+            .iter()
+            .any(|r| matches!(r, Record::Implausible { .. })),
+        "the roofs caught the flattering GPU: this test is for what they cannot see"
+    );
+    for ((shape, dtype), variant) in &named {
+        let fair_variant = &fair[&(shape.clone(), dtype.clone())];
+        let time = |v: &str| on_one_chip[&(v.to_owned(), shape.clone(), dtype.clone())];
+        assert!(
+            time(variant) <= time(fair_variant) * (1.0 + 1e-9),
+            "{shape} {dtype}: the two-GPU run named {variant} ({:.2} µs on GPU 0), GPU 0 alone \
+             named {fair_variant} ({:.2} µs)",
+            time(variant),
+            time(fair_variant)
+        );
+    }
+    assert!(
+        both_records.iter().any(|r| matches!(
+            r,
+            Record::DriftDuel {
+                placed: Some(_),
+                ..
+            }
+        )),
+        "no leader of one GPU met a champion of the other"
     );
 }

@@ -26,6 +26,9 @@
 //!
 //! - `FLASHTUNE_FAKE_GPUS=N` makes the double show N GPUs of one model (default 1): ordinals 0 to
 //!   N-1 open, any other is refused as the driver refuses it, so multi-GPU runs are tested in CI.
+//!   `FLASHTUNE_FAKE_GPU_TIMES=1.0,0.5` makes GPU n's times (the sentinel's and the kernels') the
+//!   n-th factor times the model's: two chips of one model that differ, or one that flatters every
+//!   case it times, which only a duel on one GPU sees through.
 //!
 //! The double compares outputs on the host (`trial::compare_on_host`), the path the GPU's own
 //! comparison kernel is held to. `FLASHTUNE_FAKE_COMPARE=miscount` makes its comparison miss one
@@ -110,6 +113,10 @@ pub fn serve(arch: &str, ordinal: u32) -> std::process::ExitCode {
     gpu.drift = std::env::var("FLASHTUNE_FAKE_DRIFT")
         .ok()
         .and_then(|spec| models::parse_drift(&spec));
+    gpu.chip_factor = std::env::var("FLASHTUNE_FAKE_GPU_TIMES")
+        .ok()
+        .and_then(|spec| models::chip_factor(&spec, ordinal))
+        .unwrap_or(1.0);
     gpu.nvml_absent = std::env::var("FLASHTUNE_FAKE_NVML").is_ok_and(|v| v == "absent");
     gpu.pace = std::env::var("FLASHTUNE_FAKE_PACE_MS")
         .ok()
@@ -128,6 +135,8 @@ pub struct FakeGpu {
     answers: Answers,
     /// `FLASHTUNE_FAKE_DRIFT`: after this many cases timed, every time is this many times longer.
     drift: Option<(u64, f64)>,
+    /// `FLASHTUNE_FAKE_GPU_TIMES`: this GPU's times against the model's (below 1 flatters).
+    chip_factor: f64,
     nvml_absent: bool,
     /// `FLASHTUNE_FAKE_PACE_MS`: wall time each timed case takes.
     pace: Option<std::time::Duration>,
@@ -166,6 +175,7 @@ impl FakeGpu {
             graphs: Vec::new(),
             answers: Answers::new(ANSWER_BUDGET_BYTES),
             drift: None,
+            chip_factor: 1.0,
             nvml_absent: false,
             pace: None,
             miscounting_compare: false,

@@ -118,6 +118,16 @@ pub fn model_named(name: &str) -> Option<Model> {
 }
 
 /// `after_cases=N,factor=F`: (N, F).
+/// GPU `ordinal`'s factor in `FLASHTUNE_FAKE_GPU_TIMES` (`1.0,0.5`: a factor per ordinal).
+pub fn chip_factor(spec: &str, ordinal: u32) -> Option<f64> {
+    spec.split(',')
+        .nth(ordinal as usize)?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|f: &f64| f.is_finite() && *f > 0.0)
+}
+
 pub fn parse_drift(spec: &str) -> Option<(u64, f64)> {
     let mut after = None;
     let mut factor = None;
@@ -303,11 +313,12 @@ impl FakeKernel {
 }
 
 impl FakeGpu {
-    /// The drift factor once it has set in, else 1.
-    pub(super) fn drift_factor(&self) -> f64 {
-        match self.drift {
-            Some((after, factor)) if self.cases_timed >= after => factor,
-            _ => 1.0,
-        }
+    /// This chip's factor, times the drift factor once it has set in.
+    pub(super) fn time_factor(&self) -> f64 {
+        self.chip_factor
+            * match self.drift {
+                Some((after, factor)) if self.cases_timed >= after => factor,
+                _ => 1.0,
+            }
     }
 }

@@ -295,7 +295,7 @@ impl Device for FakeGpu {
         self.exposure.give(io);
         self.run_model(kernel, shape, io)?;
         let us = self.kernel(kernel)?.model_us(shape, launch);
-        Ok(us * self.drift_factor())
+        Ok(us * self.time_factor())
     }
 
     fn capture(
@@ -356,7 +356,7 @@ impl Device for FakeGpu {
     }
 
     fn sentinel(&mut self, _reps: usize) -> Result<Vec<SentinelFigure>> {
-        let factor = self.drift_factor();
+        let factor = self.time_factor();
         Ok([("fma", 1000.0), ("read", 400.0)]
             .into_iter()
             .map(|(name, us)| SentinelFigure {
@@ -373,7 +373,7 @@ impl Device for FakeGpu {
     }
 
     fn gpu_state(&mut self) -> std::result::Result<GpuState, String> {
-        let factor = self.drift_factor();
+        let factor = self.time_factor();
         // A reading right after a case's replays: that case is timed.
         let replayed = self.last_replayed.take();
         let mut model = StateModel::Clean;

@@ -612,6 +612,10 @@ pub struct Pick<'i, 'a> {
     /// Faster cases that rank below the champion because they lost their last duel with a case
     /// ranked above them (a search round's interleaved re-timing, a drift duel).
     pub outdueled: Vec<&'i Case<'a>>,
+    /// The leaders of the other GPUs the cases were timed on (each GPU's pick among its own cases)
+    /// that the champion has not yet met in a duel on one GPU: until it has, its title rests on a
+    /// ratio across two chips.
+    pub unmet_leaders: Vec<&'i Case<'a>>,
 }
 
 /// (p90 - p10) / median of one timed case.

@@ -81,15 +81,47 @@ impl<'a> RunIndex<'a> {
             .collect();
         let pool = if clean.is_empty() { &ranked } else { &clean };
         let losses = self.duel_losses(shape, dtype);
-        let lost_to_one_of_the_pool = |c: &Case| {
-            pool.iter()
+        let lost_to_one_of = |c: &Case, among: &[&Case]| {
+            among
+                .iter()
                 .any(|o| losses.contains(&(c.variant, o.variant)))
         };
-        let best = pool
+        // A ratio of two medians timed on two chips is not a ratio of kernels: each GPU's cases
+        // rank among themselves, and only a duel on one GPU orders the GPUs' leaders.
+        let mut gpus: Vec<(Option<String>, Vec<&Case<'a>>)> = Vec::new();
+        for &c in pool.iter() {
+            let placed = self.placed_of(c);
+            match gpus.iter_mut().find(|(p, _)| *p == placed) {
+                Some((_, cases)) => cases.push(c),
+                None => gpus.push((placed, vec![c])),
+            }
+        }
+        let leaders: Vec<&Case<'a>> = gpus
+            .iter()
+            .filter_map(|(_, cases)| {
+                cases
+                    .iter()
+                    .copied()
+                    .find(|c| !lost_to_one_of(c, cases))
+                    .or_else(|| cases.first().copied())
+            })
+            .collect();
+        let mut leaders_ranked = leaders.clone();
+        leaders_ranked.sort_by(|a, b| {
+            let median = |c: &Case| c.measured().map_or(f64::INFINITY, |t| t.median_us);
+            median(a).total_cmp(&median(b))
+        });
+        let best = leaders_ranked
             .iter()
             .copied()
-            .find(|c| !lost_to_one_of_the_pool(c))
-            .or_else(|| pool.first().copied())?;
+            .find(|c| !lost_to_one_of(c, &leaders_ranked))
+            .or_else(|| leaders_ranked.first().copied())?;
+        let unmet_leaders = leaders_ranked
+            .iter()
+            .copied()
+            .filter(|c| !std::ptr::eq(*c, best))
+            .filter(|c| !self.met(shape, dtype, best.variant, c.variant))
+            .collect();
         let runner_up = pool.iter().copied().find(|c| !std::ptr::eq(*c, best));
         let tie = runner_up
             .and_then(|r| self.closeness(best, r))
@@ -108,6 +140,7 @@ impl<'a> RunIndex<'a> {
             .iter()
             .copied()
             .take_while(|c| !std::ptr::eq(*c, best))
+            .filter(|c| losses.iter().any(|(loser, _)| *loser == c.variant))
             .collect();
         Some(Pick {
             best,
@@ -115,6 +148,7 @@ impl<'a> RunIndex<'a> {
             tie,
             passed_over,
             outdueled,
+            unmet_leaders,
         })
     }
 
@@ -157,6 +191,19 @@ impl<'a> RunIndex<'a> {
                     .then_with(|| b.cmp(a))
             })
             .map(|(v, _)| v)
+    }
+
+    /// Whether two variants have met in an interleaved duel on one GPU on (shape, dtype): a drift
+    /// duel or a search round's, whatever it found (a duel that failed is not run again).
+    pub fn met(&self, shape: &str, dtype: Dtype, a: &str, b: &str) -> bool {
+        let pair = |x: &str, y: &str| (x == a && y == b) || (x == b && y == a);
+        self.drift_duels
+            .iter()
+            .any(|d| d.shape == shape && d.dtype == dtype && pair(d.champion, d.runner_up))
+            || self.search.iter().any(|(_, record)| {
+                matches!(record, Record::SearchDuel { shape: s, dtype: d, champion, challenger, .. }
+                    if s == shape && *d == dtype && pair(champion, challenger))
+            })
     }
 
     /// (loser, winner) of the last duel between each pair of variants on one (shape, dtype). A

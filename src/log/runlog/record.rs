@@ -250,6 +250,7 @@ pub enum Record {
         shape: String,
         dtype: Dtype,
         champion: String,
+        /// The case it meets: the runner-up timed across a drift, or the leader of another GPU.
         runner_up: String,
         /// How far apart the sentinel stood when the two were timed (0.1 = 10%).
         drift: f64,

@@ -57,7 +57,7 @@ pub(super) fn drift(ix: &RunIndex) -> Section {
     if !ix.drift_duels.is_empty() {
         let across = ix.drift_duels.iter().any(|d| d.placed.is_some());
         s.push(Block::line(if across {
-            "Champions whose case and runner-up's were timed on either side of a drift, or on different GPUs, re-timed against each other interleaved on one GPU at the end of the run:"
+            "Champions re-timed at the end of the run, interleaved on one GPU, against the leader of each other GPU (a ratio across two chips is not a ratio of kernels) or against a runner-up timed across a drift:"
         } else {
             "Champions whose case and runner-up's were timed on either side of a drift, re-timed against each other interleaved at the end of the run:"
         }));
@@ -65,10 +65,10 @@ pub(super) fn drift(ix: &RunIndex) -> Section {
             .text("shape")
             .text("dtype")
             .text("champion by its figure")
-            .text("runner-up")
+            .text(if across { "rival" } else { "runner-up" })
             .figure("sentinel apart")
             .figure("champion µs")
-            .figure("runner-up µs")
+            .figure(if across { "rival µs" } else { "runner-up µs" })
             .text("verdict")
             .figure("log line");
         for d in &ix.drift_duels {

@@ -407,3 +407,18 @@ pub fn shape(
         causal,
     }
 }
+
+/// The champion variant per (shape, dtype) that a run's report.json names.
+pub fn champions(run: &Path) -> std::collections::BTreeMap<(String, String), String> {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("report.json")).unwrap()).unwrap();
+    json["champions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let field = |k: &str| c[k].as_str().unwrap().to_owned();
+            ((field("shape"), field("dtype")), field("variant"))
+        })
+        .collect()
+}
