@@ -23,6 +23,11 @@ The ceilings are the GPU's roofs measured in the same session and timed the same
 {"name": "copy", "dtype": null, "value" (GB/s, bytes read + written), "unit"}, the same for a read-only
 {"name": "read", ...} stream; or "error" instead of value and unit.
 Exit code 3 when PyTorch or a GPU is missing, with the reason on stderr.
+
+With --versions it reads no request, imports nothing it times and prints {"versions": {package:
+version}}: Python's, and those of the installed packages whose code the figures come from (torch,
+triton, NVIDIA's cuDNN, cuBLAS and CUDA runtime wheels, flash-attn-4, also from FLASHTUNE_FA4_SITE).
+flashtune keys stored baselines on them: a figure stands for a new one only under the same versions.
 """
 import json
 import math
@@ -33,7 +38,33 @@ import sys
 BACKENDS = ("flash", "cudnn", "efficient", "math", "default", "fa4")
 
 
+# Distributions whose code times or is timed: a new version can move a baseline's figure.
+TIMED_PACKAGES = ("torch", "triton", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime",
+                  "nvidia-cuda-nvrtc", "flash-attn", "flash_attn", "nvidia-cutlass-dsl")
+
+
+def versions() -> dict:
+    """The timed packages' versions from their metadata, without importing any of them (fast)."""
+    import os
+    import platform
+    from importlib import metadata
+    paths = list(sys.path)
+    site_dir = os.environ.get("FLASHTUNE_FA4_SITE")
+    if site_dir:
+        paths.insert(0, site_dir)
+    found = {"python": platform.python_version()}
+    for dist in metadata.distributions(path=paths):
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if any(name.startswith(p.replace("_", "-")) for p in TIMED_PACKAGES):
+            found.setdefault(name, dist.version)  # the first on the path is the one imported
+    return found
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--versions"]:
+        json.dump({"versions": versions()}, sys.stdout)
+        print()
+        return 0
     request = json.load(sys.stdin)
     try:
         import torch

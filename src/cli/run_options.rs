@@ -74,6 +74,11 @@ pub(super) struct ReuseArgs {
     /// With --reuse: measure the N fastest stored cases per shape and dtype again, to confirm them.
     #[arg(long, value_name = "N", requires = "reuse")]
     confirm: Option<usize>,
+    /// Time the reference library (PyTorch, FlashAttention-4) again even where the results store
+    /// holds its figures for this GPU model, driver and library versions (taken by default, each
+    /// citing the run and log line it was measured in).
+    #[arg(long)]
+    fresh_baselines: bool,
 }
 
 /// What every command that runs kernels resolves its flags to; a flag a command does not take
@@ -90,6 +95,7 @@ pub(super) struct RunArgs {
     pub(super) wait: bool,
     reuse: bool,
     confirm: Option<usize>,
+    fresh_baselines: bool,
 }
 
 impl RunArgs {
@@ -111,6 +117,7 @@ impl RunArgs {
             wait: gpu.wait,
             reuse: reuse.is_some_and(|r| r.reuse),
             confirm: reuse.and_then(|r| r.confirm),
+            fresh_baselines: reuse.is_some_and(|r| r.fresh_baselines),
         }
     }
 }
@@ -161,6 +168,7 @@ impl RunArgs {
             reuse: self.reuse.then_some(crate::run::shared::Reuse {
                 confirm: self.confirm.unwrap_or(0),
             }),
+            fresh_baselines: self.fresh_baselines,
         })
     }
 

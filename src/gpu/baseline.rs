@@ -309,3 +309,76 @@ fn rows_of(rows: Vec<AdapterRow>, shapes: &[Shape]) -> Vec<BaselineRow> {
         })
         .collect()
 }
+
+/// What a stored baseline must share with a new one to stand for it, beside the GPU model and
+/// driver: the reference library's package versions, the adapter's code and the request's knobs.
+#[derive(Debug, Clone)]
+pub struct Library {
+    pub versions: BTreeMap<String, String>,
+    /// BLAKE3 over the versions, the command, each of its arguments' file contents (the adapter
+    /// script) and the measurement policy the adapter is asked to time with.
+    pub fingerprint: String,
+}
+
+#[derive(Deserialize)]
+struct VersionsReply {
+    versions: BTreeMap<String, String>,
+}
+
+/// Ask the adapter (`command --versions`) which packages its figures come from; `Err` says why
+/// not (an adapter without `--versions` times as before, with nothing taken from the store).
+pub async fn library(root: &Path, policies: &Policies) -> Result<Library, String> {
+    let cfg = &policies.baseline;
+    let (program, args) = cfg
+        .command
+        .split_first()
+        .ok_or("policies.toml: baseline.command is empty")?;
+    let asked = tokio::process::Command::new(program)
+        .args(args)
+        .arg("--versions")
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), asked)
+        .await
+        .map_err(|_| "the adapter's --versions did not answer within 60 s".to_owned())?
+        .map_err(|e| format!("cannot start `{}`: {e}", cfg.command.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the adapter's --versions failed: {} ({})",
+            crate::gpu::build::log_tail(&String::from_utf8_lossy(&out.stderr), 2),
+            out.status
+        ));
+    }
+    let reply: VersionsReply = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("the adapter's --versions printed no versions: {e}"))?;
+    // The adapter's own code counts as much as the packages': hash every argument that is a file.
+    let files: BTreeMap<&str, String> = cfg
+        .command
+        .iter()
+        .filter_map(|arg| {
+            let bytes = std::fs::read(root.join(arg)).ok()?;
+            Some((arg.as_str(), blake3::hash(&bytes).to_hex().to_string()))
+        })
+        .collect();
+    let m = &policies.measure;
+    let identity = serde_json::json!({
+        "versions": reply.versions,
+        "command": cfg.command,
+        "files": files,
+        "backends": cfg.backends,
+        "max_spread": cfg.max_spread,
+        "remeasure": cfg.remeasure,
+        "warmup_ms": m.warmup_ms,
+        "samples": m.samples,
+        "min_sample_us": m.min_sample_us,
+        "seed": m.seed,
+    });
+    Ok(Library {
+        fingerprint: blake3::hash(identity.to_string().as_bytes())
+            .to_hex()
+            .to_string(),
+        versions: reply.versions,
+    })
+}

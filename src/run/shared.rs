@@ -161,6 +161,8 @@ pub struct TuneOptions {
     pub run: RunState,
     /// `--reuse`: take matching measurements from the results store instead of measuring them.
     pub reuse: Option<crate::run::shared::Reuse>,
+    /// `--fresh-baselines`: time the reference library even where the store holds its figures.
+    pub fresh_baselines: bool,
 }
 
 /// What a run fixes before it measures anything, for every stage after.
@@ -469,6 +471,7 @@ pub async fn measure_roofs(
                             value,
                             unit: r.unit,
                             source: Some(crate::model::vocab::RoofSource::Worker),
+                            reused_from: None,
                         })?;
                     }
                     (_, error) => events.emit(Record::RoofUnavailable {

@@ -33,6 +33,7 @@ mod several_gpus;
 mod slurm;
 mod source_shape;
 mod step;
+mod stored_baselines;
 mod supervision;
 mod time_limit;
 mod trust;

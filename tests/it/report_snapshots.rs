@@ -132,6 +132,7 @@ fn ceiling_records_become_percentages_of_the_best_case() {
             value,
             unit: unit.into(),
             source: None,
+            reused_from: None,
         },
     };
     let n = log.entries.len();

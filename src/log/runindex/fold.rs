@@ -50,6 +50,7 @@ impl<'a> Fold<'a> {
                 profiles: Vec::new(),
                 baselines: Vec::new(),
                 baseline_missing: None,
+                reference_library: None,
                 ceilings: Ceilings::default(),
                 duels: Vec::new(),
                 search: Vec::new(),
@@ -111,6 +112,9 @@ impl<'a> Fold<'a> {
                 ..
             } => self.baseline_unavailable(line, e),
             Record::BaselineUnavailable { reason, .. } => self.ix.baseline_missing = Some(reason),
+            Record::ReferenceLibrary { versions, .. } => {
+                self.ix.reference_library = Some((line, versions))
+            }
             Record::RoofUnavailable { .. } => self.roof_unavailable(line, e),
             Record::CeilingMeasured { .. } => self.ceiling_measured(line, e),
             Record::SearchDuel { .. } => self.search_duel(line, e),

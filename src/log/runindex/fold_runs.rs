@@ -108,6 +108,7 @@ impl<'a> Fold<'a> {
             timing,
             remeasured,
             noisy,
+            reused_from,
         } = &e.record
         else {
             unreachable!("apply dispatches by kind")
@@ -121,6 +122,7 @@ impl<'a> Fold<'a> {
                 timing,
                 remeasured: *remeasured,
                 noisy: *noisy,
+                reused_from: reused_from.as_ref(),
             }),
         });
     }

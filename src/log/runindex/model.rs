@@ -466,6 +466,8 @@ pub struct BaselineTiming<'a> {
     pub remeasured: u32,
     /// Still above the limit after the re-measurements: its figure is not to be trusted.
     pub noisy: bool,
+    /// The earlier run's record it was taken from (the results store), when not timed in this run.
+    pub reused_from: Option<&'a crate::log::runlog::Citation>,
 }
 
 /// A measured roof of the GPU with the log line that holds it.

@@ -288,6 +288,17 @@ pub enum Record {
         /// Still above that limit after the re-measurements: a figure not to be trusted.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         noisy: bool,
+        /// Taken from the results store: the earlier run's record it repeats, timed on the same GPU
+        /// model and driver with the same reference library (`reference_library`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reused_from: Option<Citation>,
+    },
+    /// The reference library this run's baselines are timed with: its packages' versions and a
+    /// fingerprint of them, the adapter and the request, which a stored baseline must share to
+    /// stand for a new one.
+    ReferenceLibrary {
+        versions: std::collections::BTreeMap<String, String>,
+        fingerprint: String,
     },
     /// The reference library could not be timed: all of it (no fields set) or one backend/shape.
     BaselineUnavailable {
@@ -452,6 +463,9 @@ pub enum Record {
         /// `pytorch` (the baseline adapter). Logs before the worker measured roofs have none.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         source: Option<crate::model::vocab::RoofSource>,
+        /// A PyTorch roof taken from the results store with the baselines: the record it repeats.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reused_from: Option<Citation>,
     },
     /// A roof the worker could not measure: figures are not gated against it, and the report says so.
     RoofUnavailable {
@@ -753,4 +767,11 @@ impl std::fmt::Display for TimedOutStage {
             TimedOutStage::Worker => "worker",
         })
     }
+}
+
+/// A record of an earlier run's log: the run and the line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Citation {
+    pub run: String,
+    pub line: usize,
 }

@@ -361,6 +361,11 @@ pub struct BaselinePolicy {
     pub max_spread: f64,
     /// How many times such a row is timed again before it is reported as noisy.
     pub remeasure: u32,
+    /// Run the adapter on `--fake-gpu` runs too, where it is not run by default (its figures would
+    /// be a real GPU's, or none, beside synthetic ones): for tests of this stage with a scripted
+    /// adapter.
+    #[serde(default)]
+    pub on_fake_gpu: bool,
 }
 
 /// The Nsight Compute pass after timing: which variants, which metrics, how to read them.

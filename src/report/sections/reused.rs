@@ -33,6 +33,40 @@ pub(super) fn reused(ix: &RunIndex) -> Section {
             ))
         })));
     }
+    let mut baselines_from: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for b in &ix.baselines {
+        if let Ok(t) = &b.outcome {
+            if let Some(c) = t.reused_from {
+                baselines_from.entry(&c.run).or_default().push(c.line);
+            }
+        }
+    }
+    if !baselines_from.is_empty() {
+        let versions = ix.reference_library.map_or(String::new(), |(_, v)| {
+            let named: Vec<String> = v.iter().map(|(p, v)| format!("{p} {v}")).collect();
+            format!(" ({})", named.join(", "))
+        });
+        s.push(Block::line(
+            Text::new()
+                .plain(format!("Reference library not timed again: the results store held its figures from an earlier run on the same GPU model and driver, with the same library{versions}, adapter and measurement policy. Each "))
+                .code("baseline_timed")
+                .plain(" record here names the run and log line it repeats in ")
+                .code("reused_from")
+                .plain("; ")
+                .code("--fresh-baselines")
+                .plain(" times them again."),
+        ));
+        s.push(Block::list(baselines_from.into_iter().map(
+            |(run, mut lines)| {
+                lines.sort_unstable();
+                Text::from(format!(
+                    "{} PyTorch row(s) from run {run}, its log lines {}",
+                    lines.len(),
+                    line_ranges(&lines)
+                ))
+            },
+        )));
+    }
     if !ix.confirmations.is_empty() {
         s.push(Block::line(
             Text::new()

@@ -11,6 +11,7 @@ use anyhow::Context;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+mod baselines;
 mod folder;
 mod offline;
 mod preflight;

@@ -72,7 +72,7 @@ pub(super) async fn drive(
     // kernels into the cache on every core: the measurement then starts on built kernels.
     let first_gpu = opts.devices.first().copied().unwrap_or(device.ordinal);
     let began = events.stage_start();
-    let baseline = baseline_while_building(project, device, events, planned.as_deref(), done);
+    let baseline = baseline_while_building(project, device, opts, events, planned.as_deref(), done);
     let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?;
     events.stage_ran(Stage::Reference, first_gpu, began)?;
     let ending = match planned {
@@ -221,6 +221,7 @@ async fn profile_stage(
 async fn baseline_while_building(
     project: &Project,
     device: &DeviceInfo,
+    opts: &TuneOptions,
     events: &mut Events,
     planned: Option<&[PlannedPoint]>,
     done: &BTreeSet<String>,
@@ -238,7 +239,7 @@ async fn baseline_while_building(
     let prebuild = planned.filter(|_| !device.fake).map(|p| {
         crate::run::scheduler::spawn_builds(project, project.build_specs(p, &device.arch, done))
     });
-    let result = baseline_stage(project, device, events).await;
+    let result = super::baselines::baseline_stage(project, device, opts, events).await;
     // Dropping the set aborts the builds still running; the finished ones are in the cache, and
     // their first request reports the compile they were (the run statistics count nvcc's time).
     if let Some((tasks, mut results)) = prebuild {
@@ -254,77 +255,4 @@ async fn baseline_while_building(
         }
     }
     result
-}
-
-/// Time the reference library on every shape of the run.
-async fn baseline_stage(project: &Project, device: &DeviceInfo, events: &mut Events) -> Result<()> {
-    let unavailable = |reason: String| Record::BaselineUnavailable {
-        backend: None,
-        shape: None,
-        dtype: None,
-        reason,
-    };
-    if device.fake {
-        return events.emit(unavailable(
-            "fake GPU: the reference library is not run".into(),
-        ));
-    }
-    if project.policies.baseline.command.is_empty() {
-        return events.emit(unavailable(
-            "baseline.command is empty in policies.toml".into(),
-        ));
-    }
-    // PyTorch's calls rotate over enough distinct input sets to fill twice the L2 cache, so it is
-    // not timed on inputs sitting in L2 (the variants' inputs are drawn anew and L2 flushed
-    // before each replay).
-    let sets: BTreeMap<String, u32> = project
-        .shapes
-        .iter()
-        .map(|s| {
-            (
-                s.name.clone(),
-                crate::gpu::baseline::rotating_sets(s, device.l2_bytes),
-            )
-        })
-        .collect();
-    let measured = crate::gpu::baseline::measure_rotating(
-        &project.paths.root,
-        &project.policies,
-        &project.shapes,
-        &sets,
-    );
-    match measured.await {
-        Err(reason) => events.emit(unavailable(reason)),
-        Ok((rows, ceilings)) => {
-            for row in rows {
-                let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
-                events.emit(match row.outcome {
-                    Ok(timing) => Record::BaselineTimed {
-                        backend,
-                        shape,
-                        dtype,
-                        timing,
-                        remeasured: row.remeasured,
-                        noisy: row.noisy,
-                    },
-                    Err(reason) => Record::BaselineUnavailable {
-                        backend: Some(backend),
-                        shape: Some(shape),
-                        dtype: Some(dtype),
-                        reason,
-                    },
-                })?;
-            }
-            for c in ceilings {
-                events.emit(Record::CeilingMeasured {
-                    name: c.name,
-                    dtype: c.dtype,
-                    value: c.value,
-                    unit: c.unit,
-                    source: Some(crate::model::vocab::RoofSource::Pytorch),
-                })?;
-            }
-            Ok(())
-        }
-    }
 }

@@ -1,0 +1,164 @@
+//! The reference library's figures from the results store (issue 50): a second run on the same GPU
+//! model, driver and library takes them, each citing the record it repeats, instead of timing
+//! PyTorch again; `--fresh-baselines`, other versions or a store row edited by hand time it anew.
+use crate::common::*;
+use flashtune::log::runlog::{Citation, Record};
+use std::path::Path;
+
+/// An adapter that answers `--versions` with `versions.json` beside it and times every shape it is
+/// asked for at 7.5 µs (and the roofs), noting each request in `requests.jsonl`.
+fn scripted_project() -> tempfile::TempDir {
+    let dir = scratch_project();
+    let script = dir.path().join("adapter.py");
+    std::fs::write(
+        &script,
+        r#"import json, os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+if sys.argv[1:] == ["--versions"]:
+    print(json.dumps({"versions": json.load(open(os.path.join(here, "versions.json")))}))
+    sys.exit(0)
+req = json.load(sys.stdin)
+with open(os.path.join(here, "requests.jsonl"), "a") as f:
+    f.write(json.dumps([s["name"] for s in req["shapes"]]) + "\n")
+rows = [{"shape": s["name"], "dtype": d, "backend": b, "samples_us": [7.4, 7.5, 7.5, 7.5, 7.6],
+         "launches_per_sample": 64}
+        for s in req["shapes"] for d in req["dtypes"] for b in req["backends"]]
+ceilings = [{"name": "matmul", "dtype": d, "value": 650.0, "unit": "TFLOP/s"} for d in req["dtypes"]]
+print(json.dumps({"rows": rows, "ceilings": ceilings if req.get("ceilings", True) else []}))
+"#,
+    )
+    .unwrap();
+    set_versions(dir.path(), "2.9.0");
+    replace_in(
+        &dir.path().join("policies.toml"),
+        r#"command = ["python3", "baselines/torch_sdpa.py"]"#,
+        "command = [\"python3\", \"adapter.py\"]\non_fake_gpu = true",
+    );
+    dir
+}
+
+fn set_versions(root: &Path, torch: &str) {
+    std::fs::write(
+        root.join("versions.json"),
+        format!(r#"{{"python": "3.11.7", "torch": "{torch}"}}"#),
+    )
+    .unwrap();
+}
+
+/// The shapes the adapter was asked to time, one list per timing request so far.
+fn requests(root: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(root.join("requests.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn tune(root: &Path, extra: &[&str]) -> std::path::PathBuf {
+    let mut args = vec!["tune", "--fake-gpu", "--space", "variants/smoke.toml"];
+    args.extend_from_slice(extra);
+    let out = flashtune(root, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    run_dir_from(&out)
+}
+
+/// (shape, dtype, backend) → (median, where it was measured) of a run's baseline records.
+fn baselines(run: &Path) -> Vec<(String, String, String, f64, Option<Citation>)> {
+    records(run)
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::BaselineTimed {
+                backend,
+                shape,
+                dtype,
+                timing,
+                reused_from,
+                ..
+            } => Some((
+                shape,
+                dtype.to_string(),
+                backend,
+                timing.median_us,
+                reused_from,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_second_run_takes_the_reference_library_from_the_store_citing_each_record() {
+    let dir = scripted_project();
+    let root = dir.path();
+    let first = tune(root, &[]);
+    assert_eq!(requests(root).len(), 1, "the first run times the library");
+    let measured = baselines(&first);
+    assert!(!measured.is_empty());
+    assert!(measured.iter().all(|b| b.4.is_none()));
+
+    // The same GPU, driver and library: nothing is timed, every row cites the first run's record.
+    let second = tune(root, &[]);
+    assert_eq!(requests(root).len(), 1, "{:?}", requests(root));
+    let taken = baselines(&second);
+    assert_eq!(taken.len(), measured.len());
+    let first_records = numbered_records(&first);
+    let first_id = first.file_name().unwrap().to_string_lossy().into_owned();
+    for (shape, dtype, backend, median, cited) in &taken {
+        let cited = cited.as_ref().expect("a taken row cites its record");
+        assert_eq!(cited.run, first_id);
+        let (_, record) = first_records
+            .iter()
+            .find(|(line, _)| *line == cited.line)
+            .expect("the cited line exists");
+        assert!(
+            matches!(record, Record::BaselineTimed { shape: s, backend: b, timing, .. }
+                if s == shape && b == backend && timing.median_us == *median),
+            "{shape} {dtype} {backend}: line {} is {record:?}",
+            cited.line
+        );
+    }
+    let report = std::fs::read_to_string(second.join("report.md")).unwrap();
+    assert!(
+        report.contains("Reference library not timed again") && report.contains(&first_id),
+        "{report}"
+    );
+
+    // A third run takes them again and still cites the first run, where they were measured.
+    let third = tune(root, &[]);
+    assert!(baselines(&third)
+        .iter()
+        .all(|b| b.4.as_ref().is_some_and(|c| c.run == first_id)));
+
+    // --fresh-baselines times them.
+    tune(root, &["--fresh-baselines"]);
+    assert_eq!(requests(root).len(), 2);
+
+    // Another PyTorch: its figures are its own.
+    set_versions(root, "2.10.0");
+    let other = tune(root, &[]);
+    assert_eq!(requests(root).len(), 3);
+    assert!(baselines(&other).iter().all(|b| b.4.is_none()));
+}
+
+/// The cheat: an agent that reaches the results store writes PyTorch's figures slower, so that
+/// every kernel beats it. The row's seal no longer holds: it is never taken, and PyTorch is timed.
+#[test]
+fn a_stored_baseline_edited_in_the_store_is_never_taken() {
+    let dir = scripted_project();
+    let root = dir.path();
+    tune(root, &[]);
+    let store = rusqlite::Connection::open(root.join("runs/results.sqlite")).unwrap();
+    let edited = store
+        .execute(
+            "UPDATE reference_library SET record = replace(record, '\"median_us\":7.5', '\"median_us\":75.0')",
+            [],
+        )
+        .unwrap();
+    assert!(edited > 0, "no stored baseline to edit");
+    drop(store);
+    let second = tune(root, &[]);
+    assert_eq!(requests(root).len(), 2, "the edited rows were taken");
+    assert!(baselines(&second)
+        .iter()
+        .all(|b| b.4.is_none() && (b.3 - 7.5).abs() < 1e-9));
+}
