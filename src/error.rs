@@ -75,14 +75,40 @@ impl WriteError {
     }
 }
 
-/// An error from inside: its outermost message, and the whole chain when a write failed somewhere in
-/// it (the OS cause is the part that says what to do).
+/// Whether an I/O error says the filesystem had no room (no space left, a quota reached): the
+/// disk's fault, never that of what was being written.
+pub fn is_out_of_room(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// Whether a write failed somewhere in `e`'s chain: a [`WriteError`], or an I/O error saying the
+/// filesystem had no room.
+fn is_write_failure(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<WriteError>()
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(is_out_of_room)
+    })
+}
+
+/// An error from inside: its outermost message, and the chain when a write failed somewhere in it
+/// (the OS cause is the part that says what to do), down to the [`WriteError`], whose own words end
+/// with that cause: its source would say it a second time.
 fn describe_other(e: &anyhow::Error) -> String {
-    if e.chain().any(|c| c.is::<WriteError>()) {
-        format!("{e:#}")
-    } else {
-        e.to_string()
+    if !is_write_failure(e) {
+        return e.to_string();
     }
+    let mut said = Vec::new();
+    for c in e.chain() {
+        said.push(c.to_string());
+        if c.is::<WriteError>() {
+            break;
+        }
+    }
+    said.join(": ")
 }
 
 impl Error {
@@ -96,7 +122,7 @@ impl Error {
             Error::GpuBusy(_) => exit_code::GPU_BUSY,
             Error::DiskFull(_) => exit_code::IO,
             Error::Interrupted { signal, .. } => (128 + signal).clamp(0, 255) as u8,
-            Error::Other(e) if e.chain().any(|c| c.is::<WriteError>()) => exit_code::IO,
+            Error::Other(e) if is_write_failure(e) => exit_code::IO,
             Error::Other(_) => exit_code::FAILURE,
         }
     }

@@ -425,6 +425,8 @@ pub fn error_code(e: &Error) -> &'static str {
         Error::ToolMissing { .. } => "tool_missing",
         Error::DiskFull(_) => "disk_full",
         Error::Interrupted { .. } => "interrupted",
+        // A full disk, a quota, a read-only filesystem: the write's, never the edit's.
+        Error::Other(_) if e.exit_code() == crate::error::exit_code::IO => "write_failed",
         Error::Other(_) => "failed",
     }
 }

@@ -76,6 +76,14 @@ impl Toolchain {
         trusted_tree(self).check()
     }
 
+    /// Where nvcc writes its intermediates: the TMPDIR it runs with, else /tmp.
+    pub fn scratch_dir(&self) -> PathBuf {
+        self.environment
+            .iter()
+            .find(|(k, v)| k == "TMPDIR" && !v.is_empty())
+            .map_or_else(|| PathBuf::from("/tmp"), |(_, v)| PathBuf::from(v))
+    }
+
     /// A command that runs this nvcc with the allow-listed environment only.
     pub fn command(&self) -> std::process::Command {
         let mut cmd = std::process::Command::new(&self.nvcc);

@@ -497,14 +497,7 @@ pub async fn measure_roofs(
 /// Free GiB an unprivileged user may still write on the filesystem holding `path` (or its nearest
 /// existing parent: `runs/` need not exist yet); `None` when it cannot be read.
 pub fn free_gib(path: &Path) -> Option<f64> {
-    let existing = path.ancestors().find(|p| p.exists())?;
-    let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct it is given and reads a NUL-terminated path.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as f64 * st.f_frsize as f64 / (1u64 << 30) as f64)
+    crate::os::disk::free_bytes(path).map(|b| b as f64 / (1u64 << 30) as f64)
 }
 
 /// The folders a run writes to and how much is free under each: runs/, then the build cache.

@@ -2,7 +2,7 @@
 //! changed files, read once from the working tree into a git tree object when judging starts.
 //! Everything judged is built from an export of that object, and that object is what gets
 //! committed, byte for byte; what the working tree holds afterwards is the agent's own.
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriteError};
 use anyhow::anyhow;
 use std::path::{Path, PathBuf};
 
@@ -14,8 +14,9 @@ pub(crate) struct Candidate {
     pub(crate) files: Vec<String>,
 }
 
-fn git(what: &'static str) -> impl Fn(git2::Error) -> Error {
-    move |e| Error::Other(anyhow!("{what}: {}", e.message()))
+/// A failed git operation on `repo` (a full disk named as such: [`super::tree::git_failed`]).
+fn git<'r>(repo: &'r git2::Repository, what: &'static str) -> impl Fn(git2::Error) -> Error + 'r {
+    move |e| super::tree::git_failed(repo.path(), what, e)
 }
 
 impl Candidate {
@@ -28,7 +29,7 @@ impl Candidate {
         workdir: &Path,
         files: &[String],
     ) -> Result<Candidate> {
-        let cannot = git("cannot snapshot the edit");
+        let cannot = git(repo, "cannot snapshot the edit");
         let base = git2::Oid::from_str(base).map_err(&cannot)?;
         let base_tree = repo
             .find_commit(base)
@@ -94,7 +95,7 @@ impl Candidate {
         message: &str,
         refname: Option<&str>,
     ) -> Result<String> {
-        let cannot = git("cannot commit the edit");
+        let cannot = git(repo, "cannot commit the edit");
         let tree = repo.find_tree(self.tree).map_err(&cannot)?;
         let parent = repo.find_commit(self.base).map_err(&cannot)?;
         let sig = crate::os::vcs::signature(repo).map_err(&cannot)?;
@@ -144,7 +145,7 @@ impl Candidate {
         let committed = repo
             .find_commit(commit)
             .map(|c| c.tree_id())
-            .map_err(git("cannot read the commit back"))?;
+            .map_err(git(repo, "cannot read the commit back"))?;
         if committed != self.tree {
             return Err(Error::Other(anyhow!(
                 "commit {commit} holds tree {committed}, not the judged tree {}",
@@ -157,7 +158,7 @@ impl Candidate {
     /// The working tree's copy of the candidate's files put back into `workdir` from the tree
     /// (where an agent session's winner lives in a worktree of its own).
     pub(crate) fn write_files(&self, repo: &git2::Repository, workdir: &Path) -> Result<()> {
-        let cannot = git("cannot write the committed edit");
+        let cannot = git(repo, "cannot write the committed edit");
         let tree = repo.find_tree(self.tree).map_err(&cannot)?;
         for file in &self.files {
             let path = workdir.join(file);
@@ -168,13 +169,11 @@ impl Candidate {
                 Ok(entry) => {
                     let blob = repo.find_blob(entry.id()).map_err(&cannot)?;
                     if let Some(dir) = path.parent() {
-                        std::fs::create_dir_all(dir).map_err(|e| {
-                            Error::Other(anyhow!("cannot create {}: {e}", dir.display()))
-                        })?;
+                        std::fs::create_dir_all(dir)
+                            .map_err(|e| WriteError::new("create", dir, e))?;
                     }
-                    std::fs::write(&path, blob.content()).map_err(|e| {
-                        Error::Other(anyhow!("cannot write {}: {e}", path.display()))
-                    })?;
+                    std::fs::write(&path, blob.content())
+                        .map_err(|e| WriteError::new("write the committed edit to", &path, e))?;
                 }
                 Err(_) => {
                     let _ = std::fs::remove_file(&path);

@@ -2,14 +2,16 @@
 use super::candidate::{includes_outside, Candidate};
 use super::report::DuelRow;
 use super::{Pairing, Session, EDIT_SCOPE};
+use crate::error::WriteError;
 use crate::error::{Error, Result};
-use crate::gpu::build::{BuildOutput, BuildSpec, Builder};
+use crate::gpu::build::{BuildFailure, BuildOutput, BuildSpec, Builder};
 use crate::gpu::decide::{self, Verdict};
 use crate::log::runlog::Record;
 use crate::model::protocol::{
     CaseSpec, DuelPair, DuelRequest, DuelResult, ForwardKernel, MeasureSpec, ReferenceKernel,
 };
 use crate::model::space::REFERENCE;
+use crate::model::vocab::BuildRole;
 use crate::run::shared::{self, Events, Project, UnitKey};
 use anyhow::anyhow;
 use std::collections::BTreeMap;
@@ -368,6 +370,10 @@ pub(super) async fn build_logged(
     let (_tasks, mut rx) = crate::run::scheduler::spawn_builds_with(builder, jobs, specs);
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        if let Err(BuildFailure::Disk(full)) = result {
+            let key = (variant, dtype, head_dim);
+            return Err(stopped_by_the_disk(&key, BuildRole::Head, full));
+        }
         let record = Record::build_outcome(&variant, dtype, head_dim, &result);
         events.emit(match roles.get(&(variant.clone(), dtype, head_dim)) {
             Some(&role) => record.of_role(role),
@@ -406,6 +412,9 @@ pub(crate) async fn collect_builds(
     } = pending;
     let mut done = BTreeMap::new();
     while let Some(((variant, dtype, head_dim), result)) = rx.recv().await {
+        if let Err(BuildFailure::Disk(full)) = result {
+            return Err(stopped_by_the_disk(&(variant, dtype, head_dim), role, full));
+        }
         events.emit(Record::build_outcome(&variant, dtype, head_dim, &result).of_role(role))?;
         done.insert((variant, dtype, head_dim), result);
     }
@@ -431,4 +440,25 @@ pub(crate) async fn collect_builds(
         }
     }
     Ok(Ok(cubins))
+}
+
+/// A build the disk stopped: the edit is not to blame, so nothing is recorded against it and it
+/// stays where it is, to be judged once there is room.
+fn stopped_by_the_disk(key: &UnitKey, role: BuildRole, full: WriteError) -> Error {
+    let (variant, dtype, head_dim) = key;
+    let next = match role {
+        BuildRole::Head => "nothing was judged; free space, then run it again".to_owned(),
+        BuildRole::Edit => "the edit was not judged and is left in the working tree (its patch \
+             kept in the run's attempts/); free space, then judge it again (`flashtune judge`)"
+            .to_owned(),
+        BuildRole::Candidate(k) => format!(
+            "candidate {k} was not judged and is left in its worktree; free space, then \
+             `flashtune resume` the session"
+        ),
+    };
+    crate::gpu::build::stopped_by_the_disk(
+        &format!("{variant} ({dtype}, d={head_dim})"),
+        full,
+        &next,
+    )
 }

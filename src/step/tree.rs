@@ -18,9 +18,25 @@ pub(crate) fn head_of(repo: &git2::Repository) -> Result<(String, String)> {
     Ok((id, name))
 }
 
+/// A git operation on the repository at `dir` that failed, in git's words; or, where it failed in
+/// the operating system (libgit2 may say no more than "failed to write out file") and `dir` has no
+/// room to work in, the disk's write error, which the command exits with as with a full disk.
+pub(crate) fn git_failed(dir: &Path, doing: &str, e: git2::Error) -> Error {
+    let os = matches!(
+        e.class(),
+        git2::ErrorClass::Os | git2::ErrorClass::Filesystem
+    );
+    match os.then(|| crate::os::disk::lacks_room(dir)).flatten() {
+        Some(full) => Error::Other(
+            anyhow::Error::new(full).context(format!("{doing} (git: {})", e.message())),
+        ),
+        None => Error::Other(anyhow!("{doing}: {}", e.message())),
+    }
+}
+
 /// Back to the branch and commit the step started from, working tree included.
 pub(crate) fn put_head_back(repo: &git2::Repository, reference: &str, commit: &str) -> Result<()> {
-    let git = |e: git2::Error| Error::Other(anyhow!("cannot put HEAD back: {}", e.message()));
+    let git = |e: git2::Error| git_failed(repo.path(), "cannot put HEAD back", e);
     let id = git2::Oid::from_str(commit).map_err(git)?;
     let object = repo.find_object(id, None).map_err(git)?;
     if reference.starts_with("refs/") {
@@ -33,13 +49,8 @@ pub(crate) fn put_head_back(repo: &git2::Repository, reference: &str, commit: &s
 }
 
 pub(crate) fn restore(root: &Path, paths: &[String]) -> Result<()> {
-    crate::os::vcs::restore_paths(root, paths).map_err(|e| {
-        Error::Other(anyhow!(
-            "cannot restore {}: {}",
-            paths.join(", "),
-            e.message()
-        ))
-    })
+    crate::os::vcs::restore_paths(root, paths)
+        .map_err(|e| git_failed(root, &format!("cannot restore {}", paths.join(", ")), e))
 }
 
 /// Write `commit`'s files under `prefix` into `dest`, keeping their repository-relative paths.

@@ -1,11 +1,12 @@
 //! Compiles kernels with nvcc into content-addressed cubins and reads back what ptxas reports.
-use crate::error::{Error, Result};
+use crate::error::{is_out_of_room, Error, Result, WriteError};
 use crate::gpu::ptxas::{self, EntryResources};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+pub mod cubin;
 pub mod reads;
 
 pub use crate::os::toolchain::{find_nvcc, Toolchain};
@@ -29,7 +30,7 @@ pub struct BuildOutput {
     pub entries: Vec<EntryResources>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum BuildFailure {
     Compiler {
         status: String,
@@ -44,6 +45,11 @@ pub enum BuildFailure {
         tree: PathBuf,
         files: Vec<String>,
     },
+    /// The disk's failure, not the kernel's: a write of the build found no room (no space left, a
+    /// quota reached), in the operating system's words, or nvcc's cubin came out cut short. It is
+    /// never a `build_failed` record: the command stops as the write error it is, and runs again
+    /// once there is room.
+    Disk(WriteError),
 }
 
 impl std::fmt::Display for BuildFailure {
@@ -60,17 +66,36 @@ impl std::fmt::Display for BuildFailure {
                 tree.display(),
                 files.join(", ")
             ),
+            BuildFailure::Disk(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl BuildFailure {
+    /// A write of the build that failed, as the disk's failure when it says there was no room.
+    fn written(what: &'static str, path: &Path, e: std::io::Error) -> BuildFailure {
+        if is_out_of_room(&e) {
+            BuildFailure::Disk(WriteError::new(what, path, e))
+        } else {
+            BuildFailure::Io(format!("{}: {e}", path.display()))
+        }
+    }
+
     pub fn log(&self) -> &str {
         match self {
             BuildFailure::Compiler { log, .. } => log,
             _ => "",
         }
     }
+}
+
+/// The build of `unit` (a variant, its dtype and head dim) that the disk stopped, as the error the
+/// command ends with: the OS cause once, and `next`, what is left as it was and what to do once
+/// there is room.
+pub fn stopped_by_the_disk(unit: &str, full: WriteError, next: &str) -> Error {
+    Error::Other(anyhow::Error::new(full).context(format!(
+        "the build of {unit} found no room on disk, which is no fault of its code: {next}"
+    )))
 }
 
 /// `sm_90a` → `arch=compute_90a,code=sm_90a`.
@@ -171,7 +196,7 @@ impl Builder {
             .join(format!(".tmp-{key}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)
-            .map_err(|e| BuildFailure::Io(format!("{}: {e}", staging.display())))?;
+            .map_err(|e| BuildFailure::written("create the build folder", &staging, e))?;
         let mut cmd = tokio::process::Command::from(self.toolchain.command());
         cmd.args(nvcc_args(spec, &staging.join("kernel.cubin")));
         // The list of every file the compile read, what the reads check judges, written by the
@@ -228,13 +253,31 @@ impl Builder {
         );
         if !output.status.success() {
             let _ = std::fs::remove_dir_all(&staging);
+            // nvcc says why in words of its own: whether the disk is full, its folders say.
+            if let Some(full) = self.lacks_room() {
+                return Err(BuildFailure::Disk(full));
+            }
             return Err(BuildFailure::Compiler {
                 status: output.status.to_string(),
                 log,
             });
         }
-        std::fs::write(staging.join("ptxas.txt"), &log)
-            .map_err(|e| BuildFailure::Io(e.to_string()))?;
+        let written = staging.join("kernel.cubin");
+        if let Some((have, declared)) =
+            cubin::cut_short(&std::fs::read(&written).unwrap_or_default())
+        {
+            let _ = std::fs::remove_dir_all(&staging);
+            let short = std::io::Error::other(match declared {
+                Some(need) => format!("nvcc exited 0 having written {have} of its {need} bytes"),
+                None => format!("nvcc exited 0 having written {have} bytes, not even its header"),
+            });
+            return Err(BuildFailure::Disk(self.lacks_room().unwrap_or_else(|| {
+                WriteError::new("write the cubin", &written, short)
+            })));
+        }
+        let ptxas_report = staging.join("ptxas.txt");
+        std::fs::write(&ptxas_report, &log)
+            .map_err(|e| BuildFailure::written("write the build's report to", &ptxas_report, e))?;
         let dependencies = std::fs::read_to_string(staging.join(reads::DEPENDENCY_FILE))
             .map_err(|e| BuildFailure::Io(format!("nvcc wrote no dependency list: {e}")))?;
         let kept = reads::record(
@@ -242,8 +285,9 @@ impl Builder {
             spec.source.parent().unwrap_or(Path::new(".")),
             &reads::toolchain_root(&self.toolchain.nvcc),
         );
-        std::fs::write(staging.join(reads::READS_FILE), &kept)
-            .map_err(|e| BuildFailure::Io(e.to_string()))?;
+        let reads_record = staging.join(reads::READS_FILE);
+        std::fs::write(&reads_record, &kept)
+            .map_err(|e| BuildFailure::written("write the build's reads to", &reads_record, e))?;
         if std::fs::rename(&staging, &dir).is_err() {
             // Another run finished the same build first (its entry is equivalent), or an entry of
             // an earlier flashtune lacks the reads: this one replaces it.
@@ -265,6 +309,13 @@ impl Builder {
     }
 }
 impl Builder {
+    /// Why a failed compile is the disk's: the build cache or nvcc's scratch folder has no room
+    /// to work in.
+    fn lacks_room(&self) -> Option<WriteError> {
+        crate::os::disk::lacks_room(&self.cache_dir)
+            .or_else(|| crate::os::disk::lacks_room(&self.toolchain.scratch_dir()))
+    }
+
     /// A confined build whose compile read files outside its tree fails, naming them.
     fn check_reads(&self, spec: &BuildSpec, kept: &Path) -> std::result::Result<(), BuildFailure> {
         let Some(tree) = &self.confine else {

@@ -52,6 +52,16 @@ pub async fn build_space(
     let mut done: BTreeMap<UnitKey, BuiltRow> = BTreeMap::new();
     let (_tasks, mut results) = crate::run::scheduler::spawn_builds(project, specs);
     while let Some(((variant, dtype, head_dim), result)) = results.recv().await {
+        if let Err(build::BuildFailure::Disk(full)) = result {
+            return Err(build::stopped_by_the_disk(
+                &format!("{variant} ({dtype}, d={head_dim})"),
+                full,
+                &format!(
+                    "free space under {}, then build again",
+                    project.paths.build_cache().display()
+                ),
+            ));
+        }
         let gate = result.as_ref().ok().and_then(|o| project.gate(o));
         let outcome = result.map_err(|f| format!("{f}\n{}", build::log_tail(f.log(), 30)));
         done.insert(

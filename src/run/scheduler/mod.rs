@@ -1,6 +1,6 @@
 //! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined; a case timed on a throttled or shared GPU is timed again once; the drift sentinel is timed between variants.
 use crate::error::{Error, Result};
-use crate::gpu::build::{self, BuildFailure, BuildOutput, BuildSpec};
+use crate::gpu::build::{BuildFailure, BuildOutput, BuildSpec};
 use crate::gpu::executor::Executor;
 use crate::log::runlog::Record;
 use crate::model::config::Dtype;
@@ -395,7 +395,8 @@ impl Scheduler<'_> {
     }
 
     /// Log a finished build: its cubin joins `cubins`, or its cases are skipped with the reason. A
-    /// disk that filled up stops the run (the build is not the variant's fault).
+    /// disk that filled up stops the run as the write error it is, recording nothing against the
+    /// variant (the build is not its fault).
     fn take_build(
         &self,
         events: &mut Events,
@@ -403,14 +404,19 @@ impl Scheduler<'_> {
         cubins: &mut BTreeMap<UnitKey, PathBuf>,
     ) -> Result<()> {
         let (variant, dtype, head_dim) = key.clone();
-        if let Err(failure) = &result {
-            if let Some(why) = out_of_space(failure) {
-                return Err(Error::DiskFull(format!(
-                    "the build of {variant} ({dtype}, d={head_dim}) ran out of disk space: {why}\nFree space under {} and the run folder, then `flashtune resume` the run: nothing it logged is lost.",
-                    self.project.paths.build_cache().display()
-                )));
+        let result = match result {
+            Err(BuildFailure::Disk(full)) => {
+                return Err(crate::gpu::build::stopped_by_the_disk(
+                    &format!("{variant} ({dtype}, d={head_dim})"),
+                    full,
+                    &format!(
+                        "nothing is recorded against it; free space under {} and the run folder, then `flashtune resume` the run (nothing it logged is lost)",
+                        self.project.paths.build_cache().display()
+                    ),
+                ))
             }
-        }
+            result => result,
+        };
         match record_build(self.project, events, key, result)? {
             Ok(cubin) => {
                 cubins.insert((variant, dtype, head_dim), cubin);
@@ -631,20 +637,6 @@ fn record_sentinel(
         max_drift,
         error: result.error,
     })
-}
-
-/// Why a build failure is the disk's (no space, over quota) rather than the variant's.
-fn out_of_space(failure: &BuildFailure) -> Option<String> {
-    let text = format!("{failure}\n{}", failure.log());
-    let full = [
-        "No space left on device",
-        "os error 28",
-        "Disk quota exceeded",
-        "os error 122",
-    ];
-    full.iter()
-        .any(|m| text.contains(m))
-        .then(|| build::log_tail(&text, 3))
 }
 
 /// Log a build (and its gate); the cubin when it may run, else why not.

@@ -2,6 +2,7 @@
 //! once for the tests, not a second time with `cfg(test)` (issue 48, item 5: about 40 s of a cold build).
 mod agent_preflight;
 mod gpu_build;
+mod gpu_build_cubin;
 mod gpu_build_reads;
 mod gpu_check;
 mod gpu_decide;
