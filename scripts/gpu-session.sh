@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
-#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold space:variants/NAME.toml
+#   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold stored-baselines space:variants/NAME.toml
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +103,17 @@ for stage in "$@"; do
       # Each GPU set of GPU_SETS from a build cache of its own, empty (cold), one after another in one call.
       for set in ${GPU_SETS:-0 0,1}; do
         FLASHTUNE_CACHE_DIR=$(mktemp -d) timed "gpus-$set" ft tune --space "${GPUS_SPACE:-variants/hopper.toml}" --gpus "$set" 2>"$out/gpus-$set.err" | tee "$out/gpus-$set.txt"; keep "gpus-$set"
+      done ;;
+    stored-baselines)
+      # The reference library from the results store (issue 50): the quick space from a fresh store
+      # (PyTorch timed), again (taken from the store), again with --fresh-baselines (timed: the warm
+      # "before"); then the Hopper space twice (its shapes that quick has taken, the rest timed; then all taken).
+      for run in quick-first:"" quick-stored:"" quick-fresh:--fresh-baselines; do
+        name=${run%%:*}; flags=${run#*:}
+        timed "$name" ft tune $flags 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name"
+      done
+      for name in hopper-first hopper-stored; do
+        timed "$name" ft tune --space variants/hopper.toml 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name"
       done ;;
     gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
     alignment) python3 scripts/causal-alignment.py 2>&1 | tee "$out/alignment.txt" ;;

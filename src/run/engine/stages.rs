@@ -8,7 +8,7 @@ use crate::model::space::{DeviceLimits, PlannedPoint};
 use crate::model::vocab::Stage;
 use crate::run::measure::measure_points;
 use crate::run::scheduler::Ending;
-use crate::run::shared::{profile_case, Events, Project, TuneOptions};
+use crate::run::shared::{Events, Project, TuneOptions};
 use anyhow::Context;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -29,13 +29,14 @@ async fn unless_stopped<T>(
 }
 
 /// Run a stage that measures, abandoned on a signal, never started after the time limit and ended
-/// at its grace. True when the time limit kept it from running to its end.
-async fn measuring_stage(
+/// at its grace. True when the time limit kept it from running to its end; its answer when it ran
+/// to its end.
+async fn measuring_stage<T>(
     budget: &crate::run::budget::Budget,
-    stage: impl std::future::Future<Output = Result<()>>,
-) -> Result<bool> {
+    stage: impl std::future::Future<Output = Result<T>>,
+) -> Result<(bool, Option<T>)> {
     let ran = unless_stopped(crate::run::budget::within_time_limit(budget, stage)).await?;
-    Ok(matches!(ran, Some(None)))
+    Ok((matches!(ran, Some(None)), ran.flatten()))
 }
 
 /// Choose points by the run's strategy, measure them, then profile and time the reference library; ends the log and writes the report.
@@ -73,7 +74,7 @@ pub(super) async fn drive(
     let first_gpu = opts.devices.first().copied().unwrap_or(device.ordinal);
     let began = events.stage_start();
     let baseline = baseline_while_building(project, device, opts, events, planned.as_deref(), done);
-    let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?;
+    let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?.0;
     events.stage_ran(Stage::Reference, first_gpu, began)?;
     let ending = match planned {
         Some(planned) => {
@@ -106,12 +107,17 @@ pub(super) async fn drive(
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
         let began = events.stage_start();
         let reduel = crate::run::duel::reduel_champions(project, device, opts, events);
-        cut_by_time |= measuring_stage(&opts.budget, reduel).await?;
+        cut_by_time |= measuring_stage(&opts.budget, reduel).await?.0;
         events.stage_ran(Stage::Duels, first_gpu, began)?;
         let began = events.stage_start();
-        let profiles = profile_stage(project, device, events, &run_dir);
-        cut_by_time |= measuring_stage(&opts.budget, profiles).await?;
-        events.stage_ran(Stage::Profiles, first_gpu, began)?;
+        let profiles = profile_stage(project, device, &opts.devices, events, &run_dir);
+        let (cut, profiled_on) = measuring_stage(&opts.budget, profiles).await?;
+        cut_by_time |= cut;
+        let profiled_on = profiled_on.filter(|g| !g.is_empty());
+        for gpu in profiled_on.unwrap_or_else(|| vec![first_gpu]) {
+            // The same span on each GPU it held: they profiled side by side.
+            events.stage_ran(Stage::Profiles, gpu, began)?;
+        }
         interrupted = crate::os::stop::requested().is_some();
         // The scheduler logs the limit when it falls while variants measure; a stage it kept from
         // starting or ended is the limit's doing too, and the log says so.
@@ -161,16 +167,21 @@ pub(super) async fn drive(
     })
 }
 
-/// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain with `chain_steps`) under ncu, one at a time; cases already profiled in this run are not redone.
+/// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain
+/// with `chain_steps`) under ncu, spread over the run's GPUs: one ncu per GPU at a time (ncu
+/// serialises the GPU it profiles and fixes its clocks, and only that one), each round's profiles
+/// logged as they end; cases already profiled in this run are not redone. Returns the GPUs that
+/// ran a profile, for the timeline.
 async fn profile_stage(
     project: &Project,
     device: &DeviceInfo,
+    gpus: &[u32],
     events: &mut Events,
     run_dir: &Path,
-) -> Result<()> {
+) -> Result<Vec<u32>> {
     let policy = &project.policies.profile;
     if !policy.enabled || device.fake {
-        return Ok(());
+        return Ok(Vec::new());
     }
     // A snapshot: the profiles of this stage are logged while it is read.
     let log = events.records().clone();
@@ -179,6 +190,11 @@ async fn profile_stage(
     let index = crate::log::runindex::RunIndex::new(&log);
     // An ablation explains each step only if each step has its own profile.
     let every_step = policy.chain_steps && project.space.chain.is_some();
+    let mut jobs: Vec<(
+        &str,
+        &crate::model::config::Shape,
+        crate::model::config::Dtype,
+    )> = Vec::new();
     for shape in &project.shapes {
         for &dtype in policy
             .dtypes
@@ -190,8 +206,8 @@ async fn profile_stage(
             };
             let best = pick.best.measured().map_or(f64::INFINITY, |t| t.median_us);
             // The champion first, then the others within `within_pct` of it (or every step).
-            let mut chosen: Vec<&str> = vec![pick.best.variant];
-            chosen.extend(
+            jobs.push((pick.best.variant, shape, dtype));
+            jobs.extend(
                 index
                     .ranked(&shape.name, dtype)
                     .into_iter()
@@ -202,17 +218,64 @@ async fn profile_stage(
                                 t.median_us <= best * (1.0 + policy.within_pct / 100.0)
                             })
                     })
-                    .map(|c| c.variant),
+                    .map(|c| (c.variant, shape, dtype)),
             );
-            for variant in chosen {
-                profile_case(
-                    project, device, events, &log, run_dir, variant, shape, dtype,
-                )
-                .await?;
-            }
         }
     }
-    Ok(())
+    // Only what is still to profile takes a GPU; the rest is logged already.
+    jobs.retain(|(variant, shape, dtype)| {
+        crate::run::shared::logged_case(project, &log, variant, shape, *dtype)
+            .is_some_and(|c| c.profile.is_none())
+    });
+    let devices: Vec<DeviceInfo> = gpus
+        .iter()
+        .map(|&ordinal| DeviceInfo {
+            ordinal,
+            ..device.clone()
+        })
+        .collect();
+    let mut used = Vec::new();
+    for round in jobs.chunks(devices.len().max(1)) {
+        let cases: Vec<_> = round
+            .iter()
+            .map(|(variant, shape, dtype)| {
+                crate::run::shared::logged_case(project, &log, variant, shape, *dtype)
+                    .expect("kept above for having a case")
+            })
+            .collect();
+        let runs =
+            round
+                .iter()
+                .zip(&devices)
+                .zip(&cases)
+                .map(|(((variant, shape, dtype), gpu), case)| {
+                    crate::run::shared::profile_now(
+                        project,
+                        gpu,
+                        run_dir,
+                        variant,
+                        shape,
+                        *dtype,
+                        &case.params,
+                        case.spec.clone(),
+                        case.resolved_splits,
+                    )
+                });
+        let outcomes = futures_util::future::join_all(runs).await;
+        for (((variant, shape, dtype), gpu), outcome) in round.iter().zip(&devices).zip(outcomes) {
+            if !used.contains(&gpu.ordinal) {
+                used.push(gpu.ordinal);
+            }
+            events.emit(Record::Profiled {
+                variant: (*variant).to_owned(),
+                shape: shape.name.clone(),
+                dtype: *dtype,
+                profile: outcome?,
+                sources: None,
+            })?;
+        }
+    }
+    Ok(used)
 }
 
 /// Time the reference library before the variants (never beside them: one GPU, one job), while the
