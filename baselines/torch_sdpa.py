@@ -38,9 +38,11 @@ import sys
 BACKENDS = ("flash", "cudnn", "efficient", "math", "default", "fa4")
 
 
-# Distributions whose code times or is timed: a new version can move a baseline's figure.
-TIMED_PACKAGES = ("torch", "triton", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime",
-                  "nvidia-cuda-nvrtc", "flash-attn", "flash_attn", "nvidia-cutlass-dsl")
+# Distributions whose code times or is timed: a new version can move a baseline's figure. By name,
+# and by prefix for NVIDIA's library wheels (named per CUDA major) and FlashAttention's.
+TIMED_PACKAGES = ("torch", "triton", "nvidia-cutlass-dsl")
+TIMED_PREFIXES = ("nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime", "nvidia-cuda-nvrtc",
+                  "flash-attn")
 
 
 def versions() -> dict:
@@ -55,7 +57,7 @@ def versions() -> dict:
     found = {"python": platform.python_version()}
     for dist in metadata.distributions(path=paths):
         name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if any(name.startswith(p.replace("_", "-")) for p in TIMED_PACKAGES):
+        if name in TIMED_PACKAGES or name.startswith(TIMED_PREFIXES):
             found.setdefault(name, dist.version)  # the first on the path is the one imported
     return found
 

@@ -88,23 +88,30 @@ pub fn judge_pair(
 /// leader that may not have met the others yet, so rounds go on until every champion has met every
 /// GPU's leader: each round adds a pair that never met, so the rounds end.
 ///
+/// Returns the GPUs that duelled, for the timeline.
+///
 /// [`RunIndex::pick`]: crate::log::runindex::RunIndex::pick
 pub async fn reduel_champions(
     project: &Project,
     device: &DeviceInfo,
     opts: &TuneOptions,
     events: &mut Events,
-) -> Result<()> {
-    // A bound for the case no argument foresaw; each round costs one worker.
+) -> Result<Vec<u32>> {
+    // A bound for the case no argument foresaw; each round costs one worker per GPU.
     const MOST_ROUNDS: usize = 16;
+    let mut used = Vec::new();
     for _ in 0..MOST_ROUNDS {
         let meetings = meetings_due(project, events.records());
         if meetings.is_empty() {
             break;
         }
-        reduel_round(project, device, opts, events, meetings).await?;
+        for gpu in reduel_round(project, device, opts, events, meetings).await? {
+            if !used.contains(&gpu) {
+                used.push(gpu);
+            }
+        }
     }
-    Ok(())
+    Ok(used)
 }
 
 /// Two cases of one (shape, dtype) that must meet on one GPU, and why.
@@ -171,54 +178,68 @@ fn meetings_due(project: &Project, log: &crate::log::runlog::LoadedLog) -> Vec<M
     due
 }
 
-/// One worker on the run's first GPU duels every meeting due; a `drift_duel` record each.
+/// The meetings due, spread over the run's GPUs (each meeting on one of them, both sides
+/// interleaved in one worker), the GPUs side by side; a `drift_duel` record each, in order.
+/// Returns the GPUs given a meeting.
 async fn reduel_round(
     project: &Project,
     device: &DeviceInfo,
     opts: &TuneOptions,
     events: &mut Events,
     meetings: Vec<Meeting>,
-) -> Result<()> {
+) -> Result<Vec<u32>> {
     let measure = &project.policies.measure;
     let rounds = project.policies.step.rounds;
-    let pairs = meetings.iter().map(|m| m.pair.clone()).collect();
-    let request = DuelRequest {
-        measure: MeasureSpec {
-            warmup_ms: measure.warmup_ms,
-            samples: rounds,
-            min_sample_us: measure.min_sample_us,
-            verified_replays: measure.verified_replays,
-        },
-        rounds,
-        pairs,
-        stop_at_failure: false,
+    // No more GPUs than meetings: each one given a meeting starts a worker.
+    let gpus: Vec<u32> = if opts.devices.is_empty() {
+        vec![device.ordinal]
+    } else {
+        opts.devices.iter().copied().take(meetings.len()).collect()
     };
+    // Meeting i goes to GPU i mod n.
+    let share = |gpu: usize| meetings.iter().skip(gpu).step_by(gpus.len());
     let timeout = Duration::from_secs(project.timeouts.worker_s * 2);
-    let outcome = opts.executor.duel(device.ordinal, request, timeout).await;
-    for (i, m) in meetings.into_iter().enumerate() {
-        // Which of the two is faster beyond the duel's own noise: no threshold on top.
-        let judged = judge_pair(
-            outcome.duels.get(i),
-            &outcome,
-            0.0,
-            &m.shape,
-            &opts.run.roofs,
-            project.policies.gates.plausibility_margin,
-        );
-        events.emit(Record::DriftDuel {
-            shape: m.shape.name.clone(),
-            dtype: m.dtype,
-            champion: m.champion,
-            runner_up: m.rival,
-            drift: m.drift,
-            champion_us: judged.champion.map(|t| t.median_us),
-            runner_up_us: judged.challenger.map(|t| t.median_us),
-            verdict: judged.verdict,
-            failure: judged.failure,
-            placed: m.placed,
-        })?;
+    let duels = gpus.iter().enumerate().map(|(i, &gpu)| {
+        let request = DuelRequest {
+            measure: MeasureSpec {
+                warmup_ms: measure.warmup_ms,
+                samples: rounds,
+                min_sample_us: measure.min_sample_us,
+                verified_replays: measure.verified_replays,
+            },
+            rounds,
+            pairs: share(i).map(|m| m.pair.clone()).collect(),
+            stop_at_failure: false,
+        };
+        opts.executor.duel(gpu, request, timeout)
+    });
+    let outcomes = futures_util::future::join_all(duels).await;
+    for (i, outcome) in outcomes.iter().enumerate() {
+        for (k, m) in share(i).enumerate() {
+            // Which of the two is faster beyond the duel's own noise: no threshold on top.
+            let judged = judge_pair(
+                outcome.duels.get(k),
+                outcome,
+                0.0,
+                &m.shape,
+                &opts.run.roofs,
+                project.policies.gates.plausibility_margin,
+            );
+            events.emit(Record::DriftDuel {
+                shape: m.shape.name.clone(),
+                dtype: m.dtype,
+                champion: m.champion.clone(),
+                runner_up: m.rival.clone(),
+                drift: m.drift,
+                champion_us: judged.champion.map(|t| t.median_us),
+                runner_up_us: judged.challenger.map(|t| t.median_us),
+                verdict: judged.verdict,
+                failure: judged.failure,
+                placed: m.placed.clone(),
+            })?;
+        }
     }
-    Ok(())
+    Ok(gpus)
 }
 
 /// How far the sentinel moved between the timings of two cases of one GPU, when beyond

@@ -107,8 +107,12 @@ pub(super) async fn drive(
         // Each stage after the measurements is abandoned on a signal, as the one in flight.
         let began = events.stage_start();
         let reduel = crate::run::duel::reduel_champions(project, device, opts, events);
-        cut_by_time |= measuring_stage(&opts.budget, reduel).await?.0;
-        events.stage_ran(Stage::Duels, first_gpu, began)?;
+        let (cut, duelled_on) = measuring_stage(&opts.budget, reduel).await?;
+        cut_by_time |= cut;
+        let duelled_on = duelled_on.filter(|g| !g.is_empty());
+        for gpu in duelled_on.unwrap_or_else(|| vec![first_gpu]) {
+            events.stage_ran(Stage::Duels, gpu, began)?;
+        }
         let began = events.stage_start();
         let profiles = profile_stage(project, device, &opts.devices, events, &run_dir);
         let (cut, profiled_on) = measuring_stage(&opts.budget, profiles).await?;
@@ -169,9 +173,9 @@ pub(super) async fn drive(
 
 /// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain
 /// with `chain_steps`) under ncu, spread over the run's GPUs: one ncu per GPU at a time (ncu
-/// serialises the GPU it profiles and fixes its clocks, and only that one), each round's profiles
-/// logged as they end; cases already profiled in this run are not redone. Returns the GPUs that
-/// ran a profile, for the timeline.
+/// serialises the GPU it profiles, and only that one), each profile logged as it ends; cases
+/// already profiled in this run are not redone. Returns the GPUs that ran a profile, for the
+/// timeline.
 async fn profile_stage(
     project: &Project,
     device: &DeviceInfo,
@@ -234,47 +238,61 @@ async fn profile_stage(
             ..device.clone()
         })
         .collect();
-    let mut used = Vec::new();
-    for round in jobs.chunks(devices.len().max(1)) {
-        let cases: Vec<_> = round
-            .iter()
-            .map(|(variant, shape, dtype)| {
-                crate::run::shared::logged_case(project, &log, variant, shape, *dtype)
-                    .expect("kept above for having a case")
-            })
-            .collect();
-        let runs =
-            round
-                .iter()
-                .zip(&devices)
-                .zip(&cases)
-                .map(|(((variant, shape, dtype), gpu), case)| {
-                    crate::run::shared::profile_now(
-                        project,
-                        gpu,
-                        run_dir,
-                        variant,
-                        shape,
-                        *dtype,
-                        &case.params,
-                        case.spec.clone(),
-                        case.resolved_splits,
-                    )
-                });
-        let outcomes = futures_util::future::join_all(runs).await;
-        for (((variant, shape, dtype), gpu), outcome) in round.iter().zip(&devices).zip(outcomes) {
-            if !used.contains(&gpu.ordinal) {
-                used.push(gpu.ordinal);
+    // Each GPU takes the next case as soon as its last profile ends; the profiles are logged in
+    // the order they end.
+    let queue = std::sync::Mutex::new(jobs.into_iter());
+    let (ended, mut profiled) = tokio::sync::mpsc::unbounded_channel();
+    let profilers = futures_util::future::join_all(devices.iter().map(|gpu| {
+        let (queue, ended, log) = (&queue, ended.clone(), &log);
+        async move {
+            loop {
+                let next = queue.lock().expect("not poisoned").next();
+                let Some((variant, shape, dtype)) = next else {
+                    break;
+                };
+                let case = crate::run::shared::logged_case(project, log, variant, shape, dtype)
+                    .expect("kept above for having a case");
+                let outcome = crate::run::shared::profile_now(
+                    project,
+                    gpu,
+                    run_dir,
+                    variant,
+                    shape,
+                    dtype,
+                    &case.params,
+                    case.spec.clone(),
+                    case.resolved_splits,
+                )
+                .await;
+                // The log stopped taking them (a write failed): start no more.
+                if ended
+                    .send((variant, shape, dtype, gpu.ordinal, outcome))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    }));
+    drop(ended);
+    let log_them = async {
+        let mut used = Vec::new();
+        while let Some((variant, shape, dtype, gpu, outcome)) = profiled.recv().await {
+            if !used.contains(&gpu) {
+                used.push(gpu);
             }
             events.emit(Record::Profiled {
-                variant: (*variant).to_owned(),
+                variant: variant.to_owned(),
                 shape: shape.name.clone(),
-                dtype: *dtype,
+                dtype,
                 profile: outcome?,
                 sources: None,
             })?;
         }
-    }
+        Ok::<_, crate::error::Error>(used)
+    };
+    let (_, used) = tokio::join!(profilers, log_them);
+    let used = used?;
     Ok(used)
 }
 
