@@ -162,3 +162,40 @@ fn a_stored_baseline_edited_in_the_store_is_never_taken() {
         .iter()
         .all(|b| b.4.is_none() && (b.3 - 7.5).abs() < 1e-9));
 }
+
+/// The store is not the record, the log is: a sealed row whose cited line now says another figure
+/// (the log sealed again with the key, as only flashtune could) is not taken either.
+#[test]
+fn a_stored_baseline_its_log_line_contradicts_is_never_taken() {
+    let dir = scripted_project();
+    let root = dir.path();
+    let first = tune(root, &[]);
+    let (line, _) = numbered_records(&first)
+        .into_iter()
+        .find(|(_, r)| matches!(r, Record::BaselineTimed { .. }))
+        .expect("a baseline record");
+    let log = first.join("log.jsonl");
+    edit_line(&log, line, "\"median_us\":7.5", "\"median_us\":75.0");
+    seal_log(&log);
+    let out = flashtune(
+        root,
+        &["tune", "--fake-gpu", "--space", "variants/smoke.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("is not the record the store holds"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        requests(root).len(),
+        2,
+        "the contradicted shape was not timed again"
+    );
+    let second = run_dir_from(&out);
+    let timed_again: Vec<_> = baselines(&second)
+        .into_iter()
+        .filter(|b| b.4.is_none())
+        .collect();
+    assert!(!timed_again.is_empty());
+}

@@ -1,7 +1,7 @@
 //! A stored row held against the log record it cites, for `--reuse`: a figure is taken from the
 //! store only when a sealed log says the same, on the same GPU, driver, nvcc and builds. The row's
 //! seal proves flashtune wrote it; this proves it still says what was measured.
-use super::{geometry, Stored};
+use super::{geometry, LibraryKey, Stored, StoredBaseline};
 use crate::log::runlog::{Record, SealedLog};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,22 +20,103 @@ impl CitedLogs {
         }
     }
 
-    /// `Ok` when the record the row cites is a `timed` record of the same case with the same
-    /// figures, in a sealed log of the same GPU and toolchain that built the same kernels; else why not.
-    pub fn check(&mut self, stored: &Stored) -> Result<(), String> {
-        let row = &stored.row;
-        let run = &row.origin_run;
+    /// The sealed log of run `run`, read once; why not where it is not one.
+    fn sealed(&mut self, run: &str) -> Result<&SealedLog, String> {
         // A run id is a folder name: one that is not would reach outside runs/.
         if run.is_empty() || run.contains(['/', '\\']) || run.starts_with('.') {
             return Err(format!("it cites the run `{run}`, which is not a run id"));
         }
         let dir = self.runs_dir.join(run);
-        let log = self.logs.entry(run.clone()).or_insert_with(|| {
-            crate::log::runlog::read_sealed(&dir.join("log.jsonl")).map_err(|e| format!("{e:#}"))
-        });
-        let log = log
+        self.logs
+            .entry(run.to_owned())
+            .or_insert_with(|| {
+                crate::log::runlog::read_sealed(&dir.join("log.jsonl"))
+                    .map_err(|e| format!("{e:#}"))
+            })
             .as_ref()
-            .map_err(|e| format!("the log it cites is not sealed: {e}"))?;
+            .map_err(|e| format!("the log it cites is not sealed: {e}"))
+    }
+
+    /// `Ok` when the record a stored baseline cites is the same record (its shape by geometry, not
+    /// name) in a sealed log of the same GPU model and driver that named the same reference library
+    /// before it; else why not.
+    pub fn check_baseline(
+        &mut self,
+        stored: &StoredBaseline,
+        key: &LibraryKey,
+    ) -> Result<(), String> {
+        let origin = &stored.origin;
+        let at = format!("run {} line {}", origin.run, origin.line);
+        let log = self.sealed(&origin.run)?;
+        let header = log
+            .header()
+            .ok_or_else(|| format!("{at}: the log has no header"))?;
+        let device = &header.device;
+        if (device.name.as_str(), device.driver_version, device.fake)
+            != (key.gpu, key.driver, key.fake)
+        {
+            return Err(format!(
+                "{at}: the log was measured on {} (driver {}), the row says {} (driver {})",
+                device.name, device.driver_version, key.gpu, key.driver
+            ));
+        }
+        let before = || {
+            log.entries
+                .iter()
+                .take_while(|(line, _)| *line < origin.line)
+        };
+        let named = before().any(|(_, e)| {
+            matches!(&e.record, Record::ReferenceLibrary { fingerprint, .. } if fingerprint == key.library)
+        });
+        if !named {
+            return Err(format!("{at}: the log names another reference library"));
+        }
+        let Some((_, cited)) = log.entries.iter().find(|(line, _)| *line == origin.line) else {
+            return Err(format!("{at}: the log has no such line"));
+        };
+        // The stored record as first logged: not yet citing itself, under the origin's shape name.
+        let mut expected = stored.record.clone();
+        match (&mut expected, &cited.record) {
+            (
+                Record::BaselineTimed {
+                    shape, reused_from, ..
+                },
+                Record::BaselineTimed { shape: named, .. },
+            ) => {
+                *reused_from = None;
+                *shape = named.clone();
+            }
+            (
+                Record::BaselineUnavailable { shape, .. },
+                Record::BaselineUnavailable { shape: named, .. },
+            ) => *shape = named.clone(),
+            (Record::CeilingMeasured { reused_from, .. }, _) => *reused_from = None,
+            _ => {}
+        }
+        if expected != cited.record {
+            return Err(format!("{at} is not the record the store holds"));
+        }
+        let cited_shape = match &cited.record {
+            Record::BaselineTimed { shape, .. } => Some(shape),
+            Record::BaselineUnavailable { shape, .. } => shape.as_ref(),
+            _ => None,
+        };
+        let cited_geometry = cited_shape
+            .and_then(|name| header.shapes.iter().find(|s| &s.name == name))
+            .map(geometry)
+            .unwrap_or_default();
+        if cited_geometry != stored.geometry {
+            return Err(format!("{at}: its shape is not the geometry the row says"));
+        }
+        Ok(())
+    }
+
+    /// `Ok` when the record the row cites is a `timed` record of the same case with the same
+    /// figures, in a sealed log of the same GPU and toolchain that built the same kernels; else why not.
+    pub fn check(&mut self, stored: &Stored) -> Result<(), String> {
+        let row = &stored.row;
+        let run = &row.origin_run;
+        let log = self.sealed(run)?;
         let at = format!("run {run} line {}", row.origin_line);
         let header = log
             .header()

@@ -88,14 +88,31 @@ fn stored_baselines(
         library: &library.fingerprint,
     };
     let path = crate::log::store::path(&project.paths);
-    match Store::open_existing(&path).and_then(|s| s.map_or(Ok(Vec::new()), |s| s.baselines(&key)))
+    let rows = match Store::open_existing(&path)
+        .and_then(|s| s.map_or(Ok(Vec::new()), |s| s.baselines(&key)))
     {
         Ok(rows) => rows,
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "cannot read the results store's baselines");
-            Vec::new()
+            return Vec::new();
         }
-    }
+    };
+    // A sealed row is flashtune's writing; the sealed log line it cites says it still holds.
+    let mut cited = crate::log::store::CitedLogs::new(project.paths.runs());
+    let mut said = false;
+    rows.into_iter()
+        .filter(|row| match cited.check_baseline(row, &key) {
+            Ok(()) => true,
+            Err(why) => {
+                if !std::mem::replace(&mut said, true) {
+                    crate::tell!(
+                        "a stored reference-library figure is not taken ({why}): its shape is timed again"
+                    );
+                }
+                false
+            }
+        })
+        .collect()
 }
 
 /// What the stage takes from the store: the records to log, the shapes they cover, and whether
@@ -107,8 +124,9 @@ struct Taken {
     roofs: bool,
 }
 
-/// Per shape, every record of the newest earlier run that timed it in every dtype of this run (a
-/// shape is timed whole or taken whole: its backends' figures come from one session); the roofs
+/// Per shape, every record of the newest earlier run that answered every dtype and backend of this
+/// run for it (a shape is timed whole or taken whole: its backends' figures come from one
+/// session); the roofs
 /// from the newest run that measured them. Each taken record cites where it was measured.
 fn take(project: &Project, stored: &[StoredBaseline]) -> Taken {
     let mut taken = Taken::default();
@@ -122,12 +140,14 @@ fn take(project: &Project, stored: &[StoredBaseline]) -> Taken {
                 None => by_run.push((&row.run_id, vec![row])),
             }
         }
+        // Every (dtype, backend) this run asks for answered, timed or not.
         let whole = by_run.into_iter().find(|(_, rows)| {
-            project
-                .policies
-                .dtypes
-                .iter()
-                .all(|d| rows.iter().any(|r| dtype_of(&r.record) == Some(*d)))
+            project.policies.dtypes.iter().all(|d| {
+                project.policies.baseline.backends.iter().all(|b| {
+                    rows.iter()
+                        .any(|r| answers(&r.record) == Some((*d, b.as_str())))
+                })
+            })
         });
         if let Some((_, rows)) = whole {
             taken.shapes.push(shape.name.clone());
@@ -158,9 +178,18 @@ fn take(project: &Project, stored: &[StoredBaseline]) -> Taken {
 }
 
 fn dtype_of(record: &Record) -> Option<crate::model::config::Dtype> {
+    answers(record).map(|(dtype, _)| dtype)
+}
+
+/// The (dtype, backend) a stored record answers for its shape.
+fn answers(record: &Record) -> Option<(crate::model::config::Dtype, &str)> {
     match record {
-        Record::BaselineTimed { dtype, .. } => Some(*dtype),
-        Record::BaselineUnavailable { dtype, .. } => *dtype,
+        Record::BaselineTimed { dtype, backend, .. } => Some((*dtype, backend)),
+        Record::BaselineUnavailable {
+            dtype: Some(dtype),
+            backend: Some(backend),
+            ..
+        } => Some((*dtype, backend)),
         _ => None,
     }
 }
