@@ -121,10 +121,18 @@ impl Reporter for ProgressReporter {
                 ));
             }
             Record::BuildFailed {
-                variant, reason, ..
+                variant,
+                reason,
+                log_tail,
+                ..
             } => {
                 self.builds.inc(1);
-                self.say(&self.builds, format!("build failed: {variant}: {reason}"));
+                let said = crate::gpu::build::first_error(log_tail)
+                    .map_or(String::new(), |e| format!(": {e}"));
+                self.say(
+                    &self.builds,
+                    format!("build failed: {variant}: {reason}{said}"),
+                );
             }
             Record::Timed {
                 variant,

@@ -551,3 +551,62 @@ fn the_oracle_reaches_only_its_own_folder() {
         }
     }
 }
+
+/// The cheat that writes to the report: a kernel whose build fails with markup in its `#error`
+/// (bold, a table's bar, an <img> with a script) reaches report.md, the page and the terminal as
+/// the words it wrote, never as markup the reader's viewer acts on.
+#[test]
+fn a_build_failure_holding_markup_reaches_the_report_as_words() {
+    let dir = cheat_project("cheats.toml", r#"["small"]"#);
+    let space = dir.path().join("variants/cheats.toml");
+    let text_of = std::fs::read_to_string(&space).unwrap();
+    let start = text_of
+        .find("CHEAT = [")
+        .expect("cheats.toml lists CHEAT values");
+    let end = start + text_of[start..].find('\n').unwrap();
+    std::fs::write(
+        &space,
+        format!(
+            "{}CHEAT = [\"none\", \"report_markup\"]{}",
+            &text_of[..start],
+            &text_of[end..]
+        ),
+    )
+    .unwrap();
+    let out = flashtune(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/cheats.toml"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let log = log_of(&run);
+    let words = "**no failure here: trusted** <img src=x onerror=alert(1)>";
+    let failed = log.entries.iter().any(|(_, e)| {
+        matches!(&e.record, Record::BuildFailed { variant, log_tail: build_log, .. }
+            if variant.starts_with("report_markup") && build_log.contains(words))
+    });
+    assert!(
+        failed,
+        "the build's failure does not hold the kernel's words"
+    );
+    let page = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(
+        page.contains("**no failure here: trusted** &lt;img src=x onerror=alert(1)&gt;"),
+        "the page does not show the words as words"
+    );
+    assert!(!page.contains("<img src=x") && !page.contains("<strong>no failure here"));
+    let md = std::fs::read_to_string(run.join("report.md")).unwrap();
+    for line in md.lines().filter(|l| l.contains("no failure here")) {
+        // In a table row the kernel's bars must not open cells of their own.
+        if line.starts_with('|') {
+            assert!(
+                line.contains("\\| `ok` \\|"),
+                "a table row split by the kernel's bars: {line}"
+            );
+        }
+    }
+    assert!(
+        md.contains("no failure here"),
+        "report.md does not say why it failed"
+    );
+}

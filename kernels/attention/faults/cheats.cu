@@ -64,6 +64,7 @@
 #define CHEAT_KEPT_COPY_REPAIR 13
 #define CHEAT_FIXED_OFFSET 14
 #define CHEAT_BURSTY 15
+#define CHEAT_REPORT_MARKUP 16
 
 #ifndef CHEAT
 #error "CHEAT must be defined (CHEAT_NONE, CHEAT_CACHE_BY_POINTER, ...)"
@@ -90,7 +91,13 @@ constexpr int kBlockN = BLOCK_N;
 constexpr int kWarps = WARPS;
 constexpr int kHeadDim = HEAD_DIM;
 constexpr int kDimsPerLane = kHeadDim / 32;
-static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_BURSTY, "unknown CHEAT");
+static_assert(kCheat >= CHEAT_NONE && kCheat <= CHEAT_REPORT_MARKUP, "unknown CHEAT");
+
+// The build's failure is the kernel's words in the report: markup, a table's bar, a script tag.
+// Every format must show them as words (tests/it/trust.rs).
+#if CHEAT == CHEAT_REPORT_MARKUP
+#error "**no failure here: trusted** <img src=x onerror=alert(1)> | `ok` |"
+#endif
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "lanes own HEAD_DIM / 32 dims each");
 static_assert(kWarps >= 1 && kWarps <= 32, "WARPS in 1..32");
 static_assert(kBlockM >= 1 && kBlockN >= 1, "positive tiles");

@@ -452,6 +452,12 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// The first line of a compiler log that names an error (nvcc's `file(line): error: ...`, the host
+/// compiler's and ptxas's): what a reader must fix, in the compiler's (and the kernel's) words.
+pub fn first_error(log: &str) -> Option<&str> {
+    log.lines().map(str::trim).find(|l| l.contains("error"))
+}
+
 /// Tail of a compiler log worth keeping in a run record.
 pub fn log_tail(log: &str, lines: usize) -> String {
     let all: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();

@@ -100,7 +100,7 @@ impl<'a> Fold<'a> {
             dtype,
             head_dim,
             reason,
-            ..
+            log_tail: _,
         }
         | Record::Rejected {
             variant,
@@ -111,10 +111,12 @@ impl<'a> Fold<'a> {
         else {
             unreachable!("apply dispatches by kind")
         };
-        let outcome = if matches!(e.record, Record::Rejected { .. }) {
-            BuildOutcome::Rejected { reason }
-        } else {
-            BuildOutcome::Failed { reason }
+        let outcome = match &e.record {
+            Record::BuildFailed { log_tail, .. } => BuildOutcome::Failed {
+                reason,
+                first_error: crate::gpu::build::first_error(log_tail),
+            },
+            _ => BuildOutcome::Rejected { reason },
         };
         self.ix.builds.push(Build {
             line,

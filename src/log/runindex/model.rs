@@ -42,8 +42,12 @@ pub enum BuildOutcome<'a> {
         seconds: f64,
         entries: &'a [EntryResources],
     },
-    /// nvcc failed or timed out.
-    Failed { reason: &'a str },
+    /// nvcc failed or timed out; `first_error` is the first line of its output that names an
+    /// error (the kernel's own `#error` or static_assert text among them), for the reader.
+    Failed {
+        reason: &'a str,
+        first_error: Option<&'a str>,
+    },
     /// Built, then turned away by a policy gate (spills, ...).
     Rejected { reason: &'a str },
 }

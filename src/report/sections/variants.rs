@@ -97,14 +97,22 @@ impl Table {
                 BuildOutcome::Built { entries, .. } => {
                     seen.push((line, b.variant, b.dtype, Seen::Resources(entries)))
                 }
-                BuildOutcome::Failed { reason } | BuildOutcome::Rejected { reason } => {
+                BuildOutcome::Failed { reason, .. } | BuildOutcome::Rejected { reason } => {
                     if b.variant == REFERENCE {
                         let text =
                             format!("reference kernel ({}): {reason} (log line {line})", b.dtype);
                         worker_problems.push((line, text.into()));
                         continue;
                     }
-                    let text = format!("d={}: {reason} (log line {line})", b.head_dim);
+                    // The compiler's first error, in the kernel's own words: shown as words.
+                    let said = match b.outcome {
+                        BuildOutcome::Failed {
+                            first_error: Some(error),
+                            ..
+                        } => format!(": {error}"),
+                        _ => String::new(),
+                    };
+                    let text = format!("d={}: {reason}{said} (log line {line})", b.head_dim);
                     seen.push((line, b.variant, b.dtype, Seen::Problem(text.into())));
                 }
             }
