@@ -21,13 +21,32 @@ pub(super) fn not_measured(ix: &RunIndex) -> Section {
         }
     }
     // The budget's own words, from the record that says it was reached.
-    let why = ix.incidents.iter().rev().find_map(|(_, r)| match r {
-        Record::BudgetReached { reason, .. } => Some(reason.as_str()),
+    let reached = ix.incidents.iter().rev().find_map(|(line, r)| match r {
+        Record::BudgetReached {
+            reason,
+            variants_not_measured,
+        } => Some((*line, reason.as_str(), variants_not_measured)),
         _ => None,
     });
-    let Some(why) = why.filter(|_| !left.is_empty()) else {
+    let Some((line, why, left_then)) = reached else {
         return Section::new(SectionId::NotMeasured, None);
     };
+    if left.is_empty() {
+        // Everything planned was measured: the budget fell in a stage after the variants, or a
+        // resume measured what it had left.
+        let resumed = match left_then.len() {
+            0 => String::new(),
+            n => format!(" A resume measured the {n} variant(s) it had left."),
+        };
+        let mut s = Section::new(
+            SectionId::NotMeasured,
+            Text::from(format!("Budget reached ({why})")),
+        );
+        s.push(Block::line(format!(
+            "The budget was reached (log line {line}), and every planned variant was measured.{resumed} The stages after the variants (re-duels, profiles) stop where a budget falls: Run statistics shows those that ran."
+        )));
+        return s;
+    }
     let listed = left.len();
     let order = ix.dispatch_order.map_or(&[][..], |(_, o)| o);
     let ranked = |v: &str| order.iter().find(|r| r.variant == v);
@@ -46,7 +65,14 @@ pub(super) fn not_measured(ix: &RunIndex) -> Section {
         SectionId::NotMeasured,
         Text::from(format!("Not measured ({why})")),
     );
-    s.push(Block::line(format!("The budget ran out before these variants were reached.{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).")));
+    let resumed = match left_then.len().saturating_sub(listed) {
+        0 => String::new(),
+        n => format!(
+            " {n} of the {} it left were measured after a resume.",
+            left_then.len()
+        ),
+    };
+    s.push(Block::line(format!("The budget ran out before these variants were reached (log line {line}).{resumed}{measured} Rank and reason are the strategy's estimate of each one's promise; earlier figures are what the results store held for it on this GPU model (✓: the same kernel build this run would measure).")));
     let mut t = Table::new()
         .figure("rank")
         .text("variant")

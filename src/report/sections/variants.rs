@@ -136,7 +136,7 @@ impl Table {
             }
         }
         for &(line, record) in &ix.incidents {
-            if let Some(text) = incident(ix, line, record) {
+            if let Some(text) = incident(line, record) {
                 worker_problems.push((line, text));
             }
         }
@@ -340,8 +340,9 @@ fn failed_cell(status: CaseStatus) -> &'static str {
     }
 }
 
-/// A worker's incident (a crash, a timeout, a quarantine, a lost step, an unhealthy GPU, the budget) as a line of the Failures section.
-fn incident(ix: &RunIndex, line: usize, record: &Record) -> Option<Text> {
+/// A worker's incident (a crash, a timeout, a quarantine, a lost step, an unhealthy GPU) as a line
+/// of the Failures section. A budget reached is no failure: the Not measured section says it.
+fn incident(line: usize, record: &Record) -> Option<Text> {
     Some(match record {
             Record::WorkerCrashed {
                 variant,
@@ -362,23 +363,6 @@ fn incident(ix: &RunIndex, line: usize, record: &Record) -> Option<Text> {
                 stage.limit(*seconds),
                 cases_not_run.join(", ")
             )),
-            Record::BudgetReached { reason, variants_not_measured } => {
-                // A resume may have measured what the budget left: name only what is still missing.
-                let ran: std::collections::BTreeSet<&str> = ix
-                    .cases
-                    .iter()
-                    .filter(|c| matches!(c.outcome, Outcome::Measured { .. } | Outcome::Failed { .. } | Outcome::Implausible { .. }))
-                    .map(|c| c.variant)
-                    .collect();
-                let missing: Vec<&str> = variants_not_measured.iter().map(String::as_str).filter(|v| !ran.contains(v)).collect();
-                let later = variants_not_measured.len() - missing.len();
-                let resumed = if later > 0 { format!("; {later} of the {} it left were measured after a resume", variants_not_measured.len()) } else { String::new() };
-                if missing.is_empty() {
-                    format!("budget reached ({reason}) (log line {line}){resumed}").into()
-                } else {
-                    format!("budget reached ({reason}): not measured: {} (log line {line}){resumed}", missing.join(", ")).into()
-                }
-            }
             Record::Quarantined { variant, reason, .. } => Text::new().code(variant.as_str()).plain(format!(" quarantined: {reason} (log line {line})")),
             Record::WorkerLost { variant, placed, loss, cases_not_run, .. } => Text::new().code(variant.as_str()).plain(format!(
                 ": worker lost to the cluster{}: {} (not the variant's fault: its cases are run again); not run then: {} (log line {line})",
