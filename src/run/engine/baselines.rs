@@ -126,13 +126,13 @@ struct Taken {
 
 /// Per shape, every record of the newest earlier run that answered every dtype and backend of this
 /// run for it (a shape is timed whole or taken whole: its backends' figures come from one
-/// session); the roofs
-/// from the newest run that measured them. Each taken record cites where it was measured.
+/// session); the roofs from the newest run that measured them. Each taken record cites where it
+/// was measured.
 fn take(project: &Project, stored: &[StoredBaseline]) -> Taken {
     let mut taken = Taken::default();
     for shape in &project.shapes {
         let geometry = crate::log::store::geometry(shape);
-        // Newest run first: the first whose rows name every dtype of this run.
+        // The store gives the newest run first.
         let mut by_run: Vec<(&str, Vec<&StoredBaseline>)> = Vec::new();
         for row in stored.iter().filter(|r| r.geometry == geometry) {
             match by_run.iter_mut().find(|(run, _)| *run == row.run_id) {

@@ -231,6 +231,12 @@ async fn profile_stage(
         crate::run::shared::logged_case(project, &log, variant, shape, *dtype)
             .is_some_and(|c| c.profile.is_none())
     });
+    // No GPUs named (a cluster's run): this host's probed one, as before the queue.
+    let gpus = if gpus.is_empty() {
+        vec![device.ordinal]
+    } else {
+        gpus.to_vec()
+    };
     let devices: Vec<DeviceInfo> = gpus
         .iter()
         .map(|&ordinal| DeviceInfo {
