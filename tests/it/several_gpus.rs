@@ -79,6 +79,14 @@ fn a_run_on_two_gpus_names_both_and_reduels_picks_that_span_them() {
             "no {stage:?} on GPU 0: {stages:?}"
         );
     }
+    // The meetings are spread over the GPUs, side by side.
+    if across.len() >= 2 {
+        assert!(
+            stages.contains(&(Stage::Duels, 1)),
+            "{} meetings, none on GPU 1: {stages:?}",
+            across.len()
+        );
+    }
     let report = std::fs::read_to_string(run.join("report.md")).unwrap();
     assert!(report.contains("GPUs 0, 1: fake GPU"), "{report}");
     assert!(report.contains("(timed on GPU "), "{report}");
@@ -199,4 +207,75 @@ fn a_gpu_that_flatters_every_case_it_times_does_not_choose_the_champions() {
         )),
         "no leader of one GPU met a champion of the other"
     );
+}
+
+/// The profiles are one queue over the GPUs: with two GPUs each profiles some of the cases, every
+/// f16 champion (and its exact ties, `within_pct = 0`) is profiled once, and the stage's span is
+/// logged on both.
+#[test]
+fn the_profiles_are_spread_over_the_gpus_each_champion_once() {
+    let dir = scratch_project();
+    replace_in(
+        &dir.path().join("policies.toml"),
+        "[profile]\nenabled = true",
+        "[profile]\nenabled = true\non_fake_gpu = true",
+    );
+    let out = flashtune_with_env(
+        dir.path(),
+        &[
+            "tune",
+            "--fake-gpu",
+            "--gpus",
+            "0,1",
+            "--space",
+            "variants/smoke.toml",
+        ],
+        &[("FLASHTUNE_FAKE_GPUS", "2")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(dir.path());
+    let recs = records(&run);
+    let mut profiled: Vec<(String, String)> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::Profiled {
+                variant,
+                shape,
+                dtype,
+                ..
+            } => Some((format!("{shape} {dtype}"), variant.clone())),
+            _ => None,
+        })
+        .collect();
+    let champions = champions(&run);
+    let expected: Vec<(String, String)> = champions
+        .iter()
+        .filter(|((_, dtype), _)| dtype == "f16")
+        .map(|((shape, dtype), variant)| (format!("{shape} {dtype}"), variant.clone()))
+        .collect();
+    profiled.sort();
+    let once: BTreeSet<&(String, String)> = profiled.iter().collect();
+    assert_eq!(
+        once.len(),
+        profiled.len(),
+        "a case profiled twice: {profiled:?}"
+    );
+    for champion in &expected {
+        assert!(
+            profiled.contains(champion),
+            "{champion:?} not profiled: {profiled:?}"
+        );
+    }
+    let on: BTreeSet<u32> = recs
+        .iter()
+        .filter_map(|r| match r {
+            Record::StageRan {
+                stage: flashtune::model::vocab::Stage::Profiles,
+                device,
+                ..
+            } => Some(*device),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(on, BTreeSet::from([0, 1]), "profiles ran on both GPUs");
 }

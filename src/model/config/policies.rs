@@ -385,6 +385,10 @@ pub struct ProfilePolicy {
     pub timeout_s: u64,
     /// The decision tree, as data: the first rules that hold name the bottleneck.
     pub bottlenecks: Vec<BottleneckRule>,
+    /// Profile in `--fake-gpu` runs too (the double's synthetic profiles), where `tune` skips the
+    /// stage by default: for tests of the stage itself.
+    #[serde(default)]
+    pub on_fake_gpu: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

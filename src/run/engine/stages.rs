@@ -184,7 +184,7 @@ async fn profile_stage(
     run_dir: &Path,
 ) -> Result<Vec<u32>> {
     let policy = &project.policies.profile;
-    if !policy.enabled || device.fake {
+    if !policy.enabled || (device.fake && !policy.on_fake_gpu) {
         return Ok(Vec::new());
     }
     // A snapshot: the profiles of this stage are logged while it is read.
@@ -277,6 +277,9 @@ async fn profile_stage(
                 {
                     break;
                 }
+                // The other GPUs' turn: a profile that never waits (the double's) would otherwise
+                // take every job before they start.
+                tokio::task::yield_now().await;
             }
         }
     }));
