@@ -236,6 +236,18 @@ fn request(
     })
 }
 
+/// The adapter's command line (`[baseline] command`), run from the project root.
+fn adapter_command(root: &Path, policies: &Policies) -> Result<tokio::process::Command, String> {
+    let (program, args) = policies
+        .baseline
+        .command
+        .split_first()
+        .ok_or("policies.toml: baseline.command is empty")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).current_dir(root).kill_on_drop(true);
+    Ok(cmd)
+}
+
 /// Start the adapter, hand it the request, read its one JSON reply.
 async fn run_adapter(
     root: &Path,
@@ -243,17 +255,10 @@ async fn run_adapter(
     request: serde_json::Value,
 ) -> Result<AdapterReply, String> {
     let cfg = &policies.baseline;
-    let (program, args) = cfg
-        .command
-        .split_first()
-        .ok_or("policies.toml: baseline.command is empty")?;
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .current_dir(root)
+    let mut child = adapter_command(root, policies)?
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start `{}`: {e}", cfg.command.join(" ")))?;
     if let Some(mut stdin) = child.stdin.take() {
@@ -329,16 +334,9 @@ struct VersionsReply {
 /// not (an adapter without `--versions` times as before, with nothing taken from the store).
 pub async fn library(root: &Path, policies: &Policies) -> Result<Library, String> {
     let cfg = &policies.baseline;
-    let (program, args) = cfg
-        .command
-        .split_first()
-        .ok_or("policies.toml: baseline.command is empty")?;
-    let asked = tokio::process::Command::new(program)
-        .args(args)
+    let asked = adapter_command(root, policies)?
         .arg("--versions")
-        .current_dir(root)
         .stdin(Stdio::null())
-        .kill_on_drop(true)
         .output();
     let out = tokio::time::timeout(Duration::from_secs(60), asked)
         .await

@@ -153,11 +153,15 @@ fn meetings_due(project: &Project, log: &crate::log::runlog::LoadedLog) -> Vec<M
                         })
                         .collect()
                 };
+            // Each a scan of the log: the champion's once, not once per rival.
+            let Some(a) = (!rivals.is_empty())
+                .then(|| logged_case(project, log, best.variant, shape, dtype))
+                .flatten()
+            else {
+                continue;
+            };
             for (rival, drift, placed) in rivals {
-                let (Some(a), Some(b)) = (
-                    logged_case(project, log, best.variant, shape, dtype),
-                    logged_case(project, log, rival.variant, shape, dtype),
-                ) else {
+                let Some(b) = logged_case(project, log, rival.variant, shape, dtype) else {
                     continue;
                 };
                 due.push(Meeting {
@@ -168,7 +172,7 @@ fn meetings_due(project: &Project, log: &crate::log::runlog::LoadedLog) -> Vec<M
                     drift,
                     placed,
                     pair: DuelPair {
-                        champion: a.spec,
+                        champion: a.spec.clone(),
                         challenger: b.spec,
                     },
                 });
@@ -191,11 +195,7 @@ async fn reduel_round(
     let measure = &project.policies.measure;
     let rounds = project.policies.step.rounds;
     // No more GPUs than meetings: each one given a meeting starts a worker.
-    let gpus: Vec<u32> = if opts.devices.is_empty() {
-        vec![device.ordinal]
-    } else {
-        opts.devices.iter().copied().take(meetings.len()).collect()
-    };
+    let gpus: Vec<u32> = opts.gpus(device).into_iter().take(meetings.len()).collect();
     // Meeting i goes to GPU i mod n.
     let share = |gpu: usize| meetings.iter().skip(gpu).step_by(gpus.len());
     let timeout = Duration::from_secs(project.timeouts.worker_s * 2);

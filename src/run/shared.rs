@@ -165,6 +165,18 @@ pub struct TuneOptions {
     pub fresh_baselines: bool,
 }
 
+impl TuneOptions {
+    /// The GPUs the run holds, in order: those `--gpus` resolved to, else the probed one (a
+    /// cluster's run names none).
+    pub fn gpus(&self, probed: &DeviceInfo) -> Vec<u32> {
+        if self.devices.is_empty() {
+            vec![probed.ordinal]
+        } else {
+            self.devices.clone()
+        }
+    }
+}
+
 /// What a run fixes before it measures anything, for every stage after.
 #[derive(Debug, Clone, Default)]
 pub struct RunState {

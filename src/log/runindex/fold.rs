@@ -112,9 +112,7 @@ impl<'a> Fold<'a> {
                 ..
             } => self.baseline_unavailable(line, e),
             Record::BaselineUnavailable { reason, .. } => self.ix.baseline_missing = Some(reason),
-            Record::ReferenceLibrary { versions, .. } => {
-                self.ix.reference_library = Some((line, versions))
-            }
+            Record::ReferenceLibrary { versions, .. } => self.ix.reference_library = Some(versions),
             Record::RoofUnavailable { .. } => self.roof_unavailable(line, e),
             Record::CeilingMeasured { .. } => self.ceiling_measured(line, e),
             Record::SearchDuel { .. } => self.search_duel(line, e),

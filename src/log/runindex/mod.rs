@@ -33,8 +33,8 @@ pub struct RunIndex<'a> {
     pub baselines: Vec<Baseline<'a>>,
     /// Why the reference library was not run at all (the last such record).
     pub baseline_missing: Option<&'a str>,
-    /// The reference library's package versions (its `reference_library` record), with its line.
-    pub reference_library: Option<(usize, &'a std::collections::BTreeMap<String, String>)>,
+    /// The reference library's package versions (its `reference_library` record).
+    pub reference_library: Option<&'a std::collections::BTreeMap<String, String>>,
     pub ceilings: Ceilings,
     pub duels: Vec<DuelRecord<'a>>,
     /// `search_round`, `search_stopped` and `search_duel`, in log order.

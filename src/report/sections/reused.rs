@@ -42,7 +42,7 @@ pub(super) fn reused(ix: &RunIndex) -> Section {
         }
     }
     if !baselines_from.is_empty() {
-        let versions = ix.reference_library.map_or(String::new(), |(_, v)| {
+        let versions = ix.reference_library.map_or(String::new(), |v| {
             let named: Vec<String> = v.iter().map(|(p, v)| format!("{p} {v}")).collect();
             format!(" ({})", named.join(", "))
         });

@@ -63,12 +63,15 @@ pub(super) async fn baseline_stage(
         taken
             .records
             .retain(|r| !matches!(r, Record::CeilingMeasured { .. }));
-        taken.roofs = false;
     }
     for record in &taken.records {
         events.emit(record.clone())?;
     }
-    if to_time.is_empty() && taken.roofs {
+    let roofs_taken = taken
+        .records
+        .iter()
+        .any(|r| matches!(r, Record::CeilingMeasured { .. }));
+    if to_time.is_empty() && roofs_taken {
         return Ok(());
     }
     time_shapes(project, device, events, &to_time).await
@@ -115,13 +118,12 @@ fn stored_baselines(
         .collect()
 }
 
-/// What the stage takes from the store: the records to log, the shapes they cover, and whether
-/// the PyTorch roofs are among them.
+/// What the stage takes from the store: the records to log (the PyTorch roofs among them where
+/// stored) and the shapes they cover.
 #[derive(Default)]
 struct Taken {
     records: Vec<Record>,
     shapes: Vec<String>,
-    roofs: bool,
 }
 
 /// Per shape, every record of the newest earlier run that answered every dtype and backend of this
@@ -166,7 +168,6 @@ fn take(project: &Project, stored: &[StoredBaseline]) -> Taken {
         .find(|r| r.geometry.is_empty())
         .map(|r| r.run_id.clone());
     if let Some(run) = roofs_run {
-        taken.roofs = true;
         taken.records.extend(
             stored
                 .iter()

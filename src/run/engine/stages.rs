@@ -71,7 +71,8 @@ pub(super) async fn drive(
     };
     // The GPU's first job is the reference library (and its roofs), while nvcc builds the plan's
     // kernels into the cache on every core: the measurement then starts on built kernels.
-    let first_gpu = opts.devices.first().copied().unwrap_or(device.ordinal);
+    let gpus = opts.gpus(device);
+    let first_gpu = gpus[0];
     let began = events.stage_start();
     let baseline = baseline_while_building(project, device, opts, events, planned.as_deref(), done);
     let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?.0;
@@ -109,19 +110,12 @@ pub(super) async fn drive(
         let reduel = crate::run::duel::reduel_champions(project, device, opts, events);
         let (cut, duelled_on) = measuring_stage(&opts.budget, reduel).await?;
         cut_by_time |= cut;
-        let duelled_on = duelled_on.filter(|g| !g.is_empty());
-        for gpu in duelled_on.unwrap_or_else(|| vec![first_gpu]) {
-            events.stage_ran(Stage::Duels, gpu, began)?;
-        }
+        log_spans(events, Stage::Duels, duelled_on, first_gpu, began)?;
         let began = events.stage_start();
-        let profiles = profile_stage(project, device, &opts.devices, events, &run_dir);
+        let profiles = profile_stage(project, device, &gpus, events, &run_dir);
         let (cut, profiled_on) = measuring_stage(&opts.budget, profiles).await?;
         cut_by_time |= cut;
-        let profiled_on = profiled_on.filter(|g| !g.is_empty());
-        for gpu in profiled_on.unwrap_or_else(|| vec![first_gpu]) {
-            // The same span on each GPU it held: they profiled side by side.
-            events.stage_ran(Stage::Profiles, gpu, began)?;
-        }
+        log_spans(events, Stage::Profiles, profiled_on, first_gpu, began)?;
         interrupted = crate::os::stop::requested().is_some();
         // The scheduler logs the limit when it falls while variants measure; a stage it kept from
         // starting or ended is the limit's doing too, and the log says so.
@@ -169,6 +163,24 @@ pub(super) async fn drive(
         summary,
         interrupted,
     })
+}
+
+/// A stage's span on each GPU it held (they worked side by side: one span each), or on the first
+/// GPU where it ended before saying which it held.
+fn log_spans(
+    events: &mut Events,
+    stage: Stage,
+    held: Option<Vec<u32>>,
+    first_gpu: u32,
+    began: (f64, usize),
+) -> Result<()> {
+    for gpu in held
+        .filter(|g| !g.is_empty())
+        .unwrap_or_else(|| vec![first_gpu])
+    {
+        events.stage_ran(stage, gpu, began)?;
+    }
+    Ok(())
 }
 
 /// Profile each shape's champion (and variants within `within_pct` of it; every step of a chain
@@ -226,17 +238,16 @@ async fn profile_stage(
             );
         }
     }
-    // Only what is still to profile takes a GPU; the rest is logged already.
-    jobs.retain(|(variant, shape, dtype)| {
-        crate::run::shared::logged_case(project, &log, variant, shape, *dtype)
-            .is_some_and(|c| c.profile.is_none())
-    });
-    // No GPUs named (a cluster's run): this host's probed one, as before the queue.
-    let gpus = if gpus.is_empty() {
-        vec![device.ordinal]
-    } else {
-        gpus.to_vec()
-    };
+    // Only what is still to profile takes a GPU; the rest is logged already. One scan of the log
+    // per case, here.
+    let jobs: Vec<_> = jobs
+        .into_iter()
+        .filter_map(|(variant, shape, dtype)| {
+            crate::run::shared::logged_case(project, &log, variant, shape, dtype)
+                .filter(|c| c.profile.is_none())
+                .map(|case| (variant, shape, dtype, case))
+        })
+        .collect();
     let devices: Vec<DeviceInfo> = gpus
         .iter()
         .map(|&ordinal| DeviceInfo {
@@ -249,15 +260,13 @@ async fn profile_stage(
     let queue = std::sync::Mutex::new(jobs.into_iter());
     let (ended, mut profiled) = tokio::sync::mpsc::unbounded_channel();
     let profilers = futures_util::future::join_all(devices.iter().map(|gpu| {
-        let (queue, ended, log) = (&queue, ended.clone(), &log);
+        let (queue, ended) = (&queue, ended.clone());
         async move {
             loop {
                 let next = queue.lock().expect("not poisoned").next();
-                let Some((variant, shape, dtype)) = next else {
+                let Some((variant, shape, dtype, case)) = next else {
                     break;
                 };
-                let case = crate::run::shared::logged_case(project, log, variant, shape, dtype)
-                    .expect("kept above for having a case");
                 let outcome = crate::run::shared::profile_now(
                     project,
                     gpu,
@@ -266,7 +275,7 @@ async fn profile_stage(
                     shape,
                     dtype,
                     &case.params,
-                    case.spec.clone(),
+                    case.spec,
                     case.resolved_splits,
                 )
                 .await;
