@@ -31,6 +31,10 @@
 //                 with more than one split, the last split CTA of a query block to finish merges
 //                 the block's partials from O_accum and LSE_accum and writes O and LSE; no
 //                 attn_combine follows.
+//                 PERSISTENT_CTAS = 1 (wgmma with a TMA producer warp group; the space's persistent):
+//                 grid (min(tiles, ceil(resident CTAs / num_splits)), 1, num_splits), tiles =
+//                 ceil(Sq / BLOCK_M) * B * H; CTA x of split z works tiles x, x + gridDim.x, ...
+//                 of that split (persistent_work); the kernel traps on a gridDim.y other than 1.
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
 //
 // Paths: MMA_SCALAR (fp32 FMAs, FA-1 style), MMA_WMMA (nvcuda::wmma, S/P through smem),
@@ -119,9 +123,19 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #ifndef LAST_CTA_COMBINE
 #define LAST_CTA_COMBINE 0
 #endif
-static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0) ||
+#ifndef PERSISTENT_CTAS
+#define PERSISTENT_CTAS 0
+#endif
+// The order CTAs take (query block, head): 0, each head's blocks longest first, head after head;
+// 1, FlashAttention-4's L2 sections (tile_order below). Every path.
+#ifndef L2_SECTIONS
+#define L2_SECTIONS 0
+#endif
+static_assert(L2_SECTIONS == 0 || L2_SECTIONS == 1, "L2_SECTIONS is 0 or 1");
+static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0 &&
+               PERSISTENT_CTAS == 0) ||
                   kMma == MMA_WGMMA,
-              "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE and LAST_CTA_COMBINE = 1 exist on the wgmma path alone");
+              "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE, LAST_CTA_COMBINE and PERSISTENT_CTAS = 1 exist on the wgmma path alone");
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and
@@ -264,14 +278,15 @@ struct CtaWork {
     int blk_begin, blk_end;    // this split's K/V tiles (BLOCK_N keys each)
 };
 
-__device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale, int causal) {
+// Query block q_rev (counted from the last: see cta_work) of head bh, split `split` of num_splits.
+__device__ __forceinline__ CtaWork tile_work(int q_rev, int64_t bh, int split, int num_splits, int Sq, int Sk,
+                                             float softmax_scale, int causal) {
     CtaWork w;
-    w.bh = blockIdx.y;
-    w.split = blockIdx.z;
-    w.num_splits = gridDim.z;
-    // Query blocks run in reverse: under a causal mask the last blocks have the most keys, and
-    // starting the longest CTAs first shortens the tail of the last wave (LPT order).
-    w.ctx.q0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+    w.bh = bh;
+    w.split = split;
+    w.num_splits = num_splits;
+    const int q_blocks = (Sq + kBlockM - 1) / kBlockM;
+    w.ctx.q0 = (q_blocks - 1 - q_rev) * kBlockM;
     w.ctx.sq = Sq;
     w.ctx.sk = Sk;
     w.ctx.causal_offset = causal_offset(causal, Sq, Sk);
@@ -289,6 +304,50 @@ __device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale,
     w.blk_begin = int(int64_t(n_blocks) * w.split / w.num_splits);
     w.blk_end = int(int64_t(n_blocks) * (w.split + 1) / w.num_splits);
     return w;
+}
+
+// The CTAs start in the order of their linear index (blockIdx.x fastest); this maps the index to a
+// query block (counted from the last) and a head. Query blocks run in reverse: under a causal mask
+// the last blocks have the most keys, and starting the longest CTAs first shortens the tail of the
+// last wave (LPT order).
+//   L2_SECTIONS = 0: head after head, each head's blocks longest first. The last head's longest
+//     block starts near the end of the grid: a greedy schedule of large-128-causal (132 SMs,
+//     32 heads x 64 blocks; a model, scripts/tile-order-sim.py) ends 5.6% past the ideal.
+//   L2_SECTIONS = 1 (FlashAttention-4's SingleTileLPTScheduler): heads in sections of as many as
+//     the L2 holds K and V of (a power of two); inside a section every head's longest block
+//     first, then every head's next: LPT over the section, its K and V still in L2 (0.1% past).
+constexpr int64_t kL2Bytes = 50ll << 20;  // FlashAttention-4's L2 budget for K and V (H100, H200)
+__device__ __forceinline__ void tile_order(int linear, int q_blocks, int heads, int Sk, int& q_rev, int& head) {
+    if constexpr (L2_SECTIONS == 0) {
+        q_rev = linear % q_blocks;
+        head = linear / q_blocks;
+    } else {
+        const int64_t head_bytes = int64_t(Sk) * kHeadDim * 2 * int64_t(sizeof(elem_t));
+        const int fit = int(min(kL2Bytes / max(head_bytes, int64_t(1)), int64_t(1) << 30));
+        const int per_section = fit < 1 ? 1 : 1 << (31 - __clz(fit));
+        const int section = linear / (per_section * q_blocks);
+        const int in_section = linear - section * per_section * q_blocks;
+        // The last section may hold fewer heads.
+        const int section_heads = min(per_section, heads - section * per_section);
+        q_rev = in_section / section_heads;
+        head = section * per_section + in_section % section_heads;
+    }
+}
+
+__device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale, int causal) {
+    // Head after head is the grid itself: no division (two more registers made the mma.sync
+    // path's 128 x 64 tile at d = 128 spill).
+    int q_rev = blockIdx.x, head = blockIdx.y;
+    if constexpr (L2_SECTIONS != 0) tile_order(blockIdx.x + gridDim.x * blockIdx.y, gridDim.x, gridDim.y, Sk, q_rev, head);
+    return tile_work(q_rev, head, blockIdx.z, gridDim.z, Sq, Sk, softmax_scale, causal);
+}
+
+// PERSISTENT_CTAS = 1 (hopper.cuh): tile t of this CTA's split, of a grid of fewer CTAs than tiles,
+// in the order the one-CTA-a-tile grid starts them.
+__device__ __forceinline__ CtaWork persistent_work(int tile, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
+    int q_rev, head;
+    tile_order(tile, (Sq + kBlockM - 1) / kBlockM, B * H, Sk, q_rev, head);
+    return tile_work(q_rev, head, blockIdx.z, gridDim.z, Sq, Sk, softmax_scale, causal);
 }
 
 // O/LSE with one split, this split's float partials otherwise. Called after the main loop so that

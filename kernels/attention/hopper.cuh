@@ -31,10 +31,13 @@
 //     tensor cores (FlashAttention-3's ping-pong): a group issues its GEMMs only after the other
 //     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
 //     barriers hand the turn over.
-//   * TWO_CTAS = 1 builds the producer form for two CTAs per SM; POLY_EXP = 1 computes one
-//     exp2 in four with a polynomial on the FMA pipe (measured slower on an H100: polyexp-ab);
+//   * TWO_CTAS = 1 builds the producer form for two CTAs per SM; POLY_EXP = 1 (2, 3) computes one
+//     exp2 in four (eight, sixteen) with a polynomial on the FMA pipe (one in four measured slower
+//     on an H100: polyexp-ab);
 //     CLUSTER_COMBINE = 1 merges the KV splits inside a thread-block cluster, LAST_CTA_COMBINE = 1
 //     in the split that finishes last (no combine kernel either way).
+//   * PERSISTENT_CTAS = 1 (TMA producer form): a CTA per resident slot walks many tiles, the
+//     producer loading the next tile while the consumers finish this one.
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -60,8 +63,10 @@ static_assert(kBlockM % 64 == 0 && kConsumerWGs >= 1 && kConsumerWGs <= 3,
               "wgmma: BLOCK_M must be 64, 128 or 192 (64 query rows per consumer warp group)");
 static_assert(kWarps % 4 == 0 && (kWarpGroups == kConsumerWGs || kProducer),
               "wgmma: WARPS must be 4 * (BLOCK_M / 64), or that plus 4 for a producer warp group");
-static_assert(kBlockN == 64 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
-              "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 96, 128, 192, 256)");
+// 80: FlashAttention-3's key tile at HEAD_DIM 256, where two stages of 96 or more keys overflow
+// shared memory and 64 keys leave S = Q K^T bound by its shared-memory reads (A and B per k-step).
+static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
+              "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 80, 96, 128, 192, 256)");
 static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
 // The head dim as held in shared memory: whole 64-element (128-byte) swizzle columns. HEAD_DIM 96
 // is held as 128 whose last 32 columns are zeros (TMA's out-of-bounds fill, cp.async's src-size
@@ -86,9 +91,18 @@ static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box hol
 // tile (64 x BLOCK_N exp2 at 16 a clock per SM) equals its GEMM time, so MUFU, not the tensor
 // cores, may set the pace; at d = 128 the GEMMs take twice as long and it does not matter.
 // Measured on an H100 (docs/measurements/2026-11-23-h100/polyexp-ab): 4-13% slower on the d = 64
-// champions, so MUFU is not what limits them; kept as a switch for other GPUs and tiles.
-static_assert(POLY_EXP == 0 || POLY_EXP == 1, "wgmma: POLY_EXP is 0 or 1");
-constexpr bool kPolyExp = POLY_EXP != 0;
+// champions.
+// POLY_EXP = 2 and 3: one in eight and one in sixteen, to balance the MUFU (8 clocks a warp
+// instruction) against the issue slots a polynomial takes (about 10). Measured on an H200
+// (docs/measurements/2026-11-29-h200-kernels/polyexp): every share slower on every d = 64
+// champion, the more so the larger the share (one in eight 2.5-7.5%, one in sixteen 0.2-2.2%).
+// So the d = 64 softmax is not bound by the MUFU. A warp that rescaled O only when a row's max
+// grew by 2^8 (FlashAttention-4's conditional rescaling; lazy-rescale there) was slower on every
+// champion's own shape (up to 7.6%) and failed the bf16 check by 3.1e-2 against 3.0e-2: it is not
+// in this file.
+static_assert(POLY_EXP >= 0 && POLY_EXP <= 3, "wgmma: POLY_EXP is 0 (off) or 1..3 (one exp2 in 2^(POLY_EXP + 1))");
+constexpr int kPolyEvery = POLY_EXP == 0 ? 0 : 2 << POLY_EXP;  // n-tiles (8 keys) per polynomial one
+static_assert(kPolyEvery <= kBlockN / 8, "wgmma: POLY_EXP's share is at least one 8-key n-tile of BLOCK_N");
 
 // TWO_CTAS = 1: built for two CTAs per SM (__launch_bounds__ minBlocks = 2), so that a CTA with
 // one consumer warp group shares its SM with another CTA whose GEMMs and softmax interleave with
@@ -122,6 +136,17 @@ static_assert(!kLastCtaCombine || kMaxMergedSplits * kBlockM * 4 <= 2 * kStages 
               "wgmma: LAST_CTA_COMBINE's weights fit the K/V stages");
 static_assert(!kLastCtaCombine || kKvSplit <= kMaxMergedSplits, "wgmma: LAST_CTA_COMBINE merges at most 128 splits");
 
+// PERSISTENT_CTAS = 1: a grid of as many CTAs as the SMs hold (LaunchShape::forward_grid), each walking
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ... of its split (persistent_work, in the one-CTA-a-tile
+// grid's order). The producer runs on into the next tile's Q and K/V while the consumers finish
+// this one, so a CTA's start (launch, barrier setup, the first tiles' latency) and its end (the
+// last P V product, the epilogue) overlap with work instead of leaving the SM idle once a tile.
+static_assert(PERSISTENT_CTAS == 0 || PERSISTENT_CTAS == 1, "wgmma: PERSISTENT_CTAS is 0 or 1");
+constexpr bool kPersistent = PERSISTENT_CTAS != 0;
+// TMA: a cp.async producer's tile loop (128 threads' addresses) spills at the 40 registers it may keep.
+static_assert(!kPersistent || (kProducer && kTma),
+              "wgmma: PERSISTENT_CTAS is for the TMA producer form (WARPS = 4 * (BLOCK_M / 64 + 1), TMA = 1)");
+
 // setmaxnreg: the producer keeps what a copy loop needs, the consumers take the rest. The CTA's
 // registers are what ptxas gives the kernel under __launch_bounds__(threads, CTAs per SM), the
 // register file over the SM's threads in steps of 8 (the -Xptxas -v line of every build shows it),
@@ -130,12 +155,16 @@ static_assert(!kLastCtaCombine || kKvSplit <= kMaxMergedSplits, "wgmma: LAST_CTA
 //   two consumer groups, one CTA: 168 x 384 = 128 x 504, split 40 + 2 x 232 for cp.async
 //     (FlashAttention-3's 24 + 2 x 240 spilled 8 bytes in the producer once it stopped waiting for
 //     its own copies: cp.async.mbarrier.arrive needs more than 24) and 24 + 2 x 240 for TMA, where
-//     one thread issues a handful of bulk copies;
-//   three, one CTA: 128 x 512, split 32 + 3 x 160 (24 + 3 x 160 with TMA: 3 x 168 would need 528);
-//   one, two CTAs: 128 x 256, split 40 + 216, or 24 + 232 with TMA;
+//     one thread issues a handful of bulk copies (40 + 2 x 232 with PERSISTENT_CTAS, whose thread
+//     walks the tiles too);
+//   three, one CTA: 128 x 512, split 32 + 3 x 160 (24 + 3 x 160 with TMA: 3 x 168 would need 528;
+//     32 + 3 x 160 with PERSISTENT_CTAS);
+//   one, two CTAs: 128 x 256, split 40 + 216, or 24 + 232 with TMA (40 + 216 with PERSISTENT_CTAS);
 //   one, one CTA: ptxas gives 255 already; no split.
 constexpr int kLaunchRegs = 65536 / (kThreads * kCtasPerSm) / 8 * 8;
-constexpr int kProducerRegs = kTma ? 24 : (kConsumerWGs == 3 ? 32 : 40);
+// PERSISTENT_CTAS's TMA thread also walks the tiles: 40 (it spilled at 24 and 32 under -lineinfo);
+// beside three consumer groups 32, since 40 leaves them 152 and they spill.
+constexpr int kProducerRegs = kTma && !kPersistent ? 24 : (kConsumerWGs == 3 ? 32 : 40);
 // What the pool leaves each consumer group, in steps of 8, up to FlashAttention-3's 240.
 constexpr int kConsumerRegsLeft = (kLaunchRegs * kWarpGroups - kProducerRegs) / kConsumerWGs / 8 * 8;
 constexpr int kConsumerRegs = kConsumerRegsLeft < 240 ? kConsumerRegsLeft : 240;
@@ -153,7 +182,8 @@ constexpr uint32_t kBarrierBytes = 256;
 //   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
 constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
 static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
-static_assert(2 * kStages * 8 + 8 + 4 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
+// full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty.
+static_assert(2 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
 static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
 // An SM has 228 KB of shared memory, 1 KB of it reserved per resident CTA.
 static_assert(kCtasPerSm * (kSmemBytesH + 1024) <= 228 * 1024, "wgmma: TWO_CTAS needs both CTAs' shared memory to fit one SM");
@@ -402,7 +432,7 @@ struct Consumer {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const float x = fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use);
-                    const float p = kPolyExp && nt % 4 == 3 ? poly_exp2(x) : fast_exp2(x);
+                    const float p = kPolyEvery != 0 && nt % kPolyEvery == kPolyEvery - 1 ? poly_exp2(x) : fast_exp2(x);
                     s[nt * 4 + 2 * h + c] = p;
                     sum += p;
                 }
@@ -555,7 +585,7 @@ __device__ __forceinline__ void last_cta_combine(const CtaWork& work, elem_t* __
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned before = atomicAdd(&split_counters[work.bh * gridDim.x + blockIdx.x], 1u);
+        const unsigned before = atomicAdd(&split_counters[work.bh * gridDim.x + work.ctx.q0 / kBlockM], 1u);
         *is_last = before % unsigned(splits) == unsigned(splits) - 1;
     }
     __syncthreads();
@@ -637,16 +667,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
 
-    const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
-    const Ctx& ctx = work.ctx;
-    const int blk_begin = work.blk_begin;
-    const int n_it = work.blk_end - work.blk_begin;
-    const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
-    const elem_t* Kh = K + work.bh * Sk * kHeadDim;
-    const elem_t* Vh = V + work.bh * Sk * kHeadDim;
-    auto epilogue = [&]() { return make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work); };
-
     if constexpr (kProducer) {
+        const uint32_t q_empty = bars + 8u * (2 * kStages + 2);
         if (threadIdx.x == 0) {
             // A stage is full once every cp.async producer thread's copies landed, or once the one
             // TMA thread's announced bytes have.
@@ -656,16 +678,33 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 mbar_init(empty_bar(s), kConsumerThreads);
             }
             mbar_init(q_full, kFullArrivals);
+            mbar_init(q_empty, kConsumerThreads);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
+        // The tiles this CTA works: its own, or with PERSISTENT_CTAS every gridDim.x-th from
+        // blockIdx.x (a static schedule: a dynamic one, tiles handed out by an atomic counter,
+        // made ptxas spill and serialise the consumers' wgmmas). The K/V stages' ring and the Q
+        // buffer's barrier phases run on across tiles, so the producer loads the next tile's Q
+        // and K/V while the consumers finish this one.
+        int n_tiles = 1;
+        if constexpr (kPersistent) {
+            if (gridDim.y != 1) __trap();  // a grid past the launch contract
+            n_tiles = (Sq + kBlockM - 1) / kBlockM * B * H;
+        }
+        const int first_tile = kPersistent ? int(blockIdx.x) : 0;
+        const int tile_step = kPersistent ? int(gridDim.x) : 1;
+        auto work_of = [&](int tile) {
+            return kPersistent ? persistent_work(tile, B, H, Sq, Sk, softmax_scale, causal) : cta_work(Sq, Sk, softmax_scale, causal);
+        };
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
         if (wg == 0) {
-            // Producer: Q, then each K/V tile into stage it % STAGES once the consumers freed it.
-            // Each tile's "full" barrier completes by itself when the tile has landed (every
-            // producer thread's cp.async.mbarrier.arrive fires once its own copies are in), so up
-            // to STAGES tiles are in flight and the producer only ever waits for a free stage.
+            // Producer: per tile, Q once the consumers are done with the last tile's, then each K/V
+            // tile into the next stage of the ring once the consumers freed it. Each tile's "full"
+            // barrier completes by itself when the tile has landed (every producer thread's
+            // cp.async.mbarrier.arrive fires once its own copies are in), so up to STAGES tiles
+            // are in flight and the producer only ever waits for a free stage.
             // (The first GPU run signalled a tile only after issuing the next one, and hung at
             // STAGES = 2: the next one waited for a stage that the consumers free only after
             // seeing the tile not yet signalled. The second waited for each tile before issuing
@@ -677,50 +716,53 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             tma_prefetch_map(tma_q);
             tma_prefetch_map(tma_k);
             tma_prefetch_map(tma_v);
-            const int bh = int(work.bh);
-            mbar_arrive_expect_tx(q_full, kQBytesH);
-            tma_load_tile<kBlockM>(q_smem, tma_q, q_full, ctx.q0, bh);
-            int stage = 0;
-            uint32_t empty_phase = 1;
-            for (int it = 0; it < n_it; ++it) {
-                if (it >= kStages) mbar_wait(empty_bar(stage), empty_phase);
-                const int row0 = (blk_begin + it) * kBlockN;
-                mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
-                tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
-                tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
-                if (++stage == kStages) {
-                    stage = 0;
-                    empty_phase ^= 1u;
-                }
-            }
-            // Copies still in flight are waited for by the consumers, which keep the CTA alive.
-            return;
-#else
-            load_tile<kBlockM, 128>(q_smem, Qh, ctx.q0, Sq, tid);
-            mbar_arrive_on_copies(q_full);
-            // Stage and phase are carried, not divided out of `it`: the loop runs on 32-40 registers.
+#endif
+            // Stage and phase are carried, not divided out of a count: the loop runs on 24-40 registers.
             int stage = 0;
             uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
-            for (int it = 0; it < n_it; ++it) {
-                if (it >= kStages) mbar_wait(empty_bar(stage), empty_phase);
-                const int row0 = (blk_begin + it) * kBlockN;
-                load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
-                load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
-                mbar_arrive_on_copies(full_bar(stage));
-                if (++stage == kStages) {
-                    stage = 0;
-                    empty_phase ^= 1u;
+            int issued = 0;            // K/V tiles issued over every tile so far
+            int round = 0;
+            for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
+                if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
+                const CtaWork w = work_of(tile);
+                const int n_it = w.blk_end - w.blk_begin;
+#if TMA
+                const int bh = int(w.bh);
+                mbar_arrive_expect_tx(q_full, kQBytesH);
+                tma_load_tile<kBlockM>(q_smem, tma_q, q_full, w.ctx.q0, bh);
+#else
+                const elem_t* Kh = K + w.bh * Sk * kHeadDim;
+                const elem_t* Vh = V + w.bh * Sk * kHeadDim;
+                load_tile<kBlockM, 128>(q_smem, Q + w.bh * Sq * kHeadDim, w.ctx.q0, Sq, tid);
+                mbar_arrive_on_copies(q_full);
+#endif
+                for (int it = 0; it < n_it; ++it, ++issued) {
+                    if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
+                    const int row0 = (w.blk_begin + it) * kBlockN;
+#if TMA
+                    mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+                    tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
+                    tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
+#else
+                    load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
+                    load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
+                    mbar_arrive_on_copies(full_bar(stage));
+#endif
+                    if (++stage == kStages) {
+                        stage = 0;
+                        empty_phase ^= 1u;
+                    }
                 }
             }
+#if !TMA
             // Not leaving with copies in flight (cp.async.wait_all also takes uncommitted ones).
             asm volatile("cp.async.wait_all;\n" ::: "memory");
-            return;
 #endif
+            // TMA copies still in flight are waited for by the consumers, which keep the CTA alive.
+            return;
         }
         if constexpr (kSplitRegs) setmaxnreg_inc<kConsumerRegs>();
         const int cwg = wg - 1;
-        Consumer c;
-        c.init(ctx.q0, cwg, tid);
         const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
         // cp.async copies land through the generic proxy; wgmma reads through the async proxy. The
         // producer cannot fence writes it does not wait for, so each reader fences after its wait.
@@ -730,68 +772,93 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if constexpr (!kTma) fence_proxy_async();
         };
         // Ping-pong: consumer group g issues its GEMMs between sync(1 + g) and arrive(2 - g), so
-        // the groups' GEMM blocks alternate. Group 0 goes first (its barrier starts with the other
-        // side's arrival); group 1 skips its last hand-over, so no arrival is left pending at exit.
-        // Both groups walk the same n_it tiles: n_it + 1 GEMM blocks each.
+        // the groups' GEMM blocks alternate over every tile of the CTA. Group 0 goes first (its
+        // barrier starts with its own arrival) and at the end takes group 1's last hand-over, so
+        // no arrival is left pending at exit. Both groups walk the same tiles.
         auto my_turn = [&]() {
             if constexpr (kPingPong) named_bar_sync(1 + cwg, 256);
         };
-        auto your_turn = [&](bool last) {
-            if constexpr (kPingPong) {
-                if (!(last && cwg == 1)) named_bar_arrive(2 - cwg, 256);
-            }
+        auto your_turn = [&]() {
+            if constexpr (kPingPong) named_bar_arrive(2 - cwg, 256);
         };
         if constexpr (kPingPong) {
-            if (cwg == 0 && n_it > 0) named_bar_arrive(1, 256);
+            if (cwg == 0) named_bar_arrive(1, 256);
         }
-        wait_landed(q_full, 0);
-        // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
-        // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
-        float s_acc[Consumer::kSN];
-        uint32_t p[kBlockN / 4];
-        if (n_it > 0) {
-            wait_landed(full_bar(0), 0);
-            my_turn();
-            c.issue_s(s_acc, q_wg, k_smem);
-            your_turn(false);
-            wgmma_wait<0>();
-            fence_operands(s_acc);
-            float alpha[2];
-            c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
-            Consumer::pack_p(s_acc, p);
+        int consumed = 0;  // K/V tiles consumed over every tile so far: the ring's position
+        int round = 0;
+        for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
+            wait_landed(q_full, round & 1);
+            const CtaWork work = work_of(tile);
+            const Ctx& ctx = work.ctx;
+            const int blk_begin = work.blk_begin;
+            const int n_it = work.blk_end - work.blk_begin;
+            Consumer c;
+            c.init(ctx.q0, cwg, tid);
+            // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
+            // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
+            float s_acc[Consumer::kSN];
+            uint32_t p[kBlockN / 4];
+            if (n_it > 0) {
+                const int st = consumed % kStages;
+                wait_landed(full_bar(st), (consumed / kStages) & 1);
+                my_turn();
+                c.issue_s(s_acc, q_wg, k_smem + st * kTileBytes);
+                your_turn();
+                wgmma_wait<0>();
+                fence_operands(s_acc);
+                float alpha[2];
+                c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
+                Consumer::pack_p(s_acc, p);
+            }
+            // Every iteration but the last has a next tile: the same two groups are in flight on
+            // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
+            for (int it = 0; it + 1 < n_it; ++it) {
+                const int at = consumed + it;
+                const int st = at % kStages;
+                const int nx = (at + 1) % kStages;
+                wait_landed(full_bar(nx), ((at + 1) / kStages) & 1);
+                my_turn();
+                c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
+                c.issue_pv(p, v_smem + st * kTileBytes);
+                your_turn();
+                wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
+                fence_operands(s_acc);
+                float alpha[2];
+                c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
+                wgmma_wait<0>();
+                fence_operands(c.o);
+                mbar_arrive(empty_bar(st));  // K and V of tile it are no longer read
+                c.rescale_o(alpha);
+                Consumer::pack_p(s_acc, p);
+            }
+            // Every S of this tile has been waited for: the producer may load the next tile's Q.
+            mbar_arrive(q_empty);
+            if (n_it > 0) {
+                const int st = (consumed + n_it - 1) % kStages;
+                my_turn();
+                c.issue_pv(p, v_smem + st * kTileBytes);
+                your_turn();
+                wgmma_wait<0>();
+                fence_operands(c.o);
+                mbar_arrive(empty_bar(st));
+            }
+            consumed += n_it;
+            // Group 0 takes group 1's last hand-over before its last epilogue (here, not after the
+            // loop: there ptxas ran out of registers and serialised the wgmmas).
+            if constexpr (kPingPong) {
+                if (cwg == 0 && tile + tile_step >= n_tiles) named_bar_sync(1, 256);
+            }
+            c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
         }
-        // Every iteration but the last has a next tile: the same two groups are in flight on
-        // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
-        for (int it = 0; it + 1 < n_it; ++it) {
-            const int st = it % kStages;
-            const int nx = (it + 1) % kStages;
-            wait_landed(full_bar(nx), ((it + 1) / kStages) & 1);
-            my_turn();
-            c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
-            c.issue_pv(p, v_smem + st * kTileBytes);
-            your_turn(false);
-            wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
-            fence_operands(s_acc);
-            float alpha[2];
-            c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
-            wgmma_wait<0>();
-            fence_operands(c.o);
-            mbar_arrive(empty_bar(st));  // K and V of tile it are no longer read
-            c.rescale_o(alpha);
-            Consumer::pack_p(s_acc, p);
-        }
-        if (n_it > 0) {
-            const int st = (n_it - 1) % kStages;
-            my_turn();
-            c.issue_pv(p, v_smem + st * kTileBytes);
-            your_turn(true);
-            wgmma_wait<0>();
-            fence_operands(c.o);
-            mbar_arrive(empty_bar(st));
-        }
-        c.finish(ctx, epilogue());
     } else {
         // Every warp group consumes; all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
+        const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+        const Ctx& ctx = work.ctx;
+        const int blk_begin = work.blk_begin;
+        const int n_it = work.blk_end - work.blk_begin;
+        const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
+        const elem_t* Kh = K + work.bh * Sk * kHeadDim;
+        const elem_t* Vh = V + work.bh * Sk * kHeadDim;
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
         auto load_kv = [&](int stage, int blk) {
@@ -823,7 +890,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         if constexpr (kClusterCombine) {
             cluster_combine(c, work, O, LSE, smem_raw, k_smem);
         } else {
-            c.finish(ctx, epilogue());
+            c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
 #if LAST_CTA_COMBINE
             // The flag lives in the mbarrier region's spare words (no static smem beside the formula's).
             const uint32_t last_flag = bars + 8u * (2 * kStages + 1);

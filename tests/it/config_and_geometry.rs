@@ -731,8 +731,9 @@ mod offline_targets {
     }
 
     /// Issue 51, item 1: the quick space (the default first run) fits the GPU it runs on. On
-    /// sm_90a it holds the Hopper path's champion of every quick shape (the H200 run of
-    /// 2026-11-28, "Best per shape") and 9 variants, 72 cases; on an L4 (sm_89) or an A100 (sm_80)
+    /// sm_90a it holds the Hopper path's champion of every quick shape (the H200 runs of
+    /// 2026-11-28 and 2026-11-29, "Best per shape") and 10 variants, 76 cases; on an L4 (sm_89) or
+    /// an A100 (sm_80)
     /// the plan rules every wgmma point out by the arch, before compiling, and keeps the scalar
     /// baseline and the mma.sync points, whose counts are the quick space's before issue 51.
     #[test]
@@ -765,11 +766,22 @@ mod offline_targets {
         assert_eq!(names, ["decode-128", "large-64", "odd-causal", "seed"]);
 
         let hopper = plan("sm_90a");
-        assert!(hopper.iter().all(|p| p.invalid.is_none()), "{hopper:?}");
+        // Only the two-CTA point at d = 128: two CTAs' shared memory would not fit an SM.
+        let two_ctas = "wgmma-bm64-bn128-w8-auto-s3-t1-tc1-pc1";
+        for p in &hopper {
+            assert_eq!(
+                p.invalid.is_some(),
+                p.variant.id == two_ctas && p.head_dim == 128,
+                "{} d={}: {:?}",
+                p.variant.id,
+                p.head_dim,
+                p.why_invalid()
+            );
+        }
         // The champion of each shape on an H200, valid at that shape's head dim.
         for (shape, champion) in [
             ("seed", "wgmma-bm64-bn128-w8-auto-s2-t1"),
-            ("large-64", "wgmma-bm64-bn128-w4-auto-s2"),
+            ("large-64", two_ctas),
             ("decode-128", "wgmma-bm64-bn128-w4-auto-s2"),
             ("odd-causal", "wgmma-bm64-bn128-w8-auto-s3-t1"),
         ] {
@@ -791,20 +803,28 @@ mod offline_targets {
             [
                 "wgmma-bm64-bn128-w4-auto-s2",
                 "wgmma-bm64-bn128-w8-auto-s2-t1",
-                "wgmma-bm64-bn128-w8-auto-s3-t1"
+                "wgmma-bm64-bn128-w8-auto-s3-t1",
+                two_ctas,
             ]
         );
-        // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps).
-        for p in &hopper {
-            let tma = p.variant.id.ends_with("-t1");
+        // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps);
+        // the persistent one, and only it, with the GPU's resident CTAs (the family's persistent).
+        for p in hopper.iter().filter(|p| p.invalid.is_none()) {
+            let launch = p.launch.as_ref().unwrap();
             assert_eq!(
-                p.launch.as_ref().unwrap().tensor_maps,
-                tma,
+                launch.tensor_maps,
+                p.variant.id.contains("-t1"),
+                "{}",
+                p.variant.id
+            );
+            assert_eq!(
+                launch.persistent,
+                p.variant.id.ends_with("-pc1"),
                 "{}",
                 p.variant.id
             );
         }
-        assert_eq!(counts(&hopper), (9, 72), "sm_90a");
+        assert_eq!(counts(&hopper), (10, 76), "sm_90a");
 
         // On an L4, mma-bm128-bn64-w4-ks1-s2 at d = 128 needs 104,448 bytes of shared memory,
         // more than its 101,376: 4 of the 48 cases go, as before issue 51.
@@ -812,15 +832,19 @@ mod offline_targets {
             let planned = plan(arch);
             for p in planned.iter().filter(|p| is_wgmma(p)) {
                 let why = p.why_invalid().unwrap_or("valid");
+                // The constraints rule the two-CTA point out at d = 128 first, on every arch.
+                let by_constraint = p.variant.id == two_ctas && p.head_dim == 128;
                 assert!(
-                    why.contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a")
-                        && why.contains(&format!("the target is {arch}")),
+                    by_constraint && why.starts_with("constraints:")
+                        || why
+                            .contains("the wgmma path (wgmma.mma_async, setmaxnreg) needs sm_90a")
+                            && why.contains(&format!("the target is {arch}")),
                     "{arch} {} d={}: {why}",
                     p.variant.id,
                     p.head_dim
                 );
             }
-            assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 3 * 2);
+            assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 4 * 2);
             for p in planned.iter().filter(|p| !is_wgmma(p)) {
                 let why = p.why_invalid().unwrap_or("");
                 assert!(!why.contains("wgmma"), "{arch} {}: {why}", p.variant.id);

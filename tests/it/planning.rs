@@ -287,3 +287,53 @@ fn defines_follow_the_kernel_convention() {
     assert!(defines.contains(&("HEAD_DIM".into(), "128".into())));
     assert!(defines.contains(&("MMA".into(), "MMA_SCALAR".into())));
 }
+
+#[test]
+fn persistent_points_launch_no_more_ctas_than_the_gpu_holds_and_every_other_point_one_a_tile() {
+    let plan = h100_plan("variants/hopper.toml", &[64, 128]);
+    let persistent: Vec<_> = plan
+        .iter()
+        .filter(|p| p.invalid.is_none() && switched_on(p, "PERSISTENT_CTAS"))
+        .collect();
+    assert!(persistent.len() >= 8, "{plan:?}");
+    for p in &plan {
+        let Some(launch) = p.launch.as_ref() else {
+            continue;
+        };
+        assert_eq!(
+            launch.persistent,
+            switched_on(p, "PERSISTENT_CTAS"),
+            "{}",
+            p.variant.id
+        );
+        assert_eq!(
+            launch.resident_ctas, 0,
+            "a plan leaves the resident CTAs to the trial"
+        );
+        if launch.persistent {
+            assert!(
+                p.variant.id.ends_with("-pc1") || p.variant.id.contains("-pc1-"),
+                "{}",
+                p.variant.id
+            );
+        }
+    }
+    // The grid: large-128 (2 x 16 heads, 64 query blocks of 128) on 132 SMs holding one CTA each.
+    let mut launch = persistent
+        .iter()
+        .find(|p| p.head_dim == 128 && p.variant.id.starts_with("wgmma-bm128"))
+        .and_then(|p| p.launch.clone())
+        .unwrap();
+    launch.kv_splits = 1;
+    launch.resident_ctas = 132;
+    assert_eq!(launch.forward_grid(8192, 32), (132, 1, 1));
+    // A split shares the resident CTAs; fewer tiles than CTAs take one CTA a tile.
+    launch.kv_splits = 4;
+    assert_eq!(launch.forward_grid(8192, 32), (33, 1, 4));
+    assert_eq!(launch.forward_grid(1, 8), (8, 1, 4));
+    // Unresolved (a plan's 0) still launches: one CTA.
+    launch.resident_ctas = 0;
+    assert_eq!(launch.forward_grid(8192, 32), (1, 1, 4));
+    launch.persistent = false;
+    assert_eq!(launch.forward_grid(8192, 32), (64, 32, 4));
+}

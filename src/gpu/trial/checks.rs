@@ -160,6 +160,9 @@ pub(super) fn enter<D: Device>(
             shape.sk.div_ceil(launch.kv_rows_per_block),
         );
     }
+    if launch.persistent {
+        launch.resident_ctas = dev.info().sm_count * dev.occupancy(kernel, &launch)?.max(1);
+    }
     result.kv_splits = launch.kv_splits;
     result.function = dev.attributes(kernel)?;
     let outs = [

@@ -143,11 +143,7 @@ impl Gpu {
             }
         }
         let cfg = LaunchConfig {
-            grid_dim: (
-                s.sq.div_ceil(launch.rows_per_cta),
-                s.b * s.h,
-                launch.kv_splits,
-            ),
+            grid_dim: launch.forward_grid(s.sq, s.b * s.h),
             block_dim: (launch.threads, 1, 1),
             shared_mem_bytes: launch.smem_bytes,
         };

@@ -124,6 +124,8 @@ impl Space {
             tensor_maps: self.eval_flag(&self.family.tensor_maps, &ctx, variant)?,
             combine_in_forward: self.eval_flag(&self.family.combine_in_forward, &ctx, variant)?,
             split_counters: self.eval_flag(&self.family.split_counters, &ctx, variant)?,
+            persistent: self.eval_flag(&self.family.persistent, &ctx, variant)?,
+            resident_ctas: 0,
         };
         // Counters merge any split count, the worker's choice too; a cluster's size is fixed.
         if launch.combine_in_forward && !launch.split_counters && launch.kv_splits < 2 {

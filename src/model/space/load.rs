@@ -59,6 +59,10 @@ struct FamilyFile {
     /// Whether a launch passes split counters after `causal` (an expression; absent: never).
     #[serde(default)]
     split_counters: Option<String>,
+    /// Whether the kernel is persistent: a grid of the CTAs the GPU holds, each walking tiles
+    /// (an expression; absent: never).
+    #[serde(default)]
+    persistent: Option<String>,
     /// Paths that only some targets can build (wgmma: sm_90a): ruled out elsewhere, with the reason.
     #[serde(default)]
     arch_rules: Vec<ArchRuleFile>,
@@ -113,6 +117,7 @@ impl Space {
                 &file.family.combine_in_forward,
             )?,
             split_counters: compile_flag("family.split_counters", &file.family.split_counters)?,
+            persistent: compile_flag("family.persistent", &file.family.persistent)?,
             arch_rules: file
                 .family
                 .arch_rules

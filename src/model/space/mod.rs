@@ -39,6 +39,7 @@ pub struct Family {
     tensor_maps: Option<Expr>,
     combine_in_forward: Option<Expr>,
     split_counters: Option<Expr>,
+    persistent: Option<Expr>,
     arch_rules: Vec<ArchRule>,
 }
 
@@ -57,6 +58,7 @@ impl Family {
         .chain(self.tensor_maps.iter())
         .chain(self.combine_in_forward.iter())
         .chain(self.split_counters.iter())
+        .chain(self.persistent.iter())
         .chain(self.arch_rules.iter().map(|r| &r.when))
         .map(|e| e.text.as_str())
         .collect()
@@ -140,6 +142,34 @@ pub struct LaunchShape {
     /// per (query block, batch x head), zero when first launched.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub split_counters: bool,
+    /// Persistent CTAs (PERSISTENT_CTAS): the grid holds no more CTAs than the GPU at once, and each
+    /// walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... of its split (forward_grid).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub persistent: bool,
+    /// The CTAs the GPU holds at once (SMs x the kernel's occupancy): a persistent launch's grid.
+    /// Resolved by the trial once the kernel is loaded, as an "auto" split count is; 0 in a plan.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resident_ctas: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl LaunchShape {
+    /// attn_fwd's grid for a shape with `heads` = batch x heads: one CTA per query block, head and
+    /// split; or, persistent, per split as many CTAs as the GPU holds at once over the splits, and
+    /// no more than the split's tiles (query blocks x heads).
+    pub fn forward_grid(&self, sq: u32, heads: u32) -> (u32, u32, u32) {
+        let q_blocks = sq.div_ceil(self.rows_per_cta);
+        let splits = self.kv_splits.max(1);
+        if self.persistent {
+            let per_split = self.resident_ctas.max(1).div_ceil(splits);
+            ((q_blocks * heads).min(per_split), 1, splits)
+        } else {
+            (q_blocks, heads, splits)
+        }
+    }
 }
 
 /// A (variant, head dim) with its verdict; dtype does not change validity.
