@@ -6,8 +6,9 @@ after a warm-up, the calls rotating over distinct input sets.
 Reads one JSON request on stdin:
   {"shapes": [{"name", "b", "h", "sq", "sk", "d", "causal", "sets"}], "dtypes": ["f16", "bf16"],
    "backends": ["flash", "cudnn", "efficient", "math", "default", "fa4"], "warmup_ms": 20, "samples": 30,
-   "min_sample_us": 500, "seed": 1, "ceilings": true}
-A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
+   "min_sample_us": 500, "seed": 1, "ceilings": true, "device": 0}
+"device" (default 0) is the CUDA ordinal of the GPU everything runs on, as flashtune's workers count
+them: a run on several GPUs times its shapes with one adapter per GPU at once. A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
 keys 0..i) or "bottom-right" (causal_lower_right: the last query sees every key, as in decoding with
 a KV cache). "sets" (default 1) is how many distinct (q, k, v) sets the timed calls rotate over, so
 that call i reads set i % sets and small inputs do not sit in L2 between calls. The backend
@@ -77,6 +78,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("PyTorch sees no CUDA device", file=sys.stderr)
         return 3
+    device = int(request.get("device", 0))
+    if not 0 <= device < torch.cuda.device_count():
+        print(f"GPU {device} requested, {torch.cuda.device_count()} visible", file=sys.stderr)
+        return 3
+    torch.cuda.set_device(device)  # every "cuda" below is this GPU, FlashAttention-4's calls too
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,

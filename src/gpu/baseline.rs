@@ -74,7 +74,7 @@ pub async fn measure_with_ceilings(
     policies: &Policies,
     shapes: &[Shape],
 ) -> Result<(Vec<BaselineRow>, Vec<Ceiling>), String> {
-    measure_rotating(root, policies, shapes, &BTreeMap::new()).await
+    measure_rotating(root, policies, shapes, &BTreeMap::new(), 0, true).await
 }
 
 /// Input sets the adapter's timed calls rotate over on `shape`: enough for twice the L2 cache
@@ -93,12 +93,15 @@ pub fn rotating_sets(shape: &Shape, l2_bytes: u64) -> u32 {
 /// input sets (1 where absent), the way the worker times the variants, so neither side is timed
 /// on inputs left in L2 by the call before. A row whose p10..p90 spread is above
 /// `[baseline] max_spread` is timed again, up to `remeasure` times, and the tightest timing kept;
-/// one still above the limit is marked `noisy`.
+/// one still above the limit is marked `noisy`. Everything runs on GPU `gpu` (a CUDA ordinal, as
+/// the workers count them); the roofs are measured only with `roofs`.
 pub async fn measure_rotating(
     root: &Path,
     policies: &Policies,
     shapes: &[Shape],
     sets: &BTreeMap<String, u32>,
+    gpu: u32,
+    roofs: bool,
 ) -> Result<(Vec<BaselineRow>, Vec<Ceiling>), String> {
     let cfg = &policies.baseline;
     let dtypes: Vec<Dtype> = policies.dtypes.clone();
@@ -106,7 +109,7 @@ pub async fn measure_rotating(
     let reply = run_adapter(
         root,
         policies,
-        request(policies, &all, &dtypes, &cfg.backends, sets, true),
+        request(policies, &all, &dtypes, &cfg.backends, sets, gpu, roofs),
     )
     .await?;
     let ceilings = reply
@@ -166,6 +169,7 @@ pub async fn measure_rotating(
             &again_dtypes,
             &again_backends,
             sets,
+            gpu,
             false,
         );
         let again = match run_adapter(root, policies, again).await {
@@ -212,6 +216,7 @@ fn request(
     dtypes: &[Dtype],
     backends: &[String],
     sets: &BTreeMap<String, u32>,
+    gpu: u32,
     ceilings: bool,
 ) -> serde_json::Value {
     let shapes: Vec<serde_json::Value> = shapes
@@ -233,6 +238,7 @@ fn request(
         "min_sample_us": policies.measure.min_sample_us,
         "seed": policies.measure.seed,
         "ceilings": ceilings,
+        "device": gpu,
     })
 }
 

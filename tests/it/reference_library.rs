@@ -173,12 +173,12 @@ async fn a_row_that_stays_noisy_is_reported_as_noisy() {
 }
 
 #[tokio::test]
-async fn the_request_names_every_backend_and_each_shape_s_input_sets() {
+async fn the_request_names_every_backend_each_shape_s_input_sets_and_the_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let command = scripted_adapter(dir.path(), &[serde_json::json!({"rows": []})]);
     let p = policies_with(command);
     let sets = std::collections::BTreeMap::from([("small".to_owned(), 4u32)]);
-    baseline::measure_rotating(&repo(), &p, &shapes(&p), &sets)
+    baseline::measure_rotating(&repo(), &p, &shapes(&p), &sets, 1, false)
         .await
         .unwrap();
     let request = &sent(dir.path())[0];
@@ -187,6 +187,9 @@ async fn the_request_names_every_backend_and_each_shape_s_input_sets() {
         serde_json::json!(["flash", "cudnn", "efficient", "default", "fa4"])
     );
     assert_eq!(request["shapes"][0]["sets"], 4);
+    // The GPU it runs on, as the workers count them, and no roofs where another adapter takes them.
+    assert_eq!(request["device"], 1);
+    assert_eq!(request["ceilings"], false);
 }
 
 /// A stand-in for PyTorch that runs the adapter on a CPU: every attention call is logged (the
@@ -217,6 +220,8 @@ def log(entry):
         r#"import contextlib
 _capturing = []
 def is_available(): return True
+def device_count(): return 1
+def set_device(device): pass
 def get_device_name(): return "fake"
 def synchronize(): pass
 class Event:

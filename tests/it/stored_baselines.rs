@@ -3,10 +3,12 @@
 //! PyTorch again; `--fresh-baselines`, other versions or a store row edited by hand time it anew.
 use crate::common::*;
 use flashtune::log::runlog::{Citation, Record};
+use std::collections::BTreeSet;
 use std::path::Path;
 
 /// An adapter that answers `--versions` with `versions.json` beside it and times every shape it is
-/// asked for at 7.5 µs (and the roofs), noting each request in `requests.jsonl`.
+/// asked for at 7.5 µs (and the roofs), noting each request's shapes in `requests.jsonl` and its
+/// GPU, roofs and shapes in `placements.jsonl`.
 fn scripted_project() -> tempfile::TempDir {
     let dir = scratch_project();
     let script = dir.path().join("adapter.py");
@@ -20,6 +22,9 @@ if sys.argv[1:] == ["--versions"]:
 req = json.load(sys.stdin)
 with open(os.path.join(here, "requests.jsonl"), "a") as f:
     f.write(json.dumps([s["name"] for s in req["shapes"]]) + "\n")
+with open(os.path.join(here, "placements.jsonl"), "a") as f:
+    f.write(json.dumps({"device": req.get("device"), "roofs": req.get("ceilings", True),
+                        "shapes": [s["name"] for s in req["shapes"]]}) + "\n")
 rows = [{"shape": s["name"], "dtype": d, "backend": b, "samples_us": [7.4, 7.5, 7.5, 7.5, 7.6],
          "launches_per_sample": 64}
         for s in req["shapes"] for d in req["dtypes"] for b in req["backends"]]
@@ -198,4 +203,66 @@ fn a_stored_baseline_its_log_line_contradicts_is_never_taken() {
         .filter(|b| b.4.is_none())
         .collect();
     assert!(!timed_again.is_empty());
+}
+
+/// A run on two GPUs times the reference library with one adapter on each GPU at once, each on its
+/// share of the shapes, the roofs once; together they answer every shape, as one adapter does.
+#[test]
+fn a_run_on_two_gpus_times_the_reference_library_on_both() {
+    let dir = scripted_project();
+    let out = flashtune_with_env(
+        dir.path(),
+        &[
+            "tune",
+            "--fake-gpu",
+            "--gpus",
+            "0,1",
+            "--space",
+            "variants/smoke.toml",
+        ],
+        &[("FLASHTUNE_FAKE_GPUS", "2")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let placements: Vec<serde_json::Value> =
+        std::fs::read_to_string(dir.path().join("placements.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let devices: BTreeSet<u64> = placements
+        .iter()
+        .map(|p| p["device"].as_u64().unwrap())
+        .collect();
+    assert_eq!(devices, BTreeSet::from([0, 1]), "{placements:?}");
+    assert_eq!(
+        placements.iter().filter(|p| p["roofs"] == true).count(),
+        1,
+        "{placements:?}"
+    );
+    let asked: Vec<String> = placements
+        .iter()
+        .flat_map(|p| {
+            p["shapes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s.as_str().unwrap().to_string())
+        })
+        .collect();
+    let asked_once: BTreeSet<String> = asked.iter().cloned().collect();
+    assert_eq!(
+        asked.len(),
+        asked_once.len(),
+        "a shape timed twice: {placements:?}"
+    );
+    // Every shape asked for, in every dtype, answered, as from one adapter.
+    let answered: BTreeSet<(String, String)> = baselines(&run)
+        .into_iter()
+        .map(|(shape, dtype, ..)| (shape, dtype))
+        .collect();
+    let answered_shapes: BTreeSet<String> = answered.iter().map(|(s, _)| s.clone()).collect();
+    assert_eq!(answered_shapes, asked_once);
+    assert!(asked_once.len() >= 2, "{asked_once:?}");
+    assert_eq!(answered.len(), asked_once.len() * 2, "{answered:?}");
 }
