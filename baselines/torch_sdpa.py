@@ -8,7 +8,7 @@ Reads one JSON request on stdin:
    "backends": ["flash", "cudnn", "efficient", "math", "default", "fa4"], "warmup_ms": 20, "samples": 30,
    "min_sample_us": 500, "seed": 1, "ceilings": true, "device": 0}
 "device" (default 0) is the CUDA ordinal of the GPU everything runs on, as flashtune's workers count
-them: a run on several GPUs times its shapes with one adapter per GPU at once. A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
+them (a run's first GPU). A shape's "causal" is false / "none" (no mask), true / "top-left" (PyTorch's is_causal: query i sees
 keys 0..i) or "bottom-right" (causal_lower_right: the last query sees every key, as in decoding with
 a KV cache). "sets" (default 1) is how many distinct (q, k, v) sets the timed calls rotate over, so
 that call i reads set i % sets and small inputs do not sit in L2 between calls. The backend

@@ -205,10 +205,10 @@ fn a_stored_baseline_its_log_line_contradicts_is_never_taken() {
     assert!(!timed_again.is_empty());
 }
 
-/// A run on two GPUs times the reference library with one adapter on each GPU at once, each on its
-/// share of the shapes, the roofs once; together they answer every shape, as one adapter does.
+/// A run times the reference library on its own GPU: `--gpus 1` on a host of two asks the adapter
+/// for GPU 1 (it timed PyTorch on GPU 0, beside another run's work, before), once, roofs included.
 #[test]
-fn a_run_on_two_gpus_times_the_reference_library_on_both() {
+fn a_run_times_the_reference_library_on_its_own_gpu() {
     let dir = scripted_project();
     let out = flashtune_with_env(
         dir.path(),
@@ -216,7 +216,7 @@ fn a_run_on_two_gpus_times_the_reference_library_on_both() {
             "tune",
             "--fake-gpu",
             "--gpus",
-            "0,1",
+            "1",
             "--space",
             "variants/smoke.toml",
         ],
@@ -230,39 +230,20 @@ fn a_run_on_two_gpus_times_the_reference_library_on_both() {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-    let devices: BTreeSet<u64> = placements
+    assert_eq!(placements.len(), 1, "{placements:?}");
+    assert_eq!(placements[0]["device"], 1, "{placements:?}");
+    assert_eq!(placements[0]["roofs"], true, "{placements:?}");
+    // Every shape asked for, in every dtype, answered.
+    let asked: BTreeSet<String> = placements[0]["shapes"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|p| p["device"].as_u64().unwrap())
+        .map(|s| s.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(devices, BTreeSet::from([0, 1]), "{placements:?}");
-    assert_eq!(
-        placements.iter().filter(|p| p["roofs"] == true).count(),
-        1,
-        "{placements:?}"
-    );
-    let asked: Vec<String> = placements
-        .iter()
-        .flat_map(|p| {
-            p["shapes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s.as_str().unwrap().to_string())
-        })
-        .collect();
-    let asked_once: BTreeSet<String> = asked.iter().cloned().collect();
-    assert_eq!(
-        asked.len(),
-        asked_once.len(),
-        "a shape timed twice: {placements:?}"
-    );
-    // Every shape asked for, in every dtype, answered, as from one adapter.
     let answered: BTreeSet<(String, String)> = baselines(&run)
         .into_iter()
         .map(|(shape, dtype, ..)| (shape, dtype))
         .collect();
-    let answered_shapes: BTreeSet<String> = answered.iter().map(|(s, _)| s.clone()).collect();
-    assert_eq!(answered_shapes, asked_once);
-    assert!(asked_once.len() >= 2, "{asked_once:?}");
-    assert_eq!(answered.len(), asked_once.len() * 2, "{answered:?}");
+    assert!(asked.len() >= 2, "{asked:?}");
+    assert_eq!(answered.len(), asked.len() * 2, "{answered:?}");
 }

@@ -74,7 +74,8 @@ pub(super) async fn baseline_stage(
     if to_time.is_empty() && roofs_taken {
         return Ok(());
     }
-    time_shapes(project, device, &opts.gpus(device), events, &to_time).await
+    let gpu = opts.gpus(device).first().copied().unwrap_or(device.ordinal);
+    time_shapes(project, device, gpu, events, &to_time).await
 }
 
 /// The reference library's records the store holds for this GPU, driver and library; none where
@@ -219,12 +220,15 @@ fn taken_as(row: &StoredBaseline, shape_name: Option<&str>) -> Record {
     record
 }
 
-/// Run the adapter on `shapes` (none: the roofs alone) and log what it says: one adapter per GPU
-/// of the run at once, each on its share of the shapes (`shares`), the first also on the roofs.
+/// Run the adapter on `shapes` (none: the roofs alone) and log what it says. It runs on the run's
+/// first GPU. One adapter per GPU, each on a share of the shapes by FLOPs, was not faster on two
+/// H200s (the stage 52.1 s against 48.9 s for one adapter, one run each from a cold start:
+/// docs/measurements/2026-11-29-h200x2-fresh): an adapter's time goes by its rows, each with a
+/// warm-up, a graph capture and its samples, more than by their FLOPs.
 async fn time_shapes(
     project: &Project,
     device: &DeviceInfo,
-    gpus: &[u32],
+    gpu: u32,
     events: &mut Events,
     shapes: &[Shape],
 ) -> Result<()> {
@@ -235,71 +239,28 @@ async fn time_shapes(
         .iter()
         .map(|s| (s.name.clone(), baseline::rotating_sets(s, device.l2_bytes)))
         .collect();
-    let root = &project.paths.root;
-    let policies = &project.policies;
-    let shares = shares(shapes, gpus.len().max(1));
-    let jobs = shares
-        .iter()
-        .zip(gpus)
-        .enumerate()
-        .map(|(i, (share, &gpu))| {
-            baseline::measure_rotating(root, policies, share, &sets, gpu, i == 0)
-        });
-    for (outcome, gpu) in futures_util::future::join_all(jobs)
-        .await
-        .into_iter()
-        .zip(gpus)
-    {
-        emit_measured(events, outcome, *gpu, gpus.len())?;
-    }
-    Ok(())
-}
-
-/// `shapes` in `n` shares of about equal work (FLOPs, longest first onto the lightest share), each
-/// in the run's order; the first share is never empty, since it also measures the roofs.
-fn shares(shapes: &[Shape], n: usize) -> Vec<Vec<Shape>> {
-    let mut order: Vec<usize> = (0..shapes.len()).collect();
-    order.sort_by(|&a, &b| shapes[b].flops().total_cmp(&shapes[a].flops()));
-    let mut load = vec![0.0f64; n];
-    let mut picked: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for i in order {
-        let lightest = (0..n)
-            .min_by(|&a, &b| load[a].total_cmp(&load[b]))
-            .unwrap_or(0);
-        load[lightest] += shapes[i].flops();
-        picked[lightest].push(i);
-    }
-    let mut shares: Vec<Vec<Shape>> = picked
-        .into_iter()
-        .map(|mut idx| {
-            idx.sort_unstable();
-            idx.into_iter().map(|i| shapes[i].clone()).collect()
-        })
-        .filter(|share: &Vec<Shape>| !share.is_empty())
-        .collect();
-    if shares.is_empty() {
-        shares.push(Vec::new());
-    }
-    shares
+    let measured = baseline::measure_rotating(
+        &project.paths.root,
+        &project.policies,
+        shapes,
+        &sets,
+        gpu,
+        true,
+    );
+    emit_measured(events, measured.await)
 }
 
 /// Log one adapter's answer: its rows and roofs, or why it could not run at all.
 fn emit_measured(
     events: &mut Events,
     outcome: std::result::Result<(Vec<baseline::BaselineRow>, Vec<baseline::Ceiling>), String>,
-    gpu: u32,
-    gpus: usize,
 ) -> Result<()> {
     match outcome {
         Err(reason) => events.emit(Record::BaselineUnavailable {
             backend: None,
             shape: None,
             dtype: None,
-            reason: if gpus > 1 {
-                format!("GPU {gpu}: {reason}")
-            } else {
-                reason
-            },
+            reason,
         }),
         Ok((rows, ceilings)) => {
             for row in rows {
