@@ -258,3 +258,8 @@ impl std::fmt::Display for BuildRole {
         }
     }
 }
+
+/// Serde's `skip_serializing_if` for a count that a record or a launch leaves out at zero.
+pub fn is_zero(n: &u32) -> bool {
+    *n == 0
+}

@@ -65,7 +65,7 @@ pub(super) fn alloc_outputs<D: Device>(
         },
         counters: if splits > 1 && launch.split_counters {
             // Zero once: the kernel counts modulo the split count and never resets them.
-            let words = (shape.sq.div_ceil(launch.rows_per_cta) * shape.b * shape.h) as usize;
+            let words = launch.tiles(shape.sq, shape.b * shape.h) as usize;
             let counters = dev.alloc32(words)?;
             dev.upload32(counters, &vec![0.0; words])?;
             Some(counters)
@@ -153,7 +153,7 @@ pub(super) fn enter<D: Device>(
     let mut launch = case.forward.launch.clone();
     if launch.kv_splits == 0 {
         let ctas_per_sm = dev.occupancy(kernel, &launch)?;
-        let ctas = shape.sq.div_ceil(launch.rows_per_cta) * shape.b * shape.h;
+        let ctas = launch.tiles(shape.sq, shape.b * shape.h);
         launch.kv_splits = auto_kv_splits(
             ctas,
             dev.info().sm_count * ctas_per_sm.max(1),

@@ -283,7 +283,7 @@ pub enum Record {
         dtype: Dtype,
         timing: TimingStats,
         /// Times it was timed again because its p10..p90 spread was above `[baseline] max_spread`.
-        #[serde(default, skip_serializing_if = "is_zero")]
+        #[serde(default, skip_serializing_if = "crate::model::vocab::is_zero")]
         remeasured: u32,
         /// Still above that limit after the re-measurements: a figure not to be trusted.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -677,10 +677,6 @@ pub struct EarlierFigure {
     pub line: usize,
     /// Measured on the kernel build this run would make (same sources, defines, flags, nvcc, driver).
     pub current: bool,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
 
 impl Record {

@@ -148,26 +148,27 @@ pub struct LaunchShape {
     pub persistent: bool,
     /// The CTAs the GPU holds at once (SMs x the kernel's occupancy): a persistent launch's grid.
     /// Resolved by the trial once the kernel is loaded, as an "auto" split count is; 0 in a plan.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "crate::model::vocab::is_zero")]
     pub resident_ctas: u32,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
 impl LaunchShape {
+    /// A split's tiles for a shape with `heads` = batch x heads: query blocks x heads (one CTA
+    /// each, unless persistent).
+    pub fn tiles(&self, sq: u32, heads: u32) -> u32 {
+        sq.div_ceil(self.rows_per_cta) * heads
+    }
+
     /// attn_fwd's grid for a shape with `heads` = batch x heads: one CTA per query block, head and
     /// split; or, persistent, per split as many CTAs as the GPU holds at once over the splits, and
     /// no more than the split's tiles (query blocks x heads).
     pub fn forward_grid(&self, sq: u32, heads: u32) -> (u32, u32, u32) {
-        let q_blocks = sq.div_ceil(self.rows_per_cta);
         let splits = self.kv_splits.max(1);
         if self.persistent {
             let per_split = self.resident_ctas.max(1).div_ceil(splits);
-            ((q_blocks * heads).min(per_split), 1, splits)
+            (self.tiles(sq, heads).min(per_split), 1, splits)
         } else {
-            (q_blocks, heads, splits)
+            (sq.div_ceil(self.rows_per_cta), heads, splits)
         }
     }
 }
