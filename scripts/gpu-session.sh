@@ -100,9 +100,10 @@ for stage in "$@"; do
     budget) timed budget ft tune --space variants/attention.toml --time-limit "${BUDGET:-3m}" 2>"$out/budget.err" | tee "$out/budget.txt"; keep budget ;;
     reuse) timed reuse ft tune --space variants/attention.toml --reuse 2>"$out/reuse.err" | tee "$out/reuse.txt"; keep reuse ;;
     gpus-cold)
-      # Each GPU set of GPU_SETS from a build cache of its own, empty (cold), one after another in one call.
+      # Each GPU set of GPU_SETS from a build cache of its own, empty (cold), one after another in one
+      # call; GPUS_FLAGS is added to each (e.g. --fresh-baselines, so no run takes PyTorch from another).
       for set in ${GPU_SETS:-0 0,1}; do
-        FLASHTUNE_CACHE_DIR=$(mktemp -d) timed "gpus-$set" ft tune --space "${GPUS_SPACE:-variants/hopper.toml}" --gpus "$set" 2>"$out/gpus-$set.err" | tee "$out/gpus-$set.txt"; keep "gpus-$set"
+        FLASHTUNE_CACHE_DIR=$(mktemp -d) timed "gpus-$set" ft tune --space "${GPUS_SPACE:-variants/hopper.toml}" --gpus "$set" ${GPUS_FLAGS:-} 2>"$out/gpus-$set.err" | tee "$out/gpus-$set.txt"; keep "gpus-$set"
       done ;;
     stored-baselines)
       # The reference library from the results store (issue 50): the quick space from a fresh store

@@ -5,11 +5,12 @@ use crate::model::plan::Proposal;
 use crate::model::protocol::DeviceInfo;
 use crate::model::space::PlannedPoint;
 use crate::run::budget::Budget;
-use crate::run::scheduler::{CaseKey, Ending, Scheduler};
+use crate::run::scheduler::{CaseKey, Ending, HeldGpu, Scheduler};
 use crate::run::shared::{Events, Project, TuneOptions};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Log the points (with the search's reason for each), then build, check and time the valid ones not yet done.
+/// Log the points (with the search's reason for each), then build, check and time the valid ones
+/// not yet done; `held` holds a GPU beside them until it ends (the reference library).
 #[allow(clippy::too_many_arguments)]
 pub async fn measure_points(
     project: &Project,
@@ -20,6 +21,7 @@ pub async fn measure_points(
     planned: &[PlannedPoint],
     reasons: &BTreeMap<String, Proposal>,
     budget: &Budget,
+    held: Option<HeldGpu<'_>>,
 ) -> Result<Ending> {
     events.emit_all(
         planned
@@ -51,7 +53,7 @@ pub async fn measure_points(
         roofs: &opts.run.roofs,
         settled: &settled,
     };
-    scheduler.run(&prepared.planned, events).await
+    scheduler.run(&prepared.planned, events, held).await
 }
 
 /// Every case this run's log already gives a terminal record from a worker's answer (timed,

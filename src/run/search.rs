@@ -110,10 +110,12 @@ pub struct Guided<'a> {
 
 impl Guided<'_> {
     /// Rounds of: champions → their bottlenecks (ncu) → the rules' neighbours → measure; until no neighbour helps.
+    /// `held` holds a GPU beside the first round (the reference library), as in `measure_points`.
     pub async fn run(
         &self,
         events: &mut Events,
         limits: &crate::model::space::DeviceLimits,
+        held: Option<crate::run::scheduler::HeldGpu<'_>>,
     ) -> Result<Ending> {
         let project = self.project;
         let policy = &project.policies.guided;
@@ -131,6 +133,7 @@ impl Guided<'_> {
             &points,
             &BTreeMap::new(),
             &self.opts.budget,
+            held,
         )
         .await?;
         if let Some(stop) = self.absorb(ending, &mut totals, events)? {
@@ -184,6 +187,7 @@ impl Guided<'_> {
                 &points,
                 &reasons,
                 &budget,
+                None,
             )
             .await?;
             if let Some(stop) = self.absorb(ending, &mut totals, events)? {

@@ -197,8 +197,6 @@ pub struct Project {
     /// policies.toml's timeouts, or the space's own.
     pub timeouts: Timeouts,
     pub toolchain: Toolchain,
-    /// Shared by every builder of this project (see `Builder::compiled_ahead`).
-    pub compiled_ahead: build::CompiledAhead,
 }
 
 /// A parameter no kernel source reads (the forward kernel and what it includes) and no launch
@@ -264,7 +262,6 @@ impl Project {
             shapes,
             timeouts,
             toolchain,
-            compiled_ahead: Default::default(),
         })
     }
 
@@ -288,7 +285,6 @@ impl Project {
             toolchain: self.toolchain.clone(),
             cache_dir: self.paths.build_cache(),
             timeout: Duration::from_secs(self.timeouts.build_s),
-            compiled_ahead: self.compiled_ahead.clone(),
             confine: None,
         }
     }

@@ -8,7 +8,8 @@ use std::path::Path;
 
 /// An adapter that answers `--versions` with `versions.json` beside it and times every shape it is
 /// asked for at 7.5 µs (and the roofs), noting each request's shapes in `requests.jsonl` and its
-/// GPU, roofs and shapes in `placements.jsonl`.
+/// GPU, roofs and shapes in `placements.jsonl`. With `ADAPTER_WAITS_FOR_A_CASE_ON_GPU=N` it answers
+/// only once the run's log holds a case timed on GPU N (and gives up after two minutes).
 fn scripted_project() -> tempfile::TempDir {
     let dir = scratch_project();
     let script = dir.path().join("adapter.py");
@@ -20,6 +21,22 @@ if sys.argv[1:] == ["--versions"]:
     print(json.dumps({"versions": json.load(open(os.path.join(here, "versions.json")))}))
     sys.exit(0)
 req = json.load(sys.stdin)
+# Answer only once a case of this run was timed on that GPU (the reference library held another).
+wait = os.environ.get("ADAPTER_WAITS_FOR_A_CASE_ON_GPU")
+if wait is not None:
+    import glob, time
+    deadline = time.time() + 120
+    def timed_there():
+        for log in glob.glob(os.path.join(here, "runs", "*", "log.jsonl")):
+            for line in open(log):
+                r = json.loads(line)
+                if r.get("event") == "timed" and r.get("device") == int(wait):
+                    return True
+        return False
+    while not timed_there():
+        if time.time() > deadline:
+            sys.exit("no case was timed on GPU " + wait + " while the reference library ran")
+        time.sleep(0.1)
 with open(os.path.join(here, "requests.jsonl"), "a") as f:
     f.write(json.dumps([s["name"] for s in req["shapes"]]) + "\n")
 with open(os.path.join(here, "placements.jsonl"), "a") as f:
@@ -246,4 +263,68 @@ fn a_run_times_the_reference_library_on_its_own_gpu() {
         .collect();
     assert!(asked.len() >= 2, "{asked:?}");
     assert_eq!(answered.len(), asked.len() * 2, "{answered:?}");
+}
+
+/// The reference library holds one GPU, not the run: on two GPUs the cases are timed on GPU 1
+/// while PyTorch is timed on GPU 0 (the adapter answers only once a case was timed on GPU 1), and
+/// GPU 0 takes no case before it ends (one GPU, one job).
+#[test]
+fn the_reference_library_is_timed_on_one_gpu_while_the_other_times_cases() {
+    let dir = scripted_project();
+    let out = flashtune_with_env(
+        dir.path(),
+        &[
+            "tune",
+            "--fake-gpu",
+            "--gpus",
+            "0,1",
+            "--space",
+            "variants/smoke.toml",
+        ],
+        &[
+            ("FLASHTUNE_FAKE_GPUS", "2"),
+            ("ADAPTER_WAITS_FOR_A_CASE_ON_GPU", "1"),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let records = records(&run);
+    let reference = records
+        .iter()
+        .find_map(|r| match r {
+            Record::StageRan {
+                stage: flashtune::model::vocab::Stage::Reference,
+                device,
+                started_t,
+                seconds,
+            } => Some((*device, *started_t, started_t + seconds)),
+            _ => None,
+        })
+        .expect("the reference stage's span is logged");
+    assert_eq!(reference.0, 0, "PyTorch is timed on the run's first GPU");
+    assert!(
+        !baselines(&run).is_empty(),
+        "the adapter answered (it waits for a case on GPU 1): {}",
+        text(&out)
+    );
+    let workers: Vec<(u32, f64)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::WorkerRan {
+                device, started_t, ..
+            } => Some((*device, *started_t)),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        workers.iter().any(|&(d, t)| d == 1 && t < reference.2),
+        "a worker ran on GPU 1 while the reference library held GPU 0: {workers:?}, {reference:?}"
+    );
+    assert!(
+        workers
+            .iter()
+            .filter(|&&(d, _)| d == 0)
+            .all(|&(_, t)| t >= reference.2),
+        "GPU 0 took a case while it timed the reference library: {workers:?}, {reference:?}"
+    );
 }

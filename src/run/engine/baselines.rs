@@ -7,16 +7,29 @@ use crate::log::runlog::Record;
 use crate::log::store::{LibraryKey, Store, StoredBaseline};
 use crate::model::config::Shape;
 use crate::model::protocol::DeviceInfo;
+use crate::model::vocab::Stage;
+use crate::run::scheduler::HeldGpu;
 use crate::run::shared::{Events, Project, TuneOptions};
 use std::collections::BTreeMap;
 
-/// Time the reference library on every shape of the run that the store does not already hold.
-pub(super) async fn baseline_stage(
-    project: &Project,
-    device: &DeviceInfo,
+/// The reference library's stage: what the store holds is logged now; the shapes it does not hold
+/// become a job that holds the run's first GPU beside the case queues (none when nothing is left
+/// to time). A resumed run that logged its baselines has nothing to do.
+pub(super) async fn reference_job<'a>(
+    project: &'a Project,
+    device: &'a DeviceInfo,
     opts: &TuneOptions,
     events: &mut Events,
-) -> Result<()> {
+) -> Result<Option<HeldGpu<'a>>> {
+    let logged = events.records().entries.iter().any(|(_, e)| {
+        matches!(
+            e.record,
+            Record::BaselineTimed { .. } | Record::BaselineUnavailable { .. }
+        )
+    });
+    if logged {
+        return Ok(None);
+    }
     let unavailable = |reason: String| Record::BaselineUnavailable {
         backend: None,
         shape: None,
@@ -24,14 +37,16 @@ pub(super) async fn baseline_stage(
         reason,
     };
     if device.fake && !project.policies.baseline.on_fake_gpu {
-        return events.emit(unavailable(
+        events.emit(unavailable(
             "fake GPU: the reference library is not run".into(),
-        ));
+        ))?;
+        return Ok(None);
     }
     if project.policies.baseline.command.is_empty() {
-        return events.emit(unavailable(
+        events.emit(unavailable(
             "baseline.command is empty in policies.toml".into(),
-        ));
+        ))?;
+        return Ok(None);
     }
     let library = match baseline::library(&project.paths.root, &project.policies).await {
         Ok(library) => {
@@ -72,10 +87,14 @@ pub(super) async fn baseline_stage(
         .iter()
         .any(|r| matches!(r, Record::CeilingMeasured { .. }));
     if to_time.is_empty() && roofs_taken {
-        return Ok(());
+        return Ok(None);
     }
     let gpu = opts.gpus(device).first().copied().unwrap_or(device.ordinal);
-    time_shapes(project, device, gpu, events, &to_time).await
+    Ok(Some(HeldGpu {
+        gpu,
+        stage: Stage::Reference,
+        work: Box::pin(time_shapes(project, device, gpu, to_time)),
+    }))
 }
 
 /// The reference library's records the store holds for this GPU, driver and library; none where
@@ -220,8 +239,8 @@ fn taken_as(row: &StoredBaseline, shape_name: Option<&str>) -> Record {
     record
 }
 
-/// Run the adapter on `shapes` (none: the roofs alone) and log what it says. It runs on the run's
-/// first GPU. One adapter per GPU, each on a share of the shapes by FLOPs, was not faster on two
+/// Run the adapter on `shapes` (none: the roofs alone): the records of what it says. It runs on
+/// the run's first GPU. One adapter per GPU, each on a share of the shapes by FLOPs, was not faster on two
 /// H200s (the stage 52.1 s against 48.9 s for one adapter, one run each from a cold start:
 /// docs/measurements/2026-11-29-h200x2-fresh): an adapter's time goes by its rows, each with a
 /// warm-up, a graph capture and its samples, more than by their FLOPs.
@@ -229,9 +248,8 @@ async fn time_shapes(
     project: &Project,
     device: &DeviceInfo,
     gpu: u32,
-    events: &mut Events,
-    shapes: &[Shape],
-) -> Result<()> {
+    shapes: Vec<Shape>,
+) -> Vec<Record> {
     // PyTorch's calls rotate over enough distinct input sets to fill twice the L2 cache, so it is
     // not timed on inputs sitting in L2 (the variants' inputs are drawn anew and L2 flushed
     // before each replay).
@@ -242,30 +260,30 @@ async fn time_shapes(
     let measured = baseline::measure_rotating(
         &project.paths.root,
         &project.policies,
-        shapes,
+        &shapes,
         &sets,
         gpu,
         true,
     );
-    emit_measured(events, measured.await)
+    measured_records(measured.await)
 }
 
-/// Log one adapter's answer: its rows and roofs, or why it could not run at all.
-fn emit_measured(
-    events: &mut Events,
+/// One adapter's answer as records: its rows and roofs, or why it could not run at all.
+fn measured_records(
     outcome: std::result::Result<(Vec<baseline::BaselineRow>, Vec<baseline::Ceiling>), String>,
-) -> Result<()> {
+) -> Vec<Record> {
     match outcome {
-        Err(reason) => events.emit(Record::BaselineUnavailable {
+        Err(reason) => vec![Record::BaselineUnavailable {
             backend: None,
             shape: None,
             dtype: None,
             reason,
-        }),
+        }],
         Ok((rows, ceilings)) => {
+            let mut records = Vec::with_capacity(rows.len() + ceilings.len());
             for row in rows {
                 let (backend, shape, dtype) = (row.backend, row.shape, row.dtype);
-                events.emit(match row.outcome {
+                records.push(match row.outcome {
                     Ok(timing) => Record::BaselineTimed {
                         backend,
                         shape,
@@ -281,19 +299,19 @@ fn emit_measured(
                         dtype: Some(dtype),
                         reason,
                     },
-                })?;
+                });
             }
             for c in ceilings {
-                events.emit(Record::CeilingMeasured {
+                records.push(Record::CeilingMeasured {
                     name: c.name,
                     dtype: c.dtype,
                     value: c.value,
                     unit: c.unit,
                     source: Some(crate::model::vocab::RoofSource::Pytorch),
                     reused_from: None,
-                })?;
+                });
             }
-            Ok(())
+            records
         }
     }
 }

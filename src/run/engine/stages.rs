@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::log::runlog::Record;
 use crate::model::plan::Strategy;
 use crate::model::protocol::DeviceInfo;
-use crate::model::space::{DeviceLimits, PlannedPoint};
+use crate::model::space::DeviceLimits;
 use crate::model::vocab::Stage;
 use crate::run::measure::measure_points;
 use crate::run::scheduler::Ending;
@@ -69,14 +69,17 @@ pub(super) async fn drive(
             Some(project.space.plan_points(&variants, &head_dims, &limits)?)
         }
     };
-    // The GPU's first job is the reference library (and its roofs), while nvcc builds the plan's
-    // kernels into the cache on every core: the measurement then starts on built kernels.
+    // The reference library holds the run's first GPU beside the case queues (one GPU, one job)
+    // while nvcc builds the plan on every core; on one GPU the cases start when it ends.
     let gpus = opts.gpus(device);
     let first_gpu = gpus[0];
     let began = events.stage_start();
-    let baseline = baseline_while_building(project, device, opts, events, planned.as_deref(), done);
-    let mut cut_by_time = measuring_stage(&opts.budget, baseline).await?.0;
-    events.stage_ran(Stage::Reference, first_gpu, began)?;
+    let held = super::baselines::reference_job(project, device, opts, events).await?;
+    if held.is_none() {
+        // What the store gave (or why nothing is timed), at once.
+        events.stage_ran(Stage::Reference, first_gpu, began)?;
+    }
+    let mut cut_by_time = false;
     let ending = match planned {
         Some(planned) => {
             let no_reasons = BTreeMap::new();
@@ -89,6 +92,7 @@ pub(super) async fn drive(
                 &planned,
                 &no_reasons,
                 &opts.budget,
+                held,
             )
             .await?
         }
@@ -100,7 +104,7 @@ pub(super) async fn drive(
                 done,
                 run_dir: &run_dir,
             };
-            search.run(events, &limits).await?
+            search.run(events, &limits, held).await?
         }
     };
     let mut interrupted = matches!(ending, Ending::Interrupted(_));
@@ -312,46 +316,4 @@ async fn profile_stage(
     let (_, used) = tokio::join!(profilers, log_them);
     let used = used?;
     Ok(used)
-}
-
-/// Time the reference library before the variants (never beside them: one GPU, one job), while the
-/// planned kernels build into the cache on the CPU; builds still running when it ends are dropped
-/// and the scheduler builds them as usual. A resumed run that has its baseline skips it.
-async fn baseline_while_building(
-    project: &Project,
-    device: &DeviceInfo,
-    opts: &TuneOptions,
-    events: &mut Events,
-    planned: Option<&[PlannedPoint]>,
-    done: &BTreeSet<String>,
-) -> Result<()> {
-    let log = events.records();
-    let measured = log.entries.iter().any(|(_, e)| {
-        matches!(
-            e.record,
-            Record::BaselineTimed { .. } | Record::BaselineUnavailable { .. }
-        )
-    });
-    if measured {
-        return Ok(());
-    }
-    let prebuild = planned.filter(|_| !device.fake).map(|p| {
-        crate::run::scheduler::spawn_builds(project, project.build_specs(p, &device.arch, done))
-    });
-    let result = super::baselines::baseline_stage(project, device, opts, events).await;
-    // Dropping the set aborts the builds still running; the finished ones are in the cache, and
-    // their first request reports the compile they were (the run statistics count nvcc's time).
-    if let Some((tasks, mut results)) = prebuild {
-        drop(tasks);
-        let mut ahead = project.compiled_ahead.lock().expect("not poisoned");
-        while let Ok((_, built)) = results.try_recv() {
-            match built {
-                Ok(out) if !out.cached => {
-                    ahead.insert(out.key, out.seconds);
-                }
-                _ => {}
-            }
-        }
-    }
-    result
 }

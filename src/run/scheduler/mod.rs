@@ -20,7 +20,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
 mod gpu_queue;
+mod held;
 mod outcome;
+
+pub use held::HeldGpu;
 
 /// A (variant, shape, dtype): the cases `anytime` takes from the results store instead of measuring.
 pub type CaseKey = (String, String, Dtype);
@@ -143,7 +146,14 @@ impl Scheduler<'_> {
     /// Over 150 lines on purpose: the event loop. Its state (what is built, ready, running and
     /// finished, the GPUs alive, why it is stopping) is the loop's own locals, each changed in one
     /// arm of one `select!`; cut into methods, it would travel as a dozen `&mut`s.
-    pub async fn run(&self, planned: &[PlannedPoint], events: &mut Events) -> Result<Ending> {
+    /// `held`, when given, holds one of the run's GPUs until it ends (the reference library timed
+    /// there while the other GPUs time cases and nvcc builds); that GPU's queue starts then.
+    pub async fn run(
+        &self,
+        planned: &[PlannedPoint],
+        events: &mut Events,
+        mut held: Option<HeldGpu<'_>>,
+    ) -> Result<Ending> {
         let project = self.project;
         let dtypes = project.policies.dtypes.clone();
 
@@ -166,10 +176,23 @@ impl Scheduler<'_> {
         let mut builds_left = specs.len();
         let (mut build_tasks, mut build_rx) = spawn_builds(project, specs);
 
-        // Measurement: one serial queue per GPU; the orchestrator alone writes the log.
-        let (job_tx, gpu_tasks, mut result_rx) = self.start_gpu_queues();
+        // Measurement: one serial queue per GPU; the orchestrator alone writes the log. A held
+        // GPU of this host gets its queue when the held work ends (a cluster's GPUs are the
+        // workers' steps, never the held work's).
+        let began_held = events.stage_start();
+        let held_here = held
+            .as_ref()
+            .map(|h| h.gpu)
+            .filter(|g| self.devices.contains(g) && self.executor.queues().is_none());
+        let queues_now: Vec<u32> = self
+            .devices
+            .iter()
+            .copied()
+            .filter(|&d| Some(d) != held_here)
+            .collect();
+        let (job_tx, mut gpu_tasks, mut result_rx, starter) = self.start_gpu_queues(&queues_now);
         let max_drift = project.policies.sentinel.max_drift;
-        let mut live_gpus = self.devices.len();
+        let mut live_gpus = queues_now.len();
 
         let mut cubins: BTreeMap<UnitKey, PathBuf> = BTreeMap::new();
         let mut references_left = dtypes.len();
@@ -199,6 +222,8 @@ impl Scheduler<'_> {
                 let signal = crate::os::stop::requested().map_or("a signal", crate::os::stop::name);
                 stopping = Some(signal.into());
                 build_tasks.abort_all();
+                // Abandoned, as any stage is on a signal: its records are not logged.
+                held = None;
             }
             if stopping.is_none() && self.budget.time_is_up() {
                 let reason = self.budget.time_limit_reason().unwrap_or_default();
@@ -254,7 +279,11 @@ impl Scheduler<'_> {
                 }
             }
             let building = builds_left > 0 && stopping.is_none();
-            if !building && in_flight == 0 && (ready.is_empty() || stopping.is_some()) {
+            if !building
+                && in_flight == 0
+                && held.is_none()
+                && (ready.is_empty() || stopping.is_some())
+            {
                 break;
             }
             tokio::select! {
@@ -303,16 +332,27 @@ impl Scheduler<'_> {
                         return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
                     }
                 }
+                records = held::ended(&mut held) => {
+                    let ended = held.take().expect("the branch runs only while one is held");
+                    events.emit_all(records)?;
+                    events.stage_ran(ended.stage, ended.gpu, began_held)?;
+                    if held_here == Some(ended.gpu) && stopping.is_none() {
+                        starter.start(&mut gpu_tasks, ended.gpu);
+                        live_gpus += 1;
+                    }
+                }
                 // The top of the loop acts on it.
                 _ = crate::os::stop::reached(signals + 1) => {}
                 _ = sleep_until(deadline), if stopping.is_none() && deadline.is_some() => {}
-                _ = sleep_until(cut_at), if cut_at.is_some() && in_flight > 0 => {
+                _ = sleep_until(cut_at), if cut_at.is_some() && (in_flight > 0 || held.is_some()) => {
                     self.skip_cut_short(events, planned, &running, &books)?;
                     break;
                 }
             }
         }
         drop(job_tx);
+        // Every queue's results sender goes with its queue: the last sentinels end with them.
+        drop(starter);
         if cut_at.is_some() {
             // After the time limit nothing more is timed, a last sentinel included: ending the
             // queues ends their workers.
@@ -329,14 +369,17 @@ impl Scheduler<'_> {
         })
     }
 
-    /// One measurement queue per GPU, each with its worker session: the jobs go in through the
-    /// sender, the queues' cases, job ends and sentinels come out of the receiver.
+    /// One measurement queue per GPU of `devices`, each with its worker session: the jobs go in
+    /// through the sender, the queues' cases, job ends and sentinels come out of the receiver; the
+    /// last part starts one more queue on the same channels.
     fn start_gpu_queues(
         &self,
+        devices: &[u32],
     ) -> (
         mpsc::UnboundedSender<Job>,
         GpuTasks,
         mpsc::UnboundedReceiver<GpuEvent>,
+        QueueStarter,
     ) {
         let (job_tx, job_rx) = mpsc::unbounded_channel::<Job>();
         let job_rx = Arc::new(Mutex::new(job_rx));
@@ -354,18 +397,17 @@ impl Scheduler<'_> {
             sentinel_reps: policies.sentinel.reps,
             retime_on: policies.gpu_state.retime_on.clone(),
         });
+        let starter = QueueStarter {
+            executor: self.executor.clone(),
+            policy: loop_policy,
+            jobs: job_rx,
+            results: result_tx,
+        };
         let mut gpu_tasks = GpuTasks(Vec::new());
-        for &device in self.devices {
-            let (executor, rx, tx) = (self.executor.clone(), job_rx.clone(), result_tx.clone());
-            gpu_tasks.0.push(tokio::spawn(gpu_loop(
-                executor,
-                device,
-                loop_policy.clone(),
-                rx,
-                tx,
-            )));
+        for &device in devices {
+            starter.start(&mut gpu_tasks, device);
         }
-        (job_tx, gpu_tasks, result_rx)
+        (job_tx, gpu_tasks, result_rx, starter)
     }
 
     /// A budget ran out: logged, with every case of the variants not started skipped for it.
@@ -525,6 +567,26 @@ impl Scheduler<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// What a GPU's queue is started with: the shared job queue and results channel.
+struct QueueStarter {
+    executor: Executor,
+    policy: Arc<LoopPolicy>,
+    jobs: Arc<Mutex<mpsc::UnboundedReceiver<Job>>>,
+    results: mpsc::UnboundedSender<GpuEvent>,
+}
+
+impl QueueStarter {
+    fn start(&self, tasks: &mut GpuTasks, device: u32) {
+        tasks.0.push(tokio::spawn(gpu_loop(
+            self.executor.clone(),
+            device,
+            self.policy.clone(),
+            self.jobs.clone(),
+            self.results.clone(),
+        )));
     }
 }
 

@@ -33,7 +33,6 @@ fn the_key_covers_the_compilers_bytes_and_its_environment() {
         },
         cache_dir: dir.path().into(),
         timeout: Duration::from_secs(1),
-        compiled_ahead: Default::default(),
         confine: None,
     };
     let path = |p: &str| vec![("PATH".to_owned(), p.to_owned())];
