@@ -250,6 +250,18 @@ class Launch:
     rows_per_cta: int
     kv_rows_per_block: int
     kv_splits: int  # 0: auto (resolved per shape by the host)
+    # [family] switches (absent: off). tensor_maps: the kernel takes the TMA maps of Q, K and V after
+    # `causal` (SplitKvRunner encodes and passes them); the others have no runner here (see UNSUPPORTED).
+    tensor_maps: bool = False
+    combine_in_forward: bool = False
+    split_counters: bool = False
+    persistent: bool = False
+
+
+# [family] switches this script's runner does not implement: a space whose valid points need one is
+# refused (by --dry-run too), never run with a launch that differs from flashtune's worker.
+UNSUPPORTED = ("combine_in_forward", "split_counters", "persistent")
+FLAGS = ("tensor_maps",) + UNSUPPORTED
 
 
 def variant_id(params: dict) -> str:
@@ -289,6 +301,11 @@ class Space:
         self.forward_entry = fam["forward_entry"]
         self.combine_entry = fam["combine_entry"]
         self.family = {k: Expr(fam[k]) for k in ("threads", "smem_bytes", "rows_per_cta", "kv_rows_per_block", "kv_splits")}
+        self.flags = {k: Expr(fam[k]) for k in FLAGS if k in fam}
+        # [[family.arch_rules]]: points ruled out on other targets, with flashtune's wording.
+        self.arch_rules = [(Expr(r["when"]), list(r["archs"]), r["reason"]) for r in fam.get("arch_rules", [])]
+        self.arch = None  # the target the plan is for (sm_90a, ...): set by the caller before judging
+        self.match = None  # --match: a regular expression the variant id must match (smoke tests only)
 
     def variants(self) -> list[dict]:
         """Every grid point in file order, the last parameter varying fastest (as flashtune)."""
@@ -302,12 +319,24 @@ class Space:
         return ctx
 
     def judge(self, params: dict, head_dim: int, max_threads: int, max_smem: int):
-        """(Launch, None) for a valid point, (None, reason) otherwise: constraints, then device limits."""
+        """(Launch, None) for a valid point, (None, reason) otherwise, in flashtune's order and words
+        (src/model/space/judge.rs): constraints, arch rules, family, device limits, launch."""
         ctx = self.context(params, head_dim)
         for c in self.constraints:
             if not c.eval(ctx):
                 return None, f"constraints: `{c.text}` is false"
-        launch = Launch(*(int(self.family[k].eval(ctx)) for k in ("threads", "smem_bytes", "rows_per_cta", "kv_rows_per_block", "kv_splits")))
+        if self.match and not re.search(self.match, variant_id(params)):
+            return None, f"--match {self.match}: not matched"
+        if self.arch is None:
+            raise RuntimeError("Space.arch must be set before judging (the arch rules need the target)")
+        for when, archs, reason in self.arch_rules:
+            if when.eval(ctx) and self.arch not in archs:
+                return None, f"device: {reason} needs {' or '.join(archs)}; the target is {self.arch}"
+        launch = Launch(*(int(self.family[k].eval(ctx)) for k in ("threads", "smem_bytes", "rows_per_cta", "kv_rows_per_block", "kv_splits")),
+                        **{k: bool(e.eval(ctx)) for k, e in self.flags.items()})
+        if launch.combine_in_forward and not launch.split_counters and launch.kv_splits < 2:
+            splits = "the worker's choice" if launch.kv_splits == 0 else str(launch.kv_splits)
+            return None, f"family: combine_in_forward needs a fixed split count of 2 or more (a cluster's size), not {splits}"
         if launch.threads == 0 or launch.threads > max_threads:
             return None, f"device limits: {launch.threads} threads per block (limit {max_threads})"
         if launch.smem_bytes > max_smem:
@@ -324,6 +353,11 @@ class Space:
                 if launch:
                     out.append((params, d, launch))
         return out
+
+    def unsupported(self, plan) -> list[str]:
+        """Valid points whose launch needs a [family] switch this script cannot run (UNSUPPORTED)."""
+        return [f"{variant_id(p)} d{d} ({', '.join(k for k in UNSUPPORTED if getattr(launch, k))})"
+                for p, d, launch in plan if any(getattr(launch, k) for k in UNSUPPORTED)]
 
     def forward_defines(self, params: dict, dtype: str, head_dim: int) -> dict:
         defines = {"DTYPE": "DTYPE_BF16" if dtype == "bf16" else "DTYPE_F16", "HEAD_DIM": str(head_dim)}
@@ -459,10 +493,13 @@ class KtSpace:
 # --------------------------------------------------------------------------------------------
 # Dry run: the translation checked against flashtune's planner, no GPU.
 
-def flashtune_planned(log: Path) -> dict[tuple[str, int], str | None]:
-    """(variant, head dim) -> flashtune's verdict (None: valid, else its reason), from a run log."""
+def flashtune_planned(log: Path, launches: dict | None = None) -> dict[tuple[str, int], str | None]:
+    """(variant, head dim) -> flashtune's verdict (None: valid, else its reason), from a run log; the
+    valid points' launch records go into `launches` when given."""
+    launches = {} if launches is None else launches
     verdicts = {}
-    with open(log) as f:
+    import gzip
+    with (gzip.open(log, "rt") if log.suffix == ".gz" else open(log)) as f:
         for line in f:
             try:
                 rec = json.loads(line)
@@ -470,6 +507,8 @@ def flashtune_planned(log: Path) -> dict[tuple[str, int], str | None]:
                 continue  # a torn last line
             if rec.get("event") == "planned":
                 verdicts[(rec["variant"], int(rec["head_dim"]))] = rec.get("invalid")
+                if rec.get("launch"):
+                    launches[(rec["variant"], int(rec["head_dim"]))] = rec["launch"]
     return verdicts
 
 
@@ -480,17 +519,23 @@ def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
     print(f"self-tests: evalexpr translation ok, output check {_check_selftest()}")
     plan = space.plan(head_dims, max_threads, max_smem)
     ours = {(variant_id(p), d) for p, d, _ in plan}
+    status = 0
+    refused = space.unsupported(plan)
+    if refused:
+        status = 1
+        print(f"REFUSED: {len(refused)} valid points need a launch this script has no runner for, e.g. {refused[0]}")
     per_dim = {d: sum(1 for _, hd, _ in plan if hd == d) for d in head_dims}
     print(f"space {space.name} ({space.path.relative_to(ROOT)}): {len(space.variants())} grid points x head dims {head_dims}")
     print(f"device limits (policies.toml [build.targets.{args.arch}]): {max_threads} threads, {max_smem} B smem opt-in")
     for p, d, launch in plan if args.list else []:
         print(f"  d{d} {variant_id(p):32s} threads {launch.threads:4d} smem {launch.smem_bytes:6d} B"
               f" rows/CTA {launch.rows_per_cta:3d} split {'auto' if launch.kv_splits == 0 else launch.kv_splits}")
-    print(f"valid (variant, head dim) points: {len(plan)} ({', '.join(f'd{d}: {n}' for d, n in per_dim.items())})")
+    tma = sum(1 for *_, launch in plan if launch.tensor_maps)
+    print(f"valid (variant, head dim) points: {len(plan)} ({', '.join(f'd{d}: {n}' for d, n in per_dim.items())}); "
+          f"{tma} take TMA tensor maps (encoded and passed by this script's runner)")
     dtypes = args.dtypes or policies["dtypes"]
     cases = sum(per_dim[s.d] for s in shapes) * len(dtypes)
     print(f"Kernel Tuner configurations (one tune_kernel per shape and dtype): {cases} over {len(shapes)} shapes x {len(dtypes)} dtypes")
-    status = 0
 
     # Kernel Tuner's own search-space builder on the same inputs tune_kernel gets.
     try:
@@ -508,7 +553,8 @@ def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
             print(f"Kernel Tuner Searchspace, d{d}: {ss.size} configurations, {'the same points' if same else 'DIFFERENT points'} as the Python planner")
 
     if args.flashtune_log:
-        verdicts = {k: v for k, v in flashtune_planned(Path(args.flashtune_log)).items() if k[1] in head_dims}
+        launches = {}
+        verdicts = {k: v for k, v in flashtune_planned(Path(args.flashtune_log), launches).items() if k[1] in head_dims}
         if not verdicts:
             print(f"{args.flashtune_log}: no `planned` records")
             return 1
@@ -525,7 +571,20 @@ def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
         differ = [k for k in verdicts if mine.get(k, "missing") != verdicts[k]]
         print(f"verdicts with reasons: {len(verdicts) - len(differ)} of {len(verdicts)} points give flashtune's reason"
               + ("" if not differ else f"; first difference: {differ[0]}: here {mine.get(differ[0])!r}, flashtune {verdicts[differ[0]]!r}"))
-        status |= 0 if same and not differ else 1
+        # The launch of every valid point: threads, shared memory, rows per CTA and per K/V block, the
+        # split, and the switches (a switch flashtune leaves out of its record is off).
+        ours_launch = {(variant_id(p), d): launch for p, d, launch in plan}
+        bad = []
+        for k, rec in launches.items():
+            mine_l = ours_launch.get(k)
+            if mine_l is None or k[1] not in head_dims:
+                continue
+            theirs_l = {f: rec.get(f, False) for f in ("threads", "smem_bytes", "rows_per_cta", "kv_rows_per_block", "kv_splits") + FLAGS}
+            if theirs_l != {f: getattr(mine_l, f) for f in theirs_l}:
+                bad.append(k)
+        print(f"launches: {len(launches) - len(bad)} of {len(launches)} valid points launch as flashtune's plan says"
+              + ("" if not bad else f"; first difference: {bad[0]}: flashtune {launches[bad[0]]}, here {ours_launch[bad[0]]}"))
+        status |= 0 if same and not differ and not bad else 1
     return status
 
 
@@ -538,6 +597,78 @@ def dry_run(args, space: Space, policies: dict, shapes: list[Shape]) -> int:
 # attn_combine on the same stream, so Kernel Tuner's events time both (and its check run sees the
 # combined output).
 
+class Driver:
+    """The two CUDA driver calls CuPy does not wrap, through ctypes on libcuda: cuTensorMapEncodeTiled
+    (TMA maps) and cuLaunchKernel (a launch with 128-byte by-value parameters, which CuPy's kernel
+    call cannot pass)."""
+    _lib = None
+    # cuda.h's enum values (cudarc's sys bindings list the same)
+    UINT16, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_FILL_NONE = 1, 0, 3, 3, 0
+
+    @classmethod
+    def lib(cls):
+        if cls._lib is None:
+            import ctypes as c
+            lib = c.CDLL("libcuda.so.1")
+            lib.cuTensorMapEncodeTiled.restype = c.c_int
+            lib.cuTensorMapEncodeTiled.argtypes = [c.c_void_p, c.c_int, c.c_uint32, c.c_void_p, c.POINTER(c.c_uint64),
+                                                   c.POINTER(c.c_uint64), c.POINTER(c.c_uint32), c.POINTER(c.c_uint32),
+                                                   c.c_int, c.c_int, c.c_int, c.c_int]
+            lib.cuLaunchKernel.restype = c.c_int
+            lib.cuLaunchKernel.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p, c.POINTER(c.c_void_p), c.POINTER(c.c_void_p)]
+            cls._lib = lib
+        return cls._lib
+
+
+class TensorMap:
+    """A CUtensorMap (128 opaque bytes, 64-byte aligned) encoded as flashtune's worker encodes it
+    (src/gpu/worker/launch.rs, TensorMapKey::encode): 3-D (element, row, batch x head) over a
+    [B * H, rows, head_dim] buffer of 16-bit elements, boxes of 64 elements x box_rows rows, 128-byte
+    swizzle, L2 promotion 256 B, zero fill out of bounds; UINT16 for f16 and bf16 alike."""
+
+    def __init__(self, address: int, heads: int, rows: int, head_dim: int, box_rows: int):
+        import ctypes as c
+        if head_dim % 32 != 0 or not 1 <= box_rows <= 256:
+            raise ValueError(f"no TMA map for head dim {head_dim} in boxes of {box_rows} rows")
+        self._buf = (c.c_uint8 * 192)()
+        self.ptr = c.addressof(self._buf) + (-c.addressof(self._buf)) % 64
+        dims = (c.c_uint64 * 3)(head_dim, rows, heads)
+        strides = (c.c_uint64 * 2)(head_dim * 2, rows * head_dim * 2)
+        boxes = (c.c_uint32 * 3)(64, box_rows, 1)
+        elem_strides = (c.c_uint32 * 3)(1, 1, 1)
+        d = Driver
+        err = d.lib().cuTensorMapEncodeTiled(self.ptr, d.UINT16, 3, address, dims, strides, boxes, elem_strides,
+                                             d.INTERLEAVE_NONE, d.SWIZZLE_128B, d.L2_PROMOTION_256B, d.OOB_FILL_NONE)
+        if err:
+            raise RuntimeError(f"cuTensorMapEncodeTiled ({rows} rows x {head_dim} of {heads} heads, boxes of {box_rows} rows): CUresult {err}")
+
+
+def launch_raw(func_ptr: int, grid, block, smem: int, stream_ptr: int, args) -> None:
+    """cuLaunchKernel with every parameter's bytes: device arrays as their address, NumPy scalars as
+    their C type, tensor maps as their 128 bytes (the driver copies each by the kernel's own layout)."""
+    import ctypes as c
+    import numpy as np
+    ctype = {np.dtype(np.int32): c.c_int32, np.dtype(np.uint32): c.c_uint32, np.dtype(np.int64): c.c_int64,
+             np.dtype(np.float32): c.c_float}
+    held, params = [], (c.c_void_p * len(args))()
+    for i, a in enumerate(args):
+        if isinstance(a, TensorMap):
+            params[i] = a.ptr
+            continue
+        if hasattr(a, "data") and hasattr(a.data, "ptr"):  # a CuPy array
+            v = c.c_uint64(a.data.ptr)
+        elif isinstance(a, np.generic) and a.dtype in ctype:
+            v = ctype[a.dtype](a.item())
+        else:
+            raise TypeError(f"kernel parameter {i}: cannot pass {type(a).__name__} by cuLaunchKernel")
+        held.append(v)
+        params[i] = c.addressof(v)
+    g, b = (tuple(grid) + (1, 1))[:3], (tuple(block) + (1, 1))[:3]
+    err = Driver.lib().cuLaunchKernel(func_ptr, *map(int, g), *map(int, b), int(smem), stream_ptr, params, None)
+    if err:
+        raise RuntimeError(f"cuLaunchKernel: CUresult {err}")
+
+
 class SplitKvRunner:
     active = None  # the runner of the (shape, dtype) being tuned
     _installed = False
@@ -547,6 +678,7 @@ class SplitKvRunner:
         self.current = None  # dict for the configuration last compiled
         self.accum = {}  # splits -> (O_accum, LSE_accum)
         self.seen = {}  # variant id -> what the runner decided (kv_splits, registers, occupancy)
+        self.maps = {}  # (address, rows, box rows) -> TensorMap, as the worker caches them
 
     @classmethod
     def install(cls, backend_cls):
@@ -619,9 +751,9 @@ class SplitKvRunner:
             oacc.view(self.cp.uint32).fill(POISON_F32_BITS)
             lacc.view(self.cp.uint32).fill(POISON_F32_BITS)
         vid = variant_id(self.kts.params_of(p))
-        self.current = {"variant": vid, "splits": splits, "combine": combine}
+        self.current = {"variant": vid, "splits": splits, "combine": combine, "launch": launch}
         self.seen[vid] = {"kv_splits": splits, "registers": int(func.num_regs), "ctas_per_sm": ctas_per_sm,
-                          "smem_bytes": launch.smem_bytes, "threads": threads}
+                          "smem_bytes": launch.smem_bytes, "threads": threads, "tensor_maps": launch.tensor_maps}
 
     def buffers(self, splits: int):
         if splits not in self.accum:
@@ -632,6 +764,12 @@ class SplitKvRunner:
                                   self.cp.empty(splits * rows, dtype=self.cp.float32))
         return self.accum[splits]
 
+    def tensor_map(self, array, heads: int, rows: int, box_rows: int) -> TensorMap:
+        key = (array.data.ptr, rows, box_rows)
+        if key not in self.maps:
+            self.maps[key] = TensorMap(array.data.ptr, heads, rows, self.shape.d, box_rows)
+        return self.maps[key]
+
     def launch(self, dev, func, gpu_args, threads, grid, stream=None):
         cp, s, cur = self.cp, self.shape, self.current
         stream = stream if stream is not None else dev.stream
@@ -639,7 +777,26 @@ class SplitKvRunner:
         splits = cur["splits"]
         if splits > 1:
             args[5], args[6] = self.buffers(splits)
-        func((grid[0], grid[1], splits), threads, tuple(args), stream=stream, shared_mem=dev.smem_size)
+        launch = cur["launch"]
+        if launch.tensor_maps:
+            # TMA = 1: the maps of Q, K and V after `causal` (forward.cu's launch contract), by value.
+            heads = s.b * s.h
+            maps = [self.tensor_map(args[0], heads, s.sq, launch.rows_per_cta),
+                    self.tensor_map(args[1], heads, s.sk, launch.kv_rows_per_block),
+                    self.tensor_map(args[2], heads, s.sk, launch.kv_rows_per_block)]
+            try:
+                launch_raw(func.kernel.ptr, (grid[0], grid[1], splits), threads, dev.smem_size, stream.ptr, args + maps)
+            except (RuntimeError, ValueError, TypeError, OSError) as e:
+                # Refused before it ran (a bad parameter or map: no sticky error). Raised here, it would
+                # end the whole tune_kernel from Kernel Tuner's check run; recorded, the configuration
+                # counts as failed (its outputs stay poisoned, so the check fails too) and tuning goes on.
+                seen = self.seen.setdefault(cur["variant"], {})
+                if "launch_error" not in seen:
+                    seen["launch_error"] = f"{type(e).__name__}: {e}"
+                    print(f"  launch failed: {cur['variant']}: {seen['launch_error']}", file=sys.stderr, flush=True)
+                return
+        else:
+            func((grid[0], grid[1], splits), threads, tuple(args), stream=stream, shared_mem=dev.smem_size)
         if splits > 1:
             rows = s.b * s.h * s.sq
             cur["combine"]((ceil_div(rows, 4),), (128,), (args[5], args[6], args[3], args[4], args[7], args[8], args[9], cp.int32(splits)), stream=stream)
@@ -895,6 +1052,9 @@ def summarize_result(r: dict, kts: KtSpace, shape: Shape, dtype: str, seen: dict
         out["error"] = str(err)  # Kernel Tuner's ErrorConfig classes print their class name
         if "compile_error" in out:
             out["error"] += ": " + out.pop("compile_error")
+    elif "launch_error" in out:
+        out["status"] = "failed"
+        out["error"] = out.pop("launch_error")
     elif check is not None and check["failures"]:
         out["status"] = "failed"
         out["error"] = "; ".join(check["failures"])
@@ -908,6 +1068,16 @@ def summarize_result(r: dict, kts: KtSpace, shape: Shape, dtype: str, seen: dict
     for k in ("compile_time", "verification_time", "benchmark_time"):
         if isinstance(r.get(k), (int, float)):
             out[k + "_ms"] = r[k]
+    # When Kernel Tuner had this configuration's result (compiled, checked and timed): its own
+    # per-configuration `timestamp` (runners/sequential.py, UTC, taken after the benchmark), as
+    # seconds since this script started (T_START, before its imports). bench/compare.py's time to an
+    # equal best reads it.
+    stamp = r.get("timestamp")
+    if isinstance(stamp, str):
+        try:
+            out["t_s"] = round(datetime.datetime.fromisoformat(stamp).timestamp() - T_START, 3)
+        except ValueError:
+            pass
     return out
 
 
@@ -948,15 +1118,45 @@ def base_doc(args, space, shapes, dtypes, planned: int, mode: str) -> dict:
         "strategy": "random_sample (fraction 1, time_limit)" if args.time_limit else "brute_force",
         "iterations": args.iterations, "seed": args.seed,
         "configurations": {"planned": planned}, "errors": [], "results": [],
+        # per (shape, dtype), in the order run: its tune_kernel's start and end, seconds since T_START
+        "cases": [],
     }
 
 
-def strategy_for(deadline: float | None, now: float, calls_left: int):
-    """brute_force without a budget; with one, random sampling of the whole space under an equal share
-    of the time left (unused time carries to the next cases). None when no time is left."""
+# A rough cost model for sharing a time limit among the cases (seconds), from the H100 run of
+# 2026-11-23 (docs/measurements/2026-11-23-h100/attention-full-gpu-verify/kernel_tuner.json.gz): one
+# NVRTC compile 0.5-0.8 s; one configuration's check, timed launches and Kernel Tuner's own work about
+# 0.04 s plus 6 ns per output element (the check copies and compares O: 0.13 s at 33.5 M elements).
+# Only the shares depend on it.
+COMPILE_S = 0.7
+
+
+def run_s(shape: Shape) -> float:
+    return 0.04 + 6e-9 * shape.b * shape.h * shape.sq * shape.d
+
+
+def case_weights(calls, planned_points: dict, compiled: dict) -> list[float]:
+    """The expected cost of each remaining (shape, dtype): its configurations' runs, plus, for the first
+    remaining case of each (head dim, dtype), the compiles not yet in CuPy's cache (later cases of the
+    same head dim and dtype find them there)."""
+    out, first = [], set()
+    for shape, dtype in calls:
+        key = (shape.d, dtype)
+        n = len(planned_points[shape.d])
+        todo = n - len(compiled.get(key, ())) if key not in first else 0
+        first.add(key)
+        out.append(run_s(shape) * n + COMPILE_S * max(todo, 0))
+    return out
+
+
+def strategy_for(deadline: float | None, now: float, weights: list[float]):
+    """brute_force without a budget; with one, random sampling of the whole space (fraction 1: every
+    configuration, in random order, if the time allows) under this case's share of the time left, in
+    proportion to its expected cost (`weights`, this case first; unused time carries to the next
+    cases). None when no time is left."""
     if deadline is None:
         return "brute_force", None
-    share = (deadline - now) / calls_left
+    share = (deadline - now) * weights[0] / sum(weights)
     if share <= 1.0:
         return None
     return "random_sample", {"fraction": 1.0, "time_limit": share}
@@ -1010,6 +1210,7 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
         raise SystemExit("no CUDA toolkit include folder with " + ", ".join(_CUDA_HEADERS) + " under CUDA_PATH, CUDA_HOME, "
                          "the nvcc on PATH or /usr/local/cuda: NVRTC cannot compile forward.cu without them")
     options = kt_compiler_options(space, cc, cuda_includes)
+    space.arch = arch_for(cc)  # as flashtune's planner on this GPU (the arch rules)
     # The GPU's own limits plan the space, as flashtune's planner on a GPU does; the --dry-run check
     # before this (bench/run.sh) used policies.toml's table for the same arch, so say if they differ.
     table = policies["build"].get("targets", {}).get(arch_for(cc))
@@ -1021,6 +1222,10 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
     head_dims = sorted({s.d for s in shapes})
     kt_spaces = {d: KtSpace(space, d, max_threads, max_smem) for d in head_dims}
     planned_points = {d: space.plan([d], max_threads, max_smem) for d in head_dims}
+    refused = space.unsupported([pt for d in head_dims for pt in planned_points[d]])
+    if refused:
+        raise SystemExit(f"{len(refused)} valid points need a launch this script has no runner for "
+                         f"({', '.join(refused[:3])}...): Kernel Tuner would not run what flashtune runs")
     planned = sum(len(planned_points[s.d]) for s in shapes) * len(dtypes)
     doc = base_doc(args, space, shapes, dtypes, planned, "gpu")
     doc.update({
@@ -1038,10 +1243,11 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
     deadline = T_START + args.time_limit if args.time_limit else None
     out = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix="kt-cache-"))
+    compiled = {}  # (head dim, dtype) -> variants CuPy has compiled (its cache serves them to later shapes)
     for i, (shape, dtype) in enumerate(calls):
         kts = kt_spaces[shape.d]
         t0 = time.time()
-        chosen = strategy_for(deadline, time.time(), len(calls) - i)
+        chosen = strategy_for(deadline, time.time(), case_weights(calls[i:], planned_points, compiled))
         if chosen is None:
             doc["errors"].append({"shape": shape.name, "dtype": dtype, "error": "time limit reached before this case"})
             continue
@@ -1077,7 +1283,10 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
             print(f"  {shape.name} {dtype}: Kernel Tuner stopped: {error}", file=sys.stderr, flush=True)
             results = read_kt_cache(cache)  # what it measured before stopping
         rows = [summarize_result(r, kts, shape, dtype, runner.seen, checks) for r in results if r]
+        compiled.setdefault((shape.d, dtype), set()).update(r["variant"] for r in rows)
         doc["results"].extend(rows)
+        doc["cases"].append({"shape": shape.name, "dtype": dtype, "strategy": strategy, "share_s": (strategy_options or {}).get("time_limit"),
+                             "started_s": round(t0 - T_START, 3), "ended_s": round(time.time() - T_START, 3), "error": error})
         ok = [r for r in rows if r["status"] == "valid"]
         best = min(ok, key=lambda r: r["time_us"]) if ok else None
         print(f"  {shape.label()} {dtype}: {len(rows)} tried, {len(ok)} valid in {time.time() - t0:.1f} s"
@@ -1090,6 +1299,7 @@ def tune(args, space: Space, policies: dict, shapes: list[Shape], dtypes: list[s
         write_report(out, doc)  # after every case: a killed run still leaves its figures
     doc["wall_seconds"] = time.time() - T_START
     write_report(out, doc)
+    shutil.rmtree(work, ignore_errors=True)  # Kernel Tuner's per-case cache files (the JSON holds their results)
     c = doc["configurations"]
     print(f"Kernel Tuner: {c['tried']} of {c['planned']} configurations tried, {c['valid']} valid, {c['failed']} failed, "
           f"wall {doc['wall_seconds']:.1f} s ({doc['configurations_per_minute'] or 0:.1f} configurations/min) -> {out}", flush=True)
@@ -1123,9 +1333,11 @@ def simulate(args, space: Space, policies: dict, shapes: list[Shape], dtypes: li
     work = Path(tempfile.mkdtemp(prefix="kt-sim-"))
     calls = [(s, dt) for s in shapes for dt in dtypes]
     deadline = T_START + args.time_limit if args.time_limit else None
+    sim_clock = time.time() - T_START
+    planned_points = {d: space.plan([d], max_threads, max_smem) for d in head_dims}
     for i, (shape, dtype) in enumerate(calls):
         kts = kt_spaces[shape.d]
-        chosen = strategy_for(deadline, time.time(), len(calls) - i)
+        chosen = strategy_for(deadline, time.time(), case_weights(calls[i:], planned_points, {}))
         if chosen is None:
             doc["errors"].append({"shape": shape.name, "dtype": dtype, "error": "time limit reached before this case"})
             continue
@@ -1154,10 +1366,17 @@ def simulate(args, space: Space, policies: dict, shapes: list[Shape], dtypes: li
             strategy=strategy, strategy_options=strategy_options, seed=args.seed,
         )
         rows = [summarize_result(r, kts, shape, dtype, {}, {}) for r in results if r]
+        started = sim_clock
+        for row in rows:  # a synthetic clock: each configuration's simulated compile, check and timing
+            sim_clock += sum(row.get(k, 0.0) for k in ("compile_time_ms", "verification_time_ms", "benchmark_time_ms")) / 1000.0
+            row["t_s"] = round(sim_clock, 3)
         doc["results"].extend(rows)
+        doc["cases"].append({"shape": shape.name, "dtype": dtype, "strategy": strategy, "share_s": (strategy_options or {}).get("time_limit"),
+                             "started_s": round(started, 3), "ended_s": round(sim_clock, 3), "error": None})
         print(f"  {shape.label()} {dtype}: {len(rows)} simulated configurations ({strategy})")
-    doc["wall_seconds"] = time.time() - T_START
+    doc["wall_seconds"] = max(sim_clock, time.time() - T_START)
     write_report(Path(args.out), doc)
+    shutil.rmtree(work, ignore_errors=True)
     c = doc["configurations"]
     print(f"simulated: {c['tried']} of {c['planned']} configurations, best for {len(doc['best'])} cases -> {args.out}")
     return 0 if c["tried"] == planned or args.time_limit else 1
@@ -1181,6 +1400,8 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="with --dry-run: print every valid configuration")
     ap.add_argument("--simulate", action="store_true", help="no GPU: Kernel Tuner's simulation mode on synthetic timings")
     ap.add_argument("--verbose", action="store_true", help="Kernel Tuner prints every configuration")
+    ap.add_argument("--match", help="smoke tests only: keep the valid points whose variant id matches this regular "
+                                    "expression (e.g. '-t1' for the TMA points); never for a comparison")
     args = ap.parse_args()
     # Kernel Tuner warns that uint16 arrays do not match `const elem_t*` (it knows no half/bfloat16 types).
     warnings.filterwarnings("ignore", message=r"Argument at position \d+ of dtype")
@@ -1199,6 +1420,8 @@ def main() -> int:
         args.seed = int(policies["measure"]["seed"])
     if args.arch is None:
         args.arch = policies["build"]["default_arch"]
+    space.arch = args.arch  # --dry-run and --simulate plan for it; on a GPU, tune() takes the GPU's
+    space.match = args.match
     shapes = select_shapes(space, policies, args.shapes.split(",") if args.shapes else None)
     args.dtypes = args.dtypes.split(",") if args.dtypes else None
     dtypes = args.dtypes or list(policies["dtypes"])
