@@ -290,6 +290,13 @@ impl Scheduler<'_> {
                 Some((key, result)) = build_rx.recv(), if building => {
                     builds_left -= 1;
                     let variant = key.0.clone();
+                    // A stop's signal (a cancelled Slurm job's SIGTERM) reaches nvcc too: a build
+                    // that fails while the run is being stopped is no verdict on its variant.
+                    if matches!(&result, Err(BuildFailure::Compiler { .. }))
+                        && stopped_meanwhile().await
+                    {
+                        continue;
+                    }
                     self.take_build(events, (key, result), &mut cubins)?;
                     if variant == REFERENCE {
                         references_left -= 1;
@@ -673,6 +680,16 @@ fn not_started(
         .filter(|v| !finished.contains(*v) && !running.contains(*v))
         .cloned()
         .collect()
+}
+
+/// Whether a stop is requested now or within a moment (the listener that counts a signal may run
+/// just after the child the same signal ended was reaped).
+async fn stopped_meanwhile() -> bool {
+    if crate::os::stop::requested().is_some() {
+        return true;
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    crate::os::stop::requested().is_some()
 }
 
 /// Sleep until `when`; never wakes when there is none (the branch is disabled then anyway).
