@@ -84,6 +84,21 @@ fn tune(root: &Path, extra: &[&str]) -> std::path::PathBuf {
     run_dir_from(&out)
 }
 
+/// `tune` of the smoke space on the double showing two GPUs, on the GPUs `gpus` names.
+fn tune_on_a_host_of_two(root: &Path, gpus: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut env = env.to_vec();
+    env.push(("FLASHTUNE_FAKE_GPUS", "2"));
+    let args = [
+        "tune",
+        "--fake-gpu",
+        "--gpus",
+        gpus,
+        "--space",
+        "variants/smoke.toml",
+    ];
+    flashtune_with_env(root, &args, &env)
+}
+
 /// (shape, dtype, backend) → (median, where it was measured) of a run's baseline records.
 fn baselines(run: &Path) -> Vec<(String, String, String, f64, Option<Citation>)> {
     records(run)
@@ -227,18 +242,7 @@ fn a_stored_baseline_its_log_line_contradicts_is_never_taken() {
 #[test]
 fn a_run_times_the_reference_library_on_its_own_gpu() {
     let dir = scripted_project();
-    let out = flashtune_with_env(
-        dir.path(),
-        &[
-            "tune",
-            "--fake-gpu",
-            "--gpus",
-            "1",
-            "--space",
-            "variants/smoke.toml",
-        ],
-        &[("FLASHTUNE_FAKE_GPUS", "2")],
-    );
+    let out = tune_on_a_host_of_two(dir.path(), "1", &[]);
     assert!(out.status.success(), "{}", text(&out));
     let run = run_dir_from(&out);
     let placements: Vec<serde_json::Value> =
@@ -271,20 +275,10 @@ fn a_run_times_the_reference_library_on_its_own_gpu() {
 #[test]
 fn the_reference_library_is_timed_on_one_gpu_while_the_other_times_cases() {
     let dir = scripted_project();
-    let out = flashtune_with_env(
+    let out = tune_on_a_host_of_two(
         dir.path(),
-        &[
-            "tune",
-            "--fake-gpu",
-            "--gpus",
-            "0,1",
-            "--space",
-            "variants/smoke.toml",
-        ],
-        &[
-            ("FLASHTUNE_FAKE_GPUS", "2"),
-            ("ADAPTER_WAITS_FOR_A_CASE_ON_GPU", "1"),
-        ],
+        "0,1",
+        &[("ADAPTER_WAITS_FOR_A_CASE_ON_GPU", "1")],
     );
     assert!(out.status.success(), "{}", text(&out));
     let run = run_dir_from(&out);
