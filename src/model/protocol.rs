@@ -467,10 +467,35 @@ pub struct CaseCosts {
     /// Reading back and verifying the outputs of the timed launches.
     #[serde(default)]
     pub verify_s: f64,
+    /// `verify_s` by part (zero in logs from before it was kept).
+    #[serde(default)]
+    pub verify_parts: VerifyParts,
     /// Everything else around timing: capture, warm-up bookkeeping, poisoning, negating V.
     pub timing_overhead_s: f64,
     /// The fresh-input and stress-set checks after timing.
     pub recheck_s: f64,
+}
+
+/// Where the verification of the timed launches spends its time: what to make cheaper.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct VerifyParts {
+    /// Reading a kept round's outputs back to the host as the round ends.
+    pub keep_s: f64,
+    /// Drawing a kept launch's inputs again and computing its reference (the oracle).
+    pub references_s: f64,
+    /// Uploading the host's copy and comparing it with the reference.
+    pub comparisons_s: f64,
+    /// Running each kept round again and comparing its outputs with the host's copy.
+    pub reruns_s: f64,
+}
+
+impl VerifyParts {
+    pub fn add(&mut self, other: &VerifyParts) {
+        self.keep_s += other.keep_s;
+        self.references_s += other.references_s;
+        self.comparisons_s += other.comparisons_s;
+        self.reruns_s += other.reruns_s;
+    }
 }
 
 /// A check after the first one.

@@ -513,7 +513,7 @@ fn place_the_rest_spread(
 /// champions (those that won the most cases first, then the newest), the neighbours the `[guided]`
 /// rules propose from those champions' earlier profiles, then the rest, each next one as unlike
 /// the variants before it as the space allows (the most parameters different), so that a run cut
-/// short has seen every corner of the space rather than one corner in full.
+/// short has seen every corner of the space rather than one corner in full; the baseline last.
 pub fn best_first(
     space: &crate::model::space::Space,
     rules: &[crate::model::config::GuidedRule],
@@ -612,7 +612,30 @@ pub fn best_first(
         }
     }
 
+    // The baseline is what every figure is compared with, not a contender: last, where every case
+    // has a race bar and a slow baseline stops after a few samples (first, it was timed in full on
+    // every case, 26 s of a 442 s run of the attention space on an H200). A champion stays where
+    // its evidence put it.
+    let baseline = space.baseline_id();
+    let baseline_at = variants
+        .iter()
+        .position(|(id, _)| *id == baseline)
+        .filter(|&i| !is_placed(&placed, i));
+    if let Some(i) = baseline_at {
+        placed.push((i, RankReason::Baseline, String::new()));
+    }
     place_the_rest_spread(&variants, &mut placed);
+    if let Some(i) = baseline_at {
+        let at = placed.iter().position(|p| p.0 == i).expect("placed above");
+        placed.remove(at);
+        placed.push((
+            i,
+            RankReason::Baseline,
+            "the space's baseline, last: every figure is compared with it, and timed after \
+             every case has a best it stops after a few samples"
+                .into(),
+        ));
+    }
     placed
         .into_iter()
         .enumerate()

@@ -6,7 +6,7 @@ use super::verify::{Kept, Side, Verifier};
 use super::{Device, Io, MIN_LAUNCHES};
 use crate::gpu::check;
 use crate::model::protocol::{
-    CaseCosts, CaseSpec, MeasureSpec, RaceBar, RacedOut, Stage, StageCheck,
+    CaseCosts, CaseSpec, MeasureSpec, RaceBar, RacedOut, Stage, StageCheck, VerifyParts,
 };
 use anyhow::Result;
 use std::time::Instant;
@@ -78,7 +78,8 @@ pub(super) fn time_interleaved<D: Device>(
     let mut layout = Layout::new();
     let mut verifier = None;
     let mut sides = Vec::new();
-    let (mut replays_us, mut inputs_s, mut verify_s) = (0.0, 0.0, 0.0);
+    let (mut replays_us, mut inputs_s) = (0.0, 0.0);
+    let mut parts = VerifyParts::default();
     let mut raced = None;
     let timed = (|| -> Result<()> {
         let verifier_at = layout.place(contenders.len() + 1);
@@ -179,24 +180,27 @@ pub(super) fn time_interleaved<D: Device>(
                 // The kernel has finished: only now is it decided whether this round is kept.
                 let keeping = Instant::now();
                 out[side].kept.offer(dev, round, seed, ios, shape, spare)?;
-                verify_s += keeping.elapsed().as_secs_f64();
+                parts.keep_s += keeping.elapsed().as_secs_f64();
             }
         }
-        let verifying = Instant::now();
         for side in out.iter_mut() {
             verifier.check_kept(dev, side, samples, case)?;
         }
+        let rerunning = Instant::now();
         for (side, (graph, ios)) in out.iter_mut().zip(&sides) {
             if side.failed.is_none() {
                 verifier.rerun_kept(dev, side, *graph, ios, &inputs, samples, case)?;
             }
         }
-        verify_s += verifying.elapsed().as_secs_f64();
+        parts.reruns_s += rerunning.elapsed().as_secs_f64();
         Ok(())
     })();
     if let Some(verifier) = verifier {
-        verifier.free(dev);
+        let spent = verifier.free(dev);
+        parts.references_s += spent.references_s;
+        parts.comparisons_s += spent.comparisons_s;
     }
+    let verify_s = parts.keep_s + parts.references_s + parts.comparisons_s + parts.reruns_s;
     out.iter_mut()
         .for_each(|side| side.kept.recycle(&mut pools.host_spare));
     layout.free(dev);
@@ -208,6 +212,7 @@ pub(super) fn time_interleaved<D: Device>(
     costs.inputs_s += inputs_s;
     costs.replays_s += replays_us / 1e6;
     costs.verify_s += verify_s;
+    costs.verify_parts.add(&parts);
     costs.timing_overhead_s +=
         (started.elapsed().as_secs_f64() - replays_us / 1e6 - verify_s - inputs_s).max(0.0);
     let result = out

@@ -8,7 +8,7 @@ use super::mixture::LaunchDraw;
 use super::{Buf, Comparison, Device, GraphId, Io, KernelId, MaskedReference};
 use crate::gpu::check;
 use crate::model::config::Shape;
-use crate::model::protocol::{CaseSpec, CheckStats, Stage, StageCheck};
+use crate::model::protocol::{CaseSpec, CheckStats, Stage, StageCheck, VerifyParts};
 use anyhow::{bail, Result};
 use rand::Rng;
 
@@ -110,6 +110,17 @@ impl RoundSample {
     }
 }
 
+/// `v` at length `n`: its own memory when it has room (pages touched already read back several
+/// times faster), else fresh zeroed memory, whose pages the first read back touches on several
+/// threads rather than a resize on one.
+fn fit<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    if v.capacity() >= n {
+        v.resize(n, T::default());
+    } else {
+        *v = vec![T::default(); n];
+    }
+}
+
 /// One launch's outputs as the host holds them: O's bits and the LSE.
 #[derive(Clone, Default)]
 pub(super) struct HostOutputs {
@@ -122,8 +133,8 @@ impl HostOutputs {
     /// vectors, grown to the launch's sizes the first time and reused after (pages already touched
     /// read back several times faster than new ones).
     pub(super) fn read<D: Device>(&mut self, dev: &mut D, io: &Io, shape: &Shape) -> Result<()> {
-        self.o.resize(q_elements(shape), 0);
-        self.lse.resize(rows(shape), 0.0);
+        fit(&mut self.o, q_elements(shape));
+        fit(&mut self.lse, rows(shape));
         dev.read16_into(io.o, &mut self.o)?;
         dev.read32_into(io.lse, &mut self.lse)
     }
@@ -131,7 +142,7 @@ impl HostOutputs {
     fn differing_bits(&self, other: &HostOutputs) -> u64 {
         let bits = |lse: &[f32]| lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         // The usual answer, by a plain comparison of the bytes; counted only when they differ.
-        if self.o == other.o && bits(&self.lse) == bits(&other.lse) {
+        if crate::os::host_memory::equal(&self.o, &other.o) && bits(&self.lse) == bits(&other.lse) {
             return 0;
         }
         check::differing_bits((&self.o, &self.lse), (&other.o, &other.lse))
@@ -214,6 +225,8 @@ pub(super) struct Verifier {
     /// Where the host's copy of a launch's outputs goes for its comparison, right before it: no
     /// kernel is ever given these, and none runs between the upload and the verdict.
     judged: (Buf, Buf),
+    /// The time `check_kept` spent on references and on comparisons (a re-run's are the re-run's).
+    spent: VerifyParts,
 }
 
 impl Verifier {
@@ -243,15 +256,18 @@ impl Verifier {
             },
             again: HostOutputs::default(),
             judged: (dev.alloc16(q_elements(shape))?, dev.alloc32(rows(shape))?),
+            spent: VerifyParts::default(),
         })
     }
 
-    pub(super) fn free<D: Device>(self, dev: &mut D) {
+    /// Frees its buffers; returns the time `check_kept` spent, by part.
+    pub(super) fn free<D: Device>(self, dev: &mut D) -> VerifyParts {
         self.private.into_iter().for_each(|b| dev.free(b));
         dev.free(self.reference.o);
         dev.free(self.reference.lse);
         dev.free(self.judged.0);
         dev.free(self.judged.1);
+        self.spent
     }
 
     /// The reference for launch `launch` of a round drawn from `seed`: its Q, K and V drawn again
@@ -298,10 +314,16 @@ impl Verifier {
             let mut checked = Vec::with_capacity(launches);
             for launch in 0..launches {
                 let seed = kept.seeds[place];
+                let computing = std::time::Instant::now();
                 let reference = self.reference_for(dev, seed, launch, case)?;
                 let draw = launch_draw(case, seed, launch);
                 let held = &kept.outputs[place][launch];
+                // The upload would wait for the oracle anyway; waiting here times each apart.
+                dev.sync()?;
+                let comparing = std::time::Instant::now();
                 let mut stats = self.compare_held(dev, case, held, &reference, &draw)?;
+                self.spent.references_s += (comparing - computing).as_secs_f64();
+                self.spent.comparisons_s += comparing.elapsed().as_secs_f64();
                 check::judge(&mut stats, &case.tolerance, draw.max_lse_scale());
                 if !stats.passed() {
                     side.failed = Some(StageCheck {

@@ -1,5 +1,5 @@
 //! The trials' `Device` on a real GPU: each request of `trial` as CUDA work on the worker's stream.
-use super::gpu::{cuda, read_into, read_range, upload, Gpu, Loaded, Memory};
+use super::gpu::{cuda, read_range, Gpu, Loaded, Memory};
 use crate::gpu::check::PartialStats;
 use crate::gpu::check::{POISON_16, POISON_F32_BITS};
 use crate::gpu::trial::mixture::Geometry;
@@ -201,17 +201,13 @@ impl Device for Gpu {
     }
 
     fn read16_into(&mut self, buf: Buf, out: &mut [u16]) -> Result<()> {
-        match self.memory.get(buf.0).and_then(Option::as_ref) {
-            Some(Memory::U16(m)) => read_into(&self.stream, m, buf, out),
-            _ => bail!("buffer {} is not 16-bit", buf.0),
-        }
+        let at = self.ptr16(buf)?;
+        self.read_whole(buf, at, out)
     }
 
     fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
-        match self.memory.get(buf.0).and_then(Option::as_ref) {
-            Some(Memory::F32(m)) => read_into(&self.stream, m, buf, out),
-            _ => bail!("buffer {} is not 32-bit", buf.0),
-        }
+        let at = self.ptr32(buf)?;
+        self.read_whole(buf, at, out)
     }
 
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
@@ -222,17 +218,13 @@ impl Device for Gpu {
     }
 
     fn upload16(&mut self, buf: Buf, data: &[u16]) -> Result<()> {
-        match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
-            Some(Memory::U16(m)) => upload(&self.stream, m, buf, data),
-            _ => bail!("buffer {} is not 16-bit", buf.0),
-        }
+        let at = self.ptr16(buf)?;
+        self.write_whole(buf, at, data)
     }
 
     fn upload32(&mut self, buf: Buf, data: &[f32]) -> Result<()> {
-        match self.memory.get_mut(buf.0).and_then(Option::as_mut) {
-            Some(Memory::F32(m)) => upload(&self.stream, m, buf, data),
-            _ => bail!("buffer {} is not 32-bit", buf.0),
-        }
+        let at = self.ptr32(buf)?;
+        self.write_whole(buf, at, data)
     }
 
     fn mask(&mut self, buf: Buf, key: u64) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The worker's hold on one GPU: its CUDA context and stream, its own kernels, and the slabs of buffers, kernels and graphs it hands out by id.
 use super::launch::{TensorMap, TensorMapKey};
+use super::staging::{Staging, STAGED_FROM_BYTES};
 use super::{arch_for, driver_library_present, nvml, TOOLS_PTX};
 use crate::gpu::trial::mixture::Geometry;
 use crate::gpu::trial::Buf;
@@ -65,6 +66,8 @@ pub struct Gpu {
     pub(super) l2_flush: Option<CudaSlice<u32>>,
     /// Buffers a kernel under test was given: never a reference's.
     pub(super) exposure: crate::gpu::trial::Exposure,
+    /// Pinned host memory for large copies, made at the first.
+    staging: Option<Staging>,
 }
 
 pub(super) fn cuda(e: cudarc::driver::DriverError) -> anyhow::Error {
@@ -92,6 +95,18 @@ impl Gpu {
             ctx.attribute(a)
                 .map_err(|e| anyhow!("device attribute {a:?}: {e:?}"))
         };
+        // The harness keeps what it judges in pageable host memory because a kernel cannot reach it
+        // there; on a device that addresses pageable memory (HMM, ATS) it could, so no timing here
+        // would count.
+        if attr(Attr::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS)? != 0 {
+            bail!(
+                "GPU {ordinal} can address this process's pageable host memory (HMM or ATS: \
+                 CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = 1), so a kernel under test could \
+                 rewrite the copies of its outputs the harness keeps there; flashtune times on no \
+                 such device. On x86 with the open kernel modules, load nvidia_uvm with \
+                 uvm_disable_hmm=1"
+            );
+        }
         let cc = ctx.compute_capability().map_err(cuda)?;
         let mut driver_version = 0;
         unsafe { sys::cuDriverGetVersion(&mut driver_version) }
@@ -148,6 +163,7 @@ impl Gpu {
             compare_partials: None,
             l2_flush: None,
             exposure: crate::gpu::trial::Exposure::default(),
+            staging: None,
         })
     }
 
@@ -283,44 +299,56 @@ pub(super) fn read_range<T: cudarc::driver::DeviceRepr + Default + Clone>(
         .map_err(|e| anyhow!("read back: {e:?}"))
 }
 
-/// The whole of buffer `buf` into `out`, which must be its length. Pageable memory: the copy has
-/// finished when the call returns; the sync says so.
-pub(super) fn read_into<T: cudarc::driver::DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    m: &CudaSlice<T>,
-    buf: Buf,
-    out: &mut [T],
-) -> Result<()> {
-    if m.len() != out.len() {
-        bail!(
-            "read of buffer {} ({} elements) into {}",
-            buf.0,
-            m.len(),
-            out.len()
-        );
+impl Gpu {
+    /// The whole of a buffer (at `ptr`, `len` elements) into `out`, which must be its length, in
+    /// pageable memory; done when it returns. A large one goes through the staging buffer.
+    pub(super) fn read_whole<T: Copy + Send + Sync>(
+        &mut self,
+        buf: Buf,
+        (ptr, len): (u64, usize),
+        out: &mut [T],
+    ) -> Result<()> {
+        if len != out.len() {
+            bail!("read of buffer {} ({len} elements) into {}", buf.0, out.len());
+        }
+        if std::mem::size_of_val(out) >= STAGED_FROM_BYTES {
+            let stream = self.stream.clone();
+            return self
+                .staging()?
+                .read(&stream, ptr, out)
+                .map_err(|e| anyhow!("read back: {e:#}"));
+        }
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(out, ptr, self.stream.cu_stream()) }
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| anyhow!("read back: {e:?}"))
     }
-    stream
-        .memcpy_dtoh(m, out)
-        .and_then(|()| stream.synchronize())
-        .map_err(|e| anyhow!("read back: {e:?}"))
-}
 
-/// The whole of buffer `buf` from the host; the lengths must agree.
-pub(super) fn upload<T: cudarc::driver::DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    m: &mut CudaSlice<T>,
-    buf: Buf,
-    data: &[T],
-) -> Result<()> {
-    if m.len() != data.len() {
-        bail!(
-            "upload of {} elements into buffer {} of {}",
-            data.len(),
-            buf.0,
-            m.len()
-        );
+    /// The whole of a buffer (at `ptr`, `len` elements) from the host; the lengths must agree.
+    pub(super) fn write_whole<T: Copy + Send + Sync>(
+        &mut self,
+        buf: Buf,
+        (ptr, len): (u64, usize),
+        data: &[T],
+    ) -> Result<()> {
+        if len != data.len() {
+            bail!("upload of {} elements into buffer {} of {len}", data.len(), buf.0);
+        }
+        if std::mem::size_of_val(data) >= STAGED_FROM_BYTES {
+            let stream = self.stream.clone();
+            return self
+                .staging()?
+                .write(&stream, ptr, data)
+                .map_err(|e| anyhow!("upload: {e:#}"));
+        }
+        unsafe { cudarc::driver::result::memcpy_htod_async(ptr, data, self.stream.cu_stream()) }
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| anyhow!("upload: {e:?}"))
     }
-    stream
-        .memcpy_htod(data, m)
-        .map_err(|e| anyhow!("upload: {e:?}"))
+
+    fn staging(&mut self) -> Result<&mut Staging> {
+        if self.staging.is_none() {
+            self.staging = Some(Staging::new()?);
+        }
+        Ok(self.staging.as_mut().expect("just made"))
+    }
 }

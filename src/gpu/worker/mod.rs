@@ -7,6 +7,7 @@ mod device;
 pub mod gpu;
 mod launch;
 mod nvml;
+mod staging;
 mod timing;
 
 /// The worker's own kernels (tools.cu, compiled to PTX): input generation, checksums, masks, the comparison, read roof, sentinel.

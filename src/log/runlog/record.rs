@@ -665,6 +665,8 @@ pub enum RankReason {
     Guided,
     /// Everything else, each next one as unlike those before it as the space allows.
     Spread,
+    /// The space's baseline, after everything else: compared with, not competing.
+    Baseline,
 }
 
 /// A figure the results store holds for a variant, from an earlier run.

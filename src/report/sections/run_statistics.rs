@@ -81,6 +81,7 @@ pub(super) fn run_statistics(ix: &RunIndex) -> Section {
             costs.check_s += c.check_s;
             costs.replays_s += c.replays_s;
             costs.verify_s += c.verify_s;
+            costs.verify_parts.add(&c.verify_parts);
             costs.recheck_s += c.recheck_s;
             costs.timing_overhead_s += c.timing_overhead_s;
         }
@@ -94,6 +95,12 @@ pub(super) fn run_statistics(ix: &RunIndex) -> Section {
             costs.recheck_s,
             costs.timing_overhead_s
         ).into());
+        let v = &costs.verify_parts;
+        if v.keep_s + v.references_s + v.comparisons_s + v.reruns_s > 0.0 {
+            items.push(format!("verifying the timed outputs, by part: reading kept rounds back {:.1} s, references (inputs drawn again, the oracle) {:.1} s, uploads and comparisons {:.1} s, re-runs {:.1} s",
+                v.keep_s, v.references_s, v.comparisons_s, v.reruns_s
+            ).into());
+        }
     }
     // Each resource's busy share of the wall. ncu runs after the timing, never beside it: it
     // serialises the GPU's kernels and fixes its clocks, so a profile next to a timed replay on

@@ -90,19 +90,22 @@ fn committed_then_earlier_then_guided_then_spread() {
 }
 
 #[test]
-fn without_evidence_the_order_spreads_over_the_space() {
+fn without_evidence_the_order_spreads_over_the_space_and_times_the_baseline_last() {
     let (space, planned) = smoke();
     let order = best_first(&space, &[], &planned, &[]);
     let ids: Vec<&str> = order.iter().map(|r| r.variant.as_str()).collect();
-    // The second differs from the first in both parameters that vary, then the rest.
+    // The first differs from the baseline in both parameters that vary, then the rest; the
+    // baseline, compared with rather than competing, last.
     assert_eq!(
         ids,
         [
-            "scalar-bm64-bn64-w4-ks1-s1",
             "wmma-bm64-bn64-w4-ks4-s1",
             "scalar-bm64-bn64-w4-ks4-s1",
             "wmma-bm64-bn64-w4-ks1-s1",
+            "scalar-bm64-bn64-w4-ks1-s1",
         ]
     );
-    assert!(order.iter().all(|r| r.why == RankReason::Spread));
+    assert_eq!(space.baseline_id(), "scalar-bm64-bn64-w4-ks1-s1");
+    assert!(order[..3].iter().all(|r| r.why == RankReason::Spread));
+    assert_eq!(order[3].why, RankReason::Baseline);
 }
