@@ -16,9 +16,12 @@ that call i reads set i % sets and small inputs do not sit in L2 between calls. 
 forward (`flash_attn.cute.flash_attn_func`, package flash-attn-4), timed the same way where it is
 installed (importable, or in the folder FLASHTUNE_FA4_SITE names, loaded with site.addsitedir so its
 .pth files apply); where it is not, each of its rows says so. "ceilings": false skips the roofs
-(a re-measurement of noisy rows needs none).
-Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [...]}; a row holds
-either "samples_us" (per call) or "error" (the backend refused the shape, ran out of memory, ...).
+(a re-measurement of noisy rows needs none). "only" (optional), a list of [shape name, dtype,
+backend], limits the rows to those (a re-measurement names exactly the noisy ones).
+Prints one JSON object: {"torch": ..., "gpu": ..., "rows": [...], "ceilings": [...], "startup_s",
+"ceilings_s"}; a row holds either "samples_us" (per call) or "error" (the backend refused the shape,
+ran out of memory, ...), and "seconds", the wall time it took; "startup_s" is the imports and the
+GPU's set-up before the first row.
 The ceilings are the GPU's roofs measured in the same session and timed the same way: dense matmul
 {"name": "matmul", "dtype", "value" (TFLOP/s), "unit"} per dtype, and device copy bandwidth
 {"name": "copy", "dtype": null, "value" (GB/s, bytes read + written), "unit"}, the same for a read-only
@@ -34,6 +37,7 @@ import json
 import math
 import statistics
 import sys
+import time
 
 # The backends flashtune knows, in the order the report lists them; "default" is PyTorch's dispatch.
 BACKENDS = ("flash", "cudnn", "efficient", "math", "default", "fa4")
@@ -69,6 +73,7 @@ def main() -> int:
         print()
         return 0
     request = json.load(sys.stdin)
+    started = time.monotonic()
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -90,9 +95,14 @@ def main() -> int:
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device="cuda").manual_seed(int(request.get("seed", 1)))
     rows = []
+    startup_s = time.monotonic() - started
+    only = {tuple(r) for r in request["only"]} if "only" in request else None
     for shape in request["shapes"]:
         for dtype_name in request["dtypes"]:
             for backend in request.get("backends", list(BACKENDS)):
+                if only is not None and (shape["name"], dtype_name, backend) not in only:
+                    continue
+                row_started = time.monotonic()
                 row = {"shape": shape["name"], "dtype": dtype_name, "backend": backend}
                 try:
                     if backend not in backends:
@@ -106,10 +116,13 @@ def main() -> int:
                 except Exception as exc:  # a backend that does not support the shape says so here
                     row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
                     torch.cuda.synchronize()
+                row["seconds"] = time.monotonic() - row_started
                 rows.append(row)
+    ceilings_started = time.monotonic()
     ceilings = measure_ceilings(torch, dtypes, request, gen) if request.get("ceilings", True) else []
     json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows,
-               "ceilings": ceilings}, sys.stdout)
+               "ceilings": ceilings, "startup_s": startup_s,
+               "ceilings_s": time.monotonic() - ceilings_started}, sys.stdout)
     print()
     return 0
 

@@ -150,6 +150,9 @@ async fn a_noisy_row_is_timed_again_and_the_tightest_timing_kept() {
     assert_eq!(requests[1]["dtypes"], serde_json::json!(["f16"]));
     assert_eq!(requests[1]["ceilings"], false);
     assert_eq!(requests[1]["shapes"][0]["name"], "small");
+    // Exactly the noisy rows, not every row of their shapes, dtypes and backends.
+    assert_eq!(requests[1]["only"], serde_json::json!([["small", "f16", "flash"]]));
+    assert!(requests[0].get("only").is_none());
 }
 
 #[tokio::test]
@@ -510,4 +513,32 @@ async fn a_crashing_adapter_is_reported_not_fatal() {
         .err()
         .unwrap();
     assert!(err.contains("boom"), "{err}");
+}
+
+/// The adapter times only the rows "only" names (a re-timing of noisy rows), and says how long each
+/// row and its own start took.
+#[test]
+fn the_adapter_times_only_the_rows_it_is_told_and_says_how_long_each_took() {
+    let dir = fake_torch();
+    let request = serde_json::json!({
+            "shapes": [
+                {"name": "square", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": true},
+                {"name": "plain", "b": 1, "h": 1, "sq": 3, "sk": 3, "d": 64, "causal": "none"}],
+            "dtypes": ["f16", "bf16"], "backends": ["flash", "default"],
+            "warmup_ms": 0, "samples": 2, "min_sample_us": 10, "seed": 1, "ceilings": false,
+            "only": [["plain", "bf16", "default"]]});
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo().join("baselines/torch_sdpa.py"))
+        .env("PYTHONPATH", dir.path())
+        .env("FAKE_TORCH_LOG", dir.path().join("calls.jsonl"))
+        .env("PYTHONPYCACHEPREFIX", dir.path().join("pycache"));
+    let reply = adapter_reply(cmd, &request);
+    let rows = reply["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (&rows[0]["shape"], &rows[0]["dtype"], &rows[0]["backend"]),
+        (&serde_json::json!("plain"), &serde_json::json!("bf16"), &serde_json::json!("default"))
+    );
+    assert!(rows[0]["seconds"].as_f64().is_some_and(|s| s >= 0.0));
+    assert!(reply["startup_s"].as_f64().is_some_and(|s| s >= 0.0));
 }

@@ -322,3 +322,94 @@ fn the_reference_library_is_timed_on_one_gpu_while_the_other_times_cases() {
         "GPU 0 took a case while it timed the reference library: {workers:?}, {reference:?}"
     );
 }
+
+/// The span of the run's reference stage, (GPU, start, end), and each worker's (GPU, start, end).
+fn reference_and_workers(run: &Path) -> ((u32, f64, f64), Vec<(u32, f64, f64)>) {
+    let records = records(run);
+    let reference = records
+        .iter()
+        .find_map(|r| match r {
+            Record::StageRan {
+                stage: flashtune::model::vocab::Stage::Reference,
+                device,
+                started_t,
+                seconds,
+            } => Some((*device, *started_t, started_t + seconds)),
+            _ => None,
+        })
+        .expect("the reference stage's span is logged");
+    let workers = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::WorkerRan {
+                device,
+                started_t,
+                seconds,
+                ..
+            } => Some((*device, *started_t, started_t + seconds)),
+            _ => None,
+        })
+        .collect();
+    (reference, workers)
+}
+
+/// On a run's only GPU the kernels being tuned come first: the reference library is timed after
+/// the last case's worker has ended, and its figures are in the run.
+#[test]
+fn on_one_gpu_the_reference_library_is_timed_after_the_last_case() {
+    let dir = scripted_project();
+    let out = flashtune_with_env(
+        dir.path(),
+        &["tune", "--fake-gpu", "--space", "variants/smoke.toml"],
+        &[("FLASHTUNE_FAKE_PACE_MS", "100")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let (reference, workers) = reference_and_workers(&run);
+    assert!(!workers.is_empty());
+    assert!(
+        workers.iter().all(|&(_, _, end)| end <= reference.1),
+        "a worker ran after the reference library started: {workers:?}, {reference:?}"
+    );
+    assert!(!baselines(&run).is_empty(), "{}", text(&out));
+}
+
+/// Under a time limit the reference library, timed last, still gets its turn: cases stop early by
+/// the time kept for it (half the limit at most), the log says so, and PyTorch is timed before the
+/// limit's grace ends.
+#[test]
+fn under_a_time_limit_cases_stop_early_enough_for_the_reference_library_timed_last() {
+    let dir = scripted_project();
+    let out = flashtune_with_env(
+        dir.path(),
+        &[
+            "tune",
+            "--fake-gpu",
+            "--space",
+            "variants/smoke.toml",
+            "--time-limit",
+            "12s",
+        ],
+        &[("FLASHTUNE_FAKE_PACE_MS", "300")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = run_dir_from(&out);
+    let reason = records(&run)
+        .into_iter()
+        .find_map(|r| match r {
+            Record::BudgetReached { reason, .. } => Some(reason),
+            _ => None,
+        })
+        .expect("the cases ran past the time kept for the reference library");
+    assert!(
+        reason.contains("cases stopped 6s before it") && reason.contains("reference library"),
+        "{reason}"
+    );
+    let (reference, workers) = reference_and_workers(&run);
+    assert!(workers.iter().all(|&(_, _, end)| end <= reference.1));
+    assert!(
+        reference.2 <= 12.0 + 10.0,
+        "the reference library ended after the limit's grace: {reference:?}"
+    );
+    assert!(!baselines(&run).is_empty(), "{}", text(&out));
+}

@@ -1,6 +1,6 @@
 //! The pipelined run: builds in parallel feed one serial measurement queue per GPU; crashes are retried once, then quarantined; a case timed on a throttled or shared GPU is timed again once; the drift sentinel is timed between variants.
 use crate::error::{Error, Result};
-use crate::gpu::build::{BuildFailure, BuildOutput, BuildSpec};
+use crate::gpu::build::{BuildFailure, BuildOutput};
 use crate::gpu::executor::Executor;
 use crate::log::runlog::Record;
 use crate::model::config::Dtype;
@@ -19,10 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
+mod builds;
 mod gpu_queue;
 mod held;
 mod outcome;
 
+pub use builds::{spawn_builds, spawn_builds_with};
 pub use held::HeldGpu;
 
 /// A (variant, shape, dtype): the cases `anytime` takes from the results store instead of measuring.
@@ -178,17 +180,19 @@ impl Scheduler<'_> {
 
         // Measurement: one serial queue per GPU; the orchestrator alone writes the log. A held
         // GPU of this host gets its queue when the held work ends (a cluster's GPUs are the
-        // workers' steps, never the held work's).
-        let began_held = events.stage_start();
+        // workers' steps, never the held work's); on a run's only GPU the held work comes last.
+        let mut began_held = events.stage_start();
         let held_here = held
             .as_ref()
             .map(|h| h.gpu)
             .filter(|g| self.devices.contains(g) && self.executor.queues().is_none());
+        let turn = held::Turn::of(held_here, self.devices);
+        let mut held_waits = turn == held::Turn::Last;
         let queues_now: Vec<u32> = self
             .devices
             .iter()
             .copied()
-            .filter(|&d| Some(d) != held_here)
+            .filter(|&d| turn == held::Turn::Last || Some(d) != held_here)
             .collect();
         let (job_tx, mut gpu_tasks, mut result_rx, starter) = self.start_gpu_queues(&queues_now);
         let max_drift = project.policies.sentinel.max_drift;
@@ -208,6 +212,11 @@ impl Scheduler<'_> {
         let mut interrupted = false;
         // The time limit wakes the loop when it falls, and ends what still runs at its grace.
         let deadline = self.budget.deadline();
+        // Cases stop early enough for held work that comes last to fit before the limit.
+        let reserve = (turn == held::Turn::Last)
+            .then(|| held::reserve(project.shapes.len() * dtypes.len(), self.budget))
+            .unwrap_or_default();
+        let cases_until = deadline.map(|d| d - reserve);
         let mut cut_at: Option<Instant> = None;
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
@@ -225,8 +234,8 @@ impl Scheduler<'_> {
                 // Abandoned, as any stage is on a signal: its records are not logged.
                 held = None;
             }
-            if stopping.is_none() && self.budget.time_is_up() {
-                let reason = self.budget.time_limit_reason().unwrap_or_default();
+            if stopping.is_none() && cases_until.is_some_and(|d| Instant::now() >= d) {
+                let reason = held::time_limit_reason(self.budget, reserve).unwrap_or_default();
                 let not_started = not_started(&variant_order, &finished, &running);
                 self.stop_for_budget(events, &reason, planned, not_started)?;
                 books.totals.budget_stop = Some(reason.clone());
@@ -279,6 +288,15 @@ impl Scheduler<'_> {
                 }
             }
             let building = builds_left > 0 && stopping.is_none();
+            // Held work that comes last starts once no case is left to time, or none may start.
+            if held_waits && in_flight == 0 && (stopping.is_some() || (!building && ready.is_empty())) {
+                held_waits = false;
+                began_held = events.stage_start();
+                // Nothing starts after the time limit, held work that came last included.
+                if self.budget.time_is_up() {
+                    held = None;
+                }
+            }
             if !building
                 && in_flight == 0
                 && held.is_none()
@@ -339,18 +357,18 @@ impl Scheduler<'_> {
                         return Err(Error::Other(anyhow::anyhow!("every GPU failed its health check; the log holds what was measured")));
                     }
                 }
-                records = held::ended(&mut held) => {
+                records = held::ended(&mut held), if !held_waits => {
                     let ended = held.take().expect("the branch runs only while one is held");
                     events.emit_all(records)?;
                     events.stage_ran(ended.stage, ended.gpu, began_held)?;
-                    if held_here == Some(ended.gpu) && stopping.is_none() {
+                    if turn == held::Turn::First && held_here == Some(ended.gpu) && stopping.is_none() {
                         starter.start(&mut gpu_tasks, ended.gpu);
                         live_gpus += 1;
                     }
                 }
                 // The top of the loop acts on it.
                 _ = crate::os::stop::reached(signals + 1) => {}
-                _ = sleep_until(deadline), if stopping.is_none() && deadline.is_some() => {}
+                _ = sleep_until(cases_until), if stopping.is_none() && cases_until.is_some() => {}
                 _ = sleep_until(cut_at), if cut_at.is_some() && (in_flight > 0 || held.is_some()) => {
                     self.skip_cut_short(events, planned, &running, &books)?;
                     break;
@@ -595,43 +613,6 @@ impl QueueStarter {
             self.results.clone(),
         )));
     }
-}
-
-/// Start every build, at most `jobs` nvcc at a time; results arrive in completion order.
-pub fn spawn_builds(
-    project: &Project,
-    specs: Vec<(UnitKey, BuildSpec)>,
-) -> (
-    tokio::task::JoinSet<()>,
-    mpsc::UnboundedReceiver<BuildResult>,
-) {
-    spawn_builds_with(project.builder(), project.jobs(), specs)
-}
-
-/// [`spawn_builds`] with another builder (another cache folder).
-pub fn spawn_builds_with(
-    builder: crate::gpu::build::Builder,
-    jobs: usize,
-    specs: Vec<(UnitKey, BuildSpec)>,
-) -> (
-    tokio::task::JoinSet<()>,
-    mpsc::UnboundedReceiver<BuildResult>,
-) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let slots = Arc::new(tokio::sync::Semaphore::new(jobs.max(1)));
-    let builder = Arc::new(builder);
-    let mut tasks = tokio::task::JoinSet::new();
-    for (key, spec) in specs {
-        let (builder, slots, tx) = (builder.clone(), slots.clone(), tx.clone());
-        tasks.spawn(async move {
-            let Ok(_slot) = slots.acquire_owned().await else {
-                return;
-            };
-            let result = builder.build(&spec).await;
-            let _ = tx.send((key, result));
-        });
-    }
-    (tasks, rx)
 }
 
 /// Queue a job again, after its pause.
