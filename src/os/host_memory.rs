@@ -15,7 +15,11 @@ fn threads() -> usize {
 
 /// `dst` becomes `src` (equal lengths).
 pub fn copy<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
-    assert_eq!(src.len(), dst.len(), "copy between slices of different lengths");
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "copy between slices of different lengths"
+    );
     let n = threads();
     if std::mem::size_of_val(src) < PARALLEL_FROM_BYTES || n == 1 {
         dst.copy_from_slice(src);

@@ -309,7 +309,11 @@ impl Gpu {
         out: &mut [T],
     ) -> Result<()> {
         if len != out.len() {
-            bail!("read of buffer {} ({len} elements) into {}", buf.0, out.len());
+            bail!(
+                "read of buffer {} ({len} elements) into {}",
+                buf.0,
+                out.len()
+            );
         }
         if std::mem::size_of_val(out) >= STAGED_FROM_BYTES {
             let stream = self.stream.clone();
@@ -331,7 +335,11 @@ impl Gpu {
         data: &[T],
     ) -> Result<()> {
         if len != data.len() {
-            bail!("upload of {} elements into buffer {} of {len}", data.len(), buf.0);
+            bail!(
+                "upload of {} elements into buffer {} of {len}",
+                data.len(),
+                buf.0
+            );
         }
         if std::mem::size_of_val(data) >= STAGED_FROM_BYTES {
             let stream = self.stream.clone();

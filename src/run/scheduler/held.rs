@@ -55,7 +55,9 @@ impl Turn {
 /// ended at the limit's grace, its figures missing from the report, as any stage then.
 pub(super) fn reserve(shapes_by_dtypes: usize, budget: &Budget) -> Duration {
     let wanted = Duration::from_secs(20 + 2 * shapes_by_dtypes as u64);
-    budget.time_limit.map_or(Duration::ZERO, |limit| wanted.min(limit / 2))
+    budget
+        .time_limit
+        .map_or(Duration::ZERO, |limit| wanted.min(limit / 2))
 }
 
 /// Why cases stopped at the time limit, with the time kept for the held work when there is one.

@@ -289,7 +289,10 @@ impl Scheduler<'_> {
             }
             let building = builds_left > 0 && stopping.is_none();
             // Held work that comes last starts once no case is left to time, or none may start.
-            if held_waits && in_flight == 0 && (stopping.is_some() || (!building && ready.is_empty())) {
+            if held_waits
+                && in_flight == 0
+                && (stopping.is_some() || (!building && ready.is_empty()))
+            {
                 held_waits = false;
                 began_held = events.stage_start();
                 // Nothing starts after the time limit, held work that came last included.
