@@ -151,7 +151,10 @@ async fn a_noisy_row_is_timed_again_and_the_tightest_timing_kept() {
     assert_eq!(requests[1]["ceilings"], false);
     assert_eq!(requests[1]["shapes"][0]["name"], "small");
     // Exactly the noisy rows, not every row of their shapes, dtypes and backends.
-    assert_eq!(requests[1]["only"], serde_json::json!([["small", "f16", "flash"]]));
+    assert_eq!(
+        requests[1]["only"],
+        serde_json::json!([["small", "f16", "flash"]])
+    );
     assert!(requests[0].get("only").is_none());
 }
 
@@ -537,7 +540,11 @@ fn the_adapter_times_only_the_rows_it_is_told_and_says_how_long_each_took() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(
         (&rows[0]["shape"], &rows[0]["dtype"], &rows[0]["backend"]),
-        (&serde_json::json!("plain"), &serde_json::json!("bf16"), &serde_json::json!("default"))
+        (
+            &serde_json::json!("plain"),
+            &serde_json::json!("bf16"),
+            &serde_json::json!("default")
+        )
     );
     assert!(rows[0]["seconds"].as_f64().is_some_and(|s| s >= 0.0));
     assert!(reply["startup_s"].as_f64().is_some_and(|s| s >= 0.0));

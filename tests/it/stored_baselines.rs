@@ -282,43 +282,22 @@ fn the_reference_library_is_timed_on_one_gpu_while_the_other_times_cases() {
     );
     assert!(out.status.success(), "{}", text(&out));
     let run = run_dir_from(&out);
-    let records = records(&run);
-    let reference = records
-        .iter()
-        .find_map(|r| match r {
-            Record::StageRan {
-                stage: flashtune::model::vocab::Stage::Reference,
-                device,
-                started_t,
-                seconds,
-            } => Some((*device, *started_t, started_t + seconds)),
-            _ => None,
-        })
-        .expect("the reference stage's span is logged");
+    let (reference, workers) = reference_and_workers(&run);
     assert_eq!(reference.0, 0, "PyTorch is timed on the run's first GPU");
     assert!(
         !baselines(&run).is_empty(),
         "the adapter answered (it waits for a case on GPU 1): {}",
         text(&out)
     );
-    let workers: Vec<(u32, f64)> = records
-        .iter()
-        .filter_map(|r| match r {
-            Record::WorkerRan {
-                device, started_t, ..
-            } => Some((*device, *started_t)),
-            _ => None,
-        })
-        .collect();
     assert!(
-        workers.iter().any(|&(d, t)| d == 1 && t < reference.2),
+        workers.iter().any(|&(d, t, _)| d == 1 && t < reference.2),
         "a worker ran on GPU 1 while the reference library held GPU 0: {workers:?}, {reference:?}"
     );
     assert!(
         workers
             .iter()
-            .filter(|&&(d, _)| d == 0)
-            .all(|&(_, t)| t >= reference.2),
+            .filter(|&&(d, _, _)| d == 0)
+            .all(|&(_, t, _)| t >= reference.2),
         "GPU 0 took a case while it timed the reference library: {workers:?}, {reference:?}"
     );
 }
