@@ -33,6 +33,49 @@ pub fn copy<T: Copy + Send + Sync>(src: &[T], dst: &mut [T]) {
     });
 }
 
+/// Each pair's destination becomes its source (equal lengths): many small copies shared out over
+/// the threads by bytes, a large one cut into pieces.
+pub fn copy_all(pairs: Vec<(&[u8], &mut [u8])>) {
+    let total: usize = pairs.iter().map(|(s, _)| s.len()).sum();
+    let n = threads();
+    if total < PARALLEL_FROM_BYTES || n == 1 {
+        for (src, dst) in pairs {
+            dst.copy_from_slice(src);
+        }
+        return;
+    }
+    let piece = total.div_ceil(n);
+    let mut pieces: Vec<(&[u8], &mut [u8])> = Vec::new();
+    for (src, dst) in pairs {
+        assert_eq!(
+            src.len(),
+            dst.len(),
+            "copy between slices of different lengths"
+        );
+        pieces.extend(src.chunks(piece).zip(dst.chunks_mut(piece)));
+    }
+    // Contiguous runs of pieces, about `piece` bytes each, one thread a run.
+    let mut runs: Vec<Vec<(&[u8], &mut [u8])>> = vec![Vec::new()];
+    let mut in_run = 0;
+    for p in pieces {
+        if in_run >= piece {
+            runs.push(Vec::new());
+            in_run = 0;
+        }
+        in_run += p.0.len();
+        runs.last_mut().expect("one run at least").push(p);
+    }
+    std::thread::scope(|s| {
+        for run in runs {
+            s.spawn(move || {
+                for (src, dst) in run {
+                    dst.copy_from_slice(src);
+                }
+            });
+        }
+    });
+}
+
 /// Whether `a` and `b` hold the same elements.
 pub fn equal<T: PartialEq + Sync>(a: &[T], b: &[T]) -> bool {
     if a.len() != b.len() {
@@ -71,5 +114,28 @@ mod tests {
             }
         }
         assert!(!equal(&[1u16, 2], &[1u16]));
+    }
+
+    #[test]
+    fn copies_many_slices_of_any_sizes_whole() {
+        for sizes in [
+            vec![3usize, 0, 5],
+            vec![1 << 20; 19],
+            vec![(5 << 20) + 7, 11, 3 << 20],
+        ] {
+            let srcs: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 31 + k * 7) as u8).collect())
+                .collect();
+            let mut dsts: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+            copy_all(
+                srcs.iter()
+                    .map(Vec::as_slice)
+                    .zip(dsts.iter_mut().map(Vec::as_mut_slice))
+                    .collect(),
+            );
+            assert_eq!(srcs, dsts, "sizes {sizes:?}");
+        }
     }
 }

@@ -29,6 +29,9 @@ pub struct Prepared {
     pub planned: Vec<PlannedPoint>,
     /// Cases the store supplied (this session or, for a resumed run, an earlier one).
     pub reused: BTreeSet<CaseKey>,
+    /// Under a time limit alone, the scheduler takes variants near the leaders ahead of the order;
+    /// `--max-variants` measures exactly the order's first N.
+    pub climb: bool,
 }
 
 /// Content addresses of the builds a run would make, computed without building (hashing the sources).
@@ -87,6 +90,7 @@ pub fn prepare(
     let mut prepared = Prepared {
         planned: planned.to_vec(),
         reused: BTreeSet::new(),
+        climb: false,
     };
     if !matches!(
         opts.strategy,
@@ -145,6 +149,7 @@ pub fn prepare(
         .planned
         .retain(|p| !whole.contains(&p.variant.id) && !done.contains(&p.variant.id));
 
+    prepared.climb = budget.time_limit.is_some() && budget.max_variants.is_none();
     if budgeted {
         let known = known_champions(project, device, store.as_ref());
         let rules = &project.policies.guided.rules;
@@ -468,11 +473,8 @@ fn place_the_rest_spread(
             ));
         }
     } else {
-        let distance = |a: usize, b: usize| {
-            let (pa, pb) = (variants[a].1, variants[b].1);
-            pa.iter().filter(|(k, v)| pb.get(*k) != Some(*v)).count()
-                + pb.keys().filter(|k| !pa.contains_key(*k)).count()
-        };
+        let distance =
+            |a: usize, b: usize| crate::model::space::differing(variants[a].1, variants[b].1);
         let mut nearest: Vec<usize> = rest
             .iter()
             .map(|&i| {

@@ -52,6 +52,7 @@ pub async fn measure_points(
         run_seed: opts.run.seed,
         roofs: &opts.run.roofs,
         settled: &settled,
+        climb: prepared.climb,
     };
     scheduler.run(&prepared.planned, events, held).await
 }

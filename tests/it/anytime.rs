@@ -538,3 +538,75 @@ fn reuse_refuses_an_edited_row_and_a_row_its_log_line_contradicts() {
         "the contradicted case is measured again"
     );
 }
+
+/// Under a time limit, after its first spread picks the run takes variants one parameter from the
+/// cases' leaders ahead of the order, and logs each such pick with the leaders it climbs from:
+/// checked against the log's own `timed` figures before the pick.
+#[test]
+fn under_a_time_limit_the_run_climbs_from_each_cases_leader() {
+    let dir = project();
+    let tiny = std::fs::read_to_string(dir.path().join(TINY)).unwrap();
+    // Eight variants on one shape, f16 alone: eight builds.
+    let wide = tiny
+        .replace("KV_SPLIT = [1, 4]", "KV_SPLIT = [1, 2, 3, 4]")
+        .replace(r#"name = "tiny""#, r#"name = "wide""#);
+    assert_ne!(tiny, wide, "tiny.toml's KV_SPLIT moved");
+    std::fs::write(dir.path().join("variants/wide.toml"), wide).unwrap();
+    let policies = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let f16 = policies.replacen(r#"dtypes = ["f16", "bf16"]"#, r#"dtypes = ["f16"]"#, 1);
+    assert_ne!(policies, f16, "policies.toml's dtypes moved");
+    std::fs::write(dir.path().join("policies.toml"), f16).unwrap();
+
+    let run = tune(
+        dir.path(),
+        &["--space", "variants/wide.toml", "--time-limit", "30m"],
+    );
+    let recs = records(&run);
+    assert_eq!(order(&recs).len(), 8);
+    let mut params = std::collections::BTreeMap::new();
+    let mut timed_so_far: Vec<(String, String, f64)> = Vec::new();
+    let mut climbs = 0;
+    for (_, r) in &recs {
+        match r {
+            Record::Planned {
+                variant, params: p, ..
+            } => {
+                params.insert(variant.clone(), p.clone());
+            }
+            Record::Timed {
+                variant,
+                shape,
+                timing,
+                ..
+            } => timed_so_far.push((variant.clone(), shape.clone(), timing.median_us)),
+            Record::Climbed { variant, near, .. } => {
+                climbs += 1;
+                assert!(!near.is_empty());
+                for leader in near {
+                    let best = timed_so_far
+                        .iter()
+                        .filter(|(_, s, _)| *s == leader.shape)
+                        .map(|t| t.2)
+                        .fold(f64::INFINITY, f64::min);
+                    let its = timed_so_far
+                        .iter()
+                        .find(|(v, s, _)| *v == leader.variant && *s == leader.shape)
+                        .map(|t| t.2);
+                    assert_eq!(its, Some(best), "{leader:?} leads {} so far", leader.shape);
+                    let differ = flashtune::model::space::differing(
+                        &params[variant.as_str()],
+                        &params[leader.variant.as_str()],
+                    );
+                    assert_eq!(differ, 1, "{variant} climbs from {leader:?}");
+                }
+                assert!(
+                    !timed_so_far.iter().any(|(v, _, _)| v == variant),
+                    "{variant} was climbed to after it was timed"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert!(climbs > 0, "no variant was taken for its leaders");
+    assert_eq!(timed(&recs).len(), 8, "every variant still measured");
+}

@@ -267,6 +267,16 @@ pub trait Device {
     fn read32_into(&mut self, buf: Buf, out: &mut [f32]) -> Result<()> {
         copy_whole(self.read32(buf)?, out)
     }
+    /// Several launches' outputs at once, each O and LSE into host memory of its length, as
+    /// [`Device::read16_into`] and [`Device::read32_into`] would; the GPU moves as many as its
+    /// staging buffer holds in one transfer (a kept round of a small shape is tens of launches).
+    fn read_outputs_into(&mut self, reads: &mut [(&Io, &mut [u16], &mut [f32])]) -> Result<()> {
+        for (io, o, lse) in reads.iter_mut() {
+            self.read16_into(io.o, o)?;
+            self.read32_into(io.lse, lse)?;
+        }
+        Ok(())
+    }
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         let all = self.read32(buf)?;
         all.get(start..start + len)

@@ -129,14 +129,22 @@ pub(super) struct HostOutputs {
 }
 
 impl HostOutputs {
-    /// A launch's outputs read back into pageable host memory, which no kernel can map: into these
-    /// vectors, grown to the launch's sizes the first time and reused after (pages already touched
-    /// read back several times faster than new ones).
-    pub(super) fn read<D: Device>(&mut self, dev: &mut D, io: &Io, shape: &Shape) -> Result<()> {
-        fit(&mut self.o, q_elements(shape));
-        fit(&mut self.lse, rows(shape));
-        dev.read16_into(io.o, &mut self.o)?;
-        dev.read32_into(io.lse, &mut self.lse)
+    /// Every launch's outputs, launch i of `ios` into `held[i]`, in as few transfers as the device
+    /// allows: into pageable host memory, which no kernel can map, each vector grown to the launch's
+    /// sizes the first time and reused after (pages already touched read back several times faster).
+    pub(super) fn read_all<D: Device>(
+        dev: &mut D,
+        ios: &[Io],
+        held: &mut [HostOutputs],
+        shape: &Shape,
+    ) -> Result<()> {
+        let mut reads = Vec::with_capacity(ios.len());
+        for (io, h) in ios.iter().zip(held.iter_mut()) {
+            fit(&mut h.o, q_elements(shape));
+            fit(&mut h.lse, rows(shape));
+            reads.push((io, h.o.as_mut_slice(), h.lse.as_mut_slice()));
+        }
+        dev.read_outputs_into(&mut reads)
     }
 
     fn differing_bits(&self, other: &HostOutputs) -> u64 {
@@ -191,10 +199,7 @@ impl Kept {
             self.outputs.push(held.collect());
         }
         self.seeds[place] = seed;
-        for (held, io) in self.outputs[place].iter_mut().zip(ios) {
-            held.read(dev, io, shape)?;
-        }
-        Ok(())
+        HostOutputs::read_all(dev, ios, &mut self.outputs[place], shape)
     }
 
     /// How many rounds were kept.
@@ -220,8 +225,8 @@ pub(super) struct Verifier {
     /// The oracle's inputs: a kept launch's Q, K and V regenerated from its seed, here and only here.
     private: [Buf; 3],
     reference: Io,
-    /// Host memory for a re-run's outputs, reused launch after launch.
-    again: HostOutputs,
+    /// Host memory for a re-run's outputs, a launch each, reused round after round.
+    again: Vec<HostOutputs>,
     /// Where the host's copy of a launch's outputs goes for its comparison, right before it: no
     /// kernel is ever given these, and none runs between the upload and the verdict.
     judged: (Buf, Buf),
@@ -254,7 +259,7 @@ impl Verifier {
                 lse_accum: None,
                 counters: None,
             },
-            again: HostOutputs::default(),
+            again: Vec::new(),
             judged: (dev.alloc16(q_elements(shape))?, dev.alloc32(rows(shape))?),
             spent: VerifyParts::default(),
         })
@@ -388,11 +393,10 @@ impl Verifier {
                 )));
                 return Ok(());
             }
-            for (launch, (io, held)) in ios.iter().zip(&kept.outputs[place]).enumerate() {
-                let mut again = std::mem::take(&mut self.again);
-                again.read(dev, io, &case.shape)?;
-                let differing = again.differing_bits(held);
-                self.again = again;
+            self.again.resize_with(ios.len(), HostOutputs::default);
+            HostOutputs::read_all(dev, ios, &mut self.again, &case.shape)?;
+            for (launch, held) in kept.outputs[place].iter().enumerate() {
+                let differing = self.again[launch].differing_bits(held);
                 if differing == 0 {
                     continue;
                 }
@@ -400,7 +404,7 @@ impl Verifier {
                 // re-run wrong). A failure path: its cost does not matter.
                 let reference = self.reference_for(dev, seed, launch, case)?;
                 let draw = launch_draw(case, seed, launch);
-                let again = std::mem::take(&mut self.again);
+                let again = std::mem::take(&mut self.again[launch]);
                 let mut rerun_stats = self.compare_held(dev, case, &again, &reference, &draw)?;
                 let lse_scale = draw.max_lse_scale();
                 check::judge(&mut rerun_stats, &case.tolerance, lse_scale);

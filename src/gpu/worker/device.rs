@@ -210,6 +210,26 @@ impl Device for Gpu {
         self.read_whole(buf, at, out)
     }
 
+    fn read_outputs_into(&mut self, reads: &mut [(&Io, &mut [u16], &mut [f32])]) -> Result<()> {
+        let mut all: Vec<(u64, &mut [u8])> = Vec::with_capacity(2 * reads.len());
+        for (io, o, lse) in reads.iter_mut() {
+            let (o_at, o_len) = self.ptr16(io.o)?;
+            let (lse_at, lse_len) = self.ptr32(io.lse)?;
+            if o_len != o.len() || lse_len != lse.len() {
+                bail!(
+                    "read of buffers {} and {} ({o_len} and {lse_len} elements) into {} and {}",
+                    io.o.0,
+                    io.lse.0,
+                    o.len(),
+                    lse.len()
+                );
+            }
+            all.push((o_at, bytes_mut(o)));
+            all.push((lse_at, bytes_mut(lse)));
+        }
+        self.read_all(&mut all)
+    }
+
     fn read32_range(&mut self, buf: Buf, start: usize, len: usize) -> Result<Vec<f32>> {
         match self.memory.get(buf.0).and_then(Option::as_ref) {
             Some(Memory::F32(m)) => read_range(&self.stream, m, buf, start, len),
@@ -607,4 +627,9 @@ impl Device for Gpu {
         }
         Ok(())
     }
+}
+
+/// The bytes of a slice of plain numbers.
+fn bytes_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }

@@ -353,6 +353,15 @@ impl Gpu {
             .map_err(|e| anyhow!("upload: {e:?}"))
     }
 
+    /// Every `(device address, host bytes)` read, done when it returns: those that fit the staging
+    /// buffer together in one transfer each, a larger one alone.
+    pub(super) fn read_all(&mut self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let stream = self.stream.clone();
+        self.staging()?
+            .read_all(&stream, reads)
+            .map_err(|e| anyhow!("read back: {e:#}"))
+    }
+
     fn staging(&mut self) -> Result<&mut Staging> {
         if self.staging.is_none() {
             self.staging = Some(Staging::new()?);

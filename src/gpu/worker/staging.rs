@@ -49,6 +49,49 @@ impl Staging {
         Ok(())
     }
 
+    /// Each read's bytes from its device address; done when it returns. Reads that fit the buffer
+    /// together are copied in one go and waited for once (a launch's copy and its wait cost more
+    /// than its bytes below a few MiB); each batch leaves the buffer before the next fills it.
+    pub(super) fn read_all(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        reads: &mut [(sys::CUdeviceptr, &mut [u8])],
+    ) -> Result<()> {
+        let mut first = 0;
+        while first < reads.len() {
+            let (mut end, mut used) = (first, 0);
+            while end < reads.len() && used + aligned(reads[end].1.len()) <= STAGING_BYTES {
+                used += aligned(reads[end].1.len());
+                end += 1;
+            }
+            if end == first {
+                let (src, out) = &mut reads[first];
+                self.read(stream, *src, out)?;
+                first += 1;
+                continue;
+            }
+            let mut at = 0;
+            for (src, out) in reads[first..end].iter() {
+                let staged = &mut self.bytes()[at..at + out.len()];
+                unsafe { result::memcpy_dtoh_async(staged, *src, stream.cu_stream()) }
+                    .map_err(cuda)?;
+                at += aligned(out.len());
+            }
+            stream.synchronize().map_err(cuda)?;
+            let staged: &[u8] = self.bytes();
+            let mut at = 0;
+            let mut pairs: Vec<(&[u8], &mut [u8])> = Vec::with_capacity(end - first);
+            for (_, out) in reads[first..end].iter_mut() {
+                let n = out.len();
+                pairs.push((&staged[at..at + n], &mut **out));
+                at += aligned(n);
+            }
+            crate::os::host_memory::copy_all(pairs);
+            first = end;
+        }
+        Ok(())
+    }
+
     /// The `data.len()` elements at `dst` get `data`; done when it returns.
     pub(super) fn write<T: Copy + Send + Sync>(
         &mut self,
@@ -73,6 +116,11 @@ impl Drop for Staging {
     fn drop(&mut self) {
         let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
     }
+}
+
+/// A place in the staging buffer for `n` bytes: 256-byte aligned, as the driver's copies like.
+fn aligned(n: usize) -> usize {
+    n.div_ceil(256) * 256
 }
 
 fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {

@@ -7,8 +7,8 @@ mod writer;
 
 pub use reader::{path_in, read, sort_by_start, LoadedLog, TimedCase};
 pub use record::{
-    AgentSettings, Citation, EarlierFigure, Entry, Header, Idea, RankReason, Ranked, Record,
-    RunCommand, TimedOutStage, SCHEMA_VERSION,
+    AgentSettings, Citation, EarlierFigure, Entry, Header, Idea, Leader, RankReason, Ranked,
+    Record, RunCommand, TimedOutStage, SCHEMA_VERSION,
 };
 pub use sealed::{read_sealed, read_sealed_with, SealedLog, Unsealed};
 pub use writer::RunLog;

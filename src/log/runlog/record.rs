@@ -381,6 +381,14 @@ pub enum Record {
     DispatchOrder {
         order: Vec<Ranked>,
     },
+    /// Under a time limit: a variant a GPU took ahead of its rank, one parameter from the best so
+    /// far of the cases named (the run climbs from its leaders between spread picks).
+    Climbed {
+        variant: String,
+        /// Its rank in `dispatch_order`.
+        rank: usize,
+        near: Vec<Leader>,
+    },
     /// `tune --reuse`: a case not measured again, because the results store holds a measurement of
     /// the same kernel build (and reference build) on the same GPU model, driver and shape. Counts
     /// as measured; the figures are the earlier run's, cited by its run id and log line.
@@ -651,6 +659,14 @@ pub struct Ranked {
     /// per (shape, dtype), for the report's list of what a budget left out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<EarlierFigure>,
+}
+
+/// A (shape, dtype) case and the variant with its best timing so far.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Leader {
+    pub shape: String,
+    pub dtype: Dtype,
+    pub variant: String,
 }
 
 /// Why a variant came where it did, strongest evidence first.

@@ -154,6 +154,13 @@ impl Space {
     }
 }
 
+/// How many parameters two points set differently (a parameter only one of them has counts): 1 for
+/// a point's neighbours along one axis.
+pub fn differing(a: &Params, b: &Params) -> usize {
+    a.iter().filter(|(k, v)| b.get(*k) != Some(*v)).count()
+        + b.keys().filter(|k| !a.contains_key(*k)).count()
+}
+
 /// A readable id: names as they are, numbers behind the parameter's initials (`BLOCK_M=64` → `bm64`).
 /// A parameter at 0 is a switch left off (`PINGPONG = 0`) and is left out: the kernel source gives
 /// it that default, so the build is the one the point had before the family grew the switch, and

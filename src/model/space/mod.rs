@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 pub use crate::model::vocab::ParamValue;
-pub use expand::{moved, variant_id, MAX_GRID_POINTS};
+pub use expand::{differing, moved, variant_id, MAX_GRID_POINTS};
 pub use load::ORACLE_DIR;
 
 // The types live here, so their private fields (the compiled expressions) reach load, expand and

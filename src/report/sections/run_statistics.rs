@@ -68,6 +68,9 @@ pub(super) fn run_statistics(ix: &RunIndex) -> Section {
             median_gap * 1000.0
         ).into());
     }
+    if ix.climbs > 0 {
+        items.push(format!("dispatch under the time limit: {} variants taken for being one parameter from a case's best so far (`climbed` records)", ix.climbs).into());
+    }
     // A worker holds the GPU longer than its kernels run: process start, inputs, the reference, the checks.
     let held: f64 = workers.values().flatten().map(|r| r.1).sum();
     items.push(format!("timed graph replays: {replay_seconds:.1} s, {:.0}% of the workers' time (the rest is start-up, inputs, warm-up, the reference kernel and the checks)", 100.0 * replay_seconds / held.max(1e-9)).into());

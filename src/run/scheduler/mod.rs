@@ -5,12 +5,12 @@ use crate::gpu::executor::Executor;
 use crate::log::runlog::Record;
 use crate::model::config::Dtype;
 use crate::model::protocol::{
-    CaseResult, CaseSpec, Condition, ForwardKernel, MeasureSpec, RaceBar, ReferenceKernel,
-    SentinelResult, TimingStats,
+    CaseResult, CaseSpec, Condition, ForwardKernel, MeasureSpec, ReferenceKernel, SentinelResult,
 };
 use crate::model::space::{PlannedPoint, REFERENCE};
 use crate::run::budget::Budget;
 use crate::run::shared::{input_seed, Events, Project, UnitKey};
+use bests::Bests;
 use gpu_queue::{gpu_loop, GpuEvent, GpuTasks, LoopPolicy};
 use outcome::Books;
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Mutex};
 
+mod bests;
 mod builds;
+mod climb;
 mod gpu_queue;
 mod held;
 mod outcome;
@@ -85,48 +87,6 @@ fn held_for_retime(case: &CaseResult, retime_on: &[Condition]) -> bool {
 /// Infrastructure failures (a worker that did not start) are retried with backoff, up to this many times.
 const INFRA_RETRIES: u32 = 3;
 
-/// The best clean timing so far per (shape, dtype) in this run: the bars racing holds later cases to.
-#[derive(Default)]
-pub(super) struct Bests(BTreeMap<(String, Dtype), (f64, RaceBar)>);
-
-impl Bests {
-    /// A timing a case may set the bar with: clean (no throttling, no other process) and in full.
-    pub(super) fn offer(
-        &mut self,
-        variant: &str,
-        case: &CaseResult,
-        timing: &TimingStats,
-        clean: bool,
-    ) {
-        if !clean || case.raced.is_some() {
-            return;
-        }
-        let key = (case.shape.clone(), case.dtype);
-        if self
-            .0
-            .get(&key)
-            .is_some_and(|(median, _)| *median <= timing.median_us)
-        {
-            return;
-        }
-        let bar = RaceBar {
-            samples: 0,
-            p90_us: timing.p90_us,
-            best: variant.to_owned(),
-        };
-        self.0.insert(key, (timing.median_us, bar));
-    }
-
-    /// The bar for a case, with `samples` before the decision (0: no racing).
-    fn bar(&self, case: &CaseSpec, samples: u32) -> Option<RaceBar> {
-        let (_, bar) = self.0.get(&(case.shape.name.clone(), case.dtype))?;
-        (samples > 0).then(|| RaceBar {
-            samples,
-            ..bar.clone()
-        })
-    }
-}
-
 pub struct Scheduler<'a> {
     pub project: &'a Project,
     pub executor: &'a Executor,
@@ -142,6 +102,8 @@ pub struct Scheduler<'a> {
     /// Cases with a result already: supplied by the results store (`--reuse`), or answered before
     /// a resumed run stopped. Never measured again, never skipped.
     pub settled: &'a BTreeSet<crate::run::scheduler::CaseKey>,
+    /// Take variants near the leaders ahead of the order (`climb`): a run under a time limit alone.
+    pub climb: bool,
 }
 
 impl Scheduler<'_> {
@@ -218,6 +180,7 @@ impl Scheduler<'_> {
             .unwrap_or_default();
         let cases_until = deadline.map(|d| d - reserve);
         let mut cut_at: Option<Instant> = None;
+        let mut climber = self.climb.then(|| self.climber(planned, &variant_order));
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
             let signals = crate::os::stop::count();
@@ -265,7 +228,13 @@ impl Scheduler<'_> {
                     if self.budget.max_variants.is_some() && next != ready.first() {
                         break;
                     }
-                    let variant = ready.remove(0);
+                    let variant = climb::next(
+                        climber.as_mut(),
+                        &mut ready,
+                        &books.bests,
+                        &variant_order,
+                        events,
+                    )?;
                     dispatched += 1;
                     let cases = self.cases_to_measure(planned, &cubins, &variant, &books.bests);
                     if cases.is_empty() {
@@ -518,6 +487,19 @@ impl Scheduler<'_> {
             case.race = bests.bar(case, race_samples);
         }
         cases
+    }
+
+    /// The climb over this run's variants: each one's parameters and cases.
+    fn climber(&self, planned: &[PlannedPoint], variants: &[String]) -> climb::Climber {
+        let mut by_variant = BTreeMap::new();
+        for variant in variants {
+            let Some(point) = planned.iter().find(|p| p.variant.id == *variant) else {
+                continue;
+            };
+            let cases = self.case_names(planned, variant).into_iter().collect();
+            by_variant.insert(variant.clone(), (point.variant.params.clone(), cases));
+        }
+        climb::Climber::new(by_variant)
     }
 
     /// The (shape, dtype) cases a planned variant has.
