@@ -189,7 +189,7 @@ pub(super) fn time_interleaved<D: Device>(
         let rerunning = Instant::now();
         for (side, (graph, ios)) in out.iter_mut().zip(&sides) {
             if side.failed.is_none() {
-                verifier.rerun_kept(dev, side, *graph, ios, &inputs, samples, case)?;
+                verifier.rerun_kept(dev, side, *graph, ios, &inputs, samples, case, spare)?;
             }
         }
         parts.reruns_s += rerunning.elapsed().as_secs_f64();

@@ -225,8 +225,6 @@ pub(super) struct Verifier {
     /// The oracle's inputs: a kept launch's Q, K and V regenerated from its seed, here and only here.
     private: [Buf; 3],
     reference: Io,
-    /// Host memory for a re-run's outputs, a launch each, reused round after round.
-    again: Vec<HostOutputs>,
     /// Where the host's copy of a launch's outputs goes for its comparison, right before it: no
     /// kernel is ever given these, and none runs between the upload and the verdict.
     judged: (Buf, Buf),
@@ -259,7 +257,6 @@ impl Verifier {
                 lse_accum: None,
                 counters: None,
             },
-            again: Vec::new(),
             judged: (dev.alloc16(q_elements(shape))?, dev.alloc32(rows(shape))?),
             spent: VerifyParts::default(),
         })
@@ -361,6 +358,7 @@ impl Verifier {
     /// outputs poisoned, L2 flushed): its outputs, read back, must match the host's copy bit for bit
     /// (else a race, or a kernel that answers by round when the re-run is wrong), and its inputs must
     /// be as drawn afterwards.
+    /// The re-runs' outputs go into host memory from `spare`, given back when done.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rerun_kept<D: Device>(
         &mut self,
@@ -371,6 +369,27 @@ impl Verifier {
         inputs: &[Buf],
         samples: usize,
         case: &CaseSpec,
+        spare: &mut Vec<HostOutputs>,
+    ) -> Result<()> {
+        let mut again: Vec<HostOutputs> = (0..ios.len())
+            .map(|_| spare.pop().unwrap_or_default())
+            .collect();
+        let done = self.rerun_into(dev, side, graph, ios, inputs, samples, case, &mut again);
+        spare.extend(again);
+        done
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rerun_into<D: Device>(
+        &mut self,
+        dev: &mut D,
+        side: &mut Side,
+        graph: GraphId,
+        ios: &[Io],
+        inputs: &[Buf],
+        samples: usize,
+        case: &CaseSpec,
+        again: &mut [HostOutputs],
     ) -> Result<()> {
         let kept = &side.kept;
         for place in 0..kept.checked.len() {
@@ -393,10 +412,9 @@ impl Verifier {
                 )));
                 return Ok(());
             }
-            self.again.resize_with(ios.len(), HostOutputs::default);
-            HostOutputs::read_all(dev, ios, &mut self.again, &case.shape)?;
+            HostOutputs::read_all(dev, ios, again, &case.shape)?;
             for (launch, held) in kept.outputs[place].iter().enumerate() {
-                let differing = self.again[launch].differing_bits(held);
+                let differing = again[launch].differing_bits(held);
                 if differing == 0 {
                     continue;
                 }
@@ -404,8 +422,8 @@ impl Verifier {
                 // re-run wrong). A failure path: its cost does not matter.
                 let reference = self.reference_for(dev, seed, launch, case)?;
                 let draw = launch_draw(case, seed, launch);
-                let again = std::mem::take(&mut self.again[launch]);
-                let mut rerun_stats = self.compare_held(dev, case, &again, &reference, &draw)?;
+                let mut rerun_stats =
+                    self.compare_held(dev, case, &again[launch], &reference, &draw)?;
                 let lse_scale = draw.max_lse_scale();
                 check::judge(&mut rerun_stats, &case.tolerance, lse_scale);
                 let (detail, stats) = if rerun_stats.passed() {
