@@ -59,7 +59,7 @@ pub struct RunIndex<'a> {
     pub interrupted: Option<(usize, &'a str)>,
     /// The last `dispatch_order` record: a budgeted run's order, best first, with its line.
     pub dispatch_order: Option<(usize, &'a [crate::log::runlog::Ranked])>,
-    /// How many variants a time-limited run took ahead of their rank, near its leaders (`climbed`).
+    /// How many variants a time-limited run took for being near its leaders (`climbed`).
     pub climbs: usize,
     /// Cases measured again to confirm what the store held.
     pub confirmations: Vec<Confirmation<'a>>,

@@ -381,8 +381,8 @@ pub enum Record {
     DispatchOrder {
         order: Vec<Ranked>,
     },
-    /// Under a time limit: a variant a GPU took ahead of its rank, one parameter from the best so
-    /// far of the cases named (the run climbs from its leaders between spread picks).
+    /// Under a time limit: a variant a GPU took for being one parameter from the best so far of the
+    /// cases named (the run climbs from its leaders between spread picks); `rank` says how far ahead.
     Climbed {
         variant: String,
         /// Its rank in `dispatch_order`.
