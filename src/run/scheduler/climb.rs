@@ -17,6 +17,10 @@ const SPREAD_FIRST: usize = 6;
 /// leader is near.
 const SPREAD_EVERY: usize = 4;
 
+/// Ready variants weighed per pick, the order's first: a pick costs this many times the leaders'
+/// count, whatever the size of the space.
+const MAX_WEIGHED: usize = 4096;
+
 /// A variant's parameters and its (shape, dtype) cases.
 pub(super) struct Climber {
     by_variant: BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)>,
@@ -48,28 +52,40 @@ impl Climber {
         if self.picks <= SPREAD_FIRST || (self.picks - SPREAD_FIRST) % SPREAD_EVERY == 0 {
             return order;
         }
-        let leaders = bests.leaders();
-        let mut best: Option<Pick> = None;
-        for (index, variant) in ready.iter().enumerate() {
-            let Some((params, cases)) = self.by_variant.get(variant) else {
+        // Each leader once: its case and its parameters (a leader the climb does not know, none).
+        let leaders: Vec<((String, Dtype), &Params, Leader)> = bests
+            .leaders()
+            .into_iter()
+            .filter_map(|l| {
+                let (params, _) = self.by_variant.get(&l.variant)?;
+                Some(((l.shape.clone(), l.dtype), params, l))
+            })
+            .collect();
+        let near = |(case, lp, _): &&((String, Dtype), &Params, Leader),
+                    (params, cases): &(Params, BTreeSet<(String, Dtype)>)| {
+            cases.contains(case) && differing(lp, params) == 1
+        };
+        let mut best: Option<(usize, usize)> = None;
+        for (index, variant) in ready.iter().enumerate().take(MAX_WEIGHED) {
+            let Some(candidate) = self.by_variant.get(variant) else {
                 continue;
             };
-            let near: Vec<Leader> = leaders
-                .iter()
-                .filter(|l| cases.contains(&(l.shape.clone(), l.dtype)))
-                .filter(|l| {
-                    self.by_variant
-                        .get(&l.variant)
-                        .is_some_and(|(p, _)| differing(p, params) == 1)
-                })
-                .cloned()
-                .collect();
+            let count = leaders.iter().filter(|l| near(l, candidate)).count();
             // Ties go to the earlier in the order: `ready` is in it.
-            if near.len() > best.as_ref().map_or(0, |b| b.near.len()) {
-                best = Some(Pick { index, near });
+            if count > best.map_or(0, |b| b.1) {
+                best = Some((index, count));
             }
         }
-        best.unwrap_or(order)
+        if let Some((index, _)) = best {
+            let candidate = &self.by_variant[&ready[index]];
+            let near = leaders
+                .iter()
+                .filter(|l| near(l, candidate))
+                .map(|(_, _, l)| l.clone())
+                .collect();
+            return Pick { index, near };
+        }
+        order
     }
 }
 
