@@ -358,7 +358,7 @@ impl Verifier {
     /// outputs poisoned, L2 flushed): its outputs, read back, must match the host's copy bit for bit
     /// (else a race, or a kernel that answers by round when the re-run is wrong), and its inputs must
     /// be as drawn afterwards.
-    /// The re-runs' outputs go into host memory from `spare`, given back when done.
+    /// The re-runs' outputs go into host memory from `spare`, given back when they all matched.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn rerun_kept<D: Device>(
         &mut self,
@@ -374,23 +374,6 @@ impl Verifier {
         let mut again: Vec<HostOutputs> = (0..ios.len())
             .map(|_| spare.pop().unwrap_or_default())
             .collect();
-        let done = self.rerun_into(dev, side, graph, ios, inputs, samples, case, &mut again);
-        spare.extend(again);
-        done
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn rerun_into<D: Device>(
-        &mut self,
-        dev: &mut D,
-        side: &mut Side,
-        graph: GraphId,
-        ios: &[Io],
-        inputs: &[Buf],
-        samples: usize,
-        case: &CaseSpec,
-        again: &mut [HostOutputs],
-    ) -> Result<()> {
         let kept = &side.kept;
         for place in 0..kept.checked.len() {
             let replay = format!(
@@ -412,7 +395,7 @@ impl Verifier {
                 )));
                 return Ok(());
             }
-            HostOutputs::read_all(dev, ios, again, &case.shape)?;
+            HostOutputs::read_all(dev, ios, &mut again, &case.shape)?;
             for (launch, held) in kept.outputs[place].iter().enumerate() {
                 let differing = again[launch].differing_bits(held);
                 if differing == 0 {
@@ -453,6 +436,7 @@ impl Verifier {
                 return Ok(());
             }
         }
+        spare.extend(again);
         Ok(())
     }
 }
