@@ -7,7 +7,7 @@ use crate::model::config::Dtype;
 use crate::model::protocol::{
     CaseResult, CaseSpec, Condition, ForwardKernel, MeasureSpec, ReferenceKernel, SentinelResult,
 };
-use crate::model::space::{PlannedPoint, REFERENCE};
+use crate::model::space::{Params, PlannedPoint, REFERENCE};
 use crate::run::budget::Budget;
 use crate::run::shared::{input_seed, Events, Project, UnitKey};
 use bests::Bests;
@@ -180,7 +180,7 @@ impl Scheduler<'_> {
             .unwrap_or_default();
         let cases_until = deadline.map(|d| d - reserve);
         let mut cut_at: Option<Instant> = None;
-        let mut climber = self.climb.then(|| self.climber(planned, &variant_order));
+        let mut climber = self.climb.then(|| self.climber(planned));
         loop {
             // Counted before looking: a signal that lands after this wakes the select below at once.
             let signals = crate::os::stop::count();
@@ -489,15 +489,22 @@ impl Scheduler<'_> {
         cases
     }
 
-    /// The climb over this run's variants: each one's parameters and cases.
-    fn climber(&self, planned: &[PlannedPoint], variants: &[String]) -> climb::Climber {
-        let mut by_variant = BTreeMap::new();
-        for variant in variants {
-            let Some(point) = planned.iter().find(|p| p.variant.id == *variant) else {
-                continue;
-            };
-            let cases = self.case_names(planned, variant).into_iter().collect();
-            by_variant.insert(variant.clone(), (point.variant.params.clone(), cases));
+    /// The climb over this run's variants: each one's parameters and unsettled cases, in one pass
+    /// over the plan (a space can hold tens of thousands of points).
+    fn climber(&self, planned: &[PlannedPoint]) -> climb::Climber {
+        let mut by_variant: BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)> = BTreeMap::new();
+        for p in planned.iter().filter(|p| p.invalid.is_none()) {
+            let (_, cases) = by_variant
+                .entry(p.variant.id.clone())
+                .or_insert_with(|| (p.variant.params.clone(), BTreeSet::new()));
+            for shape in self.project.shapes.iter().filter(|s| s.d == p.head_dim) {
+                for &dtype in &self.project.policies.dtypes {
+                    let key = (p.variant.id.clone(), shape.name.clone(), dtype);
+                    if !self.settled.contains(&key) {
+                        cases.insert((shape.name.clone(), dtype));
+                    }
+                }
+            }
         }
         climb::Climber::new(by_variant)
     }
