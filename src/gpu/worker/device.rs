@@ -1,5 +1,6 @@
 //! The trials' `Device` on a real GPU: each request of `trial` as CUDA work on the worker's stream.
 use super::gpu::{cuda, read_range, Gpu, Loaded, Memory};
+use super::staging::as_bytes_mut;
 use crate::gpu::check::PartialStats;
 use crate::gpu::check::{POISON_16, POISON_F32_BITS};
 use crate::gpu::trial::mixture::Geometry;
@@ -224,8 +225,8 @@ impl Device for Gpu {
                     lse.len()
                 );
             }
-            all.push((o_at, bytes_mut(o)));
-            all.push((lse_at, bytes_mut(lse)));
+            all.push((o_at, as_bytes_mut(o)));
+            all.push((lse_at, as_bytes_mut(lse)));
         }
         self.read_all(&mut all)
     }
@@ -627,9 +628,4 @@ impl Device for Gpu {
         }
         Ok(())
     }
-}
-
-/// The bytes of a slice of plain numbers.
-fn bytes_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
-    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }

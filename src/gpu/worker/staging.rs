@@ -127,6 +127,7 @@ fn as_bytes<T: Copy>(s: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) }
 }
 
-fn as_bytes_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
+/// The bytes of a slice of plain numbers.
+pub(super) fn as_bytes_mut<T: Copy>(s: &mut [T]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr() as *mut u8, std::mem::size_of_val(s)) }
 }

@@ -21,9 +21,12 @@ const SPREAD_EVERY: usize = 4;
 /// count, whatever the size of the space.
 const MAX_WEIGHED: usize = 4096;
 
-/// A variant's parameters and its (shape, dtype) cases.
+/// Per variant id: its parameters and its (shape, dtype) cases.
+pub(super) type Points = BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)>;
+
+/// The variants a run may climb to, and how many picks it has made.
 pub(super) struct Climber {
-    by_variant: BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)>,
+    by_variant: Points,
     picks: usize,
 }
 
@@ -35,7 +38,7 @@ pub(super) struct Pick {
 }
 
 impl Climber {
-    pub(super) fn new(variants: BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)>) -> Self {
+    pub(super) fn new(variants: Points) -> Self {
         Climber {
             by_variant: variants,
             picks: 0,

@@ -7,7 +7,7 @@ use crate::model::config::Dtype;
 use crate::model::protocol::{
     CaseResult, CaseSpec, Condition, ForwardKernel, MeasureSpec, ReferenceKernel, SentinelResult,
 };
-use crate::model::space::{Params, PlannedPoint, REFERENCE};
+use crate::model::space::{PlannedPoint, REFERENCE};
 use crate::run::budget::Budget;
 use crate::run::shared::{input_seed, Events, Project, UnitKey};
 use bests::Bests;
@@ -492,7 +492,7 @@ impl Scheduler<'_> {
     /// The climb over this run's variants: each one's parameters and unsettled cases, in one pass
     /// over the plan (a space can hold tens of thousands of points).
     fn climber(&self, planned: &[PlannedPoint]) -> climb::Climber {
-        let mut by_variant: BTreeMap<String, (Params, BTreeSet<(String, Dtype)>)> = BTreeMap::new();
+        let mut by_variant = climb::Points::new();
         for p in planned.iter().filter(|p| p.invalid.is_none()) {
             let (_, cases) = by_variant
                 .entry(p.variant.id.clone())
