@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold stored-baselines space:variants/NAME.toml
+#                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES]
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +119,37 @@ for stage in "$@"; do
       done ;;
     gpus) timed "gpus-$GPUS" ft tune --space "${GPUS_SPACE:-variants/quick.toml}" --gpus "$GPUS" 2>"$out/gpus-$GPUS.err" | tee "$out/gpus-$GPUS.txt"; keep "gpus-$GPUS" ;;
     alignment) python3 scripts/causal-alignment.py 2>&1 | tee "$out/alignment.txt" ;;
+    # More ncu metrics for every later profile of this session: the pipes (MUFU is "xu"), issue
+    # slots, the SM clock and the stall reasons, those this GPU's ncu knows, appended to this copy's
+    # policies.toml (the list it reads; never committed from here).
+    ncu-extra)
+      known=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
+      extra=()
+      for m in sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active \
+               sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active \
+               smsp__issue_active.avg.pct_of_peak_sustained_active sm__cycles_elapsed.avg.per_second \
+               smsp__warps_issue_stalled_math_pipe_throttle.avg.per_cycle_active smsp__warps_issue_stalled_wait.avg.per_cycle_active \
+               smsp__warps_issue_stalled_barrier.avg.per_cycle_active smsp__warps_issue_stalled_long_scoreboard.avg.per_cycle_active \
+               smsp__warps_issue_stalled_short_scoreboard.avg.per_cycle_active smsp__warps_issue_stalled_dispatch_stall.avg.per_cycle_active \
+               smsp__warps_issue_stalled_mio_throttle.avg.per_cycle_active smsp__warps_issue_stalled_not_selected.avg.per_cycle_active \
+               smsp__warps_issue_stalled_selected.avg.per_cycle_active smsp__warps_issue_stalled_sleeping.avg.per_cycle_active \
+               smsp__warps_issue_stalled_membar.avg.per_cycle_active smsp__warps_issue_stalled_branch_resolving.avg.per_cycle_active; do
+        grep -qx "${m%%.*}" <<<"$known" && extra+=("\"$m\"") || echo "ncu-extra: this ncu has no ${m%%.*}" | tee -a "$out/ncu-extra.txt"
+      done
+      [ ${#extra[@]} -gt 0 ] && python3 - "${extra[@]}" <<'PY'
+import re, sys
+p = "policies.toml"
+s = open(p).read()
+s = re.sub(r'(\nmetrics = \[\n)', lambda m: m.group(1) + "".join(f"  {x},\n" for x in sys.argv[1:]), s, count=1)
+open(p, "w").write(s)
+PY
+      grep -n -A40 '^metrics = \[' policies.toml | head -45 | tee -a "$out/ncu-extra.txt" ;;
+    # profile:NAME:VARIANT:SHAPES[:DTYPES] profiles a variant of the run kept under NAME (a space: stage before).
+    profile:*)
+      IFS=: read -r _ name variant shapes dtypes <<<"$stage"
+      run=$(dirname "$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1)")
+      timed "profile-$variant" ft profile "$run" "$variant" --shape "$shapes" ${dtypes:+--dtype "$dtypes"} 2>&1 | tail -5 | tee -a "$out/profiles.txt"
+      cp "$run/log.jsonl" "$out/$name.log.jsonl" ;;
     # Any space file: space:variants/NAME.toml keeps its log and report under NAME.
     space:*) name=$(basename "${stage#space:}" .toml); timed "$name" ft tune --space "${stage#space:}" 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;

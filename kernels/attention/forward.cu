@@ -99,8 +99,10 @@ static_assert(kWarps >= 1 && kWarps <= 32, "WARPS must be in 1..32 (at most 1024
 // The split count is gridDim.z at run time (the host may pick it per shape without a rebuild);
 // KV_SPLIT only names the variant, so it is checked but otherwise unused (0 = KV_SPLIT_AUTO).
 static_assert(kKvSplit >= 0, "KV_SPLIT must be >= 1, or KV_SPLIT_AUTO (0)");
-// Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem.
-static_assert(kStages >= 1 && kStages <= 3, "STAGES must be 1, 2 or 3");
+// Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem. The wgmma
+// path's producer form keeps up to STAGES tiles in flight, and its three consumer groups at d = 64
+// hold a tile for three GEMM turns: 4 there.
+static_assert(kStages >= 1 && kStages <= (kMma == MMA_WGMMA ? 4 : 3), "STAGES must be 1, 2 or 3 (4 on the wgmma path)");
 static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output dims");
 // The wgmma path's own switches (hopper.cuh says what each does), 0 when not defined: PINGPONG
 // (two consumer warp groups take turns), TMA (loads by the producer warp group), TWO_CTAS (two
@@ -126,6 +128,15 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #ifndef PERSISTENT_CTAS
 #define PERSISTENT_CTAS 0
 #endif
+#ifndef EARLY_RESCALE
+#define EARLY_RESCALE 0
+#endif
+#ifndef SEPARATE_KV
+#define SEPARATE_KV 0
+#endif
+#ifndef SPLIT_REDUCTIONS
+#define SPLIT_REDUCTIONS 0
+#endif
 // The order CTAs take (query block, head): 0, each head's blocks longest first, head after head;
 // 1, FlashAttention-4's L2 sections (tile_order below). Every path.
 #ifndef L2_SECTIONS
@@ -133,9 +144,11 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #endif
 static_assert(L2_SECTIONS == 0 || L2_SECTIONS == 1, "L2_SECTIONS is 0 or 1");
 static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0 &&
-               PERSISTENT_CTAS == 0) ||
+               PERSISTENT_CTAS == 0 && EARLY_RESCALE == 0 && SEPARATE_KV == 0 &&
+               SPLIT_REDUCTIONS == 0) ||
                   kMma == MMA_WGMMA,
-              "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE, LAST_CTA_COMBINE and PERSISTENT_CTAS = 1 exist on the wgmma path alone");
+              "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE, LAST_CTA_COMBINE, PERSISTENT_CTAS, EARLY_RESCALE, "
+              "SEPARATE_KV and SPLIT_REDUCTIONS = 1 exist on the wgmma path alone");
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout. Rows are padded so that consecutive rows start in different banks and

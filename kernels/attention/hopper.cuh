@@ -27,10 +27,10 @@
 //     and waits for the consumers to free a stage ("empty"); setmaxnreg moves its registers to
 //     the consumers, and each consumer overlaps the softmax of tile j + 1 with the P V product of
 //     tile j (FlashAttention-3's intra-warpgroup pipelining).
-//   * PINGPONG = 1 (two consumer warp groups and a producer): the consumers take turns on the
-//     tensor cores (FlashAttention-3's ping-pong): a group issues its GEMMs only after the other
-//     has issued its own, so one group's softmax runs while the other's GEMMs do. Two named
-//     barriers hand the turn over.
+//   * PINGPONG = 1 (two or three consumer warp groups and a producer): the consumers take turns
+//     on the tensor cores (FlashAttention-3's ping-pong; FlashAttention-4's round robin of three
+//     at d = 64): a group issues its GEMMs only after the one before it has issued its own, so one
+//     group's softmax runs while the others' GEMMs do. A named barrier per group hands the turn on.
 //   * TWO_CTAS = 1 builds the producer form for two CTAs per SM; POLY_EXP = 1 (2, 3) computes one
 //     exp2 in four (eight, sixteen) with a polynomial on the FMA pipe (one in four measured slower
 //     on an H100: polyexp-ab);
@@ -38,6 +38,18 @@
 //     in the split that finishes last (no combine kernel either way).
 //   * PERSISTENT_CTAS = 1 (TMA producer form): a CTA per resident slot walks many tiles, the
 //     producer loading the next tile while the consumers finish this one.
+//   * SEPARATE_KV = 1 (producer form): K and V of a stage each have their own full and empty
+//     mbarriers (FlashAttention-3's two pipelines), and the producer loads K_{j+1} before V_j. A
+//     K tile is free once its S has been waited for, not once the P V after it has: with the
+//     intra-warpgroup overlap (S_{j+1} issued beside P_j V_j), one barrier for both makes the next
+//     K load start only when the consumers already want it, whatever STAGES is.
+//   * SPLIT_REDUCTIONS = 1: a row's max and sum over the tile run in four independent chains,
+//     joined at the end (FlashAttention-4's fmax_reduce / fadd_reduce), not one chain of BLOCK_N / 4
+//     dependent FMNMX or FADD: the same instructions, a quarter of the latency between S landing
+//     and its exponentials, and between the exponentials and P V.
+//   * EARLY_RESCALE = 1 (producer form): O is rescaled by the last softmax's factors while the
+//     next S = Q K^T runs on the tensor cores, just before O += P V is issued, not between the
+//     P V wait and the next tile's GEMMs (FlashAttention-4's rescale_O_before_gemm, its d = 256 form).
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -78,8 +90,11 @@ static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim ==
 static_assert(kStages >= 2, "wgmma: STAGES must be at least 2");
 constexpr bool kPingPong = PINGPONG != 0;
 static_assert(PINGPONG == 0 || PINGPONG == 1, "wgmma: PINGPONG is 0 or 1");
-static_assert(!kPingPong || (kProducer && kConsumerWGs == 2),
-              "wgmma: PINGPONG takes turns between two consumer warp groups beside a producer (BLOCK_M = 128, WARPS = 12)");
+// Three groups: at d = 64 a group's softmax (64 x BLOCK_N exp2 on the MUFU) takes as long as its
+// GEMMs, so with two groups it cannot hide behind the other's GEMMs; with three it has two turns.
+static_assert(!kPingPong || (kProducer && (kConsumerWGs == 2 || kConsumerWGs == 3)),
+              "wgmma: PINGPONG takes turns between two or three consumer warp groups beside a producer "
+              "(BLOCK_M = 128, WARPS = 12 or BLOCK_M = 192, WARPS = 16)");
 constexpr bool kTma = TMA != 0;
 static_assert(TMA == 0 || TMA == 1, "wgmma: TMA is 0 or 1");
 static_assert(!kTma || kProducer, "wgmma: TMA loads are issued by the producer warp group (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -103,6 +118,16 @@ static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box hol
 static_assert(POLY_EXP >= 0 && POLY_EXP <= 3, "wgmma: POLY_EXP is 0 (off) or 1..3 (one exp2 in 2^(POLY_EXP + 1))");
 constexpr int kPolyEvery = POLY_EXP == 0 ? 0 : 2 << POLY_EXP;  // n-tiles (8 keys) per polynomial one
 static_assert(kPolyEvery <= kBlockN / 8, "wgmma: POLY_EXP's share is at least one 8-key n-tile of BLOCK_N");
+
+// EARLY_RESCALE = 1: at HEAD_DIM 256 a thread's O is 128 registers, so its rescale is 128 FMULs a
+// tile; issued after S_{j+1} (asynchronous) and before P_j V_j, they run beside the S GEMM instead
+// of holding back the issue of the next GEMMs. The intra-warpgroup loop is the producer form's.
+static_assert(EARLY_RESCALE == 0 || EARLY_RESCALE == 1, "wgmma: EARLY_RESCALE is 0 or 1");
+constexpr bool kEarlyRescale = EARLY_RESCALE != 0;
+static_assert(SPLIT_REDUCTIONS == 0 || SPLIT_REDUCTIONS == 1, "wgmma: SPLIT_REDUCTIONS is 0 or 1");
+// Independent chains a row's max and sum run in; each takes whole 8-key n-tiles (at BLOCK_N = 80,
+// ten n-tiles: chains of three and two).
+constexpr int kReduceChains = SPLIT_REDUCTIONS ? 4 : 1;
 
 // TWO_CTAS = 1: built for two CTAs per SM (__launch_bounds__ minBlocks = 2), so that a CTA with
 // one consumer warp group shares its SM with another CTA whose GEMMs and softmax interleave with
@@ -172,6 +197,10 @@ constexpr bool kSplitRegs = kProducer && kLaunchRegs < kConsumerRegs;
 static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs) <= kLaunchRegs * kThreads,
               "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
 static_assert(kCtasPerSm == 1 || kProducer, "wgmma: TWO_CTAS is for the producer form (its consumers get registers by setmaxnreg)");
+static_assert(!kEarlyRescale || kProducer, "wgmma: EARLY_RESCALE is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
+static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
+constexpr bool kSeparateKv = SEPARATE_KV != 0;
+static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 
 // Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
 // is a function of address bits 4..9, so every tile starts 1024-byte aligned.
@@ -182,8 +211,9 @@ constexpr uint32_t kBarrierBytes = 256;
 //   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
 constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
 static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
-// full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty.
-static_assert(2 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
+// full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty, and with
+// SEPARATE_KV V's full_v[STAGES], empty_v[STAGES] (full and empty are then K's).
+static_assert(4 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
 static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
 // An SM has 228 KB of shared memory, 1 KB of it reserved per resident CTA.
 static_assert(kCtasPerSm * (kSmemBytesH + 1024) <= 228 * 1024, "wgmma: TWO_CTAS needs both CTAs' shared memory to fit one SM");
@@ -234,7 +264,7 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_on_copies(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Named barriers 1 and 2 (0 is __syncthreads): the ping-pong turns of two consumer warp groups.
+// Named barriers 1 .. 3 (0 is __syncthreads): the ping-pong turns of two or three consumer warp groups.
 // They order only the issue of wgmma (volatile asm, never reordered with these), not memory: no
 // "memory" clobber, which would make the compiler spill live values around each one.
 __device__ __forceinline__ void named_bar_sync(int id, int threads) {
@@ -417,16 +447,25 @@ struct Consumer {
         // A row lives in the 4 lanes of a quad.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = m[h];
+            // Chain c takes n-tiles c, c + chains, ...; with one chain this is the plain running max.
+            float mxc[kReduceChains];
 #pragma unroll
-            for (int nt = 0; nt < kBlockN / 8; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+            for (int c = 0; c < kReduceChains; ++c) mxc[c] = c == 0 ? m[h] : neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < kBlockN / 8; ++nt)
+                mxc[nt % kReduceChains] = fmaxf(mxc[nt % kReduceChains], fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+            float mx = mxc[0];
+#pragma unroll
+            for (int c = 1; c < kReduceChains; ++c) mx = fmaxf(mx, mxc[c]);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
             const float m_use = mx == neg_inf() ? 0.0f : scaled_max(mx, ctx.scale_log2);
             alpha[h] = fast_exp2(scaled_max(m[h], ctx.scale_log2) - m_use);
             m[h] = mx;
-            float sum = 0.0f;
+            float sumc[kReduceChains];
+#pragma unroll
+            for (int c = 0; c < kReduceChains; ++c) sumc[c] = 0.0f;
 #pragma unroll
             for (int nt = 0; nt < kBlockN / 8; ++nt)
 #pragma unroll
@@ -434,8 +473,11 @@ struct Consumer {
                     const float x = fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use);
                     const float p = kPolyEvery != 0 && nt % kPolyEvery == kPolyEvery - 1 ? poly_exp2(x) : fast_exp2(x);
                     s[nt * 4 + 2 * h + c] = p;
-                    sum += p;
+                    sumc[nt % kReduceChains] += p;
                 }
+            float sum = sumc[0];
+#pragma unroll
+            for (int c = 1; c < kReduceChains; ++c) sum += sumc[c];
             l[h] = l[h] * alpha[h] + sum;
         }
     }
@@ -666,6 +708,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     auto full_bar = [&](int s) { return bars + 8u * s; };
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
+    // SEPARATE_KV: V's own barriers (full_bar and empty_bar are K's); otherwise the stage's.
+    auto full_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (2 * kStages + 3 + s) : full_bar(s); };
+    auto empty_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (3 * kStages + 3 + s) : empty_bar(s); };
 
     if constexpr (kProducer) {
         const uint32_t q_empty = bars + 8u * (2 * kStages + 2);
@@ -676,6 +721,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             for (int s = 0; s < kStages; ++s) {
                 mbar_init(full_bar(s), kFullArrivals);
                 mbar_init(empty_bar(s), kConsumerThreads);
+                if constexpr (kSeparateKv) {
+                    mbar_init(full_v_bar(s), kFullArrivals);
+                    mbar_init(empty_v_bar(s), kConsumerThreads);
+                }
             }
             mbar_init(q_full, kFullArrivals);
             mbar_init(q_empty, kConsumerThreads);
@@ -721,6 +770,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             int stage = 0;
             uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
             int issued = 0;            // K/V tiles issued over every tile so far
+            // SEPARATE_KV: V's ring position, one tile behind K's (stage, empty_phase, issued).
+            int v_stage = 0;
+            uint32_t v_empty_phase = 1;
+            int v_issued = 0;
             int round = 0;
             for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
                 if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
@@ -736,21 +789,60 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 load_tile<kBlockM, 128>(q_smem, Q + w.bh * Sq * kHeadDim, w.ctx.q0, Sq, tid);
                 mbar_arrive_on_copies(q_full);
 #endif
-                for (int it = 0; it < n_it; ++it, ++issued) {
-                    if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
-                    const int row0 = (w.blk_begin + it) * kBlockN;
+                if constexpr (!kSeparateKv) {
+                    for (int it = 0; it < n_it; ++it, ++issued) {
+                        if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
+                        const int row0 = (w.blk_begin + it) * kBlockN;
 #if TMA
-                    mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
-                    tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
-                    tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
+                        mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+                        tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
+                        tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
 #else
-                    load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
-                    load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
-                    mbar_arrive_on_copies(full_bar(stage));
+                        load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
+                        load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
+                        mbar_arrive_on_copies(full_bar(stage));
 #endif
-                    if (++stage == kStages) {
-                        stage = 0;
-                        empty_phase ^= 1u;
+                        if (++stage == kStages) {
+                            stage = 0;
+                            empty_phase ^= 1u;
+                        }
+                    }
+                } else {
+                    // K_0, then K_{it} before V_{it - 1}, then the last V: the consumers want K_{j+1}
+                    // (for S_{j+1}) while P_j V_j still reads V_j.
+                    for (int it = 0; it <= n_it; ++it) {
+                        if (it < n_it) {
+                            if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
+                            const int row0 = (w.blk_begin + it) * kBlockN;
+#if TMA
+                            mbar_arrive_expect_tx(full_bar(stage), kTileBytes);
+                            tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
+#else
+                            load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
+                            mbar_arrive_on_copies(full_bar(stage));
+#endif
+                            ++issued;
+                            if (++stage == kStages) {
+                                stage = 0;
+                                empty_phase ^= 1u;
+                            }
+                        }
+                        if (it > 0) {
+                            if (v_issued >= kStages) mbar_wait(empty_v_bar(v_stage), v_empty_phase);
+                            const int row0 = (w.blk_begin + it - 1) * kBlockN;
+#if TMA
+                            mbar_arrive_expect_tx(full_v_bar(v_stage), kTileBytes);
+                            tma_load_tile<kBlockN>(v_smem + v_stage * kTileBytes, tma_v, full_v_bar(v_stage), row0, bh);
+#else
+                            load_tile<kBlockN, 128>(v_smem + v_stage * kTileBytes, Vh, row0, Sk, tid);
+                            mbar_arrive_on_copies(full_v_bar(v_stage));
+#endif
+                            ++v_issued;
+                            if (++v_stage == kStages) {
+                                v_stage = 0;
+                                v_empty_phase ^= 1u;
+                            }
+                        }
                     }
                 }
             }
@@ -771,15 +863,17 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             mbar_wait(bar, parity);
             if constexpr (!kTma) fence_proxy_async();
         };
-        // Ping-pong: consumer group g issues its GEMMs between sync(1 + g) and arrive(2 - g), so
-        // the groups' GEMM blocks alternate over every tile of the CTA. Group 0 goes first (its
-        // barrier starts with its own arrival) and at the end takes group 1's last hand-over, so
-        // no arrival is left pending at exit. Both groups walk the same tiles.
+        // Ping-pong: consumer group g issues its GEMMs between sync(1 + g) and arrive(1 + next),
+        // next = (g + 1) % groups, so the groups' GEMM blocks take turns in order over every tile
+        // of the CTA. Each barrier counts 256 threads: its own group's sync and the arrival of the
+        // group before. Group 0 goes first (its barrier starts with its own arrival) and at the
+        // end takes the last group's last hand-over, so no arrival is left pending at exit. Every
+        // group walks the same tiles, so each takes the same number of turns.
         auto my_turn = [&]() {
             if constexpr (kPingPong) named_bar_sync(1 + cwg, 256);
         };
         auto your_turn = [&]() {
-            if constexpr (kPingPong) named_bar_arrive(2 - cwg, 256);
+            if constexpr (kPingPong) named_bar_arrive(1 + (cwg + 1) % kConsumerWGs, 256);
         };
         if constexpr (kPingPong) {
             if (cwg == 0) named_bar_arrive(1, 256);
@@ -798,6 +892,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
             float s_acc[Consumer::kSN];
             uint32_t p[kBlockN / 4];
+            // EARLY_RESCALE: the factors of the last softmax, applied to O before the next P V. The
+            // first softmax's are moot (O is still 0).
+            float pending_alpha[2] = {1.0f, 1.0f};
             if (n_it > 0) {
                 const int st = consumed % kStages;
                 wait_landed(full_bar(st), (consumed / kStages) & 1);
@@ -806,6 +903,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(s_acc);
+                if constexpr (kSeparateKv) mbar_arrive(empty_bar(st));  // K_0 is no longer read
                 float alpha[2];
                 c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
                 Consumer::pack_p(s_acc, p);
@@ -817,34 +915,44 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 const int st = at % kStages;
                 const int nx = (at + 1) % kStages;
                 wait_landed(full_bar(nx), ((at + 1) / kStages) & 1);
+                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), (at / kStages) & 1);
                 my_turn();
                 c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
+                if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
                 c.issue_pv(p, v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
                 fence_operands(s_acc);
+                if constexpr (kSeparateKv) mbar_arrive(empty_bar(nx));  // K_{it+1} is no longer read
                 float alpha[2];
                 c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
                 wgmma_wait<0>();
                 fence_operands(c.o);
-                mbar_arrive(empty_bar(st));  // K and V of tile it are no longer read
-                c.rescale_o(alpha);
+                mbar_arrive(empty_v_bar(st));  // V of tile it (and K, unless SEPARATE_KV) no longer read
+                if constexpr (kEarlyRescale) {
+                    pending_alpha[0] = alpha[0];
+                    pending_alpha[1] = alpha[1];
+                } else {
+                    c.rescale_o(alpha);
+                }
                 Consumer::pack_p(s_acc, p);
             }
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
             if (n_it > 0) {
                 const int st = (consumed + n_it - 1) % kStages;
+                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_it - 1) / kStages) & 1);
                 my_turn();
+                if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
                 c.issue_pv(p, v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(c.o);
-                mbar_arrive(empty_bar(st));
+                mbar_arrive(empty_v_bar(st));
             }
             consumed += n_it;
-            // Group 0 takes group 1's last hand-over before its last epilogue (here, not after the
-            // loop: there ptxas ran out of registers and serialised the wgmmas).
+            // Group 0 takes the last group's last hand-over before its last epilogue (here, not
+            // after the loop: there ptxas ran out of registers and serialised the wgmmas).
             if constexpr (kPingPong) {
                 if (cwg == 0 && tile + tile_step >= n_tiles) named_bar_sync(1, 256);
             }

@@ -766,12 +766,13 @@ mod offline_targets {
         assert_eq!(names, ["decode-128", "large-64", "odd-causal", "seed"]);
 
         let hopper = plan("sm_90a");
-        // Only the two-CTA point at d = 128: two CTAs' shared memory would not fit an SM.
-        let two_ctas = "wgmma-bm64-bn128-w8-auto-s3-t1-tc1-pc1";
+        // Only the three-group point at d = 128: 160 registers a consumer thread are too few for a
+        // d = 128 O beside S.
+        let three_groups = "wgmma-bm192-bn128-w16-ks1-s3-p1-t1";
         for p in &hopper {
             assert_eq!(
                 p.invalid.is_some(),
-                p.variant.id == two_ctas && p.head_dim == 128,
+                p.variant.id == three_groups && p.head_dim == 128,
                 "{} d={}: {:?}",
                 p.variant.id,
                 p.head_dim,
@@ -781,7 +782,7 @@ mod offline_targets {
         // The champion of each shape on an H200, valid at that shape's head dim.
         for (shape, champion) in [
             ("seed", "wgmma-bm64-bn128-w8-auto-s2-t1"),
-            ("large-64", two_ctas),
+            ("large-64", three_groups),
             ("decode-128", "wgmma-bm64-bn128-w4-auto-s2"),
             ("odd-causal", "wgmma-bm64-bn128-w8-auto-s3-t1"),
         ] {
@@ -801,14 +802,14 @@ mod offline_targets {
         assert_eq!(
             wgmma_ids.into_iter().collect::<Vec<_>>(),
             [
+                three_groups,
                 "wgmma-bm64-bn128-w4-auto-s2",
                 "wgmma-bm64-bn128-w8-auto-s2-t1",
                 "wgmma-bm64-bn128-w8-auto-s3-t1",
-                two_ctas,
             ]
         );
         // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps);
-        // the persistent one, and only it, with the GPU's resident CTAs (the family's persistent).
+        // none is persistent (the family's persistent).
         for p in hopper.iter().filter(|p| p.invalid.is_none()) {
             let launch = p.launch.as_ref().unwrap();
             assert_eq!(
@@ -832,8 +833,8 @@ mod offline_targets {
             let planned = plan(arch);
             for p in planned.iter().filter(|p| is_wgmma(p)) {
                 let why = p.why_invalid().unwrap_or("valid");
-                // The constraints rule the two-CTA point out at d = 128 first, on every arch.
-                let by_constraint = p.variant.id == two_ctas && p.head_dim == 128;
+                // The constraints rule the three-group point out at d = 128 first, on every arch.
+                let by_constraint = p.variant.id == three_groups && p.head_dim == 128;
                 assert!(
                     by_constraint && why.starts_with("constraints:")
                         || why

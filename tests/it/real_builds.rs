@@ -37,7 +37,7 @@ fn smoke_space_builds_without_spills() {
 /// Issue 51, item 1: the quick space holds Hopper points on sm_90a and they build in CI. Its
 /// wgmma points alone (a copy of variants/quick.toml without the scalar and mma.sync points,
 /// which the smoke and gated spaces build), for sm_90a offline, at both of its head dims in both
-/// dtypes (the two-CTA point at d = 64 only): 14 real nvcc builds, every one with zero spills,
+/// dtypes (the three-group point at d = 64 only): 14 real nvcc builds, every one with zero spills,
 /// admitted by the gates.
 #[test]
 fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
@@ -79,12 +79,12 @@ fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
             "spilling or rejected: {l}"
         );
     }
-    // The two-CTA point is d = 64 only (two CTAs' shared memory must fit an SM).
+    // The three-group point is d = 64 only (160 registers a consumer thread).
     for (id, dims) in [
         ("wgmma-bm64-bn128-w4-auto-s2", &[64, 128][..]),
         ("wgmma-bm64-bn128-w8-auto-s2-t1", &[64, 128]),
         ("wgmma-bm64-bn128-w8-auto-s3-t1", &[64, 128]),
-        ("wgmma-bm64-bn128-w8-auto-s3-t1-tc1-pc1", &[64]),
+        ("wgmma-bm192-bn128-w16-ks1-s3-p1-t1", &[64]),
     ] {
         for dtype in ["f16", "bf16"] {
             for d in dims {
