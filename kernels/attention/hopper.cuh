@@ -47,10 +47,6 @@
 //     joined at the end (FlashAttention-4's fmax_reduce / fadd_reduce), not one chain of BLOCK_N / 4
 //     dependent FMNMX or FADD: the same instructions, a quarter of the latency between S landing
 //     and its exponentials, and between the exponentials and P V.
-//   * SKIP_MASKED_TILES = 1 (producer form): a consumer group computes only the CTA's K/V tiles its
-//     own 64 rows can see, a prefix of them: none when its rows are all past Sq (the last query
-//     block of a shape whose Sq is not a multiple of BLOCK_M), fewer under a causal mask when
-//     BLOCK_M > BLOCK_N allows. For the rest it still takes its turns and frees the stages.
 //   * EARLY_RESCALE = 1 (producer form): O is rescaled by the last softmax's factors while the
 //     next S = Q K^T runs on the tensor cores, just before O += P V is issued, not between the
 //     P V wait and the next tile's GEMMs (FlashAttention-4's rescale_O_before_gemm, its d = 256 form).
@@ -202,9 +198,6 @@ static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs
               "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
 static_assert(kCtasPerSm == 1 || kProducer, "wgmma: TWO_CTAS is for the producer form (its consumers get registers by setmaxnreg)");
 static_assert(!kEarlyRescale || kProducer, "wgmma: EARLY_RESCALE is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
-static_assert(SKIP_MASKED_TILES == 0 || SKIP_MASKED_TILES == 1, "wgmma: SKIP_MASKED_TILES is 0 or 1");
-constexpr bool kSkipMaskedTiles = SKIP_MASKED_TILES != 0;
-static_assert(!kSkipMaskedTiles || kProducer, "wgmma: SKIP_MASKED_TILES is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -398,17 +391,6 @@ __device__ __forceinline__ float poly_exp2(float x) {
     p = fmaf(p, f, 1.0f);
     const float scaled = __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
     return x < -125.0f ? 0.0f : scaled;
-}
-
-// SKIP_MASKED_TILES: how many of the CTA's n_it K/V tiles (from blk_begin) consumer group `cwg`
-// computes: those holding a key one of its rows sees (the CTA's own count, cta_work's, taken over
-// the group's rows alone); 0 when every row of the group is past Sq.
-__device__ __forceinline__ int group_tiles(const Ctx& ctx, int cwg, int blk_begin, int n_it) {
-    const int first_row = ctx.q0 + 64 * cwg;
-    if (first_row >= ctx.sq) return 0;
-    const int last_row = min(ctx.sq, first_row + 64) - 1;
-    const int kv_len = max(0, min(ctx.sk, last_row + ctx.causal_offset + 1));
-    return max(0, min(n_it, (kv_len + kBlockN - 1) / kBlockN - blk_begin));
 }
 
 // ---- one consumer warp group ----------------------------------------------------------------------
@@ -904,8 +886,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const Ctx& ctx = work.ctx;
             const int blk_begin = work.blk_begin;
             const int n_it = work.blk_end - work.blk_begin;
-            // The tiles this group computes: every one, or with SKIP_MASKED_TILES the prefix its rows see.
-            const int n_act = kSkipMaskedTiles ? group_tiles(ctx, cwg, blk_begin, n_it) : n_it;
             Consumer c;
             c.init(ctx.q0, cwg, tid);
             // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
@@ -915,7 +895,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // EARLY_RESCALE: the factors of the last softmax, applied to O before the next P V. The
             // first softmax's are moot (O is still 0).
             float pending_alpha[2] = {1.0f, 1.0f};
-            if (n_act > 0) {
+            if (n_it > 0) {
                 const int st = consumed % kStages;
                 wait_landed(full_bar(st), (consumed / kStages) & 1);
                 my_turn();
@@ -930,7 +910,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             }
             // Every iteration but the last has a next tile: the same two groups are in flight on
             // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
-            for (int it = 0; it + 1 < n_act; ++it) {
+            for (int it = 0; it + 1 < n_it; ++it) {
                 const int at = consumed + it;
                 const int st = at % kStages;
                 const int nx = (at + 1) % kStages;
@@ -959,9 +939,9 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             }
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
-            if (n_act > 0) {
-                const int st = (consumed + n_act - 1) % kStages;
-                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_act - 1) / kStages) & 1);
+            if (n_it > 0) {
+                const int st = (consumed + n_it - 1) % kStages;
+                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_it - 1) / kStages) & 1);
                 my_turn();
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
                 c.issue_pv(p, v_smem + st * kTileBytes);
@@ -969,28 +949,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 wgmma_wait<0>();
                 fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));
-            }
-            if constexpr (kSkipMaskedTiles) {
-                // The tiles this group skips: a turn each (as many as the others take: n_it + 1 over
-                // the CTA's tile, the last its final P V), and each stage freed once its tile has
-                // landed, so that no arrival counts towards a later phase of the stage's barrier.
-                // Turn and stage in tile order: the others' next loads wait for these arrivals.
-                for (int j = n_act; j < n_it; ++j) {
-                    my_turn();
-                    your_turn();
-                    const int at = consumed + j;
-                    const int st = at % kStages;
-                    wait_landed(full_bar(st), (at / kStages) & 1);
-                    if constexpr (kSeparateKv) {
-                        wait_landed(full_v_bar(st), (at / kStages) & 1);
-                        mbar_arrive(empty_bar(st));
-                    }
-                    mbar_arrive(empty_v_bar(st));
-                }
-                if (n_act == 0 && n_it > 0) {
-                    my_turn();
-                    your_turn();
-                }
             }
             consumed += n_it;
             // Group 0 takes the last group's last hand-over before its last epilogue (here, not
