@@ -21,7 +21,8 @@
 //     producer that does not wait for its copies, the reader's, after the mbarrier wait that tells
 //     it the stage has landed. TMA writes through the async proxy itself: no fence.
 //   * WARPS = 4 * (BLOCK_M / 64) runs every warp as a consumer with a __syncthreads pipeline
-//     (STAGES deep, like the other paths). WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
+//     (STAGES deep, like the other paths), or with TMA = 1 thread 0 issuing whole-tile loads
+//     STAGES ahead on mbarriers. WARPS = 4 * (BLOCK_M / 64 + 1) adds a producer warp
 //     group (warp specialisation): it issues the copies of up to STAGES tiles ahead, each tile's
 //     "full" mbarrier completing by itself once that tile has landed (cp.async.mbarrier.arrive),
 //     and waits for the consumers to free a stage ("empty"); setmaxnreg moves its registers to
@@ -97,7 +98,10 @@ static_assert(!kPingPong || (kProducer && (kConsumerWGs == 2 || kConsumerWGs == 
               "(BLOCK_M = 128, WARPS = 12 or BLOCK_M = 192, WARPS = 16)");
 constexpr bool kTma = TMA != 0;
 static_assert(TMA == 0 || TMA == 1, "wgmma: TMA is 0 or 1");
-static_assert(!kTma || kProducer, "wgmma: TMA loads are issued by the producer warp group (WARPS = 4 * (BLOCK_M / 64 + 1))");
+// TMA without a producer warp group: the all-consumer form's thread 0 issues the loads. Not with the
+// split merges of that form (CLUSTER_COMBINE, LAST_CTA_COMBINE), whose epilogues reuse the stages.
+static_assert(!kTma || kProducer || (CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0),
+              "wgmma: TMA in the all-consumer form (WARPS = BLOCK_M / 16) is without CLUSTER_COMBINE and LAST_CTA_COMBINE");
 // A TMA box is at most 256 rows, and its 128-byte inner extent is one swizzle atom column.
 static_assert(!kTma || (kBlockM <= 256 && kBlockN <= 256), "wgmma: a TMA box holds at most 256 rows");
 
@@ -959,6 +963,59 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
         }
     } else {
+#if TMA
+        // Every warp group consumes; thread 0 also issues the TMA loads, every stage ahead. Tile
+        // it + STAGES goes into tile it's stage once every thread has waited for its wgmmas on it
+        // (the stage's "empty" barrier, one arrival a thread): no copy instructions in the other
+        // threads and no __syncthreads a tile, as the cp.async form below needs.
+        const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
+        const Ctx& ctx = work.ctx;
+        const int blk_begin = work.blk_begin;
+        const int n_it = work.blk_end - work.blk_begin;
+        const int bh = int(work.bh);
+        const int wg = threadIdx.x / 128;
+        const int tid = threadIdx.x % 128;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < kStages; ++s) {
+                mbar_init(full_bar(s), 1);
+                mbar_init(empty_bar(s), kThreads);
+            }
+            mbar_init(q_full, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+            tma_prefetch_map(tma_q);
+            tma_prefetch_map(tma_k);
+            tma_prefetch_map(tma_v);
+        }
+        __syncthreads();
+        auto load_kv = [&](int stage, int blk) {
+            mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+            tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), blk * kBlockN, bh);
+            tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), blk * kBlockN, bh);
+        };
+        if (threadIdx.x == 0) {
+            mbar_arrive_expect_tx(q_full, kQBytesH);
+            tma_load_tile<kBlockM>(q_smem, tma_q, q_full, ctx.q0, bh);
+            for (int st = 0; st < kStages && st < n_it; ++st) load_kv(st, blk_begin + st);
+        }
+        Consumer c;
+        c.init(ctx.q0, wg, tid);
+        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
+        mbar_wait(q_full, 0);
+        for (int it = 0; it < n_it; ++it) {
+            const int s = it % kStages;
+            const uint32_t phase = (it / kStages) & 1;
+            mbar_wait(full_bar(s), phase);
+            c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
+            if (it + kStages < n_it) {
+                mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
+                if (threadIdx.x == 0) {
+                    mbar_wait(empty_bar(s), phase);
+                    load_kv(s, blk_begin + it + kStages);
+                }
+            }
+        }
+        c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
+#else
         // Every warp group consumes; all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
         const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
         const Ctx& ctx = work.ctx;
@@ -1007,5 +1064,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                              reinterpret_cast<float*>(smem_raw + (k_smem - smem_u32(smem_raw))));
 #endif
         }
+#endif
     }
 }
