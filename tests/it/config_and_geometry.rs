@@ -732,9 +732,8 @@ mod offline_targets {
 
     /// Issue 51, item 1: the quick space (the default first run) fits the GPU it runs on. On
     /// sm_90a it holds the Hopper path's champion of every quick shape (the H200 runs of
-    /// 2026-11-28 and 2026-11-29, "Best per shape") and 10 variants, 76 cases; on an L4 (sm_89) or
-    /// an A100 (sm_80)
-    /// the plan rules every wgmma point out by the arch, before compiling, and keeps the scalar
+    /// 2026-11-28 to 2026-11-30, "Best per shape") and 10 variants, 76 cases; on an L4 (sm_89) or
+    /// an A100 (sm_80) the plan rules every wgmma point out by the arch, before compiling, and keeps the scalar
     /// baseline and the mma.sync points, whose counts are the quick space's before issue 51.
     #[test]
     fn the_quick_space_holds_hopper_points_on_sm_90a_and_mma_points_elsewhere() {
