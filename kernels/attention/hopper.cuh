@@ -286,6 +286,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 
+// The producer's walk of a ring of kStages stages: where the next load goes and the parity of
+// that stage's empty barrier, carried, not divided out of a count (the producer runs on 24-40
+// registers); only the first kStages loads need no wait.
+struct StageRing {
+    int stage = 0;
+    uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
+    int issued = 0;            // loads over every tile so far
+    __device__ __forceinline__ void advance() {
+        ++issued;
+        if (++stage == kStages) {
+            stage = 0;
+            empty_phase ^= 1u;
+        }
+    }
+};
+
 // Thread-block clusters (CLUSTER_COMBINE): this CTA's rank, a barrier over every thread of the
 // cluster that orders shared-memory writes before it with peers' reads after it, and a load from
 // a peer's shared memory at the address `addr` has in this CTA's.
@@ -770,14 +786,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             tma_prefetch_map(tma_k);
             tma_prefetch_map(tma_v);
 #endif
-            // Stage and phase are carried, not divided out of a count: the loop runs on 24-40 registers.
-            int stage = 0;
-            uint32_t empty_phase = 1;  // parity of the round before: its wait returns at once
-            int issued = 0;            // K/V tiles issued over every tile so far
-            // SEPARATE_KV: V's ring position, one tile behind K's (stage, empty_phase, issued).
-            int v_stage = 0;
-            uint32_t v_empty_phase = 1;
-            int v_issued = 0;
+            StageRing kv_ring;  // K and V of a tile together, or K alone with SEPARATE_KV
+            StageRing v_ring;   // SEPARATE_KV: V's, one tile behind K's
             int round = 0;
             for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
                 if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
@@ -793,60 +803,31 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 load_tile<kBlockM, 128>(q_smem, Q + w.bh * Sq * kHeadDim, w.ctx.q0, Sq, tid);
                 mbar_arrive_on_copies(q_full);
 #endif
-                if constexpr (!kSeparateKv) {
-                    for (int it = 0; it < n_it; ++it, ++issued) {
-                        if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
-                        const int row0 = (w.blk_begin + it) * kBlockN;
+                // Once `ring`'s next stage is free, copy K, V or both of key block `blk` into it.
+                auto load_stage = [&](StageRing& ring, auto full_of, auto empty_of, int blk, bool k, bool v) {
+                    if (ring.issued >= kStages) mbar_wait(empty_of(ring.stage), ring.empty_phase);
+                    const int row0 = blk * kBlockN;
+                    const uint32_t at = ring.stage * kTileBytes;
+                    const uint32_t full = full_of(ring.stage);
 #if TMA
-                        mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
-                        tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
-                        tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), row0, bh);
+                    mbar_arrive_expect_tx(full, (int(k) + int(v)) * kTileBytes);
+                    if (k) tma_load_tile<kBlockN>(k_smem + at, tma_k, full, row0, bh);
+                    if (v) tma_load_tile<kBlockN>(v_smem + at, tma_v, full, row0, bh);
 #else
-                        load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
-                        load_tile<kBlockN, 128>(v_smem + stage * kTileBytes, Vh, row0, Sk, tid);
-                        mbar_arrive_on_copies(full_bar(stage));
+                    if (k) load_tile<kBlockN, 128>(k_smem + at, Kh, row0, Sk, tid);
+                    if (v) load_tile<kBlockN, 128>(v_smem + at, Vh, row0, Sk, tid);
+                    mbar_arrive_on_copies(full);
 #endif
-                        if (++stage == kStages) {
-                            stage = 0;
-                            empty_phase ^= 1u;
-                        }
-                    }
+                    ring.advance();
+                };
+                if constexpr (!kSeparateKv) {
+                    for (int it = 0; it < n_it; ++it) load_stage(kv_ring, full_bar, empty_bar, w.blk_begin + it, true, true);
                 } else {
                     // K_0, then K_{it} before V_{it - 1}, then the last V: the consumers want K_{j+1}
                     // (for S_{j+1}) while P_j V_j still reads V_j.
                     for (int it = 0; it <= n_it; ++it) {
-                        if (it < n_it) {
-                            if (issued >= kStages) mbar_wait(empty_bar(stage), empty_phase);
-                            const int row0 = (w.blk_begin + it) * kBlockN;
-#if TMA
-                            mbar_arrive_expect_tx(full_bar(stage), kTileBytes);
-                            tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), row0, bh);
-#else
-                            load_tile<kBlockN, 128>(k_smem + stage * kTileBytes, Kh, row0, Sk, tid);
-                            mbar_arrive_on_copies(full_bar(stage));
-#endif
-                            ++issued;
-                            if (++stage == kStages) {
-                                stage = 0;
-                                empty_phase ^= 1u;
-                            }
-                        }
-                        if (it > 0) {
-                            if (v_issued >= kStages) mbar_wait(empty_v_bar(v_stage), v_empty_phase);
-                            const int row0 = (w.blk_begin + it - 1) * kBlockN;
-#if TMA
-                            mbar_arrive_expect_tx(full_v_bar(v_stage), kTileBytes);
-                            tma_load_tile<kBlockN>(v_smem + v_stage * kTileBytes, tma_v, full_v_bar(v_stage), row0, bh);
-#else
-                            load_tile<kBlockN, 128>(v_smem + v_stage * kTileBytes, Vh, row0, Sk, tid);
-                            mbar_arrive_on_copies(full_v_bar(v_stage));
-#endif
-                            ++v_issued;
-                            if (++v_stage == kStages) {
-                                v_stage = 0;
-                                v_empty_phase ^= 1u;
-                            }
-                        }
+                        if (it < n_it) load_stage(kv_ring, full_bar, empty_bar, w.blk_begin + it, true, false);
+                        if (it > 0) load_stage(v_ring, full_v_bar, empty_v_bar, w.blk_begin + it - 1, false, true);
                     }
                 }
             }
@@ -963,18 +944,22 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
         }
     } else {
-#if TMA
-        // Every warp group consumes; thread 0 also issues the TMA loads, every stage ahead. Tile
-        // it + STAGES goes into tile it's stage once every thread has waited for its wgmmas on it
-        // (the stage's "empty" barrier, one arrival a thread): no copy instructions in the other
-        // threads and no __syncthreads a tile, as the cp.async form below needs.
+        // Every warp group consumes; the two copy forms below share the work, the consumer and the
+        // epilogue.
         const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
         const Ctx& ctx = work.ctx;
         const int blk_begin = work.blk_begin;
         const int n_it = work.blk_end - work.blk_begin;
-        const int bh = int(work.bh);
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
+        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
+        Consumer c;
+#if TMA
+        // TMA: thread 0 also issues the loads, every stage ahead. Tile
+        // it + STAGES goes into tile it's stage once every thread has waited for its wgmmas on it
+        // (the stage's "empty" barrier, one arrival a thread): no copy instructions in the other
+        // threads and no __syncthreads a tile, as the cp.async form below needs.
+        const int bh = int(work.bh);
         if (threadIdx.x == 0) {
             for (int s = 0; s < kStages; ++s) {
                 mbar_init(full_bar(s), 1);
@@ -997,9 +982,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             tma_load_tile<kBlockM>(q_smem, tma_q, q_full, ctx.q0, bh);
             for (int st = 0; st < kStages && st < n_it; ++st) load_kv(st, blk_begin + st);
         }
-        Consumer c;
         c.init(ctx.q0, wg, tid);
-        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
         mbar_wait(q_full, 0);
         for (int it = 0; it < n_it; ++it) {
             const int s = it % kStages;
@@ -1014,18 +997,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 }
             }
         }
-        c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
 #else
-        // Every warp group consumes; all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
-        const CtaWork work = cta_work(Sq, Sk, softmax_scale, causal);
-        const Ctx& ctx = work.ctx;
-        const int blk_begin = work.blk_begin;
-        const int n_it = work.blk_end - work.blk_begin;
+        // cp.async: all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
         const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
         const elem_t* Kh = K + work.bh * Sk * kHeadDim;
         const elem_t* Vh = V + work.bh * Sk * kHeadDim;
-        const int wg = threadIdx.x / 128;
-        const int tid = threadIdx.x % 128;
         auto load_kv = [&](int stage, int blk) {
             load_tile<kBlockN, kThreads>(k_smem + stage * kTileBytes, Kh, blk * kBlockN, Sk, threadIdx.x);
             load_tile<kBlockN, kThreads>(v_smem + stage * kTileBytes, Vh, blk * kBlockN, Sk, threadIdx.x);
@@ -1036,9 +1012,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if (st < n_it) load_kv(st, blk_begin + st);
             cp_async_commit();
         }
-        Consumer c;
         c.init(ctx.q0, wg, tid);
-        const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
         for (int it = 0; it < n_it; ++it) {
             cp_async_wait<kStages - 2>();
             fence_proxy_async();
@@ -1052,6 +1026,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
         }
         cp_async_wait<0>();
+#endif
         if constexpr (kClusterCombine) {
             cluster_combine(c, work, O, LSE, smem_raw, k_smem);
         } else {
@@ -1064,6 +1039,5 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                              reinterpret_cast<float*>(smem_raw + (k_smem - smem_u32(smem_raw))));
 #endif
         }
-#endif
     }
 }
