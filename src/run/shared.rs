@@ -549,7 +549,7 @@ pub fn header(
         kernel_sources_hash: kernel_sources_hash(project, None),
         space: project.space.name.clone(),
         space_path: project.space.path.clone(),
-        space_hash: short_hash(&project.space.text),
+        space_hash: short_hash(&project.space.identity_text()),
         baseline: project.space.baseline_id(),
         dtypes: project.policies.dtypes.clone(),
         shapes: project.shapes.clone(),

@@ -178,17 +178,22 @@ fn refuse_uncommitted(
             users.join(", ")
         )));
     }
-    let space = project
+    // The space, and the space its family comes from.
+    let spaces: Vec<String> = project
         .space
-        .path
-        .strip_prefix(root)
-        .unwrap_or(&project.space.path)
-        .to_string_lossy()
-        .into_owned();
+        .sources()
+        .into_iter()
+        .map(|(path, _)| {
+            path.strip_prefix(root)
+                .unwrap_or(path)
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
     let decides_judging = |p: &String| {
         p == "policies.toml"
             || p.starts_with("variants/")
-            || *p == space
+            || spaces.contains(p)
             || p.starts_with(EDIT_SCOPE)
     };
     let dirty: Vec<String> = outside.into_iter().filter(decides_judging).collect();

@@ -366,3 +366,164 @@ fn a_parameter_the_baseline_does_not_set_is_placed_at_its_own_line() {
         "{e}"
     );
 }
+
+/// A space beside a copy of the Hopper space, written from `separate-kv.toml` (which takes the
+/// Hopper family with `family_from`) by `edit`; the error loading it, and its text.
+fn load_family_from_with(edit: impl Fn(&str) -> String) -> (Error, String, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("variants/hopper.toml"),
+        dir.path().join("hopper.toml"),
+    )
+    .unwrap();
+    let path = dir.path().join("space.toml");
+    let original = std::fs::read_to_string(repo().join("variants/separate-kv.toml")).unwrap();
+    assert!(original.contains("\nfamily_from = \"hopper.toml\"\n"));
+    let edited = edit(&original);
+    std::fs::write(&path, &edited).unwrap();
+    let e = Space::load(&path).unwrap_err();
+    // The folder goes with the error's paths; keep it for the file name only.
+    (e, edited, dir.keep())
+}
+
+/// `family_from` takes the named space's family, symbols and timeouts, and the space's own
+/// [timeouts] still win; every shipped space that takes one takes exactly the named space's.
+#[test]
+fn family_from_takes_the_named_spaces_family_and_its_own_timeouts_win() {
+    let mut takers = 0;
+    for entry in std::fs::read_dir(repo().join("variants")).unwrap() {
+        let path = entry.unwrap().path();
+        let space = Space::load(&path).unwrap();
+        let Some(source) = &space.family_source else {
+            continue;
+        };
+        takers += 1;
+        let named = Space::load(&source.path).unwrap();
+        assert_eq!(
+            space.family.launch_expressions(),
+            named.family.launch_expressions(),
+            "{}",
+            path.display()
+        );
+        assert_eq!(
+            (&space.family.forward, &space.family.reference),
+            (&named.family.forward, &named.family.reference)
+        );
+        assert_eq!(
+            format!("{:?}", space.timeouts),
+            format!("{:?}", named.timeouts)
+        );
+        // The run header's space hash covers both files: a changed family is a changed space.
+        assert!(space.identity_text().contains(&source.text));
+        assert_eq!(space.sources().len(), 2);
+    }
+    assert!(takers >= 7, "the experiment spaces take the Hopper family");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("variants/hopper.toml"),
+        dir.path().join("hopper.toml"),
+    )
+    .unwrap();
+    let own = std::fs::read_to_string(repo().join("variants/separate-kv.toml")).unwrap()
+        + "\n[timeouts]\nbuild_s = 7\nworker_s = 8\nbaseline_s = 9\n";
+    std::fs::write(dir.path().join("own.toml"), own).unwrap();
+    let space = Space::load(&dir.path().join("own.toml")).unwrap();
+    let t = space.timeouts.expect("its own timeouts");
+    assert_eq!((t.build_s, t.worker_s, t.baseline_s), (7, 8, 9));
+}
+
+/// Each way `family_from` can be wrong names the file, the line and the key, and says what to do.
+#[test]
+fn a_wrong_family_from_names_its_line_and_what_to_do() {
+    let family_line = "family_from = \"hopper.toml\"";
+    let cases: [(&str, Box<dyn Fn(&str) -> String>, &str, &str); 5] = [
+        (
+            "outside",
+            Box::new(|s: &str| s.replace(family_line, "family_from = \"../hopper.toml\"")),
+            "family_from",
+            "with no `..`",
+        ),
+        (
+            "missing",
+            Box::new(|s: &str| s.replace(family_line, "family_from = \"hoper.toml\"")),
+            "family_from",
+            "cannot read",
+        ),
+        (
+            "itself",
+            Box::new(|s: &str| s.replace(family_line, "family_from = \"space.toml\"")),
+            "family_from",
+            "takes its family with family_from too",
+        ),
+        (
+            "both",
+            Box::new(|s: &str| {
+                let hopper = std::fs::read_to_string(repo().join("variants/hopper.toml")).unwrap();
+                s.to_owned() + &hopper[hopper.find("\n[family]\n").unwrap()..]
+            }),
+            "family_from",
+            "not both",
+        ),
+        (
+            "symbols",
+            Box::new(|s: &str| s.to_owned() + "\n[symbols]\nauto = 0\n"),
+            "symbols",
+            "come with the family",
+        ),
+    ];
+    for (what, edit, key, says) in cases {
+        let (e, edited, dir) = load_family_from_with(edit);
+        let (line, _, at) = location(&e);
+        assert_eq!(at, key, "{what}: {e}");
+        let needle = if key == "symbols" {
+            "[symbols]"
+        } else {
+            "family_from"
+        };
+        assert_eq!(line, line_of(&edited, needle), "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        assert!(
+            e.to_string()
+                .contains(&dir.join("space.toml").display().to_string()),
+            "{what}: {e}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    // Neither a family nor family_from.
+    let (e, _, dir) = load_family_from_with(|s| s.replace(family_line, ""));
+    assert!(
+        e.to_string().contains("a space needs a [family] table"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A family expression that fails on the taking space's baseline (a parameter the family names
+/// and the space lacks) is placed in the family's own file, at its line, naming the space that took it.
+#[test]
+fn a_taken_family_that_fails_on_the_baseline_is_placed_in_its_own_file() {
+    let (e, _, dir) = load_family_from_with(|s| {
+        s.replace(", PERSISTENT_CTAS = 0", "")
+            .replace(", PERSISTENT_CTAS = 1", "")
+    });
+    let hopper = dir.join("hopper.toml");
+    let hopper_text = std::fs::read_to_string(&hopper).unwrap();
+    match &e {
+        Error::Config {
+            file, line, key, ..
+        } => {
+            assert_eq!(file, &hopper, "{e}");
+            assert_eq!(key, "family.persistent", "{e}");
+            assert_eq!(*line, line_of(&hopper_text, "persistent = "), "{e}");
+        }
+        other => panic!("expected a config error, got {other}"),
+    }
+    assert!(
+        e.to_string().contains(&format!(
+            "the family {} takes with family_from",
+            dir.join("space.toml").display()
+        )),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

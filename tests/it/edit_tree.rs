@@ -225,6 +225,75 @@ fn a_space_head_does_not_hold_never_judges_an_edit() {
     assert!(runs.is_empty(), "no run was started: {runs:?}");
 }
 
+/// A space that takes its family from another (`family_from`) judges an edit only while both files
+/// are HEAD's. The family's file edited in the working tree (here, a wider tile claimed for the
+/// launch) is refused by name, though the space's own file is untouched; so is a family file git
+/// ignores, which no dirty-tree check sees.
+#[test]
+fn a_space_whose_taken_family_head_does_not_hold_never_judges_an_edit() {
+    let dir = repo_project();
+    let taker_of = |family: &str| {
+        let taker = common::SPACE.replace(
+            "name = \"step-ci\"",
+            &format!("name = \"step-ci-taker\"\nfamily_from = \"{family}\""),
+        );
+        let tables = taker.find("\n[symbols]\n").unwrap()..taker.find("\n[params]\n").unwrap();
+        format!("{}{}", &taker[..tables.start], &taker[tables.end..])
+    };
+    std::fs::write(
+        dir.path().join("variants/step-ci-taker.toml"),
+        taker_of("step-ci.toml"),
+    )
+    .unwrap();
+    // The same taker on a family file git ignores: only its name is committed.
+    std::fs::write(
+        dir.path().join("variants/step-ci-ignored.toml"),
+        taker_of("local.toml").replace("step-ci-taker", "step-ci-ignored"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join(".gitignore"),
+        "runs/\nvariants/local.toml\n",
+    )
+    .unwrap();
+    commit_all(dir.path(), "spaces taking step-ci's family");
+    std::fs::copy(
+        dir.path().join("variants/step-ci.toml"),
+        dir.path().join("variants/local.toml"),
+    )
+    .unwrap();
+    mark_forward(dir.path(), "time x0.5");
+    let judge = |space: &str| flashtune(dir.path(), &["judge", "--fake-gpu", "--space", space]);
+    let out = judge("variants/step-ci-ignored.toml");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out)
+            .contains("the space its family comes from variants/local.toml is not in HEAD's tree"),
+        "{}",
+        text(&out)
+    );
+
+    let family = dir.path().join("variants/step-ci.toml");
+    let at_head = std::fs::read_to_string(&family).unwrap();
+    replace_in(
+        &family,
+        "kv_rows_per_block = \"BLOCK_N\"",
+        "kv_rows_per_block = \"2 * BLOCK_N\"",
+    );
+    let out = judge("variants/step-ci-taker.toml");
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("variants/step-ci.toml"),
+        "{}",
+        text(&out)
+    );
+
+    // And with HEAD's family file back, the same edit is judged on the same space.
+    std::fs::write(&family, at_head).unwrap();
+    let out = judge("variants/step-ci-taker.toml");
+    assert!(out.status.success(), "HEAD's files judge: {}", text(&out));
+}
+
 /// Candidate 1 edits a comment and ends; candidate 2 then writes a speed-up into candidate 1's
 /// worktree. Candidate 1 is judged and would be committed as the tree read when its agent ended:
 /// the comment alone, which gains nothing.

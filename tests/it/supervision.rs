@@ -517,3 +517,45 @@ fn a_kill_in_the_middle_of_a_variant_keeps_the_cases_it_answered() {
     assert_eq!(all.len(), n, "a case was answered twice");
     assert!(matches!(after.last(), Some((_, Record::Finished { .. }))));
 }
+
+/// A run on a space that takes its family from another (`family_from`) resumes only while that
+/// family's file is as it was: the header's space hash covers both files.
+#[test]
+fn resume_refuses_a_run_whose_taken_family_changed() {
+    let dir = scratch_project();
+    let smoke = std::fs::read_to_string(dir.path().join("variants/smoke.toml")).unwrap();
+    let tables = smoke.find("\n[symbols]\n").unwrap()..smoke.find("\n[params]\n").unwrap();
+    let taker = format!(
+        "{}\nfamily_from = \"smoke.toml\"\n{}",
+        &smoke[..tables.start],
+        &smoke[tables.end..]
+    )
+    .replace("name = \"smoke\"", "name = \"smoke-taker\"");
+    std::fs::write(dir.path().join("variants/smoke-taker.toml"), taker).unwrap();
+    let out = flashtune(
+        dir.path(),
+        &[
+            "tune",
+            "--fake-gpu",
+            "--space",
+            "variants/smoke-taker.toml",
+            "--max-variants",
+            "1",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(dir.path());
+    // The same launch contract, written otherwise: the family's file changed, not the space's.
+    replace_in(
+        &dir.path().join("variants/smoke.toml"),
+        "threads = \"WARPS * 32\"",
+        "threads = \"32 * WARPS\"",
+    );
+    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("variant space: was") && t.contains("--force"),
+        "{t}"
+    );
+}

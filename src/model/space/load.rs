@@ -1,4 +1,5 @@
 //! `Space::load`: parses a `variants/*.toml` file and checks its names, paths and expressions before anything compiles.
+use super::family_from::family_origin;
 use super::judge::expr_context;
 use super::{ArchRule, ChainStep, Expr, Family, ParamValue, Params, Space};
 use crate::error::Result;
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SpaceFile {
+pub(super) struct SpaceFile {
     name: String,
     #[serde(default)]
     description: String,
@@ -21,11 +22,13 @@ struct SpaceFile {
     /// Where `tune --strategy guided` starts (default: the baseline).
     start: Option<Params>,
     /// Overrides of policies.toml's [timeouts] for this space (fault spaces want short ones).
-    timeouts: Option<crate::model::config::Timeouts>,
+    pub(super) timeouts: Option<crate::model::config::Timeouts>,
     /// Symbolic values with a numeric meaning in expressions, e.g. `auto = 0` for KV_SPLIT.
-    #[serde(default)]
-    symbols: IndexMap<String, i64>,
-    family: FamilyFile,
+    pub(super) symbols: Option<IndexMap<String, i64>>,
+    pub(super) family: Option<FamilyFile>,
+    /// Or another space beside this one whose [family], [symbols] and [timeouts] this one takes
+    /// (its own [timeouts] still win): an experiment on a family says which, not a copy of it.
+    pub(super) family_from: Option<PathBuf>,
     /// A grid: every combination of these values.
     params: Option<IndexMap<String, Vec<ParamValue>>>,
     /// Or a named chain: exactly these points, in this order (an ablation).
@@ -34,9 +37,9 @@ struct SpaceFile {
     points: Option<Vec<Params>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FamilyFile {
+pub(super) struct FamilyFile {
     forward: PathBuf,
     forward_entry: String,
     combine_entry: String,
@@ -83,14 +86,34 @@ impl Space {
         let text = config::read_text(path)?;
         let file: SpaceFile = config::parse_toml(path, &text)?;
         check_names(path, &text, &file)?;
-        if let Some(timeouts) = &file.timeouts {
-            timeouts.check("timeouts", path, &text)?;
-        }
+        let origin = family_origin(path, &text, &file)?;
+        // The family's own file, for errors in it: this one, or the one `family_from` names.
+        let (family_path, family_text) = match &origin.source {
+            Some(source) => (source.path.as_path(), source.text.as_str()),
+            None => (path, text.as_str()),
+        };
+        let taken_by = match &origin.source {
+            Some(_) => format!(" (the family {} takes with family_from)", path.display()),
+            None => String::new(),
+        };
         // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
-        let probe = expr_context(&file.baseline, &file.symbols, 64)
+        let probe = expr_context(&file.baseline, &origin.symbols, 64)
             .map_err(|e| config::config_error_at_key(path, &text, "baseline", e))?;
-        let compile = |key: &str, src: &str| -> Result<Expr> {
-            let at = |message: String| config::config_error_at_text(path, &text, src, key, message);
+        let compile_in = |at_path: &Path, at_text: &str, key: &str, src: &str| -> Result<Expr> {
+            let suffix = if at_path == path {
+                ""
+            } else {
+                taken_by.as_str()
+            };
+            let at = |message: String| {
+                config::config_error_at_text(
+                    at_path,
+                    at_text,
+                    src,
+                    key,
+                    format!("{message}{suffix}"),
+                )
+            };
             let tree = evalexpr::build_operator_tree(src)
                 .map_err(|e| at(format!("cannot parse expression `{src}`: {e}")))?;
             tree.eval_with_context(&probe)
@@ -100,26 +123,32 @@ impl Space {
                 tree,
             })
         };
+        let compile = |key: &str, src: &str| compile_in(family_path, family_text, key, src);
         // An optional switch of the launch contract (absent: never on).
         let compile_flag = |key: &str, src: &Option<String>| -> Result<Option<Expr>> {
             src.as_deref().map(|src| compile(key, src)).transpose()
         };
-        check_family_paths(path, &text, &file.family.forward, &file.family.reference)?;
+        let family_file = &origin.family;
+        check_family_paths(
+            family_path,
+            family_text,
+            &family_file.forward,
+            &family_file.reference,
+        )?;
         let family = Family {
-            threads: compile("family.threads", &file.family.threads)?,
-            smem_bytes: compile("family.smem_bytes", &file.family.smem_bytes)?,
-            rows_per_cta: compile("family.rows_per_cta", &file.family.rows_per_cta)?,
-            kv_rows_per_block: compile("family.kv_rows_per_block", &file.family.kv_rows_per_block)?,
-            kv_splits: compile("family.kv_splits", &file.family.kv_splits)?,
-            tensor_maps: compile_flag("family.tensor_maps", &file.family.tensor_maps)?,
+            threads: compile("family.threads", &family_file.threads)?,
+            smem_bytes: compile("family.smem_bytes", &family_file.smem_bytes)?,
+            rows_per_cta: compile("family.rows_per_cta", &family_file.rows_per_cta)?,
+            kv_rows_per_block: compile("family.kv_rows_per_block", &family_file.kv_rows_per_block)?,
+            kv_splits: compile("family.kv_splits", &family_file.kv_splits)?,
+            tensor_maps: compile_flag("family.tensor_maps", &family_file.tensor_maps)?,
             combine_in_forward: compile_flag(
                 "family.combine_in_forward",
-                &file.family.combine_in_forward,
+                &family_file.combine_in_forward,
             )?,
-            split_counters: compile_flag("family.split_counters", &file.family.split_counters)?,
-            persistent: compile_flag("family.persistent", &file.family.persistent)?,
-            arch_rules: file
-                .family
+            split_counters: compile_flag("family.split_counters", &family_file.split_counters)?,
+            persistent: compile_flag("family.persistent", &family_file.persistent)?,
+            arch_rules: family_file
                 .arch_rules
                 .iter()
                 .map(|rule| {
@@ -130,16 +159,16 @@ impl Space {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?,
-            forward: file.family.forward.clone(),
-            forward_entry: file.family.forward_entry.clone(),
-            combine_entry: file.family.combine_entry.clone(),
-            reference: file.family.reference.clone(),
-            reference_entry: file.family.reference_entry.clone(),
+            forward: family_file.forward.clone(),
+            forward_entry: family_file.forward_entry.clone(),
+            combine_entry: family_file.combine_entry.clone(),
+            reference: family_file.reference.clone(),
+            reference_entry: family_file.reference_entry.clone(),
         };
         let constraints = file
             .constraints
             .iter()
-            .map(|c| compile("constraints", c))
+            .map(|c| compile_in(path, &text, "constraints", c))
             .collect::<Result<Vec<_>>>()?;
         let params = parameter_grid(path, &text, &file)?;
         check_named_points(path, &text, &file, &params)?;
@@ -153,11 +182,12 @@ impl Space {
             chain: file.chain,
             points: file.points,
             shapes: file.shapes,
-            timeouts: file.timeouts,
+            timeouts: origin.timeouts,
             constraints,
-            symbols: file.symbols,
+            symbols: origin.symbols,
             baseline: file.baseline,
             start: file.start,
+            family_source: origin.source,
         })
     }
 }

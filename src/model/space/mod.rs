@@ -1,5 +1,6 @@
 //! Variant spaces: parse `variants/*.toml`, expand the parameter grid, and judge each point before anything compiles.
 pub mod expand;
+mod family_from;
 mod judge;
 mod load;
 
@@ -97,6 +98,40 @@ pub struct Space {
     symbols: IndexMap<String, i64>,
     pub baseline: Params,
     pub start: Option<Params>,
+    /// The space `family_from` named, as read: its [family] is this space's.
+    pub family_source: Option<FamilySource>,
+}
+
+/// A file a space was read from beside its own, with the text read (no later write slips in).
+#[derive(Debug, Clone)]
+pub struct FamilySource {
+    pub path: PathBuf,
+    pub text: String,
+}
+
+impl Space {
+    /// Every file this space was read from, with the text read: its own, then the one its family
+    /// comes from. What judges an edit must be exactly these.
+    pub fn sources(&self) -> Vec<(&std::path::Path, &str)> {
+        std::iter::once((self.path.as_path(), self.text.as_str()))
+            .chain(
+                self.family_source
+                    .iter()
+                    .map(|s| (s.path.as_path(), s.text.as_str())),
+            )
+            .collect()
+    }
+
+    /// What the run header's space hash covers: the space's text, and its family's file when
+    /// that is another (a changed family is a changed space).
+    pub fn identity_text(&self) -> std::borrow::Cow<'_, str> {
+        match &self.family_source {
+            None => std::borrow::Cow::Borrowed(&self.text),
+            Some(source) => {
+                std::borrow::Cow::Owned(format!("{}\0family_from\0{}", self.text, source.text))
+            }
+        }
+    }
 }
 
 /// The limits a launch must respect, read from the GPU (or the policy's default device).
