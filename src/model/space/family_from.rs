@@ -26,6 +26,7 @@ pub(super) struct FamilyOrigin {
     pub(super) source: Option<FamilySource>,
 }
 
+/// Where the space in `path` takes its family from; a wrong `family_from` is an error at its line.
 pub(super) fn family_origin(path: &Path, text: &str, file: &SpaceFile) -> Result<FamilyOrigin> {
     let from = match (&file.family, &file.family_from) {
         (Some(family), None) => {
@@ -88,13 +89,11 @@ pub(super) fn family_origin(path: &Path, text: &str, file: &SpaceFile) -> Result
     let family = match (source.family, source.family_from) {
         (Some(family), None) => family,
         (_, Some(_)) => {
+            let named = source_path.display();
             return Err(at_key(
                 "family_from",
-                format!(
-                "{} takes its family with family_from too: name the space that writes the [family]",
-                source_path.display()
-            ),
-            ))
+                format!("{named} takes its family with family_from too: name the space that writes the [family]"),
+            ));
         }
         (None, None) => {
             return Err(at_key(
