@@ -51,6 +51,17 @@
 //   * EARLY_RESCALE = 1 (producer form): O is rescaled by the last softmax's factors while the
 //     next S = Q K^T runs on the tensor cores, just before O += P V is issued, not between the
 //     P V wait and the next tile's GEMMs (FlashAttention-4's rescale_O_before_gemm, its d = 256 form).
+//   * SMEM_EPILOGUE = 1: each consumer warp group writes its normalised O rows into its own rows of
+//     the Q tile (free once its last S has been waited for), then stores them with whole 16-byte
+//     chunks, a warp's stores covering contiguous rows: not 4-byte stores of two columns of eight
+//     rows a warp instruction (FlashAttention-4 stages O in Q's shared memory too, for a TMA store).
+//   * SKIP_IDLE_GROUPS = 1 (producer form): a consumer group whose 64 rows all lie past Sq (in the
+//     last query block when BLOCK_M does not divide Sq: 2048 rows in 192-row blocks) issues no GEMM
+//     and only keeps the stage barriers and the turns in step, so the other groups share the
+//     tensor cores between them.
+//   * HALF_KEY_TILES = 1 (all-consumer form): a K/V tile whose second half no row of a consumer
+//     group sees (every other 128-key tile on the causal diagonal of 64-row groups, or the end of
+//     Sk) runs its first half alone: S, the softmax and P V on BLOCK_N / 2 keys.
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -202,6 +213,23 @@ static_assert(!kSplitRegs || 128 * (kProducerRegs + kConsumerWGs * kConsumerRegs
               "wgmma: the register split exceeds the CTA's registers (setmaxnreg.inc would wait forever)");
 static_assert(kCtasPerSm == 1 || kProducer, "wgmma: TWO_CTAS is for the producer form (its consumers get registers by setmaxnreg)");
 static_assert(!kEarlyRescale || kProducer, "wgmma: EARLY_RESCALE is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
+static_assert(SMEM_EPILOGUE == 0 || SMEM_EPILOGUE == 1, "wgmma: SMEM_EPILOGUE is 0 or 1");
+constexpr bool kSmemEpilogue = SMEM_EPILOGUE != 0;
+// Its rows of Q are free at the end of a tile only where no next tile's Q is loaded into them
+// (PERSISTENT_CTAS) and no split merge reuses shared memory after it.
+static_assert(!kSmemEpilogue || (!kPersistent && !kClusterCombine && !kLastCtaCombine),
+              "wgmma: SMEM_EPILOGUE is without PERSISTENT_CTAS, CLUSTER_COMBINE and LAST_CTA_COMBINE");
+static_assert(SKIP_IDLE_GROUPS == 0 || SKIP_IDLE_GROUPS == 1, "wgmma: SKIP_IDLE_GROUPS is 0 or 1");
+constexpr bool kSkipIdleGroups = SKIP_IDLE_GROUPS != 0;
+static_assert(!kSkipIdleGroups || (kProducer && kConsumerWGs >= 2),
+              "wgmma: SKIP_IDLE_GROUPS is for the producer form with two or three consumer groups");
+// HALF_KEY_TILES = 1 (all-consumer form): on the causal diagonal of a 64-row group and a 128-key
+// tile, every other tile's second half is masked for every row; it then runs as a 64-key tile
+// (16 of the 272 tiles of a large-64-causal head). Its half is a wgmma N this file instantiates.
+static_assert(HALF_KEY_TILES == 0 || HALF_KEY_TILES == 1, "wgmma: HALF_KEY_TILES is 0 or 1");
+constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
+static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
+              "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -276,6 +304,17 @@ __device__ __forceinline__ void named_bar_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads));
+}
+// SMEM_EPILOGUE's barrier over one consumer warp group (ids 4 .. 6, after the ping-pong turns'):
+// it orders this group's shared-memory writes before its reads, so it clobbers memory.
+__device__ __forceinline__ void group_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory"); }
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_u128(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     asm volatile(
@@ -440,23 +479,27 @@ struct Consumer {
     // S = Q K^T for one K tile, issued and committed, not waited for. q_addr: this warp group's
     // 64 rows of Q inside the Q tile (a whole number of atoms in), so the Q tile's column-block
     // stride (kBlockM rows) still applies; k_addr: the stage.
-    __device__ __forceinline__ void issue_s(float (&s)[kSN], uint32_t q_addr, uint32_t k_addr) {
+    // NS = kSN, or kSN / 2 for HALF_KEY_TILES' half tile: its first BLOCK_N / 2 keys.
+    template <int NS>
+    __device__ __forceinline__ void issue_s(float (&s)[NS], uint32_t q_addr, uint32_t k_addr) {
         wgmma_fence();
 #pragma unroll
         for (int kd = 0; kd < kHeadDim / 16; ++kd)
-            Wgmma<kBlockN>::template ss<0>(s, sw128_kmajor_desc<kBlockM>(q_addr, kd), sw128_kmajor_desc<kBlockN>(k_addr, kd),
-                                           kd > 0 ? 1 : 0);
+            Wgmma<2 * NS>::template ss<0>(s, sw128_kmajor_desc<kBlockM>(q_addr, kd), sw128_kmajor_desc<kBlockN>(k_addr, kd),
+                                          kd > 0 ? 1 : 0);
         wgmma_commit();
     }
 
     // Masks the tile, updates the running max and sum, turns s into probabilities (in place) and
     // returns each row's rescale factor for O.
-    __device__ __forceinline__ void softmax(float (&s)[kSN], float (&alpha)[2], const Ctx& ctx, int kv0) {
+    template <int NS>
+    __device__ __forceinline__ void softmax(float (&s)[NS], float (&alpha)[2], const Ctx& ctx, int kv0) {
+        constexpr int kN = 2 * NS;  // keys of the tile
         // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
-        const bool needs_mask = (kv0 + kBlockN > ctx.sk) || (kv0 + kBlockN - 1 > row_base + ctx.causal_offset);
+        const bool needs_mask = (kv0 + kN > ctx.sk) || (kv0 + kN - 1 > row_base + ctx.causal_offset);
         if (needs_mask) {
 #pragma unroll
-            for (int nt = 0; nt < kBlockN / 8; ++nt)
+            for (int nt = 0; nt < kN / 8; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int i = row_base + g + (e / 2) * 8;
@@ -472,7 +515,7 @@ struct Consumer {
 #pragma unroll
             for (int c = 0; c < kReduceChains; ++c) mxc[c] = c == 0 ? m[h] : neg_inf();
 #pragma unroll
-            for (int nt = 0; nt < kBlockN / 8; ++nt)
+            for (int nt = 0; nt < kN / 8; ++nt)
                 mxc[nt % kReduceChains] = fmaxf(mxc[nt % kReduceChains], fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
             float mx = mxc[0];
 #pragma unroll
@@ -487,7 +530,7 @@ struct Consumer {
 #pragma unroll
             for (int c = 0; c < kReduceChains; ++c) sumc[c] = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < kBlockN / 8; ++nt)
+            for (int nt = 0; nt < kN / 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     const float x = fmaf(s[nt * 4 + 2 * h + c], ctx.scale_log2, -m_use);
@@ -511,9 +554,10 @@ struct Consumer {
     }
 
     // P as wgmma A fragments: 16-key step kk packs n-tiles 2kk and 2kk + 1.
-    __device__ __forceinline__ static void pack_p(const float (&s)[kSN], uint32_t (&p)[kBlockN / 4]) {
+    template <int NS>
+    __device__ __forceinline__ static void pack_p(const float (&s)[NS], uint32_t (&p)[NS / 2]) {
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < NS / 8; ++kk) {
             p[4 * kk + 0] = pack_elem2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]);
             p[4 * kk + 1] = pack_elem2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]);
             p[4 * kk + 2] = pack_elem2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]);
@@ -522,31 +566,56 @@ struct Consumer {
     }
 
     // O += P V, issued and committed: P from registers, V (MN-major) from the stage.
-    __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kBlockN / 4], uint32_t v_addr) {
+    // NP / 4 16-key steps: the tile's first 4 NP rows of V.
+    template <int NP>
+    __device__ __forceinline__ void issue_pv(const uint32_t (&p)[NP], uint32_t v_addr) {
         fence_operands(o);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        for (int kk = 0; kk < NP / 4; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
             Wgmma<kHeadDimSmem>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
         }
         wgmma_commit();
     }
 
-    // One K/V tile, each GEMM waited for before the next step (no overlap).
+    // One K/V tile, each GEMM waited for before the next step (no overlap); NS = kSN / 2 runs its
+    // first half alone.
+    template <int NS = kSN>
     __device__ __forceinline__ void step(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, const Ctx& ctx, int kv0) {
-        float s[kSN];
+        float s[NS];
         issue_s(s, q_addr, k_addr);
         wgmma_wait<0>();
         fence_operands(s);
         float alpha[2];
         softmax(s, alpha, ctx, kv0);
         rescale_o(alpha);
-        uint32_t p[kBlockN / 4];
+        uint32_t p[NS / 2];
         pack_p(s, p);
         issue_pv(p, v_addr);
         wgmma_wait<0>();
         fence_operands(o);
+    }
+
+    // The all-consumer form's tile: with HALF_KEY_TILES, a tile whose second half no row of this
+    // group sees (keys at or past `visible`, the group's visible_keys) runs as half a tile.
+    // (A template, so that the half tile's GEMMs are instantiated only where HALF_KEY_TILES is on.)
+    template <bool kHalf = kHalfKeyTiles>
+    __device__ __forceinline__ void step_tile(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, const Ctx& ctx, int kv0, int visible) {
+        if constexpr (kHalf) {
+            if (kv0 + kBlockN / 2 >= visible) {
+                step<kSN / 2>(q_addr, k_addr, v_addr, ctx, kv0);
+                return;
+            }
+        }
+        step(q_addr, k_addr, v_addr, ctx, kv0);
+    }
+
+    // Keys 0 .. visible_keys - 1 are those some row of this warp group sees (every row of a group
+    // past Sq sees what the last row inside does: its rows are never stored).
+    __device__ __forceinline__ static int visible_keys(const Ctx& ctx, int wg) {
+        const int last_row = min(ctx.sq, ctx.q0 + (wg + 1) * 64) - 1;
+        return min(ctx.sk, last_row + ctx.causal_offset + 1);
     }
 
     __device__ __forceinline__ void finish(const Ctx& ctx, const Epilogue& epi) {
@@ -561,6 +630,44 @@ struct Consumer {
             for (int dt = 0; dt < kHeadDim / 8; ++dt)
                 epi.store_o2(i, dt * 8 + 2 * t, o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l);
             if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
+        }
+    }
+
+    // The epilogue: SMEM_EPILOGUE's through this group's rows of the Q tile (q_wg, their last S
+    // waited for) when it writes O itself (one split), finish's otherwise (the split partials).
+    __device__ __forceinline__ void epilogue(const Ctx& ctx, const Epilogue& epi, uint32_t q_wg, int wg, int tid_in_wg) {
+        if (!kSmemEpilogue || epi.o_accum != nullptr) {
+            finish(ctx, epi);
+            return;
+        }
+        const int warp_row = row_base - ctx.q0 - wg * 64;  // this warp's first row in the group's 64
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+            const float inv_l = inv_or_zero(l[h]);
+            const int r = warp_row + g + 8 * h;
+            // Columns 8 dt + 2 t, + 1: four bytes of 16-byte chunk dt, in Q's swizzled layout (a
+            // warp's 32 lanes write 8 rows x 16 bytes, each row's chunk in other banks).
+#pragma unroll
+            for (int dt = 0; dt < kHeadDim / 8; ++dt)
+                st_shared_u32(q_wg + sw128_offset<kBlockM>(r, dt) + 4u * t,
+                              pack_elem2(o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l));
+            const int i = row_base + g + 8 * h;
+            if (t == 0 && i < ctx.sq) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
+        }
+        group_sync(wg);
+        // The group's 64 rows are one contiguous run of O: item k is its k-th 16 bytes.
+        constexpr int kChunksPerRow = kHeadDim / 8;
+        const int first_row = ctx.q0 + wg * 64;
+        elem_t* out = epi.o + (epi.row0 + first_row) * kHeadDim;
+#pragma unroll
+        for (int k = 0; k < kChunksPerRow / 2; ++k) {
+            const int item = tid_in_wg + k * 128;
+            const int r = item / kChunksPerRow;
+            const int chunk = item % kChunksPerRow;
+            if (first_row + r < ctx.sq)
+                *reinterpret_cast<uint4*>(out + item * 8) = ld_shared_u128(q_wg + sw128_offset<kBlockM>(r, chunk));
         }
     }
 };
@@ -871,6 +978,25 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const Ctx& ctx = work.ctx;
             const int blk_begin = work.blk_begin;
             const int n_it = work.blk_end - work.blk_begin;
+            if (kSkipIdleGroups && ctx.q0 + cwg * 64 >= ctx.sq) {
+                // An idle group: a working group's waits, turns and arrivals in the same order (turn
+                // it issues S_it beside P_{it-1} V_{it-1}; one more for the last P V), no GEMM and no
+                // rows to store. Arriving only on stages seen full keeps each arrival in its round.
+                for (int it = 0; it <= n_it; ++it) {
+                    const int at = consumed + it;
+                    if (it < n_it) mbar_wait(full_bar(at % kStages), (at / kStages) & 1);
+                    if (kSeparateKv && it > 0) mbar_wait(full_v_bar((at - 1) % kStages), ((at - 1) / kStages) & 1);
+                    if (n_it > 0) {
+                        my_turn();
+                        your_turn();
+                    }
+                    if (kSeparateKv && it < n_it) mbar_arrive(empty_bar(at % kStages));
+                    if (it > 0) mbar_arrive(empty_v_bar((at - 1) % kStages));
+                }
+                mbar_arrive(q_empty);
+                consumed += n_it;
+                continue;
+            }
             Consumer c;
             c.init(ctx.q0, cwg, tid);
             // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
@@ -941,7 +1067,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if constexpr (kPingPong) {
                 if (cwg == 0 && tile + tile_step >= n_tiles) named_bar_sync(1, 256);
             }
-            c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
+            c.epilogue(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work), q_wg, cwg, tid);
         }
     } else {
         // Every warp group consumes; the two copy forms below share the work, the consumer and the
@@ -953,6 +1079,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int wg = threadIdx.x / 128;
         const int tid = threadIdx.x % 128;
         const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
+        const int visible = Consumer::visible_keys(ctx, wg);
         Consumer c;
 #if TMA
         // TMA: thread 0 also issues the loads, every stage ahead. Tile
@@ -988,7 +1115,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const int s = it % kStages;
             const uint32_t phase = (it / kStages) & 1;
             mbar_wait(full_bar(s), phase);
-            c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
+            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
             if (it + kStages < n_it) {
                 mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
                 if (threadIdx.x == 0) {
@@ -1023,14 +1150,18 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if (nxt < n_it) load_kv(nxt % kStages, blk_begin + nxt);
             cp_async_commit();
             const int s = it % kStages;
-            c.step(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN);
+            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
         }
         cp_async_wait<0>();
+        // Without a K/V tile no barrier followed Q's copies, which threads of every group issued.
+        if constexpr (kSmemEpilogue) {
+            if (n_it == 0) __syncthreads();
+        }
 #endif
         if constexpr (kClusterCombine) {
             cluster_combine(c, work, O, LSE, smem_raw, k_smem);
         } else {
-            c.finish(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work));
+            c.epilogue(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work), q_wg, wg, tid);
 #if LAST_CTA_COMBINE
             // The flag lives in the mbarrier region's spare words (no static smem beside the formula's).
             const uint32_t last_flag = bars + 8u * (2 * kStages + 1);
