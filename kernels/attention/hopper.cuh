@@ -55,10 +55,6 @@
 //     the Q tile (free once its last S has been waited for), then stores them with whole 16-byte
 //     chunks, a warp's stores covering contiguous rows: not 4-byte stores of two columns of eight
 //     rows a warp instruction (FlashAttention-4 stages O in Q's shared memory too, for a TMA store).
-//   * SKIP_IDLE_GROUPS = 1 (producer form): a consumer group whose 64 rows all lie past Sq (in the
-//     last query block when BLOCK_M does not divide Sq: 2048 rows in 192-row blocks) issues no GEMM
-//     and only keeps the stage barriers and the turns in step, so the other groups share the
-//     tensor cores between them.
 //   * HALF_KEY_TILES = 1 (all-consumer form): a K/V tile whose second half no row of a consumer
 //     group sees (every other 128-key tile on the causal diagonal of 64-row groups, or the end of
 //     Sk) runs its first half alone: S, the softmax and P V on BLOCK_N / 2 keys.
@@ -219,10 +215,6 @@ constexpr bool kSmemEpilogue = SMEM_EPILOGUE != 0;
 // (PERSISTENT_CTAS) and no split merge reuses shared memory after it.
 static_assert(!kSmemEpilogue || (!kPersistent && !kClusterCombine && !kLastCtaCombine),
               "wgmma: SMEM_EPILOGUE is without PERSISTENT_CTAS, CLUSTER_COMBINE and LAST_CTA_COMBINE");
-static_assert(SKIP_IDLE_GROUPS == 0 || SKIP_IDLE_GROUPS == 1, "wgmma: SKIP_IDLE_GROUPS is 0 or 1");
-constexpr bool kSkipIdleGroups = SKIP_IDLE_GROUPS != 0;
-static_assert(!kSkipIdleGroups || (kProducer && kConsumerWGs >= 2),
-              "wgmma: SKIP_IDLE_GROUPS is for the producer form with two or three consumer groups");
 // HALF_KEY_TILES = 1 (all-consumer form): on the causal diagonal of a 64-row group and a 128-key
 // tile, every other tile's second half is masked for every row; it then runs as a 64-key tile
 // (16 of the 272 tiles of a large-64-causal head). Its half is a wgmma N this file instantiates.
@@ -978,25 +970,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const Ctx& ctx = work.ctx;
             const int blk_begin = work.blk_begin;
             const int n_it = work.blk_end - work.blk_begin;
-            if (kSkipIdleGroups && ctx.q0 + cwg * 64 >= ctx.sq) {
-                // An idle group: a working group's waits, turns and arrivals in the same order (turn
-                // it issues S_it beside P_{it-1} V_{it-1}; one more for the last P V), no GEMM and no
-                // rows to store. Arriving only on stages seen full keeps each arrival in its round.
-                for (int it = 0; it <= n_it; ++it) {
-                    const int at = consumed + it;
-                    if (it < n_it) mbar_wait(full_bar(at % kStages), (at / kStages) & 1);
-                    if (kSeparateKv && it > 0) mbar_wait(full_v_bar((at - 1) % kStages), ((at - 1) / kStages) & 1);
-                    if (n_it > 0) {
-                        my_turn();
-                        your_turn();
-                    }
-                    if (kSeparateKv && it < n_it) mbar_arrive(empty_bar(at % kStages));
-                    if (it > 0) mbar_arrive(empty_v_bar((at - 1) % kStages));
-                }
-                mbar_arrive(q_empty);
-                consumed += n_it;
-                continue;
-            }
             Consumer c;
             c.init(ctx.q0, cwg, tid);
             // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
