@@ -210,12 +210,36 @@ __version__ = "fake"
 float16, bfloat16, float32, uint8 = "float16", "bfloat16", "float32", "uint8"
 _ids = itertools.count()
 class Tensor:
+    """Only an id and a shape: arithmetic gives a new tensor of the left operand's shape."""
     def __init__(self, shape):
-        self.id, self.shape = next(_ids), shape
+        self.id, self.shape = next(_ids), tuple(shape)
+    def _like(self, *_):
+        return Tensor(self.shape)
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __and__ = __eq__ = __ge__ = __le__ = _like
+    __hash__ = object.__hash__
+    float = contiguous = _like
+    __getitem__ = _like
+    def to(self, dtype): return Tensor(self.shape)
+    def scatter_(self, dim, index, value): return self
+    def view(self, *shape):
+        n = 1
+        for s in self.shape: n *= s
+        known = 1
+        for s in shape: known *= s if s != -1 else 1
+        return Tensor([n // known if s == -1 else s for s in shape])
+    def transpose(self, a, b):
+        s = list(self.shape)
+        s[a], s[b] = s[b], s[a]
+        return Tensor(s)
 class Generator:
     def __init__(self, device=None): pass
     def manual_seed(self, seed): return self
 def randn(*shape, device=None, dtype=None, generator=None): return Tensor(shape)
+def randint(low, high, size, device=None, generator=None): return Tensor(size)
+def zeros(*shape, device=None, dtype=None): return Tensor(shape)
+def ones_like(x): return Tensor(x.shape)
+def remainder(a, b): return Tensor(a.shape)
+def where(cond, a, b): return Tensor(a.shape)
 def log(entry):
     with open(os.environ["FAKE_TORCH_LOG"], "a") as f:
         f.write(json.dumps(entry) + "\n")
