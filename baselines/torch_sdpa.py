@@ -169,15 +169,16 @@ def time_one(torch, sdpa_kernel, backend, dtype, shape, request, gen):
         return graph_samples(torch, call, request, n_sets)
 
 
-# The inputs every attention backend is timed on: flashtune's input mixture (src/gpu/trial/mixture.rs,
-# which says why), the distribution its own kernels are timed on. An H200 under these kernels runs at
-# its 700 W cap, and its SM clock then depends on what the tensor cores multiply: on N(0, 1) inputs
-# instead of the mixture, timed as a run times, cuDNN's figures moved by -9 to +2 % and
-# FlashAttention-4's by -1 to +4 % (at a settled clock cuDNN's by +1 to +4 %; scripts/power-by-inputs.py,
-# docs/measurements/2026-11-30-h200-epilogue), so a baseline timed on other inputs than the kernel
-# it is compared with moves the ratio by as much. Per head, out of 8: plain N(0, 1) 2, wide 2 (Q and K times sigma in 2..8), aligned 1 (Q and K rows along one shared direction,
-# rho 0.9, gain 1..2), spiky 1 (three channels of Q and K at +-m, m in 4..10), outlier tokens 2 (one
-# key row in 16 times f, f in 4..40). V is always N(0, 1).
+# The inputs every attention backend is timed on: flashtune's input mixture
+# (src/gpu/trial/mixture.rs, which says why), the distribution its own kernels are timed on. An H200
+# under these kernels runs at its 700 W cap, and its SM clock then depends on what the tensor cores
+# multiply: on N(0, 1) inputs instead of the mixture, timed as a run times, cuDNN's figures moved by
+# -9 to +2 % and FlashAttention-4's by -1 to +4 % (at a settled clock cuDNN's by +1 to +4 %;
+# scripts/power-by-inputs.py, docs/measurements/2026-11-30-h200-epilogue), so a baseline timed on
+# other inputs than the kernel it is compared with moves the ratio by as much. Per head, out of 8:
+# plain N(0, 1) 2, wide 2 (Q and K times sigma in 2..8), aligned 1 (Q and K rows along one shared
+# direction, rho 0.9, gain 1..2), spiky 1 (three channels of Q and K at +-m, m in 4..10), outlier
+# tokens 2 (one key row in 16 times f, f in 4..40). V is always N(0, 1).
 ALIGNED_NOISE, ALIGNED_SHARED = math.sqrt(0.1), math.sqrt(0.9)
 
 

@@ -4,7 +4,8 @@ PyTorch's attention backends on plain N(0, 1) inputs and on flashtune's input mi
 distribution its own kernels are timed on: src/gpu/trial/mixture.rs), f16 and bf16, the way
 baselines/torch_sdpa.py times them (CUDA-graph replays), with a second of warm-up a row so that the
 board's power management has settled, while nvidia-smi samples the SM clock, the power draw and
-the power-cap throttle every 20 ms. Prints one table row a case.
+the power-cap throttle (asked for every 20 ms, it delivers far fewer: a short row may hold none).
+Prints one table row a case.
 
   python3 scripts/power-by-inputs.py [--fa4] [--burst]    (FLASHTUNE_FA4_SITE as for the baselines)
 
@@ -59,7 +60,8 @@ def main():
     def timed(label, call):
         samples, _ = sdpa.graph_samples(torch, call, REQUEST)
         t1 = datetime.datetime.now()
-        t0 = t1 - datetime.timedelta(microseconds=sum(samples) * 1.0)  # the samples' own span, the last
+        # The timed replays' window: they ran back to back just before t1 (the warm-up before them).
+        t0 = t1 - datetime.timedelta(microseconds=sum(samples))
         windows.append((label, statistics.median(samples), t0, t1))
 
     n = 8192

@@ -1055,10 +1055,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int visible = Consumer::visible_keys(ctx, wg);
         Consumer c;
 #if TMA
-        // TMA: thread 0 also issues the loads, every stage ahead. Tile
-        // it + STAGES goes into tile it's stage once every thread has waited for its wgmmas on it
-        // (the stage's "empty" barrier, one arrival a thread): no copy instructions in the other
-        // threads and no __syncthreads a tile, as the cp.async form below needs.
+        // TMA: thread 0 also issues the loads, every stage ahead. Tile it + STAGES goes into tile
+        // it's stage once every thread has waited for its wgmmas on it (the stage's "empty"
+        // barrier, one arrival a thread): no copy instructions in the other threads and no
+        // __syncthreads a tile, as the cp.async form below needs.
         const int bh = int(work.bh);
         if (threadIdx.x == 0) {
             for (int s = 0; s < kStages; ++s) {

@@ -369,7 +369,7 @@ fn a_parameter_the_baseline_does_not_set_is_placed_at_its_own_line() {
 
 /// A space beside a copy of the Hopper space, written from `separate-kv.toml` (which takes the
 /// Hopper family with `family_from`) by `edit`; the error loading it, and its text.
-fn load_family_from_with(edit: impl Fn(&str) -> String) -> (Error, String, std::path::PathBuf) {
+fn load_family_from_with(edit: impl Fn(&str) -> String) -> (Error, String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
         repo().join("variants/hopper.toml"),
@@ -382,8 +382,8 @@ fn load_family_from_with(edit: impl Fn(&str) -> String) -> (Error, String, std::
     let edited = edit(&original);
     std::fs::write(&path, &edited).unwrap();
     let e = Space::load(&path).unwrap_err();
-    // The folder goes with the error's paths; keep it for the file name only.
-    (e, edited, dir.keep())
+    // The folder lives as long as the caller reads the error's paths.
+    (e, edited, dir)
 }
 
 /// `family_from` takes the named space's family, symbols and timeouts, and the space's own
@@ -484,18 +484,16 @@ fn a_wrong_family_from_names_its_line_and_what_to_do() {
         assert!(e.to_string().contains(says), "{what}: {e}");
         assert!(
             e.to_string()
-                .contains(&dir.join("space.toml").display().to_string()),
+                .contains(&dir.path().join("space.toml").display().to_string()),
             "{what}: {e}"
         );
-        let _ = std::fs::remove_dir_all(dir);
     }
     // Neither a family nor family_from.
-    let (e, _, dir) = load_family_from_with(|s| s.replace(family_line, ""));
+    let (e, _, _dir) = load_family_from_with(|s| s.replace(family_line, ""));
     assert!(
         e.to_string().contains("a space needs a [family] table"),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A family expression that fails on the taking space's baseline (a parameter the family names
@@ -506,7 +504,7 @@ fn a_taken_family_that_fails_on_the_baseline_is_placed_in_its_own_file() {
         s.replace(", PERSISTENT_CTAS = 0", "")
             .replace(", PERSISTENT_CTAS = 1", "")
     });
-    let hopper = dir.join("hopper.toml");
+    let hopper = dir.path().join("hopper.toml");
     let hopper_text = std::fs::read_to_string(&hopper).unwrap();
     match &e {
         Error::Config {
@@ -521,9 +519,8 @@ fn a_taken_family_that_fails_on_the_baseline_is_placed_in_its_own_file() {
     assert!(
         e.to_string().contains(&format!(
             "the family {} takes with family_from",
-            dir.join("space.toml").display()
+            dir.path().join("space.toml").display()
         )),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }

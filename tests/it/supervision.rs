@@ -263,13 +263,7 @@ fn resume_refuses_a_changed_setup_unless_forced() {
         "samples = 30",
         "samples = 31",
     );
-    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(
-        t.contains("policies.toml: was") && t.contains("--force"),
-        "{t}"
-    );
+    assert_resume_refused(dir.path(), &run, "policies.toml");
 
     let out = flashtune(
         dir.path(),
@@ -551,11 +545,17 @@ fn resume_refuses_a_run_whose_taken_family_changed() {
         "threads = \"WARPS * 32\"",
         "threads = \"32 * WARPS\"",
     );
-    let out = flashtune(dir.path(), &["resume", run.to_str().unwrap(), "--fake-gpu"]);
+    assert_resume_refused(dir.path(), &run, "variant space");
+}
+
+/// `resume` of `run` refuses with exit code 2, saying what changed (`what: was ...`) and that
+/// `--force` resumes anyway.
+fn assert_resume_refused(root: &std::path::Path, run: &std::path::Path, what: &str) {
+    let out = flashtune(root, &["resume", run.to_str().unwrap(), "--fake-gpu"]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(
-        t.contains("variant space: was") && t.contains("--force"),
+        t.contains(&format!("{what}: was")) && t.contains("--force"),
         "{t}"
     );
 }

@@ -92,18 +92,18 @@ impl Space {
             Some(source) => (source.path.as_path(), source.text.as_str()),
             None => (path, text.as_str()),
         };
-        let taken_by = match &origin.source {
-            Some(_) => format!(" (the family {} takes with family_from)", path.display()),
-            None => String::new(),
-        };
+        // Said of an error in a taken family's file: which space took it.
+        let taken_by = origin
+            .source
+            .as_ref()
+            .map(|_| format!(" (the family {} takes with family_from)", path.display()));
         // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
         let probe = expr_context(&file.baseline, &origin.symbols, 64)
             .map_err(|e| config::config_error_at_key(path, &text, "baseline", e))?;
         let compile_in = |at_path: &Path, at_text: &str, key: &str, src: &str| -> Result<Expr> {
-            let suffix = if at_path == path {
-                ""
-            } else {
-                taken_by.as_str()
+            let suffix = match &taken_by {
+                Some(taken_by) if at_path != path => taken_by.as_str(),
+                _ => "",
             };
             let at = |message: String| {
                 config::config_error_at_text(
