@@ -610,18 +610,28 @@ struct Consumer {
         return min(ctx.sk, last_row + ctx.causal_offset + 1);
     }
 
+    // Row h's sum over its quad (each lane holds its own columns' part), kept in l[h]; every lane
+    // of the warp must call it (shuffles).
+    __device__ __forceinline__ void sum_row(int h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    // Row h's LSE, from the quad's first lane, for row i (inside Sq) of the epilogue.
+    __device__ __forceinline__ void store_row_lse(const Ctx& ctx, const Epilogue& epi, int h, int i) const {
+        if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
+    }
+
     __device__ __forceinline__ void finish(const Ctx& ctx, const Epilogue& epi) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+            sum_row(h);
             const int i = row_base + g + 8 * h;
             if (i >= ctx.sq) continue;
             const float inv_l = inv_or_zero(l[h]);
 #pragma unroll
             for (int dt = 0; dt < kHeadDim / 8; ++dt)
                 epi.store_o2(i, dt * 8 + 2 * t, o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l);
-            if (t == 0) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
+            store_row_lse(ctx, epi, h, i);
         }
     }
 
@@ -635,8 +645,7 @@ struct Consumer {
         const int warp_row = row_base - ctx.q0 - wg * 64;  // this warp's first row in the group's 64
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+            sum_row(h);
             const float inv_l = inv_or_zero(l[h]);
             const int r = warp_row + g + 8 * h;
             // Columns 8 dt + 2 t, + 1: four bytes of 16-byte chunk dt, in Q's swizzled layout (a
@@ -646,7 +655,7 @@ struct Consumer {
                 st_shared_u32(q_wg + sw128_offset<kBlockM>(r, dt) + 4u * t,
                               pack_elem2(o[dt * 4 + 2 * h] * inv_l, o[dt * 4 + 2 * h + 1] * inv_l));
             const int i = row_base + g + 8 * h;
-            if (t == 0 && i < ctx.sq) epi.store_lse(i, m[h] == neg_inf() ? neg_inf() : scaled_max(m[h], ctx.scale_log2), l[h]);
+            if (i < ctx.sq) store_row_lse(ctx, epi, h, i);
         }
         group_sync(wg);
         // The group's 64 rows are one contiguous run of O: item k is its k-th 16 bytes.
