@@ -58,6 +58,14 @@
 //   * HALF_KEY_TILES = 1 (all-consumer form): a K/V tile whose second half no row of a consumer
 //     group sees (every other 128-key tile on the causal diagonal of 64-row groups, or the end of
 //     Sk) runs its first half alone: S, the softmax and P V on BLOCK_N / 2 keys.
+//   * WAIT_AFTER_SOFTMAX = 1 (producer form): a masked and an unmasked tile each run the whole
+//     softmax, so the two paths join after it. With one join right after the masking, ptxas put
+//     the wait for P_j V_j (wgmma.wait_group 0), which the source places after the softmax of
+//     S_{j+1}, before that softmax's exponentials (cuobjdump -sass, every producer-form build):
+//     the intra-warpgroup overlap above never ran.
+//   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
+//     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
+//     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -222,6 +230,13 @@ static_assert(HALF_KEY_TILES == 0 || HALF_KEY_TILES == 1, "wgmma: HALF_KEY_TILES
 constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
 static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
+// WAIT_AFTER_SOFTMAX = 1: the softmax's code twice, once behind the mask; only the producer form
+// has a GEMM in flight across the softmax for a join inside it to wait on.
+static_assert(WAIT_AFTER_SOFTMAX == 0 || WAIT_AFTER_SOFTMAX == 1, "wgmma: WAIT_AFTER_SOFTMAX is 0 or 1");
+constexpr bool kWaitAfterSoftmax = WAIT_AFTER_SOFTMAX != 0;
+static_assert(!kWaitAfterSoftmax || kProducer, "wgmma: WAIT_AFTER_SOFTMAX is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
+static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
+constexpr bool kDescAdvance = DESC_ADVANCE != 0;
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -468,6 +483,19 @@ struct Consumer {
         l[0] = l[1] = 0.0f;
     }
 
+    // Step kd's descriptor of a K-major tile (Q, K) and step kk's of an MN-major one (V): with
+    // DESC_ADVANCE the tile's step-0 descriptor, common to every step, plus the step's offset.
+    template <int ROWS>
+    __device__ __forceinline__ static uint64_t kmajor_desc(uint32_t tile, int kd) {
+        if constexpr (kDescAdvance) return sw128_desc_advance(sw128_kmajor_desc<ROWS>(tile, 0), sw128_kmajor_step<ROWS>(kd));
+        return sw128_kmajor_desc<ROWS>(tile, kd);
+    }
+    template <int ROWS>
+    __device__ __forceinline__ static uint64_t mnmajor_desc(uint32_t tile, int kk) {
+        if constexpr (kDescAdvance) return sw128_desc_advance(sw128_mnmajor_desc<ROWS>(tile, 0), sw128_mnmajor_step(kk));
+        return sw128_mnmajor_desc<ROWS>(tile, kk);
+    }
+
     // S = Q K^T for one K tile, issued and committed, not waited for. q_addr: this warp group's
     // 64 rows of Q inside the Q tile (a whole number of atoms in), so the Q tile's column-block
     // stride (kBlockM rows) still applies; k_addr: the stage.
@@ -477,8 +505,7 @@ struct Consumer {
         wgmma_fence();
 #pragma unroll
         for (int kd = 0; kd < kHeadDim / 16; ++kd)
-            Wgmma<2 * NS>::template ss<0>(s, sw128_kmajor_desc<kBlockM>(q_addr, kd), sw128_kmajor_desc<kBlockN>(k_addr, kd),
-                                          kd > 0 ? 1 : 0);
+            Wgmma<2 * NS>::template ss<0>(s, kmajor_desc<kBlockM>(q_addr, kd), kmajor_desc<kBlockN>(k_addr, kd), kd > 0 ? 1 : 0);
         wgmma_commit();
     }
 
@@ -489,16 +516,36 @@ struct Consumer {
         constexpr int kN = 2 * NS;  // keys of the tile
         // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
         const bool needs_mask = (kv0 + kN > ctx.sk) || (kv0 + kN - 1 > row_base + ctx.causal_offset);
-        if (needs_mask) {
-#pragma unroll
-            for (int nt = 0; nt < kN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int i = row_base + g + (e / 2) * 8;
-                    const int j = kv0 + nt * 8 + 2 * t + (e % 2);
-                    if (key_masked(ctx, i, j)) s[nt * 4 + e] = neg_inf();
-                }
+        if constexpr (kWaitAfterSoftmax) {
+            if (needs_mask) {
+                mask(s, ctx, kv0);
+                softmax_rows(s, alpha, ctx);
+            } else {
+                softmax_rows(s, alpha, ctx);
+            }
+        } else {
+            if (needs_mask) mask(s, ctx, kv0);
+            softmax_rows(s, alpha, ctx);
         }
+    }
+
+    // -inf for every key row i may not see (past Sk, or past its causal diagonal).
+    template <int NS>
+    __device__ __forceinline__ void mask(float (&s)[NS], const Ctx& ctx, int kv0) const {
+#pragma unroll
+        for (int nt = 0; nt < 2 * NS / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = row_base + g + (e / 2) * 8;
+                const int j = kv0 + nt * 8 + 2 * t + (e % 2);
+                if (key_masked(ctx, i, j)) s[nt * 4 + e] = neg_inf();
+            }
+    }
+
+    // softmax's rows, after the mask.
+    template <int NS>
+    __device__ __forceinline__ void softmax_rows(float (&s)[NS], float (&alpha)[2], const Ctx& ctx) {
+        constexpr int kN = 2 * NS;  // keys of the tile
         // A row lives in the 4 lanes of a quad.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -566,7 +613,7 @@ struct Consumer {
 #pragma unroll
         for (int kk = 0; kk < NP / 4; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            Wgmma<kHeadDimSmem>::template rs<1>(o, a, sw128_mnmajor_desc<kBlockN>(v_addr, kk), 1);
+            Wgmma<kHeadDimSmem>::template rs<1>(o, a, mnmajor_desc<kBlockN>(v_addr, kk), 1);
         }
         wgmma_commit();
     }

@@ -40,16 +40,32 @@ SW128_FN uint64_t sw128_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
 // starts 32 bytes further into the atom row, and in the next column block every 4 steps. The
 // descriptor's SBO is the next 8 rows; its LBO is unused by swizzled K-major layouts (CuTe sets 1).
 template <int ROWS>
+SW128_FN uint32_t sw128_kmajor_step(int kd) {
+    return uint32_t(kd / 4) * (ROWS * 128) + uint32_t(kd % 4) * 32;
+}
+template <int ROWS>
 SW128_FN uint64_t sw128_kmajor_desc(uint32_t tile, int kd) {
-    return sw128_desc(tile + uint32_t(kd / 4) * (ROWS * 128) + uint32_t(kd % 4) * 32, 16, kSw128AtomBytes);
+    return sw128_desc(tile + sw128_kmajor_step<ROWS>(kd), 16, kSw128AtomBytes);
 }
 
 // MN-major operand (V read transposed for O += P V: K = the tile's rows, N = its elements): k-step
 // kk (rows 16 kk .. 16 kk + 15) is two atoms further; the LBO is the next 64-element column block,
 // the SBO the next 8 rows.
+SW128_FN uint32_t sw128_mnmajor_step(int kk) {
+    return uint32_t(kk) * 2 * kSw128AtomBytes;
+}
 template <int ROWS>
 SW128_FN uint64_t sw128_mnmajor_desc(uint32_t tile, int kk) {
-    return sw128_desc(tile + uint32_t(kk) * 2 * kSw128AtomBytes, ROWS * 128, kSw128AtomBytes);
+    return sw128_desc(tile + sw128_mnmajor_step(kk), ROWS * 128, kSw128AtomBytes);
+}
+
+// The descriptor of `desc`'s operand moved `offset` bytes (a multiple of 16) further, by an add to
+// its low word: the start-address field (bits 0..13) holds a shared-memory address >> 4, and a
+// shared-memory address stays under 2^18, so the sum never carries into the LBO at bit 16.
+// sw128_desc_advance(sw128_kmajor_desc<R>(tile, 0), sw128_kmajor_step<R>(kd)) ==
+// sw128_kmajor_desc<R>(tile, kd), and likewise MN-major (tests/fixtures/wgmma_layout.cu).
+SW128_FN uint64_t sw128_desc_advance(uint64_t desc, uint32_t offset) {
+    return (desc & ~uint64_t(0xFFFFFFFFu)) | uint32_t(uint32_t(desc) + (offset >> 4));
 }
 
 // A loader thread's walk down a ROWS-row tile: it keeps one 16-byte column chunk and visits rows
