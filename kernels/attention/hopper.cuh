@@ -58,11 +58,6 @@
 //   * HALF_KEY_TILES = 1 (all-consumer form): a K/V tile whose second half no row of a consumer
 //     group sees (every other 128-key tile on the causal diagonal of 64-row groups, or the end of
 //     Sk) runs its first half alone: S, the softmax and P V on BLOCK_N / 2 keys.
-//   * WAIT_AFTER_SOFTMAX = 1 (producer form): a masked and an unmasked tile each run the whole
-//     softmax, so the two paths join after it. With one join right after the masking, ptxas put
-//     the wait for P_j V_j (wgmma.wait_group 0), which the source places after the softmax of
-//     S_{j+1}, before that softmax's exponentials (cuobjdump -sass, every producer-form build):
-//     the intra-warpgroup overlap above never ran.
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
@@ -230,11 +225,6 @@ static_assert(HALF_KEY_TILES == 0 || HALF_KEY_TILES == 1, "wgmma: HALF_KEY_TILES
 constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
 static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
-// WAIT_AFTER_SOFTMAX = 1: the softmax's code twice, once behind the mask; only the producer form
-// has a GEMM in flight across the softmax for a join inside it to wait on.
-static_assert(WAIT_AFTER_SOFTMAX == 0 || WAIT_AFTER_SOFTMAX == 1, "wgmma: WAIT_AFTER_SOFTMAX is 0 or 1");
-constexpr bool kWaitAfterSoftmax = WAIT_AFTER_SOFTMAX != 0;
-static_assert(!kWaitAfterSoftmax || kProducer, "wgmma: WAIT_AFTER_SOFTMAX is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
@@ -459,6 +449,15 @@ __device__ __forceinline__ float poly_exp2(float x) {
     return x < -125.0f ? 0.0f : scaled;
 }
 
+// This thread's warp group. With DESC_ADVANCE, broadcast from lane 0 (as CUTLASS's
+// canonical_warp_group_idx does): the compiler then knows it is the same in every lane and keeps
+// what derives from it (a group's Q tile, its descriptors) in uniform registers, not rebuilding
+// them in vector registers and moving them over (R2UR) before every wgmma.
+__device__ __forceinline__ int warp_group_index() {
+    if constexpr (kDescAdvance) return __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+    return int(threadIdx.x / 128);
+}
+
 // ---- one consumer warp group ----------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (PTX ISA, per warp w of the group, lane = 4 g + t): value
 // 4 nt + 2 h + c is row 16 w + g + 8 h, column 8 nt + 2 t + c. For a 16-key step kk, the S values
@@ -516,17 +515,13 @@ struct Consumer {
         constexpr int kN = 2 * NS;  // keys of the tile
         // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
         const bool needs_mask = (kv0 + kN > ctx.sk) || (kv0 + kN - 1 > row_base + ctx.causal_offset);
-        if constexpr (kWaitAfterSoftmax) {
-            if (needs_mask) {
-                mask(s, ctx, kv0);
-                softmax_rows(s, alpha, ctx);
-            } else {
-                softmax_rows(s, alpha, ctx);
-            }
-        } else {
-            if (needs_mask) mask(s, ctx, kv0);
-            softmax_rows(s, alpha, ctx);
-        }
+        // One join right after the mask: ptxas then puts the wait for P_j V_j (wgmma.wait_group 0,
+        // after this softmax in the source) before the exponentials. With the masked and unmasked
+        // tiles each running the whole softmax, the wait stayed after it and the intra-warpgroup
+        // overlap ran, and every producer-form champion was 4-11% slower (wait-after-softmax,
+        // 2026-11-30; its code is in ad032df).
+        if (needs_mask) mask(s, ctx, kv0);
+        softmax_rows(s, alpha, ctx);
     }
 
     // -inf for every key row i may not see (past Sk, or past its causal diagonal).
@@ -921,7 +916,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         auto work_of = [&](int tile) {
             return kPersistent ? persistent_work(tile, B, H, Sq, Sk, softmax_scale, causal) : cta_work(Sq, Sk, softmax_scale, causal);
         };
-        const int wg = threadIdx.x / 128;
+        const int wg = warp_group_index();
         const int tid = threadIdx.x % 128;
         if (wg == 0) {
             // Producer: per tile, Q once the consumers are done with the last tile's, then each K/V
@@ -1105,7 +1100,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const Ctx& ctx = work.ctx;
         const int blk_begin = work.blk_begin;
         const int n_it = work.blk_end - work.blk_begin;
-        const int wg = threadIdx.x / 128;
+        const int wg = warp_group_index();
         const int tid = threadIdx.x % 128;
         const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
         const int visible = Consumer::visible_keys(ctx, wg);

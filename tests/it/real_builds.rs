@@ -37,7 +37,7 @@ fn smoke_space_builds_without_spills() {
 /// Issue 51, item 1: the quick space holds Hopper points on sm_90a and they build in CI. Its
 /// wgmma points alone (a copy of variants/quick.toml without the scalar and mma.sync points,
 /// which the smoke and gated spaces build), for sm_90a offline, at both of its head dims in both
-/// dtypes (the three-group point at d = 64 only): 14 real nvcc builds, every one with zero spills,
+/// dtypes (the three-group points at d = 64 only): 28 real nvcc builds, every one with zero spills,
 /// admitted by the gates.
 #[test]
 fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
@@ -85,6 +85,10 @@ fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
         ("wgmma-bm64-bn128-w8-auto-s2-t1", &[64, 128]),
         ("wgmma-bm64-bn128-w8-auto-s3-t1", &[64, 128]),
         ("wgmma-bm192-bn128-w16-ks1-s3-p1-t1", &[64]),
+        ("wgmma-bm64-bn128-w4-auto-s2-da1", &[64, 128]),
+        ("wgmma-bm64-bn128-w8-auto-s2-t1-da1", &[64, 128]),
+        ("wgmma-bm64-bn128-w8-auto-s3-t1-da1", &[64, 128]),
+        ("wgmma-bm192-bn128-w16-ks1-s3-p1-t1-se1-da1", &[64]),
     ] {
         for dtype in ["f16", "bf16"] {
             for d in dims {
@@ -95,7 +99,7 @@ fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
     }
     assert_eq!(
         table.lines().filter(|l| l.contains("| attn_fwd |")).count(),
-        (3 * 2 + 1) * 2,
+        (6 * 2 + 2) * 2,
         "{table}"
     );
 }
