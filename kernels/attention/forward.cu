@@ -101,8 +101,9 @@ static_assert(kWarps >= 1 && kWarps <= 32, "WARPS must be in 1..32 (at most 1024
 static_assert(kKvSplit >= 0, "KV_SPLIT must be >= 1, or KV_SPLIT_AUTO (0)");
 // Every path shares the cp.async K/V pipeline of the kernel body: STAGES tiles in smem. The wgmma
 // path's producer form keeps up to STAGES tiles in flight, and its three consumer groups at d = 64
-// hold a tile for three GEMM turns: 4 there.
-static_assert(kStages >= 1 && kStages <= (kMma == MMA_WGMMA ? 4 : 3), "STAGES must be 1, 2 or 3 (4 on the wgmma path)");
+// hold a tile for three GEMM turns: up to 6 there (the mbarrier region holds 7 stages' barriers;
+// hopper.cuh asserts that they and the tiles fit).
+static_assert(kStages >= 1 && kStages <= (kMma == MMA_WGMMA ? 6 : 3), "STAGES must be 1, 2 or 3 (up to 6 on the wgmma path)");
 static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output dims");
 // The wgmma path's own switches (hopper.cuh says what each does), 0 when not defined: PINGPONG
 // (two consumer warp groups take turns), TMA (loads by the producer warp group), TWO_CTAS (two
