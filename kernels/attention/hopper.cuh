@@ -26,8 +26,9 @@
 //     group (warp specialisation): it issues the copies of up to STAGES tiles ahead, each tile's
 //     "full" mbarrier completing by itself once that tile has landed (cp.async.mbarrier.arrive),
 //     and waits for the consumers to free a stage ("empty"); setmaxnreg moves its registers to
-//     the consumers, and each consumer overlaps the softmax of tile j + 1 with the P V product of
-//     tile j (FlashAttention-3's intra-warpgroup pipelining).
+//     the consumers, and each consumer issues the S of tile j + 1 beside the P V product of tile j
+//     (FlashAttention-3's intra-warpgroup pipelining; ptxas waits for that P V before the softmax's
+//     exponentials, and keeping the wait after them was slower: Consumer::softmax).
 //   * PINGPONG = 1 (two or three consumer warp groups and a producer): the consumers take turns
 //     on the tensor cores (FlashAttention-3's ping-pong; FlashAttention-4's round robin of three
 //     at d = 64): a group issues its GEMMs only after the one before it has issued its own, so one
@@ -61,10 +62,6 @@
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
-//   * ROW_SUM_MMA = 1 (producer form): a row's sum of P on the tensor cores, beside O += P V: each
-//     16-key step also issues wgmma m64n8k16 of P's same A fragment times 16 x 8 ones (256 bytes in
-//     the shared-memory alignment slack), so the softmax drops its BLOCK_N / 2 FADDs a thread and the
-//     epilogue its quad shuffles. It sums P as rounded for P V, which O is then divided by.
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -230,10 +227,6 @@ constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
 static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
 static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
-static_assert(ROW_SUM_MMA == 0 || ROW_SUM_MMA == 1, "wgmma: ROW_SUM_MMA is 0 or 1");
-constexpr bool kRowSumMma = ROW_SUM_MMA != 0;
-// Its ones are written once, before the producer form's first __syncthreads.
-static_assert(!kRowSumMma || kProducer, "wgmma: ROW_SUM_MMA is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
@@ -466,13 +459,6 @@ __device__ __forceinline__ int warp_group_index() {
     return int(threadIdx.x / 128);
 }
 
-// ROW_SUM_MMA's B operand: 16 x 8 ones at `addr`, K-major without swizzle (layout 0): two 8 x
-// 16-byte core matrices. Both strides (LBO, SBO) are 128 bytes, so whichever of them the second
-// core matrix is read at, every byte read lies in the 256 bytes of ones.
-__device__ __forceinline__ uint64_t ones_desc(uint32_t addr) {
-    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
-}
-
 // ---- one consumer warp group ----------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (PTX ISA, per warp w of the group, lane = 4 g + t): value
 // 4 nt + 2 h + c is row 16 w + g + 8 h, column 8 nt + 2 t + c. For a 16-key step kk, the S values
@@ -482,10 +468,6 @@ struct Consumer {
     static constexpr int kON = kHeadDimSmem / 2;  // O accumulators per thread (96: 128, see kHeadDimSmem)
     float o[kON];
     float m[2], l[2];  // per row h: running max (raw score units) and row sum (this thread's part)
-    // ROW_SUM_MMA: the m64n8 accumulator of P times ones (values 2 h and 2 h + 1: row h's whole
-    // sum) and the ones' descriptor.
-    float lsum[4];
-    uint64_t ones_desc;
     int row_base;      // first query row of this thread's warp (absolute)
     int g, t;
 
@@ -497,10 +479,6 @@ struct Consumer {
         row_base = q0 + wg * 64 + warp * 16;
 #pragma unroll
         for (int i = 0; i < kON; ++i) o[i] = 0.0f;
-        if constexpr (kRowSumMma) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) lsum[i] = 0.0f;
-        }
         m[0] = m[1] = neg_inf();
         l[0] = l[1] = 0.0f;
     }
@@ -598,8 +576,11 @@ struct Consumer {
             float sum = sumc[0];
 #pragma unroll
             for (int c = 1; c < kReduceChains; ++c) sum += sumc[c];
-            // ROW_SUM_MMA: the tensor cores sum P (the compiler drops the FADDs above unused).
-            if constexpr (!kRowSumMma) l[h] = l[h] * alpha[h] + sum;
+            // From the fp32 probabilities: summed by the tensor cores instead (P times ones, an
+            // m64n8k16 beside each P V step), the sum of P as rounded for P V put the LSE up to
+            // 1.6e-3 off (bf16; the check allows 1e-4), and the kernels were slower (row-sum-mma,
+            // 2026-11-30; its code is in 53137d6).
+            l[h] = l[h] * alpha[h] + sum;
         }
     }
 
@@ -609,10 +590,6 @@ struct Consumer {
         for (int dt = 0; dt < kHeadDim / 8; ++dt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) o[dt * 4 + e] *= alpha[e / 2];
-        if constexpr (kRowSumMma) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) lsum[e] *= alpha[e / 2];
-        }
     }
 
     // P as wgmma A fragments: 16-key step kk packs n-tiles 2kk and 2kk + 1.
@@ -631,21 +608,14 @@ struct Consumer {
     // NP / 4 16-key steps: the tile's first 4 NP rows of V.
     template <int NP>
     __device__ __forceinline__ void issue_pv(const uint32_t (&p)[NP], uint32_t v_addr) {
-        fence_accumulators();
+        fence_operands(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < NP / 4; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
             Wgmma<kHeadDimSmem>::template rs<1>(o, a, mnmajor_desc<kBlockN>(v_addr, kk), 1);
-            if constexpr (kRowSumMma) Wgmma<8>::template rs<0>(lsum, a, ones_desc, 1);
         }
         wgmma_commit();
-    }
-
-    // Pins O (and ROW_SUM_MMA's sums) where an asynchronous P V may still own them: fence_operands.
-    __device__ __forceinline__ void fence_accumulators() {
-        fence_operands(o);
-        if constexpr (kRowSumMma) fence_operands(lsum);
     }
 
     // One K/V tile, each GEMM waited for before the next step (no overlap); NS = kSN / 2 runs its
@@ -663,7 +633,7 @@ struct Consumer {
         pack_p(s, p);
         issue_pv(p, v_addr);
         wgmma_wait<0>();
-        fence_accumulators();
+        fence_operands(o);
     }
 
     // The all-consumer form's tile: with HALF_KEY_TILES, a tile whose second half no row of this
@@ -689,12 +659,7 @@ struct Consumer {
 
     // Row h's sum over its quad (each lane holds its own columns' part), kept in l[h]; every lane
     // of the warp must call it (shuffles).
-    // With ROW_SUM_MMA every lane of the quad holds the whole sum already.
     __device__ __forceinline__ void sum_row(int h) {
-        if constexpr (kRowSumMma) {
-            l[h] = lsum[2 * h];
-            return;
-        }
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     }
@@ -940,14 +905,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             mbar_init(q_empty, kConsumerThreads);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
-        // ROW_SUM_MMA's 16 x 8 ones, in the 1 KiB of alignment slack: before the tiles when 256
-        // bytes of it lie there, after the mbarriers otherwise (then at least 768 do). The
-        // __syncthreads below publishes them; wgmma reads them through the async proxy.
-        const uint32_t ones = base - smem_u32(smem_raw) >= 256 ? base - 256 : bars + kBarrierBytes;
-        if constexpr (kRowSumMma) {
-            if (threadIdx.x < 64) st_shared_u32(ones + 4u * threadIdx.x, pack_elem2(1.0f, 1.0f));
-            fence_proxy_async();
-        }
         __syncthreads();
         // The tiles this CTA works: its own, or with PERSISTENT_CTAS every gridDim.x-th from
         // blockIdx.x (a static schedule: a dynamic one, tiles handed out by an atomic counter,
@@ -1071,8 +1028,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const int n_it = work.blk_end - work.blk_begin;
             Consumer c;
             c.init(ctx.q0, cwg, tid);
-            c.ones_desc = ones_desc(ones);
-            // Intra-warpgroup overlap (FlashAttention-3's): while the tensor cores run O += P_it V_it,
+            // Intra-warpgroup overlap (FlashAttention-3's; see Consumer::softmax for where ptxas puts
+            // the P V wait): while the tensor cores run O += P_it V_it,
             // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
             float s_acc[Consumer::kSN];
             uint32_t p[kBlockN / 4];
@@ -1111,7 +1068,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 float alpha[2];
                 c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
                 wgmma_wait<0>();
-                c.fence_accumulators();
+                fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));  // V of tile it (and K, unless SEPARATE_KV) no longer read
                 if constexpr (kEarlyRescale) {
                     pending_alpha[0] = alpha[0];
@@ -1131,7 +1088,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 c.issue_pv(p, v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<0>();
-                c.fence_accumulators();
+                fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));
             }
             consumed += n_it;

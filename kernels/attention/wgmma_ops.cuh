@@ -16,30 +16,6 @@ template <int N>
 struct Wgmma;
 
 template <>
-struct Wgmma<8> {
-    // D (64 x 8, fp32) (+)= A (64 x 16, smem descriptor) * B (16 x 8, smem descriptor).
-    template <int kTransB>
-    __device__ __forceinline__ static void ss(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n8k16.f32." WGMMA_AB "." WGMMA_AB " "
-            "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, %7;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-    // D (+)= A (64 x 16, registers: the mma.sync m16n8k16 A fragment of each warp's 16 rows) * B.
-    template <int kTransB>
-    __device__ __forceinline__ static void rs(float (&d)[4], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n8k16.f32." WGMMA_AB "." WGMMA_AB " "
-            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(kTransB));
-    }
-};
-
-template <>
 struct Wgmma<64> {
     // D (64 x 64, fp32) (+)= A (64 x 16, smem descriptor) * B (16 x 64, smem descriptor).
     template <int kTransB>
