@@ -732,7 +732,8 @@ mod offline_targets {
 
     /// Issue 51, item 1: the quick space (the default first run) fits the GPU it runs on. On
     /// sm_90a it holds the Hopper path's champion of every quick shape (the H200 runs of
-    /// 2026-11-28 to 2026-11-30, "Best per shape") and 10 variants, 76 cases; on an L4 (sm_89) or
+    /// 2026-11-28 to 2026-11-30, "Best per shape"; the `…-da1` ones from
+    /// docs/measurements/2026-11-30-h200-descriptors/quick-fa4-stages) and 14 variants, 104 cases; on an L4 (sm_89) or
     /// an A100 (sm_80) the plan rules every wgmma point out by the arch, before compiling, and keeps the scalar
     /// baseline and the mma.sync points, whose counts are the quick space's before issue 51.
     #[test]
@@ -765,13 +766,15 @@ mod offline_targets {
         assert_eq!(names, ["decode-128", "large-64", "odd-causal", "seed"]);
 
         let hopper = plan("sm_90a");
-        // Only the three-group point at d = 128: 160 registers a consumer thread are too few for a
+        // Only the three-group points at d = 128: 160 registers a consumer thread are too few for a
         // d = 128 O beside S.
         let three_groups = "wgmma-bm192-bn128-w16-ks1-s3-p1-t1";
+        let three_groups_da = "wgmma-bm192-bn128-w16-ks1-s4-p1-t1-se1-da1";
         for p in &hopper {
             assert_eq!(
                 p.invalid.is_some(),
-                p.variant.id == three_groups && p.head_dim == 128,
+                (p.variant.id == three_groups || p.variant.id == three_groups_da)
+                    && p.head_dim == 128,
                 "{} d={}: {:?}",
                 p.variant.id,
                 p.head_dim,
@@ -780,10 +783,10 @@ mod offline_targets {
         }
         // The champion of each shape on an H200, valid at that shape's head dim.
         for (shape, champion) in [
-            ("seed", "wgmma-bm64-bn128-w8-auto-s2-t1"),
-            ("large-64", three_groups),
-            ("decode-128", "wgmma-bm64-bn128-w4-auto-s2"),
-            ("odd-causal", "wgmma-bm64-bn128-w8-auto-s3-t1"),
+            ("seed", "wgmma-bm64-bn128-w8-auto-s2-t1-da1"),
+            ("large-64", three_groups_da),
+            ("decode-128", "wgmma-bm64-bn128-w4-auto-s2-da1"),
+            ("odd-causal", "wgmma-bm64-bn128-w8-auto-s3-t1-da1"),
         ] {
             let d = project.shapes.iter().find(|s| s.name == shape).unwrap().d;
             assert!(
@@ -802,9 +805,13 @@ mod offline_targets {
             wgmma_ids.into_iter().collect::<Vec<_>>(),
             [
                 three_groups,
+                three_groups_da,
                 "wgmma-bm64-bn128-w4-auto-s2",
+                "wgmma-bm64-bn128-w4-auto-s2-da1",
                 "wgmma-bm64-bn128-w8-auto-s2-t1",
+                "wgmma-bm64-bn128-w8-auto-s2-t1-da1",
                 "wgmma-bm64-bn128-w8-auto-s3-t1",
+                "wgmma-bm64-bn128-w8-auto-s3-t1-da1",
             ]
         );
         // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps);
@@ -824,7 +831,7 @@ mod offline_targets {
                 p.variant.id
             );
         }
-        assert_eq!(counts(&hopper), (10, 76), "sm_90a");
+        assert_eq!(counts(&hopper), (14, 104), "sm_90a");
 
         // On an L4, mma-bm128-bn64-w4-ks1-s2 at d = 128 needs 104,448 bytes of shared memory,
         // more than its 101,376: 4 of the 48 cases go, as before issue 51.
@@ -832,8 +839,10 @@ mod offline_targets {
             let planned = plan(arch);
             for p in planned.iter().filter(|p| is_wgmma(p)) {
                 let why = p.why_invalid().unwrap_or("valid");
-                // The constraints rule the three-group point out at d = 128 first, on every arch.
-                let by_constraint = p.variant.id == three_groups && p.head_dim == 128;
+                // The constraints rule the three-group points out at d = 128 first, on every arch.
+                let by_constraint = (p.variant.id == three_groups
+                    || p.variant.id == three_groups_da)
+                    && p.head_dim == 128;
                 assert!(
                     by_constraint && why.starts_with("constraints:")
                         || why
@@ -844,7 +853,7 @@ mod offline_targets {
                     p.head_dim
                 );
             }
-            assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 4 * 2);
+            assert_eq!(planned.iter().filter(|p| is_wgmma(p)).count(), 8 * 2);
             for p in planned.iter().filter(|p| !is_wgmma(p)) {
                 let why = p.why_invalid().unwrap_or("");
                 assert!(!why.contains("wgmma"), "{arch} {}: {why}", p.variant.id);
