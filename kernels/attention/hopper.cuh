@@ -27,8 +27,8 @@
 //     "full" mbarrier completing by itself once that tile has landed (cp.async.mbarrier.arrive),
 //     and waits for the consumers to free a stage ("empty"); setmaxnreg moves its registers to
 //     the consumers, and each consumer issues the S of tile j + 1 beside the P V product of tile j
-//     (FlashAttention-3's intra-warpgroup pipelining; ptxas waits for that P V before the softmax's
-//     exponentials, and keeping the wait after them was slower: Consumer::softmax).
+//     (FlashAttention-3's intra-warpgroup pipelining; in some builds ptxas waits for that P V
+//     before the softmax's exponentials: Consumer::softmax).
 //   * PINGPONG = 1 (two or three consumer warp groups and a producer): the consumers take turns
 //     on the tensor cores (FlashAttention-3's ping-pong; FlashAttention-4's round robin of three
 //     at d = 64): a group issues its GEMMs only after the one before it has issued its own, so one
@@ -516,10 +516,12 @@ struct Consumer {
         constexpr int kN = 2 * NS;  // keys of the tile
         // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
         const bool needs_mask = (kv0 + kN > ctx.sk) || (kv0 + kN - 1 > row_base + ctx.causal_offset);
-        // One join right after the mask: ptxas then puts the wait for P_j V_j (wgmma.wait_group 0,
-        // after this softmax in the source) before the exponentials. With the masked and unmasked
-        // tiles each running the whole softmax, the wait stayed after it and the intra-warpgroup
-        // overlap ran, and every producer-form champion was 4-11% slower (wait-after-softmax,
+        // One join right after the mask. In the large-64 and large-128 champions' builds ptxas puts
+        // the wait for P_j V_j (wgmma.wait_group 0, after this softmax in the source) at that join,
+        // before the exponentials; in hd256's (EARLY_RESCALE) and the two-CTA d = 64 point's it
+        // stays after them. With the masked and unmasked tiles each running the whole softmax it
+        // stayed after them everywhere, and every producer-form champion was 4-11% slower, those
+        // two included: the second copy costs more than the overlap gains (wait-after-softmax,
         // 2026-11-30; its code is in ad032df).
         if (needs_mask) mask(s, ctx, kv0);
         softmax_rows(s, alpha, ctx);
