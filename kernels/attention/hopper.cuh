@@ -62,6 +62,10 @@
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
+//   * P_SMEM = 1 (producer form): each consumer group writes its P into its own 64-row tile of
+//     shared memory (stmatrix, the 128-byte swizzle) and O += P V reads both operands from shared
+//     memory, so no P registers stay live beside the next S: FlashAttention-3's d = 64 tile of 192
+//     x 192 (MmaPV_is_RS = false), which spills with P in registers at three groups' 160.
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -228,19 +232,29 @@ static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
 static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
+static_assert(P_SMEM == 0 || P_SMEM == 1, "wgmma: P_SMEM is 0 or 1");
+constexpr bool kPSmem = P_SMEM != 0;
+// P's tile is whole 64-key swizzle columns; it serves the producer form's intra-warpgroup loop,
+// where P_j waits in it while S_{j+1} is computed.
+static_assert(!kPSmem || (kProducer && kBlockN % 64 == 0),
+              "wgmma: P_SMEM is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1)) with BLOCK_N 64, 128, 192 or 256");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 
-// Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
-// is a function of address bits 4..9, so every tile starts 1024-byte aligned.
+// Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][P][mbarriers]. The 128-byte
+// swizzle is a function of address bits 4..9, so every tile starts 1024-byte aligned.
 constexpr uint32_t kQBytesH = uint32_t(kBlockM) * kHeadDimSmem * sizeof(elem_t);
 constexpr uint32_t kTileBytes = uint32_t(kBlockN) * kHeadDimSmem * sizeof(elem_t);
+// P_SMEM: a 64 x BLOCK_N tile per consumer group.
+constexpr uint32_t kPGroupBytes = kPSmem ? 64u * kBlockN * sizeof(elem_t) : 0u;
 constexpr uint32_t kBarrierBytes = 256;
 // Keep in sync with the family's smem_bytes formula for MMA == "wgmma":
 //   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
-constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
-static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
+//        + P_SMEM * BLOCK_M * BLOCK_N * ELEM_BYTES
+constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kConsumerWGs * kPGroupBytes + kBarrierBytes;
+static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0 && kPGroupBytes % 1024 == 0,
+              "wgmma: tiles must keep 1024-byte alignment");
 // full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty, and with
 // SEPARATE_KV V's full_v[STAGES], empty_v[STAGES] (full and empty are then K's).
 static_assert(4 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
@@ -308,6 +322,14 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 __device__ __forceinline__ void group_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory"); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// Four 8 x 8 matrices of 16-bit elements, one 16-byte row each from lanes 8 i .. 8 i + 7's
+// addresses; register i of lane 4 g + t holds row g, elements 2 t and 2 t + 1 of matrix i: the
+// accumulator layout of an 8-column n-tile (P_SMEM's store of P).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+                 "r"(r3)
+                 : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_u128(uint32_t addr) {
     uint4 v;
@@ -606,6 +628,32 @@ struct Consumer {
         }
     }
 
+    // P_SMEM: P (the probabilities in s) into this group's 64-row P tile p_wg, 128-byte swizzle,
+    // K-major as wgmma's A: for 16-key step kk, matrix i of the stmatrix is half h = i % 2 of
+    // n-tile 2 kk + i / 2, exactly pack_p's register order; lane L gives row L % 8 of matrix L / 8.
+    // The caller fences (async proxy) and syncs the group before P V reads it.
+    template <int NS>
+    __device__ __forceinline__ void store_p(const float (&s)[NS], uint32_t p_wg, int tid_in_wg) const {
+        const int lane = tid_in_wg % 32;
+        const int row = (tid_in_wg / 32) * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+        const int half = lane / 16;  // the second n-tile of the step
+#pragma unroll
+        for (int kk = 0; kk < NS / 8; ++kk)
+            stmatrix_x4(p_wg + sw128_offset<64>(row, 2 * kk + half), pack_elem2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]),
+                        pack_elem2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]), pack_elem2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]),
+                        pack_elem2(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]));
+    }
+
+    // O += P V with P from this group's P tile (P_SMEM): both operands from shared memory.
+    __device__ __forceinline__ void issue_pv_smem(uint32_t p_wg, uint32_t v_addr) {
+        fence_operands(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk)
+            Wgmma<kHeadDimSmem>::template ss<1>(o, kmajor_desc<64>(p_wg, kk), mnmajor_desc<kBlockN>(v_addr, kk), 1);
+        wgmma_commit();
+    }
+
     // O += P V, issued and committed: P from registers, V (MN-major) from the stage.
     // NP / 4 16-key steps: the tile's first 4 NP rows of V.
     template <int NP>
@@ -881,7 +929,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     const uint32_t q_smem = base;
     const uint32_t k_smem = q_smem + kQBytesH;
     const uint32_t v_smem = k_smem + kStages * kTileBytes;
-    const uint32_t bars = v_smem + kStages * kTileBytes;  // full[kStages], empty[kStages], q_full
+    const uint32_t p_smem = v_smem + kStages * kTileBytes;  // P_SMEM's tiles, one per consumer group
+    const uint32_t bars = p_smem + kConsumerWGs * kPGroupBytes;  // full[kStages], empty[kStages], q_full
     auto full_bar = [&](int s) { return bars + 8u * s; };
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
@@ -998,6 +1047,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         if constexpr (kSplitRegs) setmaxnreg_inc<kConsumerRegs>();
         const int cwg = wg - 1;
         const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
+        const uint32_t p_wg = p_smem + uint32_t(cwg) * kPGroupBytes;
         // cp.async copies land through the generic proxy; wgmma reads through the async proxy. The
         // producer cannot fence writes it does not wait for, so each reader fences after its wait.
         // TMA writes through the async proxy: the wait alone publishes them.
@@ -1034,7 +1084,28 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // the P V wait): while the tensor cores run O += P_it V_it,
             // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
             float s_acc[Consumer::kSN];
-            uint32_t p[kBlockN / 4];
+            uint32_t p[kBlockN / 4];  // unused with P_SMEM: P waits in p_wg
+            // P of the last softmax, for the next P V: packed into p, or with P_SMEM written to this
+            // group's P tile (its last P V retired: every path waits for it before the next P) and
+            // published to the async proxy. The group's threads then meet before P V reads it: in
+            // my_turn's barrier (a bar.sync of the whole group, memory ordered among them), or
+            // without ping-pong in a barrier of the group.
+            auto hold_p = [&]() {
+                if constexpr (kPSmem) {
+                    c.store_p(s_acc, p_wg, tid);
+                    fence_proxy_async();
+                    if constexpr (!kPingPong) group_sync(cwg);
+                } else {
+                    Consumer::pack_p(s_acc, p);
+                }
+            };
+            auto issue_pv = [&](uint32_t v_addr) {
+                if constexpr (kPSmem) {
+                    c.issue_pv_smem(p_wg, v_addr);
+                } else {
+                    c.issue_pv(p, v_addr);
+                }
+            };
             // EARLY_RESCALE: the factors of the last softmax, applied to O before the next P V. The
             // first softmax's are moot (O is still 0).
             float pending_alpha[2] = {1.0f, 1.0f};
@@ -1049,7 +1120,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 if constexpr (kSeparateKv) mbar_arrive(empty_bar(st));  // K_0 is no longer read
                 float alpha[2];
                 c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
-                Consumer::pack_p(s_acc, p);
+                hold_p();
             }
             // Every iteration but the last has a next tile: the same two groups are in flight on
             // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
@@ -1062,7 +1133,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 my_turn();
                 c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                c.issue_pv(p, v_smem + st * kTileBytes);
+                issue_pv(v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
                 fence_operands(s_acc);
@@ -1078,7 +1149,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 } else {
                     c.rescale_o(alpha);
                 }
-                Consumer::pack_p(s_acc, p);
+                hold_p();
             }
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
@@ -1087,7 +1158,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_it - 1) / kStages) & 1);
                 my_turn();
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                c.issue_pv(p, v_smem + st * kTileBytes);
+                issue_pv(v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(c.o);
