@@ -62,10 +62,13 @@
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
-//   * P_SMEM = 1 (producer form): each consumer group writes its P into its own 64-row tile of
-//     shared memory (stmatrix, the 128-byte swizzle) and O += P V reads both operands from shared
-//     memory, so no P registers stay live beside the next S: FlashAttention-3's d = 64 tile of 192
-//     x 192 (MmaPV_is_RS = false), which spills with P in registers at three groups' 160.
+//   * GROUP_KEY_TILES = 1 (producer form): each consumer group computes only the K/V tiles some
+//     of its rows see, a prefix of the CTA's, and for the rest only passes its ping-pong turn and
+//     frees the stage. On the causal diagonal a 192-row block's first group sees up to two 128-key
+//     tiles fewer than its last (10% of large-64-causal's group tiles); a last block's groups past
+//     Sq see none (large-64's last third group). Measured (group-key-tiles, 2026-11-30): the
+//     three-group tile 388.5 -> 363.5 us on large-64-causal, 577.4 -> 571.4 on large-64 (f16); the
+//     two-group d = 128 one no faster (its skipped tiles ran in the other group's shadow).
 //   * HEAD_DIM 64, 96 (held as 128 in shared memory, see kHeadDimSmem), 128 and 256.
 //   * First run on an H100 on 2026-11-23 (docs/measurements/2026-11-23-h100/hopper-first-run):
 //     the all-consumer form passed every check on every shape; the producer form hung (fixed
@@ -232,29 +235,29 @@ static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
 static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
-static_assert(P_SMEM == 0 || P_SMEM == 1, "wgmma: P_SMEM is 0 or 1");
-constexpr bool kPSmem = P_SMEM != 0;
-// P's tile is whole 64-key swizzle columns; it serves the producer form's intra-warpgroup loop,
-// where P_j waits in it while S_{j+1} is computed.
-static_assert(!kPSmem || (kProducer && kBlockN % 64 == 0),
-              "wgmma: P_SMEM is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1)) with BLOCK_N 64, 128, 192 or 256");
+static_assert(GROUP_KEY_TILES == 0 || GROUP_KEY_TILES == 1, "wgmma: GROUP_KEY_TILES is 0 or 1");
+constexpr bool kGroupKeyTiles = GROUP_KEY_TILES != 0;
+static_assert(!kGroupKeyTiles || kProducer, "wgmma: GROUP_KEY_TILES is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
+// CONSUMER_OVERLAP = 1 (the all-consumer form with TMA): each warp group issues S_{j+1} beside
+// P_j V_j, as the producer form's consumers do, instead of waiting for each GEMM in turn; its
+// whole tiles only (not HALF_KEY_TILES' halves).
+static_assert(CONSUMER_OVERLAP == 0 || CONSUMER_OVERLAP == 1, "wgmma: CONSUMER_OVERLAP is 0 or 1");
+constexpr bool kConsumerOverlap = CONSUMER_OVERLAP != 0;
+static_assert(!kConsumerOverlap || (!kProducer && kTma && !kHalfKeyTiles),
+              "wgmma: CONSUMER_OVERLAP is for the all-consumer form with TMA (WARPS = BLOCK_M / 16, TMA = 1), without HALF_KEY_TILES");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 
-// Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][P][mbarriers]. The 128-byte
-// swizzle is a function of address bits 4..9, so every tile starts 1024-byte aligned.
+// Shared memory: [1 KiB of alignment slack][Q][K stages][V stages][mbarriers]. The 128-byte swizzle
+// is a function of address bits 4..9, so every tile starts 1024-byte aligned.
 constexpr uint32_t kQBytesH = uint32_t(kBlockM) * kHeadDimSmem * sizeof(elem_t);
 constexpr uint32_t kTileBytes = uint32_t(kBlockN) * kHeadDimSmem * sizeof(elem_t);
-// P_SMEM: a 64 x BLOCK_N tile per consumer group.
-constexpr uint32_t kPGroupBytes = kPSmem ? 64u * kBlockN * sizeof(elem_t) : 0u;
 constexpr uint32_t kBarrierBytes = 256;
 // Keep in sync with the family's smem_bytes formula for MMA == "wgmma":
 //   1280 + (BLOCK_M + 2 * STAGES * BLOCK_N) * ((HEAD_DIM + 63) / 64 * 64) * ELEM_BYTES
-//        + P_SMEM * BLOCK_M * BLOCK_N * ELEM_BYTES
-constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kConsumerWGs * kPGroupBytes + kBarrierBytes;
-static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0 && kPGroupBytes % 1024 == 0,
-              "wgmma: tiles must keep 1024-byte alignment");
+constexpr uint32_t kSmemBytesH = 1024 + kQBytesH + 2 * kStages * kTileBytes + kBarrierBytes;
+static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must keep 1024-byte alignment");
 // full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty, and with
 // SEPARATE_KV V's full_v[STAGES], empty_v[STAGES] (full and empty are then K's).
 static_assert(4 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
@@ -322,14 +325,6 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 __device__ __forceinline__ void group_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory"); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-// Four 8 x 8 matrices of 16-bit elements, one 16-byte row each from lanes 8 i .. 8 i + 7's
-// addresses; register i of lane 4 g + t holds row g, elements 2 t and 2 t + 1 of matrix i: the
-// accumulator layout of an 8-column n-tile (P_SMEM's store of P).
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
-                 "r"(r3)
-                 : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_u128(uint32_t addr) {
     uint4 v;
@@ -628,33 +623,12 @@ struct Consumer {
         }
     }
 
-    // P_SMEM: P (the probabilities in s) into this group's 64-row P tile p_wg, 128-byte swizzle,
-    // K-major as wgmma's A: for 16-key step kk, matrix i of the stmatrix is half h = i % 2 of
-    // n-tile 2 kk + i / 2, exactly pack_p's register order; lane L gives row L % 8 of matrix L / 8.
-    // The caller fences (async proxy) and syncs the group before P V reads it.
-    template <int NS>
-    __device__ __forceinline__ void store_p(const float (&s)[NS], uint32_t p_wg, int tid_in_wg) const {
-        const int lane = tid_in_wg % 32;
-        const int row = (tid_in_wg / 32) * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-        const int half = lane / 16;  // the second n-tile of the step
-#pragma unroll
-        for (int kk = 0; kk < NS / 8; ++kk)
-            stmatrix_x4(p_wg + sw128_offset<64>(row, 2 * kk + half), pack_elem2(s[(2 * kk) * 4 + 0], s[(2 * kk) * 4 + 1]),
-                        pack_elem2(s[(2 * kk) * 4 + 2], s[(2 * kk) * 4 + 3]), pack_elem2(s[(2 * kk + 1) * 4 + 0], s[(2 * kk + 1) * 4 + 1]),
-                        pack_elem2(s[(2 * kk + 1) * 4 + 2], s[(2 * kk + 1) * 4 + 3]));
-    }
-
-    // O += P V with P from this group's P tile (P_SMEM): both operands from shared memory.
-    __device__ __forceinline__ void issue_pv_smem(uint32_t p_wg, uint32_t v_addr) {
-        fence_operands(o);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBlockN / 16; ++kk)
-            Wgmma<kHeadDimSmem>::template ss<1>(o, kmajor_desc<64>(p_wg, kk), mnmajor_desc<kBlockN>(v_addr, kk), 1);
-        wgmma_commit();
-    }
-
-    // O += P V, issued and committed: P from registers, V (MN-major) from the stage.
+    // O += P V, issued and committed: P from registers, V (MN-major) from the stage. P through
+    // shared memory instead (stmatrix into a tile per group, both operands by descriptor;
+    // FlashAttention-3's d = 64 form) was 12% slower on large-64 at 128 keys, and its 192-key tile
+    // 10% slower than the 128-key one: at N = 64 such a P V step reads 4 KB of shared memory in its
+    // 32 tensor clocks, the SM's whole 128 bytes a clock, beside S's reads (p-smem, 2026-11-30;
+    // its code is in 8fe6f1d).
     // NP / 4 16-key steps: the tile's first 4 NP rows of V.
     template <int NP>
     __device__ __forceinline__ void issue_pv(const uint32_t (&p)[NP], uint32_t v_addr) {
@@ -705,6 +679,16 @@ struct Consumer {
     __device__ __forceinline__ static int visible_keys(const Ctx& ctx, int wg) {
         const int last_row = min(ctx.sq, ctx.q0 + (wg + 1) * 64) - 1;
         return min(ctx.sk, last_row + ctx.causal_offset + 1);
+    }
+
+    // GROUP_KEY_TILES: how many of the CTA's n_it K/V tiles (from blk_begin) this group computes:
+    // those up to its visible keys, none where no row of the group is inside Sq (their O and LSE
+    // are never stored). A skipped tile is masked for every row of the group: its softmax would
+    // leave m and l as they were and add P = 0 to O.
+    __device__ __forceinline__ static int group_tiles(const Ctx& ctx, int wg, int blk_begin, int n_it) {
+        if (ctx.q0 + wg * 64 >= ctx.sq) return 0;
+        const int seen = (visible_keys(ctx, wg) + kBlockN - 1) / kBlockN - blk_begin;  // <= 0 when it sees none
+        return max(0, min(n_it, seen));
     }
 
     // Row h's sum over its quad (each lane holds its own columns' part), kept in l[h]; every lane
@@ -929,14 +913,15 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     const uint32_t q_smem = base;
     const uint32_t k_smem = q_smem + kQBytesH;
     const uint32_t v_smem = k_smem + kStages * kTileBytes;
-    const uint32_t p_smem = v_smem + kStages * kTileBytes;  // P_SMEM's tiles, one per consumer group
-    const uint32_t bars = p_smem + kConsumerWGs * kPGroupBytes;  // full[kStages], empty[kStages], q_full
+    const uint32_t bars = v_smem + kStages * kTileBytes;  // full[kStages], empty[kStages], q_full
     auto full_bar = [&](int s) { return bars + 8u * s; };
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
     // SEPARATE_KV: V's own barriers (full_bar and empty_bar are K's); otherwise the stage's.
-    auto full_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (2 * kStages + 3 + s) : full_bar(s); };
-    auto empty_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (3 * kStages + 3 + s) : empty_bar(s); };
+    // CONSUMER_OVERLAP: the all-consumer form's K and V apart too.
+    constexpr bool kKvApart = kSeparateKv || kConsumerOverlap;
+    auto full_v_bar = [&](int s) { return kKvApart ? bars + 8u * (2 * kStages + 3 + s) : full_bar(s); };
+    auto empty_v_bar = [&](int s) { return kKvApart ? bars + 8u * (3 * kStages + 3 + s) : empty_bar(s); };
 
     if constexpr (kProducer) {
         const uint32_t q_empty = bars + 8u * (2 * kStages + 2);
@@ -1047,7 +1032,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         if constexpr (kSplitRegs) setmaxnreg_inc<kConsumerRegs>();
         const int cwg = wg - 1;
         const uint32_t q_wg = q_smem + uint32_t(cwg) * (64 / 8) * kSw128AtomBytes;
-        const uint32_t p_wg = p_smem + uint32_t(cwg) * kPGroupBytes;
         // cp.async copies land through the generic proxy; wgmma reads through the async proxy. The
         // producer cannot fence writes it does not wait for, so each reader fences after its wait.
         // TMA writes through the async proxy: the wait alone publishes them.
@@ -1078,38 +1062,19 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             const Ctx& ctx = work.ctx;
             const int blk_begin = work.blk_begin;
             const int n_it = work.blk_end - work.blk_begin;
+            // The tiles this group computes: a prefix of the CTA's (GROUP_KEY_TILES), or all of them.
+            const int n_mine = kGroupKeyTiles ? Consumer::group_tiles(ctx, cwg, blk_begin, n_it) : n_it;
             Consumer c;
             c.init(ctx.q0, cwg, tid);
             // Intra-warpgroup overlap (FlashAttention-3's; see Consumer::softmax for where ptxas puts
             // the P V wait): while the tensor cores run O += P_it V_it,
             // the softmax of tile it + 1 runs on S_{it+1} = Q K_{it+1}^T, issued just before it.
             float s_acc[Consumer::kSN];
-            uint32_t p[kBlockN / 4];  // unused with P_SMEM: P waits in p_wg
-            // P of the last softmax, for the next P V: packed into p, or with P_SMEM written to this
-            // group's P tile (its last P V retired: every path waits for it before the next P) and
-            // published to the async proxy. The group's threads then meet before P V reads it: in
-            // my_turn's barrier (a bar.sync of the whole group, memory ordered among them), or
-            // without ping-pong in a barrier of the group.
-            auto hold_p = [&]() {
-                if constexpr (kPSmem) {
-                    c.store_p(s_acc, p_wg, tid);
-                    fence_proxy_async();
-                    if constexpr (!kPingPong) group_sync(cwg);
-                } else {
-                    Consumer::pack_p(s_acc, p);
-                }
-            };
-            auto issue_pv = [&](uint32_t v_addr) {
-                if constexpr (kPSmem) {
-                    c.issue_pv_smem(p_wg, v_addr);
-                } else {
-                    c.issue_pv(p, v_addr);
-                }
-            };
+            uint32_t p[kBlockN / 4];
             // EARLY_RESCALE: the factors of the last softmax, applied to O before the next P V. The
             // first softmax's are moot (O is still 0).
             float pending_alpha[2] = {1.0f, 1.0f};
-            if (n_it > 0) {
+            if (n_mine > 0) {
                 const int st = consumed % kStages;
                 wait_landed(full_bar(st), (consumed / kStages) & 1);
                 my_turn();
@@ -1120,11 +1085,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 if constexpr (kSeparateKv) mbar_arrive(empty_bar(st));  // K_0 is no longer read
                 float alpha[2];
                 c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
-                hold_p();
+                Consumer::pack_p(s_acc, p);
             }
             // Every iteration but the last has a next tile: the same two groups are in flight on
             // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
-            for (int it = 0; it + 1 < n_it; ++it) {
+            for (int it = 0; it + 1 < n_mine; ++it) {
                 const int at = consumed + it;
                 const int st = at % kStages;
                 const int nx = (at + 1) % kStages;
@@ -1133,7 +1098,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 my_turn();
                 c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                issue_pv(v_smem + st * kTileBytes);
+                c.issue_pv(p, v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
                 fence_operands(s_acc);
@@ -1149,20 +1114,44 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 } else {
                     c.rescale_o(alpha);
                 }
-                hold_p();
+                Consumer::pack_p(s_acc, p);
             }
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
-            if (n_it > 0) {
-                const int st = (consumed + n_it - 1) % kStages;
-                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_it - 1) / kStages) & 1);
+            if (n_mine > 0) {
+                const int st = (consumed + n_mine - 1) % kStages;
+                if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_mine - 1) / kStages) & 1);
                 my_turn();
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                issue_pv(v_smem + st * kTileBytes);
+                c.issue_pv(p, v_smem + st * kTileBytes);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));
+            }
+            if constexpr (kGroupKeyTiles) {
+                // The tiles this group skips: every group takes n_it + 1 turns a CTA tile (the
+                // first S, one per tile after it, the last P V), so it passes those it does not
+                // use; and the producer refills a stage once every consumer thread has arrived on
+                // it, so it arrives on each, after the tile has landed (then the barrier's phase is
+                // this tile's: its arrival for the tile before already counted).
+                if (n_it > 0 && n_mine == 0) {
+                    my_turn();
+                    your_turn();
+                }
+                for (int it = n_mine; it < n_it; ++it) {
+                    const int at = consumed + it;
+                    const int st = at % kStages;
+                    const uint32_t phase = (at / kStages) & 1;
+                    wait_landed(full_bar(st), phase);
+                    if constexpr (kSeparateKv) {
+                        mbar_arrive(empty_bar(st));
+                        wait_landed(full_v_bar(st), phase);
+                    }
+                    my_turn();
+                    your_turn();
+                    mbar_arrive(empty_v_bar(st));
+                }
             }
             consumed += n_it;
             // Group 0 takes the last group's last hand-over before its last epilogue (here, not
@@ -1194,6 +1183,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             for (int s = 0; s < kStages; ++s) {
                 mbar_init(full_bar(s), 1);
                 mbar_init(empty_bar(s), kThreads);
+                if constexpr (kKvApart) {
+                    mbar_init(full_v_bar(s), 1);
+                    mbar_init(empty_v_bar(s), kThreads);
+                }
             }
             mbar_init(q_full, 1);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1202,10 +1195,19 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             tma_prefetch_map(tma_v);
         }
         __syncthreads();
-        auto load_kv = [&](int stage, int blk) {
-            mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+        // K and V of key block blk into a stage, on the stage's barrier or (CONSUMER_OVERLAP) each on its own.
+        auto load_k = [&](int stage, int blk) {
+            if constexpr (kKvApart) mbar_arrive_expect_tx(full_bar(stage), kTileBytes);
             tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), blk * kBlockN, bh);
-            tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), blk * kBlockN, bh);
+        };
+        auto load_v = [&](int stage, int blk) {
+            if constexpr (kKvApart) mbar_arrive_expect_tx(full_v_bar(stage), kTileBytes);
+            tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_v_bar(stage), blk * kBlockN, bh);
+        };
+        auto load_kv = [&](int stage, int blk) {
+            if constexpr (!kKvApart) mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+            load_k(stage, blk);
+            load_v(stage, blk);
         };
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(q_full, kQBytesH);
@@ -1214,17 +1216,67 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         c.init(ctx.q0, wg, tid);
         mbar_wait(q_full, 0);
-        for (int it = 0; it < n_it; ++it) {
-            const int s = it % kStages;
-            const uint32_t phase = (it / kStages) & 1;
-            mbar_wait(full_bar(s), phase);
-            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
+        // Tile it's stage is done with (this thread's wgmmas on it waited for): once every thread
+        // says so, thread 0 refills it with tile it + STAGES.
+        // (With CONSUMER_OVERLAP, K's and V's apart: release_to(empty_bar, it, load_k) once S_it
+        // has been waited for, release_to(empty_v_bar, it, load_v) once P_it V_it has.)
+        auto release_to = [&](auto empty_of, int it, auto load) {
             if (it + kStages < n_it) {
-                mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
+                const int s = it % kStages;
+                mbar_arrive(empty_of(s));
                 if (threadIdx.x == 0) {
-                    mbar_wait(empty_bar(s), phase);
-                    load_kv(s, blk_begin + it + kStages);
+                    mbar_wait(empty_of(s), (it / kStages) & 1);
+                    load(s, blk_begin + it + kStages);
                 }
+            }
+        };
+        auto release = [&](int it) { release_to(empty_bar, it, load_kv); };
+        if constexpr (kConsumerOverlap) {
+            // The producer form's loop (below its consumers' comment): S_{it+1} issued beside P_it V_it.
+            // K_{it+STAGES} loads once S_it has landed, V_{it+STAGES} once P_it V_it has: with one
+            // barrier for both, the next tile's load would start only as S_{it+STAGES - 1} is issued.
+            float s_acc[Consumer::kSN];
+            uint32_t p[kBlockN / 4];
+            if (n_it > 0) {
+                mbar_wait(full_bar(0), 0);
+                c.issue_s(s_acc, q_wg, k_smem);
+                wgmma_wait<0>();
+                fence_operands(s_acc);
+                release_to(empty_bar, 0, load_k);
+                float alpha[2];
+                c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
+                Consumer::pack_p(s_acc, p);
+            }
+            for (int it = 0; it + 1 < n_it; ++it) {
+                const int st = it % kStages;
+                const int nx = (it + 1) % kStages;
+                mbar_wait(full_bar(nx), ((it + 1) / kStages) & 1);
+                mbar_wait(full_v_bar(st), (it / kStages) & 1);
+                c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
+                c.issue_pv(p, v_smem + st * kTileBytes);
+                wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
+                fence_operands(s_acc);
+                release_to(empty_bar, it + 1, load_k);
+                float alpha[2];
+                c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
+                wgmma_wait<0>();
+                fence_operands(c.o);
+                release_to(empty_v_bar, it, load_v);
+                c.rescale_o(alpha);
+                Consumer::pack_p(s_acc, p);
+            }
+            if (n_it > 0) {
+                mbar_wait(full_v_bar((n_it - 1) % kStages), ((n_it - 1) / kStages) & 1);
+                c.issue_pv(p, v_smem + ((n_it - 1) % kStages) * kTileBytes);
+                wgmma_wait<0>();
+                fence_operands(c.o);
+            }
+        } else {
+            for (int it = 0; it < n_it; ++it) {
+                const int s = it % kStages;
+                mbar_wait(full_bar(s), (it / kStages) & 1);
+                c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
+                release(it);
             }
         }
 #else

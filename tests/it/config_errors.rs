@@ -524,3 +524,38 @@ fn a_taken_family_that_fails_on_the_baseline_is_placed_in_its_own_file() {
         "{e}"
     );
 }
+
+/// Only a grid is expanded as the product of its parameters' values, and only a grid is bounded by
+/// it: a points list is exactly its points (the product of the values the Hopper space's 66 points
+/// take passed a million once GROUP_KEY_TILES joined them, and the space would not plan).
+#[test]
+fn the_grid_bound_is_a_grids_and_not_a_points_lists() {
+    let hopper = Space::load(&repo().join("variants/hopper.toml")).unwrap();
+    assert_eq!(hopper.variants().unwrap().len(), 66);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("variants/hopper.toml"),
+        dir.path().join("hopper.toml"),
+    )
+    .unwrap();
+    let eight = "[1, 2, 3, 4, 5, 6, 7, 8]";
+    let grid = format!(
+        "name = \"big\"\ndescription = \"a grid past the bound\"\nfamily_from = \"hopper.toml\"\n\
+         baseline = {{ MMA = \"wgmma\", BLOCK_M = 1, BLOCK_N = 1, WARPS = 1, KV_SPLIT = 1, STAGES = 1, PINGPONG = 1, TMA = 1, PERSISTENT_CTAS = 0 }}\n\n\
+         [params]\nMMA = [\"wgmma\"]\nBLOCK_M = {eight}\nBLOCK_N = {eight}\nWARPS = {eight}\nKV_SPLIT = {eight}\n\
+         STAGES = {eight}\nPINGPONG = {eight}\nTMA = {eight}\nPERSISTENT_CTAS = [0, 1]\n"
+    );
+    let path = dir.path().join("big.toml");
+    std::fs::write(&path, grid).unwrap();
+    // 8^7 x 2 points: not expanded.
+    let e = match Space::load(&path).unwrap().variants() {
+        Ok(points) => panic!("{} grid points expanded", points.len()),
+        Err(e) => e,
+    };
+    assert!(
+        e.to_string()
+            .contains("the grid has more than 1000000 points"),
+        "{e}"
+    );
+}

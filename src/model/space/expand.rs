@@ -8,19 +8,6 @@ use std::collections::BTreeSet;
 impl Space {
     /// Every grid point, in file order (the last parameter varies fastest).
     pub fn variants(&self) -> Result<Vec<Variant>> {
-        let points = self
-            .params
-            .values()
-            .try_fold(1usize, |n, values| n.checked_mul(values.len()))
-            .filter(|&n| n <= MAX_GRID_POINTS);
-        if points.is_none() {
-            return Err(config::config_error_at_key(
-                &self.path,
-                &self.text,
-                "params",
-                format!("the grid has more than {MAX_GRID_POINTS} points; list fewer values, or prune with a chain"),
-            ));
-        }
         if let Some(chain) = &self.chain {
             return Ok(chain
                 .iter()
@@ -40,6 +27,21 @@ impl Space {
                     step: None,
                 })
                 .collect());
+        }
+        // Only a grid is expanded as a product: a chain or a list is exactly its points, whatever
+        // the product of the values they take.
+        let grid_points = self
+            .params
+            .values()
+            .try_fold(1usize, |n, values| n.checked_mul(values.len()))
+            .filter(|&n| n <= MAX_GRID_POINTS);
+        if grid_points.is_none() {
+            return Err(config::config_error_at_key(
+                &self.path,
+                &self.text,
+                "params",
+                format!("the grid has more than {MAX_GRID_POINTS} points; list fewer values, or prune with a chain"),
+            ));
         }
         let mut points: Vec<Params> = vec![Params::new()];
         for (name, values) in &self.params {

@@ -61,7 +61,7 @@ impl Space {
         head_dim: u32,
         limits: &DeviceLimits,
     ) -> Result<PlannedPoint> {
-        let ctx = expr_context(&variant.params, &self.family.defaults, &self.symbols, head_dim).map_err(|e| {
+        let ctx = expr_context(&variant.params, &self.symbols, head_dim).map_err(|e| {
             Error::BadInput(format!(
                 "{}: point {}: {e}",
                 self.path.display(),
@@ -224,15 +224,12 @@ impl Space {
 /// The expression variables of one point: its parameters, the head dim and the element size.
 pub(super) fn expr_context(
     params: &Params,
-    defaults: &Params,
     symbols: &IndexMap<String, i64>,
     head_dim: u32,
 ) -> std::result::Result<HashMapContext, String> {
     let mut ctx = HashMapContext::new();
-    let values = defaults
+    let values = params
         .iter()
-        .filter(|(k, _)| !params.contains_key(*k))
-        .chain(params.iter())
         .map(|(k, v)| (k.clone(), v.to_expr_value(symbols)))
         .chain([
             ("HEAD_DIM".to_owned(), Value::Int(i64::from(head_dim))),

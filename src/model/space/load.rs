@@ -69,11 +69,6 @@ pub(super) struct FamilyFile {
     /// Paths that only some targets can build (wgmma: sm_90a): ruled out elsewhere, with the reason.
     #[serde(default)]
     arch_rules: Vec<ArchRuleFile>,
-    /// What the kernel takes for a parameter a point does not name (forward.cu's `#ifndef`
-    /// defaults), as the family's expressions read it: so that a formula may name a parameter
-    /// that older spaces' points leave out.
-    #[serde(default)]
-    defaults: Params,
 }
 
 /// `{ when = 'MMA == "wgmma"', archs = ["sm_90a"], reason = "..." }`: a point for which `when`
@@ -103,7 +98,7 @@ impl Space {
             .as_ref()
             .map(|_| format!(" (the family {} takes with family_from)", path.display()));
         // Each expression is parsed and tried on the baseline now, so a typo is reported with its line.
-        let probe = expr_context(&file.baseline, &origin.family.defaults, &origin.symbols, 64)
+        let probe = expr_context(&file.baseline, &origin.symbols, 64)
             .map_err(|e| config::config_error_at_key(path, &text, "baseline", e))?;
         let compile_in = |at_path: &Path, at_text: &str, key: &str, src: &str| -> Result<Expr> {
             let suffix = match &taken_by {
@@ -169,7 +164,6 @@ impl Space {
             combine_entry: family_file.combine_entry.clone(),
             reference: family_file.reference.clone(),
             reference_entry: family_file.reference_entry.clone(),
-            defaults: family_file.defaults.clone(),
         };
         let constraints = file
             .constraints

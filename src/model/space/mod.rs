@@ -42,8 +42,6 @@ pub struct Family {
     split_counters: Option<Expr>,
     persistent: Option<Expr>,
     arch_rules: Vec<ArchRule>,
-    /// A parameter's value in these expressions where a point does not name it.
-    defaults: Params,
 }
 
 impl Family {
