@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold stored-baselines space:variants/NAME.toml
-#                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES]
+#                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES] fa4-ncu:SHAPE:DTYPE
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -125,7 +125,7 @@ for stage in "$@"; do
     ncu-extra)
       known=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}')
       extra=()
-      for m in sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active \
+      for m in smsp__inst_executed.sum sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active \
                sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active sm__pipe_shared_cycles_active.avg.pct_of_peak_sustained_active \
                smsp__issue_active.avg.pct_of_peak_sustained_active sm__cycles_elapsed.avg.per_second \
                smsp__warps_issue_stalled_math_pipe_throttle.avg.per_cycle_active smsp__warps_issue_stalled_wait.avg.per_cycle_active \
@@ -150,6 +150,12 @@ PY
       run=$(dirname "$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1)")
       timed "profile-$variant" ft profile "$run" "$variant" --shape "$shapes" ${dtypes:+--dtype "$dtypes"} 2>&1 | tail -5 | tee -a "$out/profiles.txt"
       cp "$run/log.jsonl" "$out/$name.log.jsonl" ;;
+    # FlashAttention-4 under Nsight Compute on one policy shape, with the metrics flashtune's own
+    # profiles read (ncu-extra's too, when it ran before): fa4-ncu:SHAPE:DTYPE.
+    fa4-ncu:*)
+      IFS=: read -r _ shape dtype <<<"$stage"
+      timed "fa4-ncu-$shape-$dtype" ncu --nvtx --nvtx-include "fa4/" --csv --metrics "$(python3 scripts/profile-fa4.py --metrics)" \
+        python3 scripts/profile-fa4.py "$shape" "$dtype" >"$out/fa4-ncu-$shape-$dtype.csv" 2>"$out/fa4-ncu-$shape-$dtype.err" ;;
     # Any space file: space:variants/NAME.toml keeps its log and report under NAME.
     space:*) name=$(basename "${stage#space:}" .toml); timed "$name" ft tune --space "${stage#space:}" 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;

@@ -238,13 +238,6 @@ constexpr bool kDescAdvance = DESC_ADVANCE != 0;
 static_assert(GROUP_KEY_TILES == 0 || GROUP_KEY_TILES == 1, "wgmma: GROUP_KEY_TILES is 0 or 1");
 constexpr bool kGroupKeyTiles = GROUP_KEY_TILES != 0;
 static_assert(!kGroupKeyTiles || kProducer, "wgmma: GROUP_KEY_TILES is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
-// CONSUMER_OVERLAP = 1 (the all-consumer form with TMA): each warp group issues S_{j+1} beside
-// P_j V_j, as the producer form's consumers do, instead of waiting for each GEMM in turn; its
-// whole tiles only (not HALF_KEY_TILES' halves).
-static_assert(CONSUMER_OVERLAP == 0 || CONSUMER_OVERLAP == 1, "wgmma: CONSUMER_OVERLAP is 0 or 1");
-constexpr bool kConsumerOverlap = CONSUMER_OVERLAP != 0;
-static_assert(!kConsumerOverlap || (!kProducer && kTma && !kHalfKeyTiles),
-              "wgmma: CONSUMER_OVERLAP is for the all-consumer form with TMA (WARPS = BLOCK_M / 16, TMA = 1), without HALF_KEY_TILES");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -918,10 +911,8 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
     auto empty_bar = [&](int s) { return bars + 8u * (kStages + s); };
     const uint32_t q_full = bars + 8u * (2 * kStages);
     // SEPARATE_KV: V's own barriers (full_bar and empty_bar are K's); otherwise the stage's.
-    // CONSUMER_OVERLAP: the all-consumer form's K and V apart too.
-    constexpr bool kKvApart = kSeparateKv || kConsumerOverlap;
-    auto full_v_bar = [&](int s) { return kKvApart ? bars + 8u * (2 * kStages + 3 + s) : full_bar(s); };
-    auto empty_v_bar = [&](int s) { return kKvApart ? bars + 8u * (3 * kStages + 3 + s) : empty_bar(s); };
+    auto full_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (2 * kStages + 3 + s) : full_bar(s); };
+    auto empty_v_bar = [&](int s) { return kSeparateKv ? bars + 8u * (3 * kStages + 3 + s) : empty_bar(s); };
 
     if constexpr (kProducer) {
         const uint32_t q_empty = bars + 8u * (2 * kStages + 2);
@@ -1183,10 +1174,6 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             for (int s = 0; s < kStages; ++s) {
                 mbar_init(full_bar(s), 1);
                 mbar_init(empty_bar(s), kThreads);
-                if constexpr (kKvApart) {
-                    mbar_init(full_v_bar(s), 1);
-                    mbar_init(empty_v_bar(s), kThreads);
-                }
             }
             mbar_init(q_full, 1);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -1195,19 +1182,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             tma_prefetch_map(tma_v);
         }
         __syncthreads();
-        // K and V of key block blk into a stage, on the stage's barrier or (CONSUMER_OVERLAP) each on its own.
-        auto load_k = [&](int stage, int blk) {
-            if constexpr (kKvApart) mbar_arrive_expect_tx(full_bar(stage), kTileBytes);
-            tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), blk * kBlockN, bh);
-        };
-        auto load_v = [&](int stage, int blk) {
-            if constexpr (kKvApart) mbar_arrive_expect_tx(full_v_bar(stage), kTileBytes);
-            tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_v_bar(stage), blk * kBlockN, bh);
-        };
         auto load_kv = [&](int stage, int blk) {
-            if constexpr (!kKvApart) mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
-            load_k(stage, blk);
-            load_v(stage, blk);
+            mbar_arrive_expect_tx(full_bar(stage), 2 * kTileBytes);
+            tma_load_tile<kBlockN>(k_smem + stage * kTileBytes, tma_k, full_bar(stage), blk * kBlockN, bh);
+            tma_load_tile<kBlockN>(v_smem + stage * kTileBytes, tma_v, full_bar(stage), blk * kBlockN, bh);
         };
         if (threadIdx.x == 0) {
             mbar_arrive_expect_tx(q_full, kQBytesH);
@@ -1216,67 +1194,24 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         c.init(ctx.q0, wg, tid);
         mbar_wait(q_full, 0);
-        // Tile it's stage is done with (this thread's wgmmas on it waited for): once every thread
-        // says so, thread 0 refills it with tile it + STAGES.
-        // (With CONSUMER_OVERLAP, K's and V's apart: release_to(empty_bar, it, load_k) once S_it
-        // has been waited for, release_to(empty_v_bar, it, load_v) once P_it V_it has.)
-        auto release_to = [&](auto empty_of, int it, auto load) {
+        // Measured and slower, out again (consumer-overlap, 2026-11-30): this loop issuing S_{it+1}
+        // beside P_it V_it, as the producer form's consumers do. With one barrier for K and V,
+        // large-64-causal 355.8 -> 388.4 us and large-64 605.5 -> 652.1 (f16, two stages); with K
+        // and V on barriers of their own (so that K_{it+2} loads once S_it has landed; its code is
+        // in 6c05fca) 411.7 and 719.5. Only at d = 128 was it faster (large-128-causal 1462.1 ->
+        // 1401.2), still far behind the producer form there. Three CTAs an SM already interleave
+        // one CTA's softmax with another's GEMMs.
+        for (int it = 0; it < n_it; ++it) {
+            const int s = it % kStages;
+            const uint32_t phase = (it / kStages) & 1;
+            mbar_wait(full_bar(s), phase);
+            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
             if (it + kStages < n_it) {
-                const int s = it % kStages;
-                mbar_arrive(empty_of(s));
+                mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
                 if (threadIdx.x == 0) {
-                    mbar_wait(empty_of(s), (it / kStages) & 1);
-                    load(s, blk_begin + it + kStages);
+                    mbar_wait(empty_bar(s), phase);
+                    load_kv(s, blk_begin + it + kStages);
                 }
-            }
-        };
-        auto release = [&](int it) { release_to(empty_bar, it, load_kv); };
-        if constexpr (kConsumerOverlap) {
-            // The producer form's loop (below its consumers' comment): S_{it+1} issued beside P_it V_it.
-            // K_{it+STAGES} loads once S_it has landed, V_{it+STAGES} once P_it V_it has: with one
-            // barrier for both, the next tile's load would start only as S_{it+STAGES - 1} is issued.
-            float s_acc[Consumer::kSN];
-            uint32_t p[kBlockN / 4];
-            if (n_it > 0) {
-                mbar_wait(full_bar(0), 0);
-                c.issue_s(s_acc, q_wg, k_smem);
-                wgmma_wait<0>();
-                fence_operands(s_acc);
-                release_to(empty_bar, 0, load_k);
-                float alpha[2];
-                c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
-                Consumer::pack_p(s_acc, p);
-            }
-            for (int it = 0; it + 1 < n_it; ++it) {
-                const int st = it % kStages;
-                const int nx = (it + 1) % kStages;
-                mbar_wait(full_bar(nx), ((it + 1) / kStages) & 1);
-                mbar_wait(full_v_bar(st), (it / kStages) & 1);
-                c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
-                c.issue_pv(p, v_smem + st * kTileBytes);
-                wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
-                fence_operands(s_acc);
-                release_to(empty_bar, it + 1, load_k);
-                float alpha[2];
-                c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
-                wgmma_wait<0>();
-                fence_operands(c.o);
-                release_to(empty_v_bar, it, load_v);
-                c.rescale_o(alpha);
-                Consumer::pack_p(s_acc, p);
-            }
-            if (n_it > 0) {
-                mbar_wait(full_v_bar((n_it - 1) % kStages), ((n_it - 1) / kStages) & 1);
-                c.issue_pv(p, v_smem + ((n_it - 1) % kStages) * kTileBytes);
-                wgmma_wait<0>();
-                fence_operands(c.o);
-            }
-        } else {
-            for (int it = 0; it < n_it; ++it) {
-                const int s = it % kStages;
-                mbar_wait(full_bar(s), (it / kStages) & 1);
-                c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
-                release(it);
             }
         }
 #else
