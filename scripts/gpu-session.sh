@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold stored-baselines space:variants/NAME.toml
-#                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES] fa4-ncu:SHAPE:DTYPE
+#                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES] fa4-ncu:SHAPE:DTYPE fa4-sass:SHAPE:DTYPE
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -156,6 +156,14 @@ PY
       IFS=: read -r _ shape dtype <<<"$stage"
       timed "fa4-ncu-$shape-$dtype" ncu --nvtx --nvtx-include "fa4/" --csv --metrics "$(python3 scripts/profile-fa4.py --metrics)" \
         python3 scripts/profile-fa4.py "$shape" "$dtype" >"$out/fa4-ncu-$shape-$dtype.csv" 2>"$out/fa4-ncu-$shape-$dtype.err" ;;
+    # FA4's own machine code for one shape: the CuTe DSL keeps the PTX and cubin it compiles (a
+    # fresh machine has no kernel cache, so the first call compiles); cuobjdump -sass here or
+    # on the way home reads them beside ours: fa4-sass:SHAPE:DTYPE.
+    fa4-sass:*)
+      IFS=: read -r _ shape dtype <<<"$stage"
+      mkdir -p "$out/fa4-sass-$shape-$dtype"
+      CUTE_DSL_KEEP=ptx,cubin CUTE_DSL_DUMP_DIR="$out/fa4-sass-$shape-$dtype" timed "fa4-sass-$shape-$dtype" \
+        python3 scripts/profile-fa4.py "$shape" "$dtype" 2>"$out/fa4-sass-$shape-$dtype.err" ;;
     # Any space file: space:variants/NAME.toml keeps its log and report under NAME.
     space:*) name=$(basename "${stage#space:}" .toml); timed "$name" ft tune --space "${stage#space:}" 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;

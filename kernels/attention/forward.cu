@@ -150,6 +150,9 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #ifndef GROUP_KEY_TILES
 #define GROUP_KEY_TILES 0
 #endif
+#ifndef PEEL_MASKED
+#define PEEL_MASKED 0
+#endif
 // The order CTAs take (query block, head): 0, each head's blocks longest first, head after head;
 // 1, FlashAttention-4's L2 sections (tile_order below). Every path.
 #ifndef L2_SECTIONS
@@ -158,10 +161,11 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 static_assert(L2_SECTIONS == 0 || L2_SECTIONS == 1, "L2_SECTIONS is 0 or 1");
 static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0 &&
                PERSISTENT_CTAS == 0 && EARLY_RESCALE == 0 && SEPARATE_KV == 0 &&
-               SPLIT_REDUCTIONS == 0 && SMEM_EPILOGUE == 0 && HALF_KEY_TILES == 0 && DESC_ADVANCE == 0 && GROUP_KEY_TILES == 0) ||
+               SPLIT_REDUCTIONS == 0 && SMEM_EPILOGUE == 0 && HALF_KEY_TILES == 0 && DESC_ADVANCE == 0 && GROUP_KEY_TILES == 0 &&
+               PEEL_MASKED == 0) ||
                   kMma == MMA_WGMMA,
               "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE, LAST_CTA_COMBINE, PERSISTENT_CTAS, EARLY_RESCALE, "
-              "SEPARATE_KV, SPLIT_REDUCTIONS, SMEM_EPILOGUE, HALF_KEY_TILES, DESC_ADVANCE and GROUP_KEY_TILES = 1 exist on the wgmma path "
+              "SEPARATE_KV, SPLIT_REDUCTIONS, SMEM_EPILOGUE, HALF_KEY_TILES, DESC_ADVANCE, GROUP_KEY_TILES and PEEL_MASKED = 1 exist on the wgmma path "
               "alone");
 
 // ---------------------------------------------------------------------------------------------

@@ -62,6 +62,18 @@
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
+//   * DESC_ADVANCE = 2: the same adds as 64-bit ones, from descriptors built once
+//     (StageDescs): a stage's tile is stage 0's plus whole tiles. ptxas, knowing the tiles' 1024-byte
+//     alignment, turned DESC_ADVANCE = 1's adds into ORs of the low word and rebuilt the constant
+//     high word beside each (a UMOV per descriptor per wgmma: 35 in the d = 128 champion's loop
+//     against FlashAttention-4's 9, whose cubin keeps one 64-bit add per descriptor).
+//   * PEEL_MASKED = 1 (producer form, or all-consumer with TMA): the tiles no row of a consumer
+//     group masks run in a loop of their own, without the mask's branch (and with the row max's
+//     -inf check a select), before the loop of those it may mask (FlashAttention-3 and -4 split
+//     their loops so too). With the branch in the producer form's loop, ptxas put the wait for
+//     P_j V_j at the join right after it, before the row maxima of S_{j+1}; without it, after the
+//     first row's maximum (FlashAttention-4's cubin waits after both, the scaling FFMAs and the
+//     first exponentials).
 //   * GROUP_KEY_TILES = 1 (producer form): each consumer group computes only the K/V tiles some
 //     of its rows see, a prefix of the CTA's, and for the rest only passes its ping-pong turn and
 //     frees the stage. On the causal diagonal a 192-row block's first group sees up to two 128-key
@@ -233,9 +245,16 @@ static_assert(HALF_KEY_TILES == 0 || HALF_KEY_TILES == 1, "wgmma: HALF_KEY_TILES
 constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
 static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
               "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
-static_assert(DESC_ADVANCE == 0 || DESC_ADVANCE == 1, "wgmma: DESC_ADVANCE is 0 or 1");
+static_assert(DESC_ADVANCE >= 0 && DESC_ADVANCE <= 2, "wgmma: DESC_ADVANCE is 0, 1 or 2");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
+// DESC_ADVANCE = 2: the consumers hold their descriptors (StageDescs).
+constexpr bool kStageDescs = DESC_ADVANCE == 2;
 static_assert(GROUP_KEY_TILES == 0 || GROUP_KEY_TILES == 1, "wgmma: GROUP_KEY_TILES is 0 or 1");
+static_assert(PEEL_MASKED == 0 || PEEL_MASKED == 1, "wgmma: PEEL_MASKED is 0 or 1");
+constexpr bool kPeelMasked = PEEL_MASKED != 0;
+// The cp.async all-consumer form's tiles each end in a __syncthreads, which two loops would reach
+// at different iterations in different groups.
+static_assert(!kPeelMasked || kProducer || kTma, "wgmma: PEEL_MASKED is for the producer form or the all-consumer form with TMA");
 constexpr bool kGroupKeyTiles = GROUP_KEY_TILES != 0;
 static_assert(!kGroupKeyTiles || kProducer, "wgmma: GROUP_KEY_TILES is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
@@ -469,6 +488,43 @@ __device__ __forceinline__ int warp_group_index() {
     return int(threadIdx.x / 128);
 }
 
+// A compile-time flag passed to a generic lambda (PEEL_MASKED's two loops share one body).
+template <bool B>
+struct Flag {
+    static constexpr bool value = B;
+};
+
+// DESC_ADVANCE = 2: the step-0 descriptors of a consumer group's Q rows and of stage 0's K and V
+// tiles, built once per CTA; stage st's is stage 0's plus st tiles, step k's that plus the step
+// (sw128_desc_plus, one 64-bit add each). Their low words pass through a warp shuffle, whose value
+// ptxas cannot know (every lane holds the same), so it keeps the adds as 64-bit ones instead of
+// ORs into known-zero address bits beside a rebuilt high word.
+struct StageDescs {
+    uint64_t q, k0, v0;
+    StageDescs() = default;
+    __device__ __forceinline__ static uint64_t opaque(uint64_t desc) {
+        const uint32_t lo = __shfl_sync(0xffffffffu, uint32_t(desc), 0);
+        return (desc & ~uint64_t(0xFFFFFFFFu)) | lo;
+    }
+    __device__ __forceinline__ StageDescs(uint32_t q_wg, uint32_t k_smem, uint32_t v_smem)
+        : q(opaque(sw128_kmajor_desc<kBlockM>(q_wg, 0))),
+          k0(opaque(sw128_kmajor_desc<kBlockN>(k_smem, 0))),
+          v0(opaque(sw128_mnmajor_desc<kBlockN>(v_smem, 0))) {}
+    __device__ __forceinline__ uint64_t k(int stage) const { return sw128_desc_plus(k0, uint32_t(stage) * kTileBytes); }
+    __device__ __forceinline__ uint64_t v(int stage) const { return sw128_desc_plus(v0, uint32_t(stage) * kTileBytes); }
+};
+
+// Where a consumer group's GEMM operands are: its rows of Q and the K and V stages, read by address
+// (DESC_ADVANCE 0 and 1) or from descriptors built once (DESC_ADVANCE = 2; only then built: the
+// shuffles otherwise still change the other builds' code).
+struct StageOperands {
+    uint32_t q_wg, k_smem, v_smem;
+    StageDescs descs;
+    __device__ __forceinline__ StageOperands(uint32_t q, uint32_t k, uint32_t v) : q_wg(q), k_smem(k), v_smem(v) {
+        if constexpr (kStageDescs) descs = StageDescs(q, k, v);
+    }
+};
+
 // ---- one consumer warp group ----------------------------------------------------------------------
 // Accumulator layout of wgmma m64nN (PTX ISA, per warp w of the group, lane = 4 g + t): value
 // 4 nt + 2 h + c is row 16 w + g + 8 h, column 8 nt + 2 t + c. For a 16-key step kk, the S values
@@ -506,22 +562,35 @@ struct Consumer {
         return sw128_mnmajor_desc<ROWS>(tile, kk);
     }
 
-    // S = Q K^T for one K tile, issued and committed, not waited for. q_addr: this warp group's
-    // 64 rows of Q inside the Q tile (a whole number of atoms in), so the Q tile's column-block
-    // stride (kBlockM rows) still applies; k_addr: the stage.
+    // S = Q K^T for one K tile, issued and committed, not waited for. q_desc(kd) and k_desc(kd):
+    // k-step kd's descriptors of this warp group's 64 rows of Q (a whole number of atoms into the
+    // Q tile, so the Q tile's column-block stride, kBlockM rows, still applies) and of the K stage.
     // NS = kSN, or kSN / 2 for HALF_KEY_TILES' half tile: its first BLOCK_N / 2 keys.
-    template <int NS>
-    __device__ __forceinline__ void issue_s(float (&s)[NS], uint32_t q_addr, uint32_t k_addr) {
+    template <int NS, class QDesc, class KDesc>
+    __device__ __forceinline__ void issue_s(float (&s)[NS], QDesc q_desc, KDesc k_desc) {
         wgmma_fence();
 #pragma unroll
-        for (int kd = 0; kd < kHeadDim / 16; ++kd)
-            Wgmma<2 * NS>::template ss<0>(s, kmajor_desc<kBlockM>(q_addr, kd), kmajor_desc<kBlockN>(k_addr, kd), kd > 0 ? 1 : 0);
+        for (int kd = 0; kd < kHeadDim / 16; ++kd) Wgmma<2 * NS>::template ss<0>(s, q_desc(kd), k_desc(kd), kd > 0 ? 1 : 0);
         wgmma_commit();
+    }
+    // S of K stage `stage`: each k-step's descriptors from its address (DESC_ADVANCE 0, 1) or from
+    // the descriptors built once (DESC_ADVANCE = 2).
+    template <int NS>
+    __device__ __forceinline__ void issue_s_stage(float (&s)[NS], const StageOperands& ops, int stage) {
+        if constexpr (kStageDescs) {
+            const uint64_t q = ops.descs.q, k = ops.descs.k(stage);
+            issue_s(s, [&](int kd) { return sw128_desc_plus(q, sw128_kmajor_step<kBlockM>(kd)); },
+                    [&](int kd) { return sw128_desc_plus(k, sw128_kmajor_step<kBlockN>(kd)); });
+        } else {
+            const uint32_t q_addr = ops.q_wg, k_addr = ops.k_smem + stage * kTileBytes;
+            issue_s(s, [&](int kd) { return kmajor_desc<kBlockM>(q_addr, kd); }, [&](int kd) { return kmajor_desc<kBlockN>(k_addr, kd); });
+        }
     }
 
     // Masks the tile, updates the running max and sum, turns s into probabilities (in place) and
     // returns each row's rescale factor for O.
-    template <int NS>
+    // kMaybeMasked = false: a tile no row of the group masks (PEEL_MASKED's first loop), no check.
+    template <bool kMaybeMasked = true, int NS>
     __device__ __forceinline__ void softmax(float (&s)[NS], float (&alpha)[2], const Ctx& ctx, int kv0) {
         constexpr int kN = 2 * NS;  // keys of the tile
         // Masks only where a tile reaches past Sk or across this warp's causal diagonal.
@@ -533,7 +602,7 @@ struct Consumer {
         // stayed after them everywhere, and every producer-form champion was 4-11% slower, those
         // two included: the second copy costs more than the overlap gains (wait-after-softmax,
         // 2026-11-30; its code is in ad032df).
-        if (needs_mask) mask(s, ctx, kv0);
+        if (kMaybeMasked && needs_mask) mask(s, ctx, kv0);
         softmax_rows(s, alpha, ctx);
     }
 
@@ -570,7 +639,15 @@ struct Consumer {
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             // Scores stay raw; scale and log2(e) fold into one FFMA (softmax_scale > 0).
-            const float m_use = mx == neg_inf() ? 0.0f : scaled_max(mx, ctx.scale_log2);
+            // PEEL_MASKED: a select of the product, which LLVM otherwise computes in a branch of
+            // its own (a join at which ptxas waits for P V, as at the mask's).
+            float m_use;
+            if constexpr (kPeelMasked) {
+                const float scaled = scaled_max(mx, ctx.scale_log2);  // -inf for a row that sees no key yet
+                m_use = scaled == neg_inf() ? 0.0f : scaled;
+            } else {
+                m_use = mx == neg_inf() ? 0.0f : scaled_max(mx, ctx.scale_log2);
+            }
             alpha[h] = fast_exp2(scaled_max(m[h], ctx.scale_log2) - m_use);
             m[h] = mx;
             float sumc[kReduceChains];
@@ -622,33 +699,44 @@ struct Consumer {
     // 10% slower than the 128-key one: at N = 64 such a P V step reads 4 KB of shared memory in its
     // 32 tensor clocks, the SM's whole 128 bytes a clock, beside S's reads (p-smem, 2026-11-30;
     // its code is in 8fe6f1d).
-    // NP / 4 16-key steps: the tile's first 4 NP rows of V.
-    template <int NP>
-    __device__ __forceinline__ void issue_pv(const uint32_t (&p)[NP], uint32_t v_addr) {
+    // NP / 4 16-key steps: the tile's first 4 NP rows of V; v_desc(kk): k-step kk's descriptor.
+    template <int NP, class VDesc>
+    __device__ __forceinline__ void issue_pv(const uint32_t (&p)[NP], VDesc v_desc) {
         fence_operands(o);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < NP / 4; ++kk) {
             const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-            Wgmma<kHeadDimSmem>::template rs<1>(o, a, mnmajor_desc<kBlockN>(v_addr, kk), 1);
+            Wgmma<kHeadDimSmem>::template rs<1>(o, a, v_desc(kk), 1);
         }
         wgmma_commit();
+    }
+    // O += P V of V stage `stage`, its descriptors as issue_s_stage's.
+    template <int NP>
+    __device__ __forceinline__ void issue_pv_stage(const uint32_t (&p)[NP], const StageOperands& ops, int stage) {
+        if constexpr (kStageDescs) {
+            const uint64_t v = ops.descs.v(stage);
+            issue_pv(p, [&](int kk) { return sw128_desc_plus(v, sw128_mnmajor_step(kk)); });
+        } else {
+            const uint32_t v_addr = ops.v_smem + stage * kTileBytes;
+            issue_pv(p, [&](int kk) { return mnmajor_desc<kBlockN>(v_addr, kk); });
+        }
     }
 
     // One K/V tile, each GEMM waited for before the next step (no overlap); NS = kSN / 2 runs its
     // first half alone.
-    template <int NS = kSN>
-    __device__ __forceinline__ void step(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, const Ctx& ctx, int kv0) {
+    template <int NS = kSN, bool kMaybeMasked = true>
+    __device__ __forceinline__ void step(const StageOperands& ops, int stage, const Ctx& ctx, int kv0) {
         float s[NS];
-        issue_s(s, q_addr, k_addr);
+        issue_s_stage(s, ops, stage);
         wgmma_wait<0>();
         fence_operands(s);
         float alpha[2];
-        softmax(s, alpha, ctx, kv0);
+        softmax<kMaybeMasked>(s, alpha, ctx, kv0);
         rescale_o(alpha);
         uint32_t p[NS / 2];
         pack_p(s, p);
-        issue_pv(p, v_addr);
+        issue_pv_stage(p, ops, stage);
         wgmma_wait<0>();
         fence_operands(o);
     }
@@ -656,15 +744,16 @@ struct Consumer {
     // The all-consumer form's tile: with HALF_KEY_TILES, a tile whose second half no row of this
     // group sees (keys at or past `visible`, the group's visible_keys) runs as half a tile.
     // (A template, so that the half tile's GEMMs are instantiated only where HALF_KEY_TILES is on.)
-    template <bool kHalf = kHalfKeyTiles>
-    __device__ __forceinline__ void step_tile(uint32_t q_addr, uint32_t k_addr, uint32_t v_addr, const Ctx& ctx, int kv0, int visible) {
+    // kMaybeMasked = false: a tile no row of the group masks (PEEL_MASKED's first loop), never half.
+    template <bool kMaybeMasked = true, bool kHalf = kHalfKeyTiles && kMaybeMasked>
+    __device__ __forceinline__ void step_tile(const StageOperands& ops, int stage, const Ctx& ctx, int kv0, int visible) {
         if constexpr (kHalf) {
             if (kv0 + kBlockN / 2 >= visible) {
-                step<kSN / 2>(q_addr, k_addr, v_addr, ctx, kv0);
+                step<kSN / 2>(ops, stage, ctx, kv0);
                 return;
             }
         }
-        step(q_addr, k_addr, v_addr, ctx, kv0);
+        step<kSN, kMaybeMasked>(ops, stage, ctx, kv0);
     }
 
     // Keys 0 .. visible_keys - 1 are those some row of this warp group sees (every row of a group
@@ -682,6 +771,13 @@ struct Consumer {
         if (ctx.q0 + wg * 64 >= ctx.sq) return 0;
         const int seen = (visible_keys(ctx, wg) + kBlockN - 1) / kBlockN - blk_begin;  // <= 0 when it sees none
         return max(0, min(n_it, seen));
+    }
+
+    // PEEL_MASKED: how many of the CTA's tiles from blk_begin no row of this group masks: keys below
+    // Sk that its first row sees (its later rows see more), whole tiles of them.
+    __device__ __forceinline__ static int unmasked_tiles(const Ctx& ctx, int wg, int blk_begin) {
+        const int seen_by_all = min(ctx.sk, ctx.q0 + wg * 64 + ctx.causal_offset + 1);
+        return max(0, seen_by_all / kBlockN - blk_begin);
     }
 
     // Row h's sum over its quad (each lane holds its own columns' part), kept in l[h]; every lane
@@ -1045,6 +1141,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         if constexpr (kPingPong) {
             if (cwg == 0) named_bar_arrive(1, 256);
         }
+        const StageOperands ops(q_wg, k_smem, v_smem);
         int consumed = 0;  // K/V tiles consumed over every tile so far: the ring's position
         int round = 0;
         for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
@@ -1069,7 +1166,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 const int st = consumed % kStages;
                 wait_landed(full_bar(st), (consumed / kStages) & 1);
                 my_turn();
-                c.issue_s(s_acc, q_wg, k_smem + st * kTileBytes);
+                c.issue_s_stage(s_acc, ops, st);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(s_acc);
@@ -1080,22 +1177,23 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             }
             // Every iteration but the last has a next tile: the same two groups are in flight on
             // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
-            for (int it = 0; it + 1 < n_mine; ++it) {
+            // The body of iteration it (the softmax of tile it + 1), with or without the mask's check.
+            auto overlap_step = [&](int it, auto maybe_masked) {
                 const int at = consumed + it;
                 const int st = at % kStages;
                 const int nx = (at + 1) % kStages;
                 wait_landed(full_bar(nx), ((at + 1) / kStages) & 1);
                 if constexpr (kSeparateKv) wait_landed(full_v_bar(st), (at / kStages) & 1);
                 my_turn();
-                c.issue_s(s_acc, q_wg, k_smem + nx * kTileBytes);
+                c.issue_s_stage(s_acc, ops, nx);
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                c.issue_pv(p, v_smem + st * kTileBytes);
+                c.issue_pv_stage(p, ops, st);
                 your_turn();
                 wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
                 fence_operands(s_acc);
                 if constexpr (kSeparateKv) mbar_arrive(empty_bar(nx));  // K_{it+1} is no longer read
                 float alpha[2];
-                c.softmax(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
+                c.template softmax<decltype(maybe_masked)::value>(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
                 wgmma_wait<0>();
                 fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));  // V of tile it (and K, unless SEPARATE_KV) no longer read
@@ -1106,7 +1204,13 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                     c.rescale_o(alpha);
                 }
                 Consumer::pack_p(s_acc, p);
+            };
+            int it = 0;
+            if constexpr (kPeelMasked) {
+                const int n_plain = min(n_mine, Consumer::unmasked_tiles(ctx, cwg, blk_begin));
+                for (; it + 1 < n_plain; ++it) overlap_step(it, Flag<false>{});
             }
+            for (; it + 1 < n_mine; ++it) overlap_step(it, Flag<true>{});
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
             if (n_mine > 0) {
@@ -1114,7 +1218,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_mine - 1) / kStages) & 1);
                 my_turn();
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                c.issue_pv(p, v_smem + st * kTileBytes);
+                c.issue_pv_stage(p, ops, st);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(c.o);
@@ -1162,6 +1266,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const int wg = warp_group_index();
         const int tid = threadIdx.x % 128;
         const uint32_t q_wg = q_smem + uint32_t(wg) * (64 / 8) * kSw128AtomBytes;
+        const StageOperands ops(q_wg, k_smem, v_smem);
         const int visible = Consumer::visible_keys(ctx, wg);
         Consumer c;
 #if TMA
@@ -1201,11 +1306,11 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         // in 6c05fca) 411.7 and 719.5. Only at d = 128 was it faster (large-128-causal 1462.1 ->
         // 1401.2), still far behind the producer form there. Three CTAs an SM already interleave
         // one CTA's softmax with another's GEMMs.
-        for (int it = 0; it < n_it; ++it) {
+        auto tile_step = [&](int it, auto maybe_masked) {
             const int s = it % kStages;
             const uint32_t phase = (it / kStages) & 1;
             mbar_wait(full_bar(s), phase);
-            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
+            c.template step_tile<decltype(maybe_masked)::value>(ops, s, ctx, (blk_begin + it) * kBlockN, visible);
             if (it + kStages < n_it) {
                 mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
                 if (threadIdx.x == 0) {
@@ -1213,7 +1318,13 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                     load_kv(s, blk_begin + it + kStages);
                 }
             }
+        };
+        int it = 0;
+        if constexpr (kPeelMasked) {
+            const int n_plain = min(n_it, Consumer::unmasked_tiles(ctx, wg, blk_begin));
+            for (; it < n_plain; ++it) tile_step(it, Flag<false>{});
         }
+        for (; it < n_it; ++it) tile_step(it, Flag<true>{});
 #else
         // cp.async: all threads copy, STAGES - 1 tiles ahead (forward.cu's pipeline).
         const elem_t* Qh = Q + work.bh * Sq * kHeadDim;
@@ -1240,7 +1351,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if (nxt < n_it) load_kv(nxt % kStages, blk_begin + nxt);
             cp_async_commit();
             const int s = it % kStages;
-            c.step_tile(q_wg, k_smem + s * kTileBytes, v_smem + s * kTileBytes, ctx, (blk_begin + it) * kBlockN, visible);
+            c.step_tile(ops, s, ctx, (blk_begin + it) * kBlockN, visible);
         }
         cp_async_wait<0>();
         // Without a K/V tile no barrier followed Q's copies, which threads of every group issued.

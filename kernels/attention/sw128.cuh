@@ -68,6 +68,13 @@ SW128_FN uint64_t sw128_desc_advance(uint64_t desc, uint32_t offset) {
     return (desc & ~uint64_t(0xFFFFFFFFu)) | uint32_t(uint32_t(desc) + (offset >> 4));
 }
 
+// The same as one 64-bit add (DESC_ADVANCE = 2): the low word never carries into the high one,
+// so the sum equals sw128_desc_advance's, and `offset` may span whole tiles (a stage's tile from
+// stage 0's) while the address stays in shared memory.
+SW128_FN uint64_t sw128_desc_plus(uint64_t desc, uint32_t offset) {
+    return desc + (offset >> 4);
+}
+
 // A loader thread's walk down a ROWS-row tile: it keeps one 16-byte column chunk and visits rows
 // r0, r0 + ROWS_PER_ITER, r0 + 2 ROWS_PER_ITER, ... Row r0 + k sits k / 8 whole atoms past row
 // r0 + k % 8, so the walk keeps one offset per distinct (row % 8) it meets (one when its rows

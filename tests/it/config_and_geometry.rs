@@ -769,7 +769,7 @@ mod offline_targets {
         // Only the three-group points at d = 128: 160 registers a consumer thread are too few for a
         // d = 128 O beside S.
         let three_groups = "wgmma-bm192-bn128-w16-ks1-s3-p1-t1";
-        let three_groups_da = "wgmma-bm192-bn128-w16-ks1-s4-p1-t1-se1-da1-gkt1";
+        let three_groups_da = "wgmma-bm192-bn128-w16-ks1-s4-p1-t1-se1-da2-gkt1-pm1";
         for p in &hopper {
             assert_eq!(
                 p.invalid.is_some(),
