@@ -13,7 +13,6 @@ Prints one table row a case.
 at least 500 µs), not at the settled clock.
 """
 import datetime
-import importlib.util
 import os
 import statistics
 import subprocess
@@ -22,9 +21,9 @@ import tempfile
 import time
 
 here = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("torch_sdpa", os.path.join(here, "..", "baselines", "torch_sdpa.py"))
-sdpa = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sdpa)
+# The baselines' own adapter: its mixture, its FA4 loader, its alignments.
+sys.path.insert(0, os.path.join(here, "..", "baselines"))
+import torch_sdpa as sdpa  # noqa: E402
 
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402

@@ -8,7 +8,6 @@ to profile beside flashtune's own kernels with the same metrics (gpu-session.sh'
 --metrics prints policies.toml's [profile] metrics, comma-separated. The inputs are flashtune's
 mixture, as the baselines draw them; the call before the range compiles the kernel.
 """
-import importlib.util
 import os
 import sys
 import tomllib
@@ -26,9 +25,9 @@ shape = next((s for s in policies["shapes"] if s["name"] == name), None)
 if shape is None:
     sys.exit(f"profile-fa4: no shape named {name} in policies.toml")
 
-spec = importlib.util.spec_from_file_location("torch_sdpa", os.path.join(here, "..", "baselines", "torch_sdpa.py"))
-sdpa = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sdpa)
+# The baselines' own adapter: its mixture, its FA4 loader, its alignments.
+sys.path.insert(0, os.path.join(here, "..", "baselines"))
+import torch_sdpa as sdpa  # noqa: E402
 import torch  # noqa: E402
 
 dtype = {"f16": torch.float16, "bf16": torch.bfloat16}[dtype_name]

@@ -30,12 +30,12 @@ impl Space {
         }
         // Only a grid is expanded as a product: a chain or a list is exactly its points, whatever
         // the product of the values they take.
-        let grid_points = self
+        let within_bound = self
             .params
             .values()
             .try_fold(1usize, |n, values| n.checked_mul(values.len()))
-            .filter(|&n| n <= MAX_GRID_POINTS);
-        if grid_points.is_none() {
+            .is_some_and(|n| n <= MAX_GRID_POINTS);
+        if !within_bound {
             return Err(config::config_error_at_key(
                 &self.path,
                 &self.text,
