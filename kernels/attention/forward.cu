@@ -375,7 +375,18 @@ __device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale,
 
 // PERSISTENT_CTAS = 1 (hopper.cuh): tile t of this CTA's split, of a grid of fewer CTAs than tiles,
 // in the order the one-CTA-a-tile grid starts them.
+// The shape passes through an empty volatile asm, which stays in the tile loop: what derives from it
+// (the causal offset, the L2 section's size) is computed again each tile from the kernel parameters,
+// not held across the loop, where a TMA producer's 32 registers spilled it (three consumer groups
+// with L2_SECTIONS).
+__device__ __forceinline__ int per_tile(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
 __device__ __forceinline__ CtaWork persistent_work(int tile, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
+    Sq = per_tile(Sq);
+    Sk = per_tile(Sk);
+    causal = per_tile(causal);
     int q_rev, head;
     tile_order(tile, (Sq + kBlockM - 1) / kBlockM, B * H, Sk, q_rev, head);
     return tile_work(q_rev, head, blockIdx.z, gridDim.z, Sq, Sk, softmax_scale, causal);
