@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz). Stages run in the order given:
+# One batched GPU session; logs packed into $OUT/session.tgz (or runs/session.tgz) after every stage. Stages run in the order given:
 #   scripts/gpu-session.sh BIN_DIR doctor smoke tests faults cheats quick resume resume-mid hopper attention ablation ablate profile guided step-demo gpus gpus-cold stored-baselines space:variants/NAME.toml
 #                          ncu-extra profile:NAME:VARIANT:SHAPES[:DTYPES] fa4-ncu:SHAPE:DTYPE fa4-sass:SHAPE:DTYPE
 # BIN_DIR holds `flashtune` (and `flashtune-tests`, the integration-test binary tests/it, for the `tests` stage).
@@ -9,7 +9,8 @@ bin=$1; shift
 # Logs gather in one folder, packed into $OUT/session.tgz at the end (the device returns few files).
 out=$(mktemp -d)/session
 mkdir -p "$out"
-trap 'tar czf "${OUT:-runs}/session.tgz" -C "$(dirname "$out")" session' EXIT
+pack() { tar czf "${OUT:-runs}/session.tgz.part" -C "$(dirname "$out")" session && mv "${OUT:-runs}/session.tgz.part" "${OUT:-runs}/session.tgz"; }
+trap pack EXIT
 export PATH=/usr/local/cuda/bin:$PATH
 ft() { "$bin/flashtune" "$@"; }
 # Keep a run's log and report under $OUT (two folders deep at most).
@@ -168,4 +169,7 @@ PY
     space:*) name=$(basename "${stage#space:}" .toml); timed "$name" ft tune --space "${stage#space:}" 2>"$out/$name.err" | tee "$out/$name.txt"; keep "$name" ;;
     ablation) ft tune --space variants/ablation.toml ${ABLATION_MAX:+--max-variants $ABLATION_MAX} 2>"$out/ablation.err" | tee "$out/ablation.txt"; keep ablation ;;
   esac
+  # Packed after every stage too: a call killed at the device's time limit runs no EXIT trap, and
+  # keeps what is under $OUT.
+  pack
 done

@@ -153,6 +153,9 @@ static_assert(kHeadDim % 32 == 0, "combine: each lane owns HEAD_DIM / 32 output 
 #ifndef PEEL_MASKED
 #define PEEL_MASKED 0
 #endif
+#ifndef LATE_REFILL
+#define LATE_REFILL 0
+#endif
 // The order CTAs take (query block, head): 0, each head's blocks longest first, head after head;
 // 1, FlashAttention-4's L2 sections (tile_order below). Every path.
 #ifndef L2_SECTIONS
@@ -162,10 +165,11 @@ static_assert(L2_SECTIONS == 0 || L2_SECTIONS == 1, "L2_SECTIONS is 0 or 1");
 static_assert((PINGPONG == 0 && TMA == 0 && TWO_CTAS == 0 && POLY_EXP == 0 && CLUSTER_COMBINE == 0 && LAST_CTA_COMBINE == 0 &&
                PERSISTENT_CTAS == 0 && EARLY_RESCALE == 0 && SEPARATE_KV == 0 &&
                SPLIT_REDUCTIONS == 0 && SMEM_EPILOGUE == 0 && HALF_KEY_TILES == 0 && DESC_ADVANCE == 0 && GROUP_KEY_TILES == 0 &&
-               PEEL_MASKED == 0) ||
+               PEEL_MASKED == 0 && LATE_REFILL == 0) ||
                   kMma == MMA_WGMMA,
               "PINGPONG, TMA, TWO_CTAS, POLY_EXP, CLUSTER_COMBINE, LAST_CTA_COMBINE, PERSISTENT_CTAS, EARLY_RESCALE, "
-              "SEPARATE_KV, SPLIT_REDUCTIONS, SMEM_EPILOGUE, HALF_KEY_TILES, DESC_ADVANCE, GROUP_KEY_TILES and PEEL_MASKED = 1 exist on the wgmma path "
+              "SEPARATE_KV, SPLIT_REDUCTIONS, SMEM_EPILOGUE, HALF_KEY_TILES, DESC_ADVANCE, GROUP_KEY_TILES, PEEL_MASKED and LATE_REFILL = 1 exist "
+              "on the wgmma path "
               "alone");
 
 // ---------------------------------------------------------------------------------------------
@@ -375,18 +379,7 @@ __device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale,
 
 // PERSISTENT_CTAS = 1 (hopper.cuh): tile t of this CTA's split, of a grid of fewer CTAs than tiles,
 // in the order the one-CTA-a-tile grid starts them.
-// The shape passes through an empty volatile asm, which stays in the tile loop: what derives from it
-// (the causal offset, the L2 section's size) is computed again each tile from the kernel parameters,
-// not held across the loop, where a TMA producer's 32 registers spilled it (three consumer groups
-// with L2_SECTIONS).
-__device__ __forceinline__ int per_tile(int x) {
-    asm volatile("" : "+r"(x));
-    return x;
-}
 __device__ __forceinline__ CtaWork persistent_work(int tile, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
-    Sq = per_tile(Sq);
-    Sk = per_tile(Sk);
-    causal = per_tile(causal);
     int q_rev, head;
     tile_order(tile, (Sq + kBlockM - 1) / kBlockM, B * H, Sk, q_rev, head);
     return tile_work(q_rev, head, blockIdx.z, gridDim.z, Sq, Sk, softmax_scale, causal);

@@ -56,10 +56,9 @@
 //     the Q tile (free once its last S has been waited for), then stores them with whole 16-byte
 //     chunks, a warp's stores covering contiguous rows: not 4-byte stores of two columns of eight
 //     rows a warp instruction (FlashAttention-4 stages O in Q's shared memory too, for a TMA store).
-//   * HALF_KEY_TILES = 1: a K/V tile whose second half no row of a consumer group sees (every other
-//     128-key tile on the causal diagonal of 64-row groups, or the end of Sk) runs its first half
-//     alone: S, the softmax and P V on BLOCK_N / 2 keys. In the producer form (with
-//     GROUP_KEY_TILES) only a group's last tile, where it is not its first.
+//   * HALF_KEY_TILES = 1 (all-consumer form): a K/V tile whose second half no row of a consumer
+//     group sees (every other 128-key tile on the causal diagonal of 64-row groups, or the end of
+//     Sk) runs its first half alone: S, the softmax and P V on BLOCK_N / 2 keys.
 //   * DESC_ADVANCE = 1: a GEMM's k-step descriptors are its tile's first one plus a compile-time
 //     offset (sw128_desc_advance, one add each), not each rebuilt from its address (about six
 //     instructions, the mask, shift and fields, between every two wgmma while a group holds its turn).
@@ -75,6 +74,8 @@
 //     P_j V_j at the join right after it, before the row maxima of S_{j+1}; without it, after the
 //     first row's maximum (FlashAttention-4's cubin waits after both, the scaling FFMAs and the
 //     first exponentials).
+//   * LATE_REFILL = 1 (all-consumer form with TMA): the stage a tile frees is refilled by thread 0
+//     after the next tile's S is issued, under that GEMM, not before it.
 //   * GROUP_KEY_TILES = 1 (producer form): each consumer group computes only the K/V tiles some
 //     of its rows see, a prefix of the CTA's, and for the rest only passes its ping-pong turn and
 //     frees the stage. On the causal diagonal a 192-row block's first group sees up to two 128-key
@@ -239,11 +240,13 @@ constexpr bool kSmemEpilogue = SMEM_EPILOGUE != 0;
 // (PERSISTENT_CTAS) and no split merge reuses shared memory after it.
 static_assert(!kSmemEpilogue || (!kPersistent && !kClusterCombine && !kLastCtaCombine),
               "wgmma: SMEM_EPILOGUE is without PERSISTENT_CTAS, CLUSTER_COMBINE and LAST_CTA_COMBINE");
-// HALF_KEY_TILES = 1: on the causal diagonal of a 64-row group and a 128-key tile, every other
-// tile's second half is masked for every row; it then runs as a 64-key tile (16 of the 272 tiles of
-// a large-64-causal head). Its half is a wgmma N this file instantiates.
+// HALF_KEY_TILES = 1 (all-consumer form): on the causal diagonal of a 64-row group and a 128-key
+// tile, every other tile's second half is masked for every row; it then runs as a 64-key tile
+// (16 of the 272 tiles of a large-64-causal head). Its half is a wgmma N this file instantiates.
 static_assert(HALF_KEY_TILES == 0 || HALF_KEY_TILES == 1, "wgmma: HALF_KEY_TILES is 0 or 1");
 constexpr bool kHalfKeyTiles = HALF_KEY_TILES != 0;
+static_assert(!kHalfKeyTiles || (!kProducer && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
+              "wgmma: HALF_KEY_TILES is for the all-consumer form (WARPS = BLOCK_M / 16) with BLOCK_N 128, 192 or 256");
 static_assert(DESC_ADVANCE >= 0 && DESC_ADVANCE <= 2, "wgmma: DESC_ADVANCE is 0, 1 or 2");
 constexpr bool kDescAdvance = DESC_ADVANCE != 0;
 // DESC_ADVANCE = 2: the consumers hold their descriptors (StageDescs).
@@ -251,15 +254,18 @@ constexpr bool kStageDescs = DESC_ADVANCE == 2;
 static_assert(GROUP_KEY_TILES == 0 || GROUP_KEY_TILES == 1, "wgmma: GROUP_KEY_TILES is 0 or 1");
 static_assert(PEEL_MASKED == 0 || PEEL_MASKED == 1, "wgmma: PEEL_MASKED is 0 or 1");
 constexpr bool kPeelMasked = PEEL_MASKED != 0;
+// LATE_REFILL = 1 (the all-consumer form with TMA): thread 0 refills the stage the last tile freed
+// after issuing this tile's S, under that GEMM, not between the last P V's wait and this S. The
+// wgmma instructions are warp-group collective, so the wait for the stage's "empty" barrier and the
+// two bulk copies held back the whole group's S.
+static_assert(LATE_REFILL == 0 || LATE_REFILL == 1, "wgmma: LATE_REFILL is 0 or 1");
+constexpr bool kLateRefill = LATE_REFILL != 0;
+static_assert(!kLateRefill || (!kProducer && kTma), "wgmma: LATE_REFILL is for the all-consumer form with TMA (WARPS = BLOCK_M / 16, TMA = 1)");
 // The cp.async all-consumer form's tiles each end in a __syncthreads, which two loops would reach
 // at different iterations in different groups.
 static_assert(!kPeelMasked || kProducer || kTma, "wgmma: PEEL_MASKED is for the producer form or the all-consumer form with TMA");
 constexpr bool kGroupKeyTiles = GROUP_KEY_TILES != 0;
 static_assert(!kGroupKeyTiles || kProducer, "wgmma: GROUP_KEY_TILES is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
-// In the producer form only a group's last tile can be half (GROUP_KEY_TILES: its tiles end at its
-// visible keys), and only where that tile is not its first (its S is issued beside the P V before it).
-static_assert(!kHalfKeyTiles || ((!kProducer || kGroupKeyTiles) && (kBlockN == 128 || kBlockN == 192 || kBlockN == 256)),
-              "wgmma: HALF_KEY_TILES is for BLOCK_N 128, 192 or 256, in the producer form with GROUP_KEY_TILES");
 static_assert(SEPARATE_KV == 0 || SEPARATE_KV == 1, "wgmma: SEPARATE_KV is 0 or 1");
 constexpr bool kSeparateKv = SEPARATE_KV != 0;
 static_assert(!kSeparateKv || kProducer, "wgmma: SEPARATE_KV is for the producer form (WARPS = 4 * (BLOCK_M / 64 + 1))");
@@ -728,10 +734,12 @@ struct Consumer {
 
     // One K/V tile, each GEMM waited for before the next step (no overlap); NS = kSN / 2 runs its
     // first half alone.
-    template <int NS = kSN, bool kMaybeMasked = true>
-    __device__ __forceinline__ void step(const StageOperands& ops, int stage, const Ctx& ctx, int kv0) {
+    // after_s runs once S is issued, before it is waited for (LATE_REFILL's refill).
+    template <int NS = kSN, bool kMaybeMasked = true, class AfterS>
+    __device__ __forceinline__ void step(const StageOperands& ops, int stage, const Ctx& ctx, int kv0, AfterS after_s) {
         float s[NS];
         issue_s_stage(s, ops, stage);
+        after_s();
         wgmma_wait<0>();
         fence_operands(s);
         float alpha[2];
@@ -748,15 +756,16 @@ struct Consumer {
     // group sees (keys at or past `visible`, the group's visible_keys) runs as half a tile.
     // (A template, so that the half tile's GEMMs are instantiated only where HALF_KEY_TILES is on.)
     // kMaybeMasked = false: a tile no row of the group masks (PEEL_MASKED's first loop), never half.
-    template <bool kMaybeMasked = true, bool kHalf = kHalfKeyTiles && kMaybeMasked>
-    __device__ __forceinline__ void step_tile(const StageOperands& ops, int stage, const Ctx& ctx, int kv0, int visible) {
+    template <bool kMaybeMasked = true, bool kHalf = kHalfKeyTiles && kMaybeMasked, class AfterS>
+    __device__ __forceinline__ void step_tile(const StageOperands& ops, int stage, const Ctx& ctx, int kv0, int visible,
+                                              AfterS after_s) {
         if constexpr (kHalf) {
             if (kv0 + kBlockN / 2 >= visible) {
-                step<kSN / 2>(ops, stage, ctx, kv0);
+                step<kSN / 2>(ops, stage, ctx, kv0, after_s);
                 return;
             }
         }
-        step<kSN, kMaybeMasked>(ops, stage, ctx, kv0);
+        step<kSN, kMaybeMasked>(ops, stage, ctx, kv0, after_s);
     }
 
     // Keys 0 .. visible_keys - 1 are those some row of this warp group sees (every row of a group
@@ -1070,16 +1079,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             StageRing kv_ring;  // K and V of a tile together, or K alone with SEPARATE_KV
             StageRing v_ring;   // SEPARATE_KV: V's, one tile behind K's
             int round = 0;
-            // The grid's width read where it is used (a volatile special-register read), not held
-            // across the tile: with PERSISTENT_CTAS and L2_SECTIONS the producer's 32 registers
-            // otherwise spilled it.
-            auto next_tile = [&](int tile) {
-                if constexpr (!kPersistent) return tile + 1;
-                uint32_t ctas;
-                asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(ctas));
-                return tile + int(ctas);
-            };
-            for (int tile = first_tile; tile < n_tiles; tile = next_tile(tile), ++round) {
+            for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
                 if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
                 const CtaWork w = work_of(tile);
                 const int n_it = w.blk_end - w.blk_begin;
@@ -1187,31 +1187,25 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 c.softmax(s_acc, alpha, ctx, blk_begin * kBlockN);  // O is still 0: alpha is moot
                 Consumer::pack_p(s_acc, p);
             }
-            // HALF_KEY_TILES: this group's last tile runs its first BLOCK_N / 2 keys alone when no
-            // row of the group sees the rest (and it is not the group's first tile).
-            bool last_half = false;
-            if constexpr (kHalfKeyTiles)
-                last_half = n_mine >= 2 && (blk_begin + n_mine) * kBlockN - kBlockN / 2 >= Consumer::visible_keys(ctx, cwg);
             // Every iteration but the last has a next tile: the same two groups are in flight on
             // every path, so ptxas can tell which one wait_group 1 retires (else it serialises).
-            // The body of iteration it (the softmax of tile it + 1, into s_next and p_next: s_acc
-            // and p, or the half tile's), with or without the mask's check.
-            auto overlap_step = [&](int it, auto maybe_masked, auto& s_next, auto& p_next) {
+            // The body of iteration it (the softmax of tile it + 1), with or without the mask's check.
+            auto overlap_step = [&](int it, auto maybe_masked) {
                 const int at = consumed + it;
                 const int st = at % kStages;
                 const int nx = (at + 1) % kStages;
                 wait_landed(full_bar(nx), ((at + 1) / kStages) & 1);
                 if constexpr (kSeparateKv) wait_landed(full_v_bar(st), (at / kStages) & 1);
                 my_turn();
-                c.issue_s_stage(s_next, ops, nx);
+                c.issue_s_stage(s_acc, ops, nx);
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
                 c.issue_pv_stage(p, ops, st);
                 your_turn();
                 wgmma_wait<1>();  // groups retire in order: S_{it+1} has landed, P V may still run
-                fence_operands(s_next);
+                fence_operands(s_acc);
                 if constexpr (kSeparateKv) mbar_arrive(empty_bar(nx));  // K_{it+1} is no longer read
                 float alpha[2];
-                c.template softmax<decltype(maybe_masked)::value>(s_next, alpha, ctx, (blk_begin + it + 1) * kBlockN);
+                c.template softmax<decltype(maybe_masked)::value>(s_acc, alpha, ctx, (blk_begin + it + 1) * kBlockN);
                 wgmma_wait<0>();
                 fence_operands(c.o);
                 mbar_arrive(empty_v_bar(st));  // V of tile it (and K, unless SEPARATE_KV) no longer read
@@ -1221,25 +1215,14 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 } else {
                     c.rescale_o(alpha);
                 }
-                Consumer::pack_p(s_next, p_next);
+                Consumer::pack_p(s_acc, p);
             };
             int it = 0;
             if constexpr (kPeelMasked) {
                 const int n_plain = min(n_mine, Consumer::unmasked_tiles(ctx, cwg, blk_begin));
-                for (; it + 1 < n_plain; ++it) overlap_step(it, Flag<false>{}, s_acc, p);
+                for (; it + 1 < n_plain; ++it) overlap_step(it, Flag<false>{});
             }
-            for (; it + 1 < n_mine - int(last_half); ++it) overlap_step(it, Flag<true>{}, s_acc, p);
-            // The half tile's P, for the last P V (a masked tile: past n_plain). Unused without
-            // HALF_KEY_TILES, but declared whole: the kernel is no template, so the discarded
-            // branch below is still type-checked.
-            uint32_t p_half[kBlockN / 8];
-            if constexpr (kHalfKeyTiles) {
-                if (last_half) {
-                    float s_half[Consumer::kSN / 2];
-                    overlap_step(it, Flag<true>{}, s_half, p_half);
-                    ++it;
-                }
-            }
+            for (; it + 1 < n_mine; ++it) overlap_step(it, Flag<true>{});
             // Every S of this tile has been waited for: the producer may load the next tile's Q.
             mbar_arrive(q_empty);
             if (n_mine > 0) {
@@ -1247,12 +1230,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                 if constexpr (kSeparateKv) wait_landed(full_v_bar(st), ((consumed + n_mine - 1) / kStages) & 1);
                 my_turn();
                 if constexpr (kEarlyRescale) c.rescale_o(pending_alpha);
-                if constexpr (kHalfKeyTiles) {
-                    if (last_half) c.issue_pv_stage(p_half, ops, st);
-                    else c.issue_pv_stage(p, ops, st);
-                } else {
-                    c.issue_pv_stage(p, ops, st);
-                }
+                c.issue_pv_stage(p, ops, st);
                 your_turn();
                 wgmma_wait<0>();
                 fence_operands(c.o);
@@ -1340,17 +1318,28 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         // in 6c05fca) 411.7 and 719.5. Only at d = 128 was it faster (large-128-causal 1462.1 ->
         // 1401.2), still far behind the producer form there. Three CTAs an SM already interleave
         // one CTA's softmax with another's GEMMs.
+        // Tile `it`'s stage, once every thread has waited for its wgmmas on it, takes tile it + STAGES
+        // (the caller checks that there is one).
+        auto refill = [&](int it) {
+            if (threadIdx.x == 0) {
+                mbar_wait(empty_bar(it % kStages), (it / kStages) & 1);
+                load_kv(it % kStages, blk_begin + it + kStages);
+            }
+        };
         auto tile_step = [&](int it, auto maybe_masked) {
             const int s = it % kStages;
             const uint32_t phase = (it / kStages) & 1;
             mbar_wait(full_bar(s), phase);
-            c.template step_tile<decltype(maybe_masked)::value>(ops, s, ctx, (blk_begin + it) * kBlockN, visible);
+            // LATE_REFILL: the last tile's stage, under this tile's S (every thread arrived on its
+            // barrier before this S, a warp-group instruction, could issue).
+            c.template step_tile<decltype(maybe_masked)::value>(ops, s, ctx, (blk_begin + it) * kBlockN, visible, [&] {
+                if constexpr (kLateRefill) {
+                    if (it > 0 && it - 1 + kStages < n_it) refill(it - 1);
+                }
+            });
             if (it + kStages < n_it) {
                 mbar_arrive(empty_bar(s));  // this thread's wgmmas on stage s were waited for in step
-                if (threadIdx.x == 0) {
-                    mbar_wait(empty_bar(s), phase);
-                    load_kv(s, blk_begin + it + kStages);
-                }
+                if constexpr (!kLateRefill) refill(it);
             }
         };
         int it = 0;
@@ -1385,7 +1374,7 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             if (nxt < n_it) load_kv(nxt % kStages, blk_begin + nxt);
             cp_async_commit();
             const int s = it % kStages;
-            c.step_tile(ops, s, ctx, (blk_begin + it) * kBlockN, visible);
+            c.step_tile(ops, s, ctx, (blk_begin + it) * kBlockN, visible, [] {});
         }
         cp_async_wait<0>();
         // Without a K/V tile no barrier followed Q's copies, which threads of every group issued.
