@@ -35,6 +35,10 @@
 //                 grid (min(tiles, ceil(resident CTAs / num_splits)), 1, num_splits), tiles =
 //                 ceil(Sq / BLOCK_M) * B * H; CTA x of split z works tiles x, x + gridDim.x, ...
 //                 of that split (persistent_work); the kernel traps on a gridDim.y other than 1.
+//                 PERSISTENT_CTAS = 2: the same grid; CTA x of split z works tile x, then the tiles
+//                 it draws from word z of `unsigned* split_counters` (the parameter after `causal`,
+//                 as for LAST_CTA_COMBINE; the space's split_counters), zero when first launched
+//                 and set back to zero by each launch's last draw.
 //   attn_combine: grid (ceil(B * H * Sq / COMBINE_ROWS_PER_BLOCK)), block COMBINE_THREADS.
 //
 // Paths: MMA_SCALAR (fp32 FMAs, FA-1 style), MMA_WMMA (nvcuda::wmma, S/P through smem),
@@ -379,7 +383,20 @@ __device__ __forceinline__ CtaWork cta_work(int Sq, int Sk, float softmax_scale,
 
 // PERSISTENT_CTAS = 1 (hopper.cuh): tile t of this CTA's split, of a grid of fewer CTAs than tiles,
 // in the order the one-CTA-a-tile grid starts them.
+// With tiles drawn from a counter (PERSISTENT_CTAS = 2) the shape passes through an empty volatile
+// asm, which stays in the tile loop: what derives from it (the causal offset, the L2 section's size)
+// is computed again each tile from the kernel parameters, not held across the loop, where the TMA
+// producer of three consumer groups spilled it at its 32 registers with L2_SECTIONS.
+__device__ __forceinline__ int per_tile(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
 __device__ __forceinline__ CtaWork persistent_work(int tile, int B, int H, int Sq, int Sk, float softmax_scale, int causal) {
+    if constexpr (PERSISTENT_CTAS == 2) {
+        Sq = per_tile(Sq);
+        Sk = per_tile(Sk);
+        causal = per_tile(causal);
+    }
     int q_rev, head;
     tile_order(tile, (Sq + kBlockM - 1) / kBlockM, B * H, Sk, q_rev, head);
     return tile_work(q_rev, head, blockIdx.z, gridDim.z, Sq, Sk, softmax_scale, causal);

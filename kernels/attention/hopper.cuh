@@ -39,7 +39,8 @@
 //     CLUSTER_COMBINE = 1 merges the KV splits inside a thread-block cluster, LAST_CTA_COMBINE = 1
 //     in the split that finishes last (no combine kernel either way).
 //   * PERSISTENT_CTAS = 1 (TMA producer form): a CTA per resident slot walks many tiles, the
-//     producer loading the next tile while the consumers finish this one.
+//     producer loading the next tile while the consumers finish this one; 2, the tiles after a
+//     CTA's first drawn from a counter as CTAs free up.
 //   * SEPARATE_KV = 1 (producer form): K and V of a stage each have their own full and empty
 //     mbarriers (FlashAttention-3's two pipelines), and the producer loads K_{j+1} before V_j. A
 //     K tile is free once its S has been waited for, not once the P V after it has: with the
@@ -202,8 +203,14 @@ static_assert(!kLastCtaCombine || kKvSplit <= kMaxMergedSplits, "wgmma: LAST_CTA
 // grid's order). The producer runs on into the next tile's Q and K/V while the consumers finish
 // this one, so a CTA's start (launch, barrier setup, the first tiles' latency) and its end (the
 // last P V product, the epilogue) overlap with work instead of leaving the SM idle once a tile.
-static_assert(PERSISTENT_CTAS == 0 || PERSISTENT_CTAS == 1, "wgmma: PERSISTENT_CTAS is 0 or 1");
+// PERSISTENT_CTAS = 2: the same, but a CTA's tiles after its first (blockIdx.x) come from a counter,
+// word 0 of split_counters (one split: the kernel traps on a gridDim.z other than 1), in the one-CTA-a-tile grid's order, so a CTA that drew short
+// causal tiles takes more of them (FlashAttention-3's dynamic scheduler). A static schedule of the
+// causal tiles in the L2 order leaves the last CTA 16% past the ideal, head after head 8% (a model,
+// scripts/tile-order-sim.py); handing them out as CTAs free up, 0.2%.
+static_assert(PERSISTENT_CTAS >= 0 && PERSISTENT_CTAS <= 2, "wgmma: PERSISTENT_CTAS is 0, 1 or 2");
 constexpr bool kPersistent = PERSISTENT_CTAS != 0;
+constexpr bool kDynamicTiles = PERSISTENT_CTAS == 2;
 // TMA: a cp.async producer's tile loop (128 threads' addresses) spills at the 40 registers it may keep.
 static_assert(!kPersistent || (kProducer && kTma),
               "wgmma: PERSISTENT_CTAS is for the TMA producer form (WARPS = 4 * (BLOCK_M / 64 + 1), TMA = 1)");
@@ -282,6 +289,9 @@ static_assert(kQBytesH % 1024 == 0 && kTileBytes % 1024 == 0, "wgmma: tiles must
 // full[STAGES], empty[STAGES], q_full, LAST_CTA_COMBINE's flag (its own 8 bytes), q_empty, and with
 // SEPARATE_KV V's full_v[STAGES], empty_v[STAGES] (full and empty are then K's).
 static_assert(4 * kStages * 8 + 3 * 8 <= kBarrierBytes, "wgmma: the mbarriers and LAST_CTA_COMBINE's flag fit their region");
+// PERSISTENT_CTAS = 2: after the barriers, the word that tells the consumers their next tile.
+constexpr uint32_t kTileSlotAt = 4 * kStages * 8 + 3 * 8;
+static_assert(kTileSlotAt + 4 <= kBarrierBytes, "wgmma: PERSISTENT_CTAS = 2's tile slot fits the barriers' region");
 static_assert(kSmemBytesH <= 227 * 1024, "wgmma: exceeds Hopper's 227 KB opt-in shared memory per block");
 // An SM has 228 KB of shared memory, 1 KB of it reserved per resident CTA.
 static_assert(kCtasPerSm * (kSmemBytesH + 1024) <= 228 * 1024, "wgmma: TWO_CTAS needs both CTAs' shared memory to fit one SM");
@@ -346,6 +356,11 @@ __device__ __forceinline__ void named_bar_arrive(int id, int threads) {
 __device__ __forceinline__ void group_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory"); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
 }
 __device__ __forceinline__ uint4 ld_shared_u128(uint32_t addr) {
     uint4 v;
@@ -999,7 +1014,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, hopper::kCtasPerSm) HOPPE
 attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_t* __restrict__ V,
          elem_t* __restrict__ O, float* __restrict__ LSE, float* __restrict__ O_accum,
          float* __restrict__ LSE_accum, int B, int H, int Sq, int Sk, float softmax_scale, int causal
-#if LAST_CTA_COMBINE
+#if LAST_CTA_COMBINE || PERSISTENT_CTAS == 2
          , unsigned* __restrict__ split_counters
 #endif
 #if TMA
@@ -1053,6 +1068,10 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         }
         const int first_tile = kPersistent ? int(blockIdx.x) : 0;
         const int tile_step = kPersistent ? int(gridDim.x) : 1;
+        // PERSISTENT_CTAS = 2: a round's tile, written by the producer before it arrives on q_full (a
+        // release; the consumers' wait on it, an acquire), read by the consumers after that wait, and
+        // not written again before every consumer arrived on q_empty, after reading it.
+        const uint32_t tile_slot = bars + kTileSlotAt;
         auto work_of = [&](int tile) {
             return kPersistent ? persistent_work(tile, B, H, Sq, Sk, softmax_scale, causal) : cta_work(Sq, Sk, softmax_scale, causal);
         };
@@ -1078,15 +1097,39 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
 #endif
             StageRing kv_ring;  // K and V of a tile together, or K alone with SEPARATE_KV
             StageRing v_ring;   // SEPARATE_KV: V's, one tile behind K's
+            // PERSISTENT_CTAS = 2: a draw d of the counter is tile gridDim.x + d. A CTA draws once a
+            // tile it works, until it gets no tile, so a launch makes exactly n_tiles draws, and the
+            // one that returns n_tiles - 1, the launch's last, sets the counter back to 0 for the next
+            // launch. The draw for the next tile is issued once this one's Q is, and its value used
+            // once this tile's K/V copies are issued: the atomic's latency hides under them, and a
+            // CTA claims a tile about one tile before it starts it (FlashAttention-3's
+            // prefetch_next_work; the first version claimed two ahead and measured slower than the
+            // static schedule, the CTAs holding long tiles while others went idle).
+#if PERSISTENT_CTAS == 2
+            // One counter, word 0: one split (a split's own word, blockIdx.z, cost the producer of
+            // three consumer groups a spill at its 32 registers).
+            if (gridDim.z != 1) __trap();
+            unsigned* const counter = split_counters;
+#else
+            unsigned* const counter = nullptr;
+#endif
+            auto draw = [&]() { return kDynamicTiles ? atomicAdd(counter, 1u) : 0u; };
+            auto tile_of_draw = [&](unsigned d) {
+                if (d == unsigned(n_tiles - 1)) atomicExch(counter, 0u);
+                return tile_step + int(d);
+            };
+            int tile = first_tile;
             int round = 0;
-            for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
+            for (; tile < n_tiles; ++round) {
                 if (round > 0) mbar_wait(q_empty, (round - 1) & 1);
+                if constexpr (kDynamicTiles) st_shared_u32(tile_slot, uint32_t(tile));
                 const CtaWork w = work_of(tile);
                 const int n_it = w.blk_end - w.blk_begin;
 #if TMA
                 const int bh = int(w.bh);
                 mbar_arrive_expect_tx(q_full, kQBytesH);
                 tma_load_tile<kBlockM>(q_smem, tma_q, q_full, w.ctx.q0, bh);
+                const unsigned next_draw = draw();
 #else
                 const elem_t* Kh = K + w.bh * Sk * kHeadDim;
                 const elem_t* Vh = V + w.bh * Sk * kHeadDim;
@@ -1120,6 +1163,17 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
                         if (it > 0) load_stage(v_ring, full_v_bar, empty_v_bar, w.blk_begin + it - 1, false, true);
                     }
                 }
+#if TMA
+                tile = kDynamicTiles ? tile_of_draw(next_draw) : tile + tile_step;
+#else
+                tile += tile_step;
+#endif
+            }
+            if constexpr (kDynamicTiles) {
+                // The consumers' last round: no tile, and no bytes to wait for.
+                mbar_wait(q_empty, (round - 1) & 1);
+                st_shared_u32(tile_slot, uint32_t(n_tiles));
+                mbar_arrive(q_full);
             }
 #if !TMA
             // Not leaving with copies in flight (cp.async.wait_all also takes uncommitted ones).
@@ -1156,8 +1210,12 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
         const StageOperands ops(q_wg, k_smem, v_smem);
         int consumed = 0;  // K/V tiles consumed over every tile so far: the ring's position
         int round = 0;
-        for (int tile = first_tile; tile < n_tiles; tile += tile_step, ++round) {
+        for (int tile = first_tile; kDynamicTiles || tile < n_tiles; tile += tile_step, ++round) {
             wait_landed(q_full, round & 1);
+            if constexpr (kDynamicTiles) {
+                tile = int(ld_shared_u32(tile_slot));
+                if (tile >= n_tiles) break;
+            }
             const CtaWork work = work_of(tile);
             const Ctx& ctx = work.ctx;
             const int blk_begin = work.blk_begin;
@@ -1264,9 +1322,19 @@ attn_fwd(const elem_t* __restrict__ Q, const elem_t* __restrict__ K, const elem_
             // Group 0 takes the last group's last hand-over before its last epilogue (here, not
             // after the loop: there ptxas ran out of registers and serialised the wgmmas).
             if constexpr (kPingPong) {
-                if (cwg == 0 && tile + tile_step >= n_tiles) named_bar_sync(1, 256);
+                if (!kDynamicTiles && cwg == 0 && tile + tile_step >= n_tiles) named_bar_sync(1, 256);
             }
             c.epilogue(ctx, make_epilogue(O, LSE, O_accum, LSE_accum, B, H, Sq, work), q_wg, cwg, tid);
+            if constexpr (kDynamicTiles && kPingPong) {
+                // Drawn tiles: whether this one was the last shows once the next round's slot is
+                // written; group 0 then takes the last group's last hand-over. (Here, not where the
+                // next round reads the slot and leaves the loop: there ptxas spilled and serialised
+                // the wgmmas.)
+                if (cwg == 0) {
+                    wait_landed(q_full, (round + 1) & 1);
+                    if (int(ld_shared_u32(tile_slot)) >= n_tiles) named_bar_sync(1, 256);
+                }
+            }
         }
     } else {
         // Every warp group consumes; the two copy forms below share the work, the consumer and the

@@ -769,7 +769,7 @@ mod offline_targets {
         // Only the three-group points at d = 128: 160 registers a consumer thread are too few for a
         // d = 128 O beside S.
         let three_groups = "wgmma-bm192-bn128-w16-ks1-s3-p1-t1";
-        let three_groups_da = "wgmma-bm192-bn128-w16-ks1-s4-p1-t1-se1-da2-gkt1-pm1";
+        let three_groups_da = "wgmma-bm192-bn128-w16-ks1-s4-p1-t1-pc2-da2-gkt1-pm1";
         for p in &hopper {
             assert_eq!(
                 p.invalid.is_some(),
@@ -815,7 +815,8 @@ mod offline_targets {
             ]
         );
         // The TMA points, and only they, are launched with tensor maps (the family's tensor_maps);
-        // none is persistent (the family's persistent).
+        // the one drawing its tiles from a counter, and only it, is persistent and gets the counter
+        // (the family's persistent and split_counters).
         for p in hopper.iter().filter(|p| p.invalid.is_none()) {
             let launch = p.launch.as_ref().unwrap();
             assert_eq!(
@@ -824,12 +825,9 @@ mod offline_targets {
                 "{}",
                 p.variant.id
             );
-            assert_eq!(
-                launch.persistent,
-                p.variant.id.ends_with("-pc1"),
-                "{}",
-                p.variant.id
-            );
+            let drawn = p.variant.id.contains("-pc2-");
+            assert_eq!(launch.persistent, drawn, "{}", p.variant.id);
+            assert_eq!(launch.split_counters, drawn, "{}", p.variant.id);
         }
         assert_eq!(counts(&hopper), (14, 104), "sm_90a");
 

@@ -511,8 +511,8 @@ fn a_taken_family_that_fails_on_the_baseline_is_placed_in_its_own_file() {
             file, line, key, ..
         } => {
             assert_eq!(file, &hopper, "{e}");
-            assert_eq!(key, "family.persistent", "{e}");
-            assert_eq!(*line, line_of(&hopper_text, "persistent = "), "{e}");
+            assert_eq!(key, "family.split_counters", "{e}");
+            assert_eq!(*line, line_of(&hopper_text, "split_counters = "), "{e}");
         }
         other => panic!("expected a config error, got {other}"),
     }

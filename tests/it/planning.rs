@@ -164,6 +164,43 @@ fn tma_points_launch_with_tensor_maps_and_no_other_point_does() {
     }
 }
 
+/// Persistent CTAs that draw their tiles from a counter (PERSISTENT_CTAS = 2) get the counter word
+/// (the kernel's `split_counters` parameter, forward.cu's launch contract), launch as persistent
+/// grids and take one split (the kernel traps on more); the static schedule (1) and one CTA a tile
+/// get no counter. Every shipped space that holds such a point says so.
+#[test]
+fn drawn_tile_points_get_their_counter_and_one_split() {
+    for space in [
+        "variants/hopper.toml",
+        "variants/quick.toml",
+        "variants/dynamic-tiles.toml",
+    ] {
+        let plan = h100_plan(space, &[64, 128]);
+        let drawn = |p: &flashtune::model::space::PlannedPoint| {
+            p.variant.params["PERSISTENT_CTAS"] == flashtune::model::space::ParamValue::Int(2)
+        };
+        assert!(
+            plan.iter().any(|p| drawn(p) && p.invalid.is_none()),
+            "{space}"
+        );
+        for p in plan.iter().filter(|p| p.invalid.is_none()) {
+            let launch = p.launch.as_ref().unwrap();
+            assert_eq!(launch.split_counters, drawn(p), "{space}: {}", p.variant.id);
+            if drawn(p) {
+                assert!(launch.persistent, "{space}: {}", p.variant.id);
+                assert_eq!(launch.kv_splits, 1, "{space}: {}", p.variant.id);
+            }
+            if switched_on(p, "PERSISTENT_CTAS") {
+                assert!(
+                    launch.persistent && !launch.split_counters,
+                    "{space}: {}",
+                    p.variant.id
+                );
+            }
+        }
+    }
+}
+
 /// Points that merge their splits in the forward kernel launch no combine kernel (forward.cu's
 /// launch contract), and only they; the last-CTA merge, and only it, gets split counters. A
 /// cluster over the worker's "auto" split, whose size a cluster cannot follow, is ruled out by
@@ -293,28 +330,28 @@ fn defines_follow_the_kernel_convention() {
 #[test]
 fn persistent_points_launch_no_more_ctas_than_the_gpu_holds_and_every_other_point_one_a_tile() {
     let plan = h100_plan("variants/hopper.toml", &[64, 128]);
+    let persistent_point = |p: &flashtune::model::space::PlannedPoint| {
+        p.variant.params["PERSISTENT_CTAS"] != flashtune::model::space::ParamValue::Int(0)
+    };
     let persistent: Vec<_> = plan
         .iter()
-        .filter(|p| p.invalid.is_none() && switched_on(p, "PERSISTENT_CTAS"))
+        .filter(|p| p.invalid.is_none() && persistent_point(p))
         .collect();
     assert!(persistent.len() >= 8, "{plan:?}");
     for p in &plan {
         let Some(launch) = p.launch.as_ref() else {
             continue;
         };
-        assert_eq!(
-            launch.persistent,
-            switched_on(p, "PERSISTENT_CTAS"),
-            "{}",
-            p.variant.id
-        );
+        assert_eq!(launch.persistent, persistent_point(p), "{}", p.variant.id);
         assert_eq!(
             launch.resident_ctas, 0,
             "a plan leaves the resident CTAs to the trial"
         );
         if launch.persistent {
             assert!(
-                p.variant.id.ends_with("-pc1") || p.variant.id.contains("-pc1-"),
+                ["-pc1", "-pc2"].iter().any(
+                    |pc| p.variant.id.ends_with(pc) || p.variant.id.contains(&format!("{pc}-"))
+                ),
                 "{}",
                 p.variant.id
             );

@@ -88,7 +88,7 @@ fn quick_space_holds_hopper_points_that_build_for_sm_90a_without_spills() {
         ("wgmma-bm64-bn128-w4-auto-s2-da1", &[64, 128]),
         ("wgmma-bm64-bn128-w8-auto-s2-t1-da1", &[64, 128]),
         ("wgmma-bm64-bn128-w8-auto-s3-t1-da1", &[64, 128]),
-        ("wgmma-bm192-bn128-w16-ks1-s4-p1-t1-se1-da2-gkt1-pm1", &[64]),
+        ("wgmma-bm192-bn128-w16-ks1-s4-p1-t1-pc2-da2-gkt1-pm1", &[64]),
     ] {
         for dtype in ["f16", "bf16"] {
             for d in dims {

@@ -63,9 +63,13 @@ pub(super) fn alloc_outputs<D: Device>(
         } else {
             None
         },
-        counters: if splits > 1 && launch.split_counters {
-            // Zero once: the kernel counts modulo the split count and never resets them.
-            let words = launch.tiles(shape.sq, shape.b * shape.h) as usize;
+        counters: if launch.split_counters && (splits > 1 || launch.persistent) {
+            // Zero once: a split merge counts modulo the split count and never resets its words; a
+            // persistent kernel's tile counter (word z for split z) is set back to 0 by the
+            // launch's last draw.
+            let words = launch
+                .tiles(shape.sq, shape.b * shape.h)
+                .max(launch.kv_splits) as usize;
             let counters = dev.alloc32(words)?;
             dev.upload32(counters, &vec![0.0; words])?;
             Some(counters)
