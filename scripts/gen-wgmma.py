@@ -8,7 +8,7 @@ those operand lists by hand for each N is where typos hide; this script is the s
     python3 scripts/gen-wgmma.py > kernels/attention/wgmma_ops.cuh
 """
 
-WIDTHS = [64, 80, 96, 128, 176, 192, 256]
+WIDTHS = [64, 80, 96, 128, 192, 256]
 
 
 def regs(first, count):

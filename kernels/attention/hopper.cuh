@@ -111,10 +111,8 @@ static_assert(kWarps % 4 == 0 && (kWarpGroups == kConsumerWGs || kProducer),
               "wgmma: WARPS must be 4 * (BLOCK_M / 64), or that plus 4 for a producer warp group");
 // 80: FlashAttention-3's key tile at HEAD_DIM 256, where two stages of 96 or more keys overflow
 // shared memory and 64 keys leave S = Q K^T bound by its shared-memory reads (A and B per k-step).
-// 176: FlashAttention-3's key tile at HEAD_DIM 128 without a causal mask (two stages).
-static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 96 || kBlockN == 128 || kBlockN == 176 || kBlockN == 192 ||
-                  kBlockN == 256,
-              "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 80, 96, 128, 176, 192, 256)");
+static_assert(kBlockN == 64 || kBlockN == 80 || kBlockN == 96 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
+              "wgmma: BLOCK_N must be a wgmma N this file instantiates (64, 80, 96, 128, 192, 256)");
 static_assert(kBlockN % 16 == 0 && kBlockN % 8 == 0, "wgmma: BLOCK_N is walked in 16-key steps");
 // The head dim as held in shared memory: whole 64-element (128-byte) swizzle columns. HEAD_DIM 96
 // is held as 128 whose last 32 columns are zeros (TMA's out-of-bounds fill, cp.async's src-size
