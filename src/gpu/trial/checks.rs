@@ -65,8 +65,8 @@ pub(super) fn alloc_outputs<D: Device>(
         },
         counters: if launch.split_counters && (splits > 1 || launch.persistent) {
             // Zero once: a split merge counts modulo the split count and never resets its words; a
-            // persistent kernel's tile counter (word z for split z) is set back to 0 by the
-            // launch's last draw.
+            // persistent kernel's tile counter (word 0; PERSISTENT_CTAS = 2 takes one split) is
+            // set back to 0 by the launch's last draw.
             let words = launch
                 .tiles(shape.sq, shape.b * shape.h)
                 .max(launch.kv_splits) as usize;
