@@ -150,7 +150,10 @@ PY
       IFS=: read -r _ name variant shapes dtypes <<<"$stage"
       run=$(dirname "$(sed -n 's/^Run log: //p' "$out/$name.txt" | tail -1)")
       timed "profile-$variant" ft profile "$run" "$variant" --shape "$shapes" ${dtypes:+--dtype "$dtypes"} 2>&1 | tail -5 | tee -a "$out/profiles.txt"
-      cp "$run/log.jsonl" "$out/$name.log.jsonl" ;;
+      # The profile joined the run's log after its report was written: rebuild the report from the
+      # log, so the kept pair is what tests/it/measurements.rs rebuilds.
+      cp "$run/log.jsonl" "$out/$name.log.jsonl"
+      ft report "$run" >/dev/null && cp "$run/report.md" "$out/$name.report.md" ;;
     # FlashAttention-4 under Nsight Compute on one policy shape, with the metrics flashtune's own
     # profiles read (ncu-extra's too, when it ran before): fa4-ncu:SHAPE:DTYPE.
     fa4-ncu:*)
