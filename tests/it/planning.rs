@@ -34,9 +34,14 @@ fn h100_plan(space: &str, head_dims: &[u32]) -> Vec<flashtune::model::space::Pla
         .unwrap()
 }
 
+/// Whether a point sets the integer parameter `key` to `value`.
+fn set_to(p: &flashtune::model::space::PlannedPoint, key: &str, value: i64) -> bool {
+    p.variant.params[key] == flashtune::model::space::ParamValue::Int(value)
+}
+
 /// Whether a point turns the 0/1 switch `key` on.
 fn switched_on(p: &flashtune::model::space::PlannedPoint, key: &str) -> bool {
-    p.variant.params[key] == flashtune::model::space::ParamValue::Int(1)
+    set_to(p, key, 1)
 }
 
 #[test]
@@ -176,9 +181,7 @@ fn drawn_tile_points_get_their_counter_and_one_split() {
         "variants/dynamic-tiles.toml",
     ] {
         let plan = h100_plan(space, &[64, 128]);
-        let drawn = |p: &flashtune::model::space::PlannedPoint| {
-            p.variant.params["PERSISTENT_CTAS"] == flashtune::model::space::ParamValue::Int(2)
-        };
+        let drawn = |p: &flashtune::model::space::PlannedPoint| set_to(p, "PERSISTENT_CTAS", 2);
         assert!(
             plan.iter().any(|p| drawn(p) && p.invalid.is_none()),
             "{space}"
@@ -330,9 +333,8 @@ fn defines_follow_the_kernel_convention() {
 #[test]
 fn persistent_points_launch_no_more_ctas_than_the_gpu_holds_and_every_other_point_one_a_tile() {
     let plan = h100_plan("variants/hopper.toml", &[64, 128]);
-    let persistent_point = |p: &flashtune::model::space::PlannedPoint| {
-        p.variant.params["PERSISTENT_CTAS"] != flashtune::model::space::ParamValue::Int(0)
-    };
+    let persistent_point =
+        |p: &flashtune::model::space::PlannedPoint| !set_to(p, "PERSISTENT_CTAS", 0);
     let persistent: Vec<_> = plan
         .iter()
         .filter(|p| p.invalid.is_none() && persistent_point(p))

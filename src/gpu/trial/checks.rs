@@ -63,13 +63,11 @@ pub(super) fn alloc_outputs<D: Device>(
         } else {
             None
         },
-        counters: if launch.split_counters && (splits > 1 || launch.persistent) {
-            // Zero once: a split merge counts modulo the split count and never resets its words; a
-            // persistent kernel's tile counter (word 0; PERSISTENT_CTAS = 2 takes one split) is
-            // set back to 0 by the launch's last draw.
-            let words = launch
-                .tiles(shape.sq, shape.b * shape.h)
-                .max(launch.kv_splits) as usize;
+        counters: if launch.split_counters {
+            // Every kernel that takes the parameter gets the words. Zero once: a split merge counts
+            // modulo the split count and never resets its words; a persistent kernel's tile counter
+            // (word 0) is set back to 0 by the launch's last draw.
+            let words = launch.tiles(shape.sq, shape.b * shape.h) as usize;
             let counters = dev.alloc32(words)?;
             dev.upload32(counters, &vec![0.0; words])?;
             Some(counters)
